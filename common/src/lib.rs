@@ -1,0 +1,6 @@
+//! I/O-free pieces shared by copier and intercept. Nothing in this crate opens a socket, reads
+//! a clock or spawns a thread.
+
+pub mod clock;
+pub mod control;
+pub mod wire;
