@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Installs what tcpshadow needs to build, test and run its lab on Debian 12. Idempotent and
+# non-interactive; when everything is present it only checks (dpkg-query) and returns at once.
+set -euo pipefail
+
+export DEBIAN_FRONTEND=noninteractive
+
+PACKAGES=(
+    build-essential pkg-config libpcap-dev      # building copier/intercept (libpcap)
+    mariadb-server mariadb-client sysbench      # the lab's servers and load
+    iproute2 iptables nftables ethtool tcpdump  # the lab's network and captures
+    procps psmisc util-linux perl               # sysctl, setpriv, flock; used by lab.sh and tests
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+    if [[ $(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null || true) != installed ]]; then
+        missing+=("$p")
+    fi
+done
+
+if ((${#missing[@]} > 0)); then
+    if [[ $EUID -ne 0 ]]; then
+        echo "install-deps: missing packages: ${missing[*]}; run as root: sudo $0" >&2
+        exit 1
+    fi
+    echo "install-deps: installing ${missing[*]}" >&2
+    # Package installs must not start the distribution's own MariaDB service: the lab runs its
+    # own servers. policy-rc.d (exit 101 = "action forbidden") does that, for this install only.
+    policy=/usr/sbin/policy-rc.d
+    if [[ ! -e $policy ]]; then
+        printf '#!/bin/sh\nexit 101\n' >"$policy"
+        chmod 755 "$policy"
+        trap 'rm -f "$policy"' EXIT
+    fi
+    apt-get update -q
+    apt-get install -y -q "${missing[@]}"
+else
+    echo "install-deps: all ${#PACKAGES[@]} packages present" >&2
+fi
+
+# Rust comes from rustup, not apt (Debian 12's cargo is far older than the workspace needs).
+[[ -d $HOME/.cargo/bin ]] && PATH=$HOME/.cargo/bin:$PATH
+if ! command -v cargo >/dev/null 2>&1; then
+    echo "install-deps: cargo not found: install Rust with rustup (https://rustup.rs), then re-run" >&2
+    exit 1
+fi
+root=$(cd "$(dirname "$0")/.." && pwd)
+need=$(sed -n 's/^rust-version *= *"\([0-9.]*\)".*/\1/p' "$root/Cargo.toml" | head -n 1)
+have=$(cargo --version | awk '{ print $2 }')
+if [[ -n $need && $(printf '%s\n%s\n' "$need" "$have" | sort -V | head -n 1) != "$need" ]]; then
+    echo "install-deps: cargo $have is older than the workspace's rust-version $need: rustup update" >&2
+    exit 1
+fi
+echo "install-deps: cargo $have" >&2

@@ -1,0 +1,716 @@
+//! Lab helpers for integration tests.
+//!
+//! [`Lab`] drives `deploy/lab/lab.sh`: [`Lab::up`] builds a lab under a unique name (network
+//! namespaces `<name>-client|prod|test|assist|br`, two MariaDB servers with identical data), the
+//! methods run commands in its hosts, and dropping the `Lab` tears it down, also when the test
+//! panics. Labs need root; without it [`Lab::up`] fails with a message saying so.
+//!
+//! ```no_run
+//! use tcpshadow_tests::{Host, Lab};
+//! let lab = Lab::up("demo").unwrap();
+//! let one = lab
+//!     .exec_ok(Host::Client, &["mariadb", "-h", lab.ip(Host::Prod), "-usbtest", "-psbtest", "-N", "-e", "select 1"])
+//!     .unwrap();
+//! assert_eq!(one.trim(), "1");
+//! ```
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+
+/// The lab script, `deploy/lab/lab.sh` of this repository.
+pub fn lab_script() -> PathBuf {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/lab/lab.sh");
+    path.canonicalize().unwrap_or(path)
+}
+
+/// Effective user id of this process, from `/proc/self/status`.
+pub fn euid() -> Option<u32> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("Uid:"))?;
+    line.split_whitespace().nth(2)?.parse().ok()
+}
+
+pub fn is_root() -> bool {
+    euid() == Some(0)
+}
+
+/// Fails with a clear message unless running as root.
+pub fn require_root() -> Result<()> {
+    if is_root() {
+        return Ok(());
+    }
+    bail!(
+        "the lab integration tests need root (they create network namespaces and run MariaDB \
+         servers): run them as root, e.g. `sudo ./scripts/test.sh` or \
+         `sudo -E cargo test -p tcpshadow-tests`"
+    )
+}
+
+/// A host of the lab.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Host {
+    Client,
+    Prod,
+    Test,
+    Assist,
+    /// The namespace holding the bridge.
+    Bridge,
+}
+
+impl Host {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Host::Client => "client",
+            Host::Prod => "prod",
+            Host::Test => "test",
+            Host::Assist => "assist",
+            Host::Bridge => "br",
+        }
+    }
+
+    fn env_prefix(self) -> &'static str {
+        match self {
+            Host::Client => "LAB_CLIENT",
+            Host::Prod => "LAB_PROD",
+            Host::Test => "LAB_TEST",
+            Host::Assist => "LAB_ASSIST",
+            Host::Bridge => "LAB_BR",
+        }
+    }
+}
+
+impl fmt::Display for Host {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A finished command.
+#[derive(Debug)]
+pub struct Run {
+    pub what: String,
+    pub status: ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Run {
+    pub fn success(&self) -> bool {
+        self.status.success()
+    }
+
+    /// `Ok(self)` if the command succeeded, else an error with its output.
+    pub fn check(self) -> Result<Run> {
+        if self.success() {
+            Ok(self)
+        } else {
+            Err(anyhow!(
+                "{} failed ({}):\n--- stdout:\n{}\n--- stderr:\n{}",
+                self.what,
+                self.status,
+                self.stdout,
+                self.stderr
+            ))
+        }
+    }
+}
+
+fn run(cmd: &mut Command, what: String) -> Result<Run> {
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("cannot run {what}"))?;
+    Ok(Run {
+        what,
+        status: out.status,
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    })
+}
+
+/// `lab.sh --name NAME ARGS...` as a command, for anything the helpers below do not cover.
+pub fn lab_command(name: &str) -> Command {
+    let mut cmd = Command::new(lab_script());
+    cmd.arg("--name").arg(name);
+    cmd
+}
+
+/// A process running in a lab host (see [`Lab::spawn`]). Its output is collected in the
+/// background; dropping it kills the process.
+pub struct Background {
+    what: String,
+    child: Option<Child>,
+    stdout: Arc<Mutex<String>>,
+    stderr: Arc<Mutex<String>>,
+    readers: Vec<JoinHandle<()>>,
+}
+
+fn collect<R: Read + Send + 'static>(mut from: R, into: Arc<Mutex<String>>) -> JoinHandle<()> {
+    thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        loop {
+            match from.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    let text = String::from_utf8_lossy(&buf[..n]).into_owned();
+                    into.lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push_str(&text);
+                }
+            }
+        }
+    })
+}
+
+impl Background {
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Output so far: (stdout, stderr).
+    pub fn output(&self) -> (String, String) {
+        let get = |s: &Arc<Mutex<String>>| s.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        (get(&self.stdout), get(&self.stderr))
+    }
+
+    /// Waits until `needle` shows up in stdout or stderr (e.g. tcpdump's "listening on").
+    pub fn wait_for_output(&mut self, needle: &str, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let (out, err) = self.output();
+            if out.contains(needle) || err.contains(needle) {
+                return Ok(());
+            }
+            if let Some(child) = self.child.as_mut() {
+                if let Some(status) = child.try_wait()? {
+                    bail!(
+                        "{} exited ({status}) before printing {needle:?}:\n{out}\n{err}",
+                        self.what
+                    );
+                }
+            }
+            if Instant::now() >= deadline {
+                bail!(
+                    "{} did not print {needle:?} within {timeout:?}:\n{out}\n{err}",
+                    self.what
+                );
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Waits up to `timeout` for the process to exit by itself; stops it (SIGTERM, then SIGKILL)
+    /// if it does not. Returns what it printed.
+    pub fn finish(mut self, timeout: Duration) -> Result<Run> {
+        let deadline = Instant::now() + timeout;
+        let mut child = self
+            .child
+            .take()
+            .ok_or_else(|| anyhow!("{} already finished", self.what))?;
+        let status = loop {
+            if let Some(status) = child.try_wait()? {
+                break status;
+            }
+            if Instant::now() >= deadline {
+                break terminate(&mut child)?;
+            }
+            thread::sleep(Duration::from_millis(20));
+        };
+        for reader in self.readers.drain(..) {
+            let _ = reader.join();
+        }
+        let (stdout, stderr) = self.output();
+        Ok(Run {
+            what: self.what.clone(),
+            status,
+            stdout,
+            stderr,
+        })
+    }
+
+    /// Stops the process now (SIGTERM, then SIGKILL) and returns what it printed.
+    pub fn stop(self) -> Result<Run> {
+        self.finish(Duration::ZERO)
+    }
+}
+
+/// SIGTERM (so tcpdump and friends flush and exit cleanly), SIGKILL after 5 s.
+fn terminate(child: &mut Child) -> Result<ExitStatus> {
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .stderr(Stdio::null())
+        .status();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Ok(status);
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            return Ok(child.wait()?);
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = terminate(&mut child);
+        }
+    }
+}
+
+/// `SHOW GLOBAL STATUS` counters of one server (`lab.sh counters`).
+#[derive(Clone, Debug, Default)]
+pub struct Counters(pub BTreeMap<String, u64>);
+
+impl Counters {
+    /// The counter `name` (e.g. `Com_stmt_execute`); panics if the server did not report it.
+    pub fn get(&self, name: &str) -> u64 {
+        match self.0.get(name) {
+            Some(v) => *v,
+            None => panic!(
+                "no counter {name:?} in {:?}",
+                self.0.keys().collect::<Vec<_>>()
+            ),
+        }
+    }
+
+    /// `self[name] - earlier[name]`.
+    pub fn delta(&self, earlier: &Counters, name: &str) -> u64 {
+        self.get(name).saturating_sub(earlier.get(name))
+    }
+}
+
+/// A sysbench run (`lab.sh load`).
+#[derive(Clone, Debug)]
+pub struct Load {
+    /// sysbench test, e.g. `oltp_read_only`, `oltp_read_write`.
+    pub test: String,
+    pub threads: u32,
+    pub time_secs: u32,
+    /// `Host::Prod` (from the client) or `Host::Test` (from test itself).
+    pub target: Host,
+    /// More sysbench arguments, e.g. `--db-ps-mode=disable`.
+    pub extra: Vec<String>,
+}
+
+impl Default for Load {
+    fn default() -> Self {
+        Load {
+            test: "oltp_read_only".into(),
+            threads: 8,
+            time_secs: 10,
+            target: Host::Prod,
+            extra: Vec::new(),
+        }
+    }
+}
+
+/// What sysbench reported.
+#[derive(Clone, Debug)]
+pub struct LoadReport {
+    pub queries: u64,
+    pub transactions: u64,
+    pub errors: u64,
+    pub output: String,
+}
+
+fn sysbench_number(output: &str, label: &str) -> Option<u64> {
+    output
+        .lines()
+        .map(str::trim)
+        .find_map(|l| l.strip_prefix(label))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+}
+
+/// Parses `lab.sh env` output: `KEY='value'` lines, `'` inside values written as `'\''`.
+pub fn parse_env(text: &str) -> BTreeMap<String, String> {
+    text.lines()
+        .filter_map(|line| {
+            let (key, value) = line.split_once('=')?;
+            if key.is_empty() || !key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+                return None;
+            }
+            let value = value
+                .strip_prefix('\'')
+                .and_then(|v| v.strip_suffix('\''))
+                .unwrap_or(value);
+            Some((key.to_string(), value.replace("'\\''", "'")))
+        })
+        .collect()
+}
+
+static LAB_COUNTER: AtomicU32 = AtomicU32::new(0);
+
+fn base36(mut n: u64) -> String {
+    const DIGITS: &[u8] = b"0123456789abcdefghijklmnopqrstuvwxyz";
+    let mut out = Vec::new();
+    loop {
+        out.push(DIGITS[(n % 36) as usize]);
+        n /= 36;
+        if n == 0 {
+            break;
+        }
+    }
+    out.reverse();
+    String::from_utf8(out).unwrap_or_default()
+}
+
+/// `<prefix>-<pid><n>`: unique among the test processes running on this machine.
+fn unique_name(prefix: &str) -> Result<String> {
+    let valid = !prefix.is_empty()
+        && prefix.len() <= 6
+        && prefix.starts_with(|c: char| c.is_ascii_lowercase())
+        && prefix
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+    if !valid {
+        bail!("lab name prefix {prefix:?}: use 1-6 characters a-z 0-9, starting with a letter");
+    }
+    let n = LAB_COUNTER.fetch_add(1, Ordering::Relaxed);
+    Ok(format!(
+        "{prefix}-{}{}",
+        base36(u64::from(std::process::id())),
+        base36(u64::from(n))
+    ))
+}
+
+/// Identity of a process that survives pid reuse: "pid starttime".
+fn process_identity(pid: u32) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Field 22 (starttime), counted after the ")" that ends the command name.
+    let after = &stat[stat.rfind(')')? + 1..];
+    let start = after.split_whitespace().nth(19)?;
+    Some(format!("{pid} {start}"))
+}
+
+const OWNER_FILE: &str = "tcpshadow-tests.owner";
+
+/// Tears down labs whose test process is gone (killed by a timeout, say) so they do not pile up.
+fn reap_orphan_labs() {
+    let Ok(entries) = std::fs::read_dir("/run/tcpshadow-lab/labs") else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Ok(reg) = std::fs::read_to_string(entry.path()) else {
+            continue;
+        };
+        let Some(dir) = reg.split_whitespace().nth(1) else {
+            continue;
+        };
+        let Ok(owner) = std::fs::read_to_string(Path::new(dir).join(OWNER_FILE)) else {
+            continue;
+        };
+        let owner = owner.trim();
+        let alive = owner
+            .split_whitespace()
+            .next()
+            .and_then(|p| p.parse::<u32>().ok())
+            .and_then(process_identity)
+            .is_some_and(|id| id == owner);
+        if !alive {
+            eprintln!("tcpshadow-tests: tearing down orphaned lab {name} (its test process {owner} is gone)");
+            let _ = run(
+                lab_command(&name).arg("down"),
+                format!("lab.sh --name {name} down"),
+            );
+        }
+    }
+}
+
+/// A running lab; torn down (`lab.sh down`) when dropped.
+pub struct Lab {
+    name: String,
+    env: BTreeMap<String, String>,
+    up: bool,
+}
+
+impl Lab {
+    /// Brings up a lab named `<prefix>-<unique suffix>` (prefix: 1-6 characters a-z 0-9).
+    /// Tests running at the same time must use different prefixes.
+    pub fn up(prefix: &str) -> Result<Lab> {
+        Self::up_with(prefix, &[])
+    }
+
+    /// Like [`Lab::up`], with extra environment for `lab.sh up`
+    /// (e.g. `("LAB_TEST_MYSQLD_ARGS", "--skip-grant-tables")`).
+    pub fn up_with(prefix: &str, env: &[(&str, &str)]) -> Result<Lab> {
+        require_root()?;
+        reap_orphan_labs();
+        let name = unique_name(prefix)?;
+        // From here on, Drop tears down whatever `up` left behind.
+        let mut lab = Lab {
+            name,
+            env: BTreeMap::new(),
+            up: true,
+        };
+        let mut cmd = lab_command(&lab.name);
+        cmd.arg("up").envs(env.iter().copied());
+        run(&mut cmd, format!("lab.sh --name {} up", lab.name))?.check()?;
+        let dir = lab
+            .env_from_script()?
+            .get("LAB_DIR")
+            .cloned()
+            .unwrap_or_default();
+        if let Some(id) = process_identity(std::process::id()) {
+            let _ = std::fs::write(Path::new(&dir).join(OWNER_FILE), id);
+        }
+        lab.env = lab.env_from_script()?;
+        Ok(lab)
+    }
+
+    fn env_from_script(&self) -> Result<BTreeMap<String, String>> {
+        let out = run(
+            &mut self.command(&["env"]),
+            format!("lab.sh --name {} env", self.name),
+        )?
+        .check()?;
+        Ok(parse_env(&out.stdout))
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The lab's description, as printed by `lab.sh env` (LAB_PROD_IP, LAB_TEST_SOCKET, ...).
+    pub fn env(&self) -> &BTreeMap<String, String> {
+        &self.env
+    }
+
+    /// One `lab.sh env` value; panics if there is no such variable.
+    pub fn var(&self, key: &str) -> &str {
+        match self.env.get(key) {
+            Some(v) => v,
+            None => panic!("lab {} has no variable {key}", self.name),
+        }
+    }
+
+    /// The host's lab address (for the client: its first address).
+    pub fn ip(&self, host: Host) -> &str {
+        self.var(&format!("{}_IP", host.env_prefix()))
+    }
+
+    /// The host's network namespace.
+    pub fn netns(&self, host: Host) -> &str {
+        self.var(&format!("{}_NS", host.env_prefix()))
+    }
+
+    /// `lab.sh --name NAME ARGS...`, not yet run.
+    pub fn command(&self, args: &[&str]) -> Command {
+        let mut cmd = lab_command(&self.name);
+        cmd.args(args);
+        cmd
+    }
+
+    fn exec_command(&self, host: Host, args: &[&str]) -> Command {
+        let mut cmd = self.command(&["exec", host.as_str()]);
+        cmd.args(args);
+        cmd
+    }
+
+    /// Runs `args` in `host` (with the lab's variables in its environment) and waits for it.
+    pub fn exec(&self, host: Host, args: &[&str]) -> Result<Run> {
+        run(
+            &mut self.exec_command(host, args),
+            format!("[{host}] {}", args.join(" ")),
+        )
+    }
+
+    /// Like [`Lab::exec`], failing unless the command succeeds; returns its stdout.
+    pub fn exec_ok(&self, host: Host, args: &[&str]) -> Result<String> {
+        Ok(self.exec(host, args)?.check()?.stdout)
+    }
+
+    /// Starts `args` in `host` in the background.
+    pub fn spawn(&self, host: Host, args: &[&str]) -> Result<Background> {
+        let what = format!("[{host}] {}", args.join(" "));
+        let mut child = self
+            .exec_command(host, args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("cannot start {what}"))?;
+        let stdout = Arc::new(Mutex::new(String::new()));
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let mut readers = Vec::new();
+        if let Some(out) = child.stdout.take() {
+            readers.push(collect(out, stdout.clone()));
+        }
+        if let Some(err) = child.stderr.take() {
+            readers.push(collect(err, stderr.clone()));
+        }
+        Ok(Background {
+            what,
+            child: Some(child),
+            stdout,
+            stderr,
+            readers,
+        })
+    }
+
+    /// Runs SQL as root over the server's local socket; returns the tab-separated rows.
+    pub fn sql(&self, host: Host, sql: &str) -> Result<String> {
+        let out = run(
+            &mut self.command(&["sql", host.as_str(), sql]),
+            format!("[{host}] sql {sql}"),
+        )?
+        .check()?;
+        Ok(out.stdout.trim_end().to_string())
+    }
+
+    /// The server's `SHOW GLOBAL STATUS` counters (Questions, Com_*, Connections, ...).
+    pub fn counters(&self, host: Host) -> Result<Counters> {
+        let out = run(
+            &mut self.command(&["counters", host.as_str()]),
+            format!("[{host}] counters"),
+        )?
+        .check()?;
+        let mut map = BTreeMap::new();
+        for line in out.stdout.lines() {
+            let Some((name, value)) = line.split_once(' ') else {
+                continue;
+            };
+            let value = value
+                .trim()
+                .parse()
+                .with_context(|| format!("counter line {line:?}"))?;
+            map.insert(name.to_string(), value);
+        }
+        Ok(Counters(map))
+    }
+
+    /// Runs sysbench (`lab.sh load`) and returns its figures.
+    pub fn load(&self, load: &Load) -> Result<LoadReport> {
+        let threads = load.threads.to_string();
+        let time = load.time_secs.to_string();
+        let mut args = vec![
+            "load",
+            "--test",
+            &load.test,
+            "--threads",
+            &threads,
+            "--time",
+            &time,
+            "--target",
+            load.target.as_str(),
+        ];
+        args.extend(load.extra.iter().map(String::as_str));
+        let out = run(
+            &mut self.command(&args),
+            format!("lab.sh {}", args.join(" ")),
+        )?
+        .check()?;
+        let number = |label: &str| {
+            sysbench_number(&out.stdout, label)
+                .ok_or_else(|| anyhow!("no {label:?} in the sysbench output:\n{}", out.stdout))
+        };
+        Ok(LoadReport {
+            queries: number("queries:")?,
+            transactions: number("transactions:")?,
+            errors: number("ignored errors:")?,
+            output: out.stdout.clone(),
+        })
+    }
+
+    /// `lab.sh status`.
+    pub fn status(&self) -> Result<Run> {
+        run(
+            &mut self.command(&["status"]),
+            format!("lab.sh --name {} status", self.name),
+        )
+    }
+
+    /// Tears the lab down now (Drop does the same, ignoring errors).
+    pub fn down(mut self) -> Result<()> {
+        self.up = false;
+        run(
+            &mut self.command(&["down"]),
+            format!("lab.sh --name {} down", self.name),
+        )?
+        .check()?;
+        Ok(())
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        if !self.up {
+            return;
+        }
+        match run(
+            &mut self.command(&["down"]),
+            format!("lab.sh --name {} down", self.name),
+        )
+        .and_then(Run::check)
+        {
+            Ok(_) => {}
+            Err(e) => eprintln!(
+                "tcpshadow-tests: tearing down lab {} failed: {e:#}",
+                self.name
+            ),
+        }
+    }
+}
+
+/// Names of the network namespaces on this machine (`ip netns list`).
+pub fn netns_list() -> Result<Vec<String>> {
+    let out = run(
+        Command::new("ip").args(["netns", "list"]),
+        "ip netns list".into(),
+    )?
+    .check()?;
+    Ok(out
+        .stdout
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .map(str::to_string)
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn env_lines_are_unquoted() {
+        let env =
+            parse_env("# comment\nLAB_A='1.2.3.4'\nLAB_B='a b'\nLAB_C='it'\\''s'\nLAB_D=''\n");
+        assert_eq!(env["LAB_A"], "1.2.3.4");
+        assert_eq!(env["LAB_B"], "a b");
+        assert_eq!(env["LAB_C"], "it's");
+        assert_eq!(env["LAB_D"], "");
+        assert_eq!(env.len(), 4);
+    }
+
+    #[test]
+    fn sysbench_figures_are_read() {
+        let out = "SQL statistics:\n    queries performed:\n        read: 10\n    transactions:                        38529  (3851.62 per sec.)\n    queries:                             616464 (61625.87 per sec.)\n    ignored errors:                      0      (0.00 per sec.)\n";
+        assert_eq!(sysbench_number(out, "queries:"), Some(616464));
+        assert_eq!(sysbench_number(out, "transactions:"), Some(38529));
+        assert_eq!(sysbench_number(out, "ignored errors:"), Some(0));
+    }
+
+    #[test]
+    fn lab_names_are_unique_and_short() {
+        let a = unique_name("abcdef").unwrap();
+        let b = unique_name("abcdef").unwrap();
+        assert_ne!(a, b);
+        assert!(a.len() <= 15, "{a}");
+        assert!(unique_name("Bad").is_err());
+        assert!(unique_name("toolongx").is_err());
+    }
+}
