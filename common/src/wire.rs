@@ -193,11 +193,27 @@ pub struct TcpPacket<'a> {
     pub options: TcpOptions,
     pub ip_id: u16,
     pub ttl: u8,
+    /// The captured payload: all of it, except from [`parse_frame_headers`] where the snap
+    /// length may have cut it short.
     pub payload: &'a [u8],
+    /// The payload's length on the wire (from the IP total length).
+    pub payload_len: u32,
 }
 
-/// Parses a captured frame of the given link type down to its TCP segment.
+/// Parses a captured frame of the given link type down to its TCP segment, which must be
+/// complete.
 pub fn parse_frame(link: LinkType, frame: &[u8]) -> Result<TcpPacket<'_>, WireError> {
+    parse_ipv4_tcp_inner(ip_of_frame(link, frame)?, false)
+}
+
+/// Like [`parse_frame`] for a capture whose snap length may have cut the payload short (the
+/// headers must be whole): `payload` holds what was captured, `payload_len` the length on
+/// the wire. For relays that only need headers and a payload prefix.
+pub fn parse_frame_headers(link: LinkType, frame: &[u8]) -> Result<TcpPacket<'_>, WireError> {
+    parse_ipv4_tcp_inner(ip_of_frame(link, frame)?, true)
+}
+
+fn ip_of_frame(link: LinkType, frame: &[u8]) -> Result<&[u8], WireError> {
     let ip = match link {
         LinkType::RawIp => frame,
         LinkType::Null => frame.get(4..).ok_or(WireError::Truncated)?,
@@ -231,12 +247,16 @@ pub fn parse_frame(link: LinkType, frame: &[u8]) -> Result<TcpPacket<'_>, WireEr
             frame.get(off + 2..).ok_or(WireError::Truncated)?
         }
     };
-    parse_ipv4_tcp(ip)
+    Ok(ip)
 }
 
 /// Parses an IPv4 packet carrying TCP. Trailing bytes past the IP total length (Ethernet
 /// padding) are ignored; a total length larger than the capture is `Truncated`.
 pub fn parse_ipv4_tcp(ip: &[u8]) -> Result<TcpPacket<'_>, WireError> {
+    parse_ipv4_tcp_inner(ip, false)
+}
+
+fn parse_ipv4_tcp_inner(ip: &[u8], allow_snapped: bool) -> Result<TcpPacket<'_>, WireError> {
     let first = *ip.first().ok_or(WireError::Truncated)?;
     if first >> 4 != 4 {
         return Err(WireError::NotIpv4);
@@ -254,9 +274,15 @@ pub fn parse_ipv4_tcp(ip: &[u8]) -> Result<TcpPacket<'_>, WireError> {
     if total < ihl {
         return Err(WireError::BadIpHeader);
     }
-    if total > ip.len() {
-        return Err(WireError::Truncated);
-    }
+    let wire_total = total;
+    let total = if total > ip.len() {
+        if !allow_snapped {
+            return Err(WireError::Truncated);
+        }
+        ip.len()
+    } else {
+        total
+    };
     let frag = be16(ip, 6)?;
     if frag & 0x3fff != 0 {
         return Err(WireError::Fragment);
@@ -278,6 +304,7 @@ pub fn parse_ipv4_tcp(ip: &[u8]) -> Result<TcpPacket<'_>, WireError> {
         return Err(WireError::Truncated);
     }
     let options = TcpOptions::parse(&tcp[20..doff])?;
+    let payload_len = (wire_total - ihl - doff) as u32;
     Ok(TcpPacket {
         src,
         dst,
@@ -291,6 +318,7 @@ pub fn parse_ipv4_tcp(ip: &[u8]) -> Result<TcpPacket<'_>, WireError> {
         ip_id: be16(ip, 4)?,
         ttl: ip[8],
         payload: &tcp[doff..],
+        payload_len,
     })
 }
 
@@ -523,6 +551,22 @@ mod tests {
         let mut frag = buf;
         frag[6] = 0x20; // MF
         assert_eq!(parse_ipv4_tcp(&frag[..n]), Err(WireError::Fragment));
+    }
+
+    #[test]
+    fn snapped_capture_keeps_the_wire_payload_length() {
+        let mut buf = [0u8; 200];
+        let n = emit_ipv4_tcp(&repr(), &[7u8; 100], &mut buf).unwrap();
+        let cut = &buf[..n - 60];
+        assert_eq!(parse_ipv4_tcp(cut), Err(WireError::Truncated));
+        let p = parse_frame_headers(LinkType::RawIp, cut).unwrap();
+        assert_eq!(p.payload_len, 100);
+        assert_eq!(p.payload.len(), 40);
+        // Headers themselves cut short are still an error.
+        assert_eq!(
+            parse_frame_headers(LinkType::RawIp, &buf[..30]),
+            Err(WireError::Truncated)
+        );
     }
 
     #[test]
