@@ -1,11 +1,64 @@
-//! The control channel between intercept and copier: message types (and, below, their codec).
+//! The control channel between intercept and copier: message types and their codec.
 //!
 //! Intercept sees the test server's replies; the copier needs a few fields of each to play the
-//! client side of the mirrored connection. Everything received here is untrusted input.
+//! client side of the mirrored connection. This module turns those messages into length-prefixed
+//! binary frames and back (the byte-by-byte layout is in `docs/protocol.md`).
+//!
+//! It must never do I/O, never panic on what it decodes and never allocate more than the frame it
+//! was given: every received byte is untrusted input, and a frame larger than [`MAX_FRAME_LEN`]
+//! is refused from its 4-byte header alone, before any of its body is buffered.
 
-use std::net::SocketAddrV4;
+use std::fmt;
+use std::marker::PhantomData;
+use std::net::{Ipv4Addr, SocketAddrV4};
 
-use crate::wire::{TcpFlags, TcpOptions};
+use crate::wire::{TcpFlags, TcpOptions, TcpPacket};
+
+/// First bytes of every Hello, Welcome and Reject body: a stray client (an HTTP probe, a MySQL
+/// client pointed at the wrong port) fails on them instead of being half-understood.
+pub const MAGIC: [u8; 4] = *b"TSHD";
+/// Bumped on any change to the layout of any message. Peers require equality.
+pub const PROTOCOL_VERSION: u16 = 1;
+/// Bytes of the frame header (the big-endian length of type + body).
+pub const FRAME_HEADER_LEN: usize = 4;
+/// Largest accepted value of the length field (type byte + body).
+pub const MAX_FRAME_LEN: usize = 1 << 20;
+/// Longest copier or intercept name, in bytes of UTF-8.
+pub const MAX_NAME_LEN: usize = 255;
+/// Longest Hello token.
+pub const MAX_TOKEN_LEN: usize = 1024;
+/// Longest Reject reason, in bytes of UTF-8.
+pub const MAX_REASON_LEN: usize = 1024;
+/// Longest payload prefix one feedback may carry.
+pub const MAX_PAYLOAD_PREFIX: usize = 4096;
+/// Most addresses in one Claim or Release frame (6 bytes each: always fits a frame).
+pub const MAX_ADDRS_PER_FRAME: usize = 65_536;
+/// A Feedback batch of at most this many items always fits in one frame, whatever the prefixes.
+pub const MAX_FEEDBACK_PER_FRAME: usize = MAX_FRAME_LEN / (MAX_FEEDBACK_ITEM_LEN + 1);
+
+/// Message type codes. Hello and Reject keep their codes and layouts in every version, so that
+/// peers of different versions can still tell each other why they cannot talk.
+mod ty {
+    pub const HELLO: u8 = 0x01;
+    pub const CLAIM: u8 = 0x02;
+    pub const RELEASE: u8 = 0x03;
+    pub const PING: u8 = 0x04;
+    pub const WELCOME: u8 = 0x81;
+    pub const REJECT: u8 = 0x82;
+    pub const FEEDBACK: u8 = 0x83;
+    pub const PONG: u8 = 0x84;
+}
+
+// Option-presence bits of a feedback item.
+const OPT_MSS: u8 = 0x01;
+const OPT_WSCALE: u8 = 0x02;
+const OPT_SACK_PERM: u8 = 0x04;
+const OPT_TIMESTAMPS: u8 = 0x08;
+const OPT_KNOWN: u8 = OPT_MSS | OPT_WSCALE | OPT_SACK_PERM | OPT_TIMESTAMPS;
+
+/// client(6) server(6) seq(4) ack(4) flags(1) window(2) opts(1) payload_len(4) prefix_len(2)
+const FEEDBACK_FIXED_LEN: usize = 30;
+const MAX_FEEDBACK_ITEM_LEN: usize = FEEDBACK_FIXED_LEN + 2 + 1 + 8 + MAX_PAYLOAD_PREFIX;
 
 /// What intercept saw of one segment sent by the test server toward a mirrored client.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -24,4 +77,1041 @@ pub struct TestFeedback {
     pub payload_len: u32,
     /// The first bytes of the payload (up to the configured prefix length).
     pub payload_prefix: Vec<u8>,
+}
+
+impl TestFeedback {
+    /// The feedback for a captured reply, keeping at most `prefix_len` payload bytes (and never
+    /// more than [`MAX_PAYLOAD_PREFIX`], so that the result always encodes).
+    pub fn from_packet(pkt: &TcpPacket<'_>, prefix_len: usize) -> Self {
+        let keep = pkt.payload.len().min(prefix_len).min(MAX_PAYLOAD_PREFIX);
+        TestFeedback {
+            client: SocketAddrV4::new(pkt.dst, pkt.dst_port),
+            server: SocketAddrV4::new(pkt.src, pkt.src_port),
+            seq: pkt.seq,
+            ack: pkt.ack,
+            flags: pkt.flags,
+            window: pkt.window,
+            options: pkt.options,
+            payload_len: pkt.payload_len,
+            payload_prefix: pkt.payload[..keep].to_vec(),
+        }
+    }
+
+    /// Whether the whole payload is in `payload_prefix`.
+    pub fn payload_complete(&self) -> bool {
+        self.payload_prefix.len() as u64 == u64::from(self.payload_len)
+    }
+
+    /// Bytes this item takes inside a Feedback frame.
+    pub fn encoded_len(&self) -> usize {
+        let o = &self.options;
+        FEEDBACK_FIXED_LEN
+            + if o.mss.is_some() { 2 } else { 0 }
+            + if o.window_scale.is_some() { 1 } else { 0 }
+            + if o.timestamps.is_some() { 8 } else { 0 }
+            + self.payload_prefix.len()
+    }
+}
+
+/// Sent by a copier as its first frame.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Hello {
+    pub version: u16,
+    /// Who this copier is, for intercept's logs (e.g. "copier@prod-1").
+    pub name: String,
+    /// Shared secret, checked when intercept was started with a token.
+    pub token: Option<Vec<u8>>,
+}
+
+impl Hello {
+    /// A Hello of this build's protocol version; the name is cut to [`MAX_NAME_LEN`] bytes.
+    pub fn new(name: &str, token: Option<Vec<u8>>) -> Self {
+        Hello {
+            version: PROTOCOL_VERSION,
+            name: truncate_utf8(name, MAX_NAME_LEN).to_owned(),
+            token,
+        }
+    }
+}
+
+// The token is a secret: keep it out of logs.
+impl fmt::Debug for Hello {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Hello")
+            .field("version", &self.version)
+            .field("name", &self.name)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
+}
+
+/// Intercept's answer to an accepted Hello.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Welcome {
+    pub version: u16,
+    /// Who this intercept is (host, port watched), for the copier's logs.
+    pub name: String,
+    /// How many payload bytes each feedback carries at most; the copier needs it to know
+    /// whether a reply it wants to parse (a MySQL greeting) can arrive whole.
+    pub payload_prefix: u16,
+}
+
+/// Intercept's answer to a refused Hello, just before it closes the connection.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reject {
+    /// The rejecting intercept's protocol version.
+    pub version: u16,
+    /// What went wrong and how to fix it, for a person.
+    pub reason: String,
+}
+
+impl Reject {
+    /// A Reject from this build; the reason is cut to [`MAX_REASON_LEN`] bytes.
+    pub fn new(reason: &str) -> Self {
+        Reject {
+            version: PROTOCOL_VERSION,
+            reason: truncate_utf8(reason, MAX_REASON_LEN).to_owned(),
+        }
+    }
+}
+
+/// Frames a copier sends to intercept.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CopierMessage {
+    Hello(Hello),
+    /// Mirrored client addresses whose replies this copier now wants.
+    Claim(Vec<SocketAddrV4>),
+    /// Addresses this copier no longer wants.
+    Release(Vec<SocketAddrV4>),
+    /// Keepalive; intercept answers with a Pong carrying the same nonce.
+    Ping(u64),
+}
+
+/// Frames intercept sends to a copier.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum InterceptMessage {
+    Welcome(Welcome),
+    Reject(Reject),
+    Feedback(Vec<TestFeedback>),
+    Pong(u64),
+}
+
+/// Why a message could not be encoded. The output buffer is left as it was.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum EncodeError {
+    #[error("frame of {len} bytes exceeds the {MAX_FRAME_LEN}-byte limit; split the batch")]
+    FrameTooLarge { len: usize },
+    #[error("{what} is {len} bytes, more than the {max} allowed")]
+    FieldTooLong {
+        what: &'static str,
+        len: usize,
+        max: usize,
+    },
+    #[error("feedback payload prefix ({prefix} bytes) is longer than its payload ({payload})")]
+    PrefixLongerThanPayload { prefix: usize, payload: u32 },
+}
+
+/// Why received bytes are not a valid message. Any of these ends the connection: after a bad
+/// frame nothing that follows can be trusted.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    #[error("frame length {len} exceeds the {MAX_FRAME_LEN}-byte limit (not a tcpshadow peer?)")]
+    FrameTooLarge { len: usize },
+    #[error("empty frame (length 0)")]
+    EmptyFrame,
+    #[error("message type 0x{ty:02x} is not one this peer may send")]
+    UnexpectedType { ty: u8 },
+    #[error("message 0x{ty:02x} is shorter than its fields")]
+    Truncated { ty: u8 },
+    #[error("message 0x{ty:02x} has {extra} bytes after its last field")]
+    TrailingBytes { ty: u8, extra: usize },
+    #[error("bad magic: the peer does not speak the tcpshadow control protocol")]
+    BadMagic,
+    #[error("peer speaks control protocol version {theirs}, this build speaks {ours}: run the same tcpshadow release on both hosts")]
+    VersionMismatch { theirs: u16, ours: u16 },
+    #[error("message 0x{ty:02x}: {what}")]
+    Invalid { ty: u8, what: &'static str },
+}
+
+/// A message that travels in one frame. Implemented by [`CopierMessage`] (decoded by intercept)
+/// and [`InterceptMessage`] (decoded by the copier).
+pub trait WireMessage: Sized {
+    /// Appends this message as one complete frame.
+    fn encode(&self, out: &mut Vec<u8>) -> Result<(), EncodeError>;
+    /// Decodes the type byte and body of one frame.
+    fn decode(ty: u8, body: &[u8]) -> Result<Self, DecodeError>;
+}
+
+impl WireMessage for CopierMessage {
+    fn encode(&self, out: &mut Vec<u8>) -> Result<(), EncodeError> {
+        match self {
+            CopierMessage::Hello(h) => encode_hello(h, out),
+            CopierMessage::Claim(a) => encode_claim(a, out),
+            CopierMessage::Release(a) => encode_release(a, out),
+            CopierMessage::Ping(n) => frame(out, ty::PING, |o| {
+                o.extend_from_slice(&n.to_be_bytes());
+                Ok(())
+            }),
+        }
+    }
+
+    fn decode(t: u8, body: &[u8]) -> Result<Self, DecodeError> {
+        let mut r = Reader { buf: body, ty: t };
+        let msg = match t {
+            ty::HELLO => {
+                read_magic_version(&mut r)?;
+                let version = PROTOCOL_VERSION;
+                let name_len = usize::from(r.u8()?);
+                let name = r.string(name_len)?;
+                let token = match r.u8()? {
+                    0 => None,
+                    1 => {
+                        let len = usize::from(r.u16()?);
+                        if len > MAX_TOKEN_LEN {
+                            return Err(r.invalid("token longer than 1024 bytes"));
+                        }
+                        Some(r.bytes(len)?.to_vec())
+                    }
+                    _ => return Err(r.invalid("token presence flag is not 0 or 1")),
+                };
+                CopierMessage::Hello(Hello {
+                    version,
+                    name,
+                    token,
+                })
+            }
+            ty::CLAIM => CopierMessage::Claim(read_addrs(&mut r)?),
+            ty::RELEASE => CopierMessage::Release(read_addrs(&mut r)?),
+            ty::PING => CopierMessage::Ping(r.u64()?),
+            _ => return Err(DecodeError::UnexpectedType { ty: t }),
+        };
+        r.finish()?;
+        Ok(msg)
+    }
+}
+
+impl WireMessage for InterceptMessage {
+    fn encode(&self, out: &mut Vec<u8>) -> Result<(), EncodeError> {
+        match self {
+            InterceptMessage::Welcome(w) => encode_welcome(w, out),
+            InterceptMessage::Reject(j) => encode_reject(j, out),
+            InterceptMessage::Feedback(b) => encode_feedback(b, out),
+            InterceptMessage::Pong(n) => encode_pong(*n, out),
+        }
+    }
+
+    fn decode(t: u8, body: &[u8]) -> Result<Self, DecodeError> {
+        let mut r = Reader { buf: body, ty: t };
+        let msg = match t {
+            ty::WELCOME => {
+                read_magic_version(&mut r)?;
+                let name_len = usize::from(r.u8()?);
+                let name = r.string(name_len)?;
+                let payload_prefix = r.u16()?;
+                InterceptMessage::Welcome(Welcome {
+                    version: PROTOCOL_VERSION,
+                    name,
+                    payload_prefix,
+                })
+            }
+            ty::REJECT => {
+                // Read whatever the rejecter's version is: this layout never changes.
+                if r.bytes(4)? != MAGIC {
+                    return Err(DecodeError::BadMagic);
+                }
+                let version = r.u16()?;
+                let len = usize::from(r.u16()?);
+                let reason = r.string(len)?;
+                InterceptMessage::Reject(Reject { version, reason })
+            }
+            ty::FEEDBACK => {
+                let count = r.u32()? as usize;
+                // The claimed count is untrusted: never reserve more items than the body can hold.
+                let mut items = Vec::with_capacity(count.min(r.buf.len() / FEEDBACK_FIXED_LEN));
+                for _ in 0..count {
+                    items.push(read_feedback(&mut r)?);
+                }
+                InterceptMessage::Feedback(items)
+            }
+            ty::PONG => InterceptMessage::Pong(r.u64()?),
+            _ => return Err(DecodeError::UnexpectedType { ty: t }),
+        };
+        r.finish()?;
+        Ok(msg)
+    }
+}
+
+/// Appends a Hello frame.
+pub fn encode_hello(h: &Hello, out: &mut Vec<u8>) -> Result<(), EncodeError> {
+    check_len("copier name", h.name.len(), MAX_NAME_LEN)?;
+    if let Some(t) = &h.token {
+        check_len("token", t.len(), MAX_TOKEN_LEN)?;
+    }
+    frame(out, ty::HELLO, |o| {
+        o.extend_from_slice(&MAGIC);
+        o.extend_from_slice(&h.version.to_be_bytes());
+        o.push(h.name.len() as u8);
+        o.extend_from_slice(h.name.as_bytes());
+        match &h.token {
+            None => o.push(0),
+            Some(t) => {
+                o.push(1);
+                o.extend_from_slice(&(t.len() as u16).to_be_bytes());
+                o.extend_from_slice(t);
+            }
+        }
+        Ok(())
+    })
+}
+
+/// Appends a Welcome frame.
+pub fn encode_welcome(w: &Welcome, out: &mut Vec<u8>) -> Result<(), EncodeError> {
+    check_len("intercept name", w.name.len(), MAX_NAME_LEN)?;
+    frame(out, ty::WELCOME, |o| {
+        o.extend_from_slice(&MAGIC);
+        o.extend_from_slice(&w.version.to_be_bytes());
+        o.push(w.name.len() as u8);
+        o.extend_from_slice(w.name.as_bytes());
+        o.extend_from_slice(&w.payload_prefix.to_be_bytes());
+        Ok(())
+    })
+}
+
+/// Appends a Reject frame.
+pub fn encode_reject(j: &Reject, out: &mut Vec<u8>) -> Result<(), EncodeError> {
+    check_len("reject reason", j.reason.len(), MAX_REASON_LEN)?;
+    frame(out, ty::REJECT, |o| {
+        o.extend_from_slice(&MAGIC);
+        o.extend_from_slice(&j.version.to_be_bytes());
+        o.extend_from_slice(&(j.reason.len() as u16).to_be_bytes());
+        o.extend_from_slice(j.reason.as_bytes());
+        Ok(())
+    })
+}
+
+/// Appends a Claim frame; at most [`MAX_ADDRS_PER_FRAME`] addresses.
+pub fn encode_claim(addrs: &[SocketAddrV4], out: &mut Vec<u8>) -> Result<(), EncodeError> {
+    encode_addrs(ty::CLAIM, addrs, out)
+}
+
+/// Appends a Release frame; at most [`MAX_ADDRS_PER_FRAME`] addresses.
+pub fn encode_release(addrs: &[SocketAddrV4], out: &mut Vec<u8>) -> Result<(), EncodeError> {
+    encode_addrs(ty::RELEASE, addrs, out)
+}
+
+/// Appends a Ping frame.
+pub fn encode_ping(nonce: u64, out: &mut Vec<u8>) -> Result<(), EncodeError> {
+    CopierMessage::Ping(nonce).encode(out)
+}
+
+/// Appends a Pong frame.
+pub fn encode_pong(nonce: u64, out: &mut Vec<u8>) -> Result<(), EncodeError> {
+    frame(out, ty::PONG, |o| {
+        o.extend_from_slice(&nonce.to_be_bytes());
+        Ok(())
+    })
+}
+
+/// Appends one Feedback frame carrying `batch`. A batch of at most
+/// [`MAX_FEEDBACK_PER_FRAME`] items always fits.
+pub fn encode_feedback(batch: &[TestFeedback], out: &mut Vec<u8>) -> Result<(), EncodeError> {
+    frame(out, ty::FEEDBACK, |o| {
+        let count = u32::try_from(batch.len())
+            .map_err(|_| EncodeError::FrameTooLarge { len: usize::MAX })?;
+        o.extend_from_slice(&count.to_be_bytes());
+        for fb in batch {
+            write_feedback(fb, o)?;
+            // Stop early rather than build a huge buffer only to throw it away.
+            if o.len() > MAX_FRAME_LEN + FRAME_HEADER_LEN {
+                return Err(EncodeError::FrameTooLarge { len: o.len() });
+            }
+        }
+        Ok(())
+    })
+}
+
+fn encode_addrs(t: u8, addrs: &[SocketAddrV4], out: &mut Vec<u8>) -> Result<(), EncodeError> {
+    check_len("address list", addrs.len(), MAX_ADDRS_PER_FRAME)?;
+    frame(out, t, |o| {
+        o.extend_from_slice(&(addrs.len() as u32).to_be_bytes());
+        for a in addrs {
+            write_addr(a, o);
+        }
+        Ok(())
+    })
+}
+
+fn write_addr(a: &SocketAddrV4, o: &mut Vec<u8>) {
+    o.extend_from_slice(&a.ip().octets());
+    o.extend_from_slice(&a.port().to_be_bytes());
+}
+
+fn write_feedback(fb: &TestFeedback, o: &mut Vec<u8>) -> Result<(), EncodeError> {
+    check_len(
+        "payload prefix",
+        fb.payload_prefix.len(),
+        MAX_PAYLOAD_PREFIX,
+    )?;
+    if fb.payload_prefix.len() as u64 > u64::from(fb.payload_len) {
+        return Err(EncodeError::PrefixLongerThanPayload {
+            prefix: fb.payload_prefix.len(),
+            payload: fb.payload_len,
+        });
+    }
+    write_addr(&fb.client, o);
+    write_addr(&fb.server, o);
+    o.extend_from_slice(&fb.seq.to_be_bytes());
+    o.extend_from_slice(&fb.ack.to_be_bytes());
+    o.push(fb.flags.0);
+    o.extend_from_slice(&fb.window.to_be_bytes());
+    let opts = &fb.options;
+    let mut present = 0u8;
+    if opts.mss.is_some() {
+        present |= OPT_MSS;
+    }
+    if opts.window_scale.is_some() {
+        present |= OPT_WSCALE;
+    }
+    if opts.sack_permitted {
+        present |= OPT_SACK_PERM;
+    }
+    if opts.timestamps.is_some() {
+        present |= OPT_TIMESTAMPS;
+    }
+    o.push(present);
+    if let Some(mss) = opts.mss {
+        o.extend_from_slice(&mss.to_be_bytes());
+    }
+    if let Some(ws) = opts.window_scale {
+        o.push(ws);
+    }
+    if let Some((val, ecr)) = opts.timestamps {
+        o.extend_from_slice(&val.to_be_bytes());
+        o.extend_from_slice(&ecr.to_be_bytes());
+    }
+    o.extend_from_slice(&fb.payload_len.to_be_bytes());
+    o.extend_from_slice(&(fb.payload_prefix.len() as u16).to_be_bytes());
+    o.extend_from_slice(&fb.payload_prefix);
+    Ok(())
+}
+
+fn check_len(what: &'static str, len: usize, max: usize) -> Result<(), EncodeError> {
+    if len > max {
+        return Err(EncodeError::FieldTooLong { what, len, max });
+    }
+    Ok(())
+}
+
+/// Writes header + type + body, patching the length in afterwards; on any error `out` is
+/// restored to its previous length so a caller batching several frames keeps a valid stream.
+fn frame(
+    out: &mut Vec<u8>,
+    t: u8,
+    body: impl FnOnce(&mut Vec<u8>) -> Result<(), EncodeError>,
+) -> Result<(), EncodeError> {
+    let start = out.len();
+    out.extend_from_slice(&[0; FRAME_HEADER_LEN]);
+    out.push(t);
+    let res = body(out).and_then(|()| {
+        let len = out.len() - start - FRAME_HEADER_LEN;
+        if len > MAX_FRAME_LEN {
+            return Err(EncodeError::FrameTooLarge { len });
+        }
+        out[start..start + FRAME_HEADER_LEN].copy_from_slice(&(len as u32).to_be_bytes());
+        Ok(())
+    });
+    if res.is_err() {
+        out.truncate(start);
+    }
+    res
+}
+
+fn truncate_utf8(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+/// Bounds-checked big-endian reads over one frame body.
+struct Reader<'a> {
+    buf: &'a [u8],
+    ty: u8,
+}
+
+impl<'a> Reader<'a> {
+    fn bytes(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
+        if self.buf.len() < n {
+            return Err(DecodeError::Truncated { ty: self.ty });
+        }
+        let (head, tail) = self.buf.split_at(n);
+        self.buf = tail;
+        Ok(head)
+    }
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], DecodeError> {
+        let mut a = [0u8; N];
+        a.copy_from_slice(self.bytes(N)?);
+        Ok(a)
+    }
+    fn u8(&mut self) -> Result<u8, DecodeError> {
+        Ok(self.array::<1>()?[0])
+    }
+    fn u16(&mut self) -> Result<u16, DecodeError> {
+        Ok(u16::from_be_bytes(self.array()?))
+    }
+    fn u32(&mut self) -> Result<u32, DecodeError> {
+        Ok(u32::from_be_bytes(self.array()?))
+    }
+    fn u64(&mut self) -> Result<u64, DecodeError> {
+        Ok(u64::from_be_bytes(self.array()?))
+    }
+    fn addr(&mut self) -> Result<SocketAddrV4, DecodeError> {
+        let ip: [u8; 4] = self.array()?;
+        Ok(SocketAddrV4::new(Ipv4Addr::from(ip), self.u16()?))
+    }
+    /// Names and reasons only end up in logs: a bad byte must not cost the connection.
+    fn string(&mut self, n: usize) -> Result<String, DecodeError> {
+        Ok(String::from_utf8_lossy(self.bytes(n)?).into_owned())
+    }
+    fn invalid(&self, what: &'static str) -> DecodeError {
+        DecodeError::Invalid { ty: self.ty, what }
+    }
+    fn finish(&self) -> Result<(), DecodeError> {
+        if self.buf.is_empty() {
+            Ok(())
+        } else {
+            Err(DecodeError::TrailingBytes {
+                ty: self.ty,
+                extra: self.buf.len(),
+            })
+        }
+    }
+}
+
+fn read_magic_version(r: &mut Reader<'_>) -> Result<(), DecodeError> {
+    if r.bytes(4)? != MAGIC {
+        return Err(DecodeError::BadMagic);
+    }
+    let theirs = r.u16()?;
+    if theirs != PROTOCOL_VERSION {
+        return Err(DecodeError::VersionMismatch {
+            theirs,
+            ours: PROTOCOL_VERSION,
+        });
+    }
+    Ok(())
+}
+
+fn read_addrs(r: &mut Reader<'_>) -> Result<Vec<SocketAddrV4>, DecodeError> {
+    let count = r.u32()? as usize;
+    if count > MAX_ADDRS_PER_FRAME {
+        return Err(r.invalid("more addresses than one frame may carry"));
+    }
+    if r.buf.len() != count * 6 {
+        return Err(if r.buf.len() < count * 6 {
+            DecodeError::Truncated { ty: r.ty }
+        } else {
+            DecodeError::TrailingBytes {
+                ty: r.ty,
+                extra: r.buf.len() - count * 6,
+            }
+        });
+    }
+    (0..count).map(|_| r.addr()).collect()
+}
+
+fn read_feedback(r: &mut Reader<'_>) -> Result<TestFeedback, DecodeError> {
+    let client = r.addr()?;
+    let server = r.addr()?;
+    let seq = r.u32()?;
+    let ack = r.u32()?;
+    let flags = TcpFlags(r.u8()?);
+    let window = r.u16()?;
+    let present = r.u8()?;
+    if present & !OPT_KNOWN != 0 {
+        return Err(r.invalid("unknown option-presence bits"));
+    }
+    let mut options = TcpOptions {
+        sack_permitted: present & OPT_SACK_PERM != 0,
+        ..TcpOptions::default()
+    };
+    if present & OPT_MSS != 0 {
+        options.mss = Some(r.u16()?);
+    }
+    if present & OPT_WSCALE != 0 {
+        options.window_scale = Some(r.u8()?);
+    }
+    if present & OPT_TIMESTAMPS != 0 {
+        options.timestamps = Some((r.u32()?, r.u32()?));
+    }
+    let payload_len = r.u32()?;
+    let prefix_len = usize::from(r.u16()?);
+    if prefix_len > MAX_PAYLOAD_PREFIX {
+        return Err(r.invalid("payload prefix longer than 4096 bytes"));
+    }
+    if prefix_len as u64 > u64::from(payload_len) {
+        return Err(r.invalid("payload prefix longer than the payload"));
+    }
+    let payload_prefix = r.bytes(prefix_len)?.to_vec();
+    Ok(TestFeedback {
+        client,
+        server,
+        seq,
+        ack,
+        flags,
+        window,
+        options,
+        payload_len,
+        payload_prefix,
+    })
+}
+
+/// Splits a byte stream into frames and decodes them as `M`.
+///
+/// Feed it whatever the socket returned, then call [`next_message`](Self::next_message) until it
+/// yields `Ok(None)`. The buffer holds at most one partial frame plus what was fed since the
+/// last drain. After an error the decoder is poisoned: it returns that error forever, because
+/// the stream's framing can no longer be trusted.
+pub struct FrameDecoder<M> {
+    buf: Vec<u8>,
+    start: usize,
+    failed: Option<DecodeError>,
+    _msg: PhantomData<fn() -> M>,
+}
+
+impl<M: WireMessage> FrameDecoder<M> {
+    pub fn new() -> Self {
+        FrameDecoder {
+            buf: Vec::new(),
+            start: 0,
+            failed: None,
+            _msg: PhantomData,
+        }
+    }
+
+    pub fn feed(&mut self, bytes: &[u8]) {
+        if self.failed.is_some() {
+            return;
+        }
+        if self.start > 0 {
+            // Only the partial frame left over moves; usually a few bytes.
+            self.buf.drain(..self.start);
+            self.start = 0;
+        }
+        self.buf.extend_from_slice(bytes);
+    }
+
+    /// The next complete message, `Ok(None)` if more bytes are needed.
+    pub fn next_message(&mut self) -> Result<Option<M>, DecodeError> {
+        if let Some(e) = &self.failed {
+            return Err(e.clone());
+        }
+        let res = self.next_inner();
+        if let Err(e) = &res {
+            self.failed = Some(e.clone());
+            self.buf = Vec::new();
+            self.start = 0;
+        }
+        res
+    }
+
+    fn next_inner(&mut self) -> Result<Option<M>, DecodeError> {
+        let avail = &self.buf[self.start..];
+        let Some(header) = avail.get(..FRAME_HEADER_LEN) else {
+            return Ok(None);
+        };
+        let len = u32::from_be_bytes([header[0], header[1], header[2], header[3]]) as usize;
+        if len == 0 {
+            return Err(DecodeError::EmptyFrame);
+        }
+        if len > MAX_FRAME_LEN {
+            return Err(DecodeError::FrameTooLarge { len });
+        }
+        let Some(frame) = avail.get(FRAME_HEADER_LEN..FRAME_HEADER_LEN + len) else {
+            return Ok(None);
+        };
+        let msg = M::decode(frame[0], &frame[1..])?;
+        self.start += FRAME_HEADER_LEN + len;
+        if self.start == self.buf.len() {
+            self.buf.clear();
+            self.start = 0;
+        }
+        Ok(Some(msg))
+    }
+
+    /// Bytes received but not yet decoded.
+    pub fn buffered(&self) -> usize {
+        self.buf.len() - self.start
+    }
+}
+
+impl<M: WireMessage> Default for FrameDecoder<M> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn addr(a: u8, port: u16) -> SocketAddrV4 {
+        SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, a), port)
+    }
+
+    fn feedback() -> TestFeedback {
+        TestFeedback {
+            client: addr(10, 40000),
+            server: addr(3, 3306),
+            seq: 1,
+            ack: 2,
+            flags: TcpFlags(TcpFlags::SYN | TcpFlags::ACK),
+            window: 65535,
+            options: TcpOptions {
+                mss: Some(1460),
+                window_scale: Some(7),
+                sack_permitted: true,
+                timestamps: Some((3, 4)),
+            },
+            payload_len: 10,
+            payload_prefix: b"\x4a\0\0\0\x0a5.5".to_vec(),
+        }
+    }
+
+    fn decode_all<M: WireMessage>(bytes: &[u8]) -> Result<Vec<M>, DecodeError> {
+        let mut d = FrameDecoder::<M>::new();
+        d.feed(bytes);
+        let mut out = Vec::new();
+        while let Some(m) = d.next_message()? {
+            out.push(m);
+        }
+        assert_eq!(d.buffered(), 0, "leftover bytes");
+        Ok(out)
+    }
+
+    #[test]
+    fn hello_layout_is_as_documented() {
+        let mut out = Vec::new();
+        encode_hello(&Hello::new("c1", Some(b"k".to_vec())), &mut out).unwrap();
+        assert_eq!(
+            out,
+            [
+                0, 0, 0, 14, // length: type + 13-byte body
+                0x01, b'T', b'S', b'H', b'D', 0, 1, // type, magic, version
+                2, b'c', b'1', // name
+                1, 0, 1, b'k', // token
+            ]
+        );
+    }
+
+    #[test]
+    fn feedback_item_length_matches_encoding() {
+        let fb = feedback();
+        let mut out = Vec::new();
+        encode_feedback(std::slice::from_ref(&fb), &mut out).unwrap();
+        assert_eq!(out.len(), FRAME_HEADER_LEN + 1 + 4 + fb.encoded_len());
+    }
+
+    #[test]
+    fn a_full_batch_of_maximal_items_fits_one_frame() {
+        let fb = TestFeedback {
+            payload_len: u32::MAX,
+            payload_prefix: vec![7; MAX_PAYLOAD_PREFIX],
+            ..feedback()
+        };
+        let batch = vec![fb; MAX_FEEDBACK_PER_FRAME];
+        let mut out = Vec::new();
+        encode_feedback(&batch, &mut out).unwrap();
+        assert_eq!(
+            decode_all::<InterceptMessage>(&out).unwrap(),
+            [InterceptMessage::Feedback(batch)]
+        );
+    }
+
+    #[test]
+    fn oversized_batch_is_refused_and_leaves_the_buffer_intact() {
+        let fb = TestFeedback {
+            payload_len: 5000,
+            payload_prefix: vec![7; MAX_PAYLOAD_PREFIX],
+            ..feedback()
+        };
+        let mut out = b"before".to_vec();
+        let err = encode_feedback(&vec![fb; 300], &mut out).unwrap_err();
+        assert!(matches!(err, EncodeError::FrameTooLarge { .. }));
+        assert_eq!(out, b"before");
+    }
+
+    #[test]
+    fn inconsistent_feedback_is_refused() {
+        let fb = TestFeedback {
+            payload_len: 2,
+            ..feedback()
+        };
+        let mut out = Vec::new();
+        assert!(matches!(
+            encode_feedback(&[fb], &mut out),
+            Err(EncodeError::PrefixLongerThanPayload { .. })
+        ));
+        assert!(out.is_empty());
+    }
+
+    #[test]
+    fn other_versions_are_refused_with_both_numbers() {
+        let mut out = Vec::new();
+        let h = Hello {
+            version: 7,
+            ..Hello::new("old", None)
+        };
+        encode_hello(&h, &mut out).unwrap();
+        let err = decode_all::<CopierMessage>(&out).unwrap_err();
+        assert_eq!(err, DecodeError::VersionMismatch { theirs: 7, ours: 1 });
+        assert!(err.to_string().contains("same tcpshadow release"));
+    }
+
+    #[test]
+    fn reject_of_any_version_is_readable() {
+        let mut out = Vec::new();
+        let j = Reject {
+            version: 9,
+            reason: "bad token".into(),
+        };
+        encode_reject(&j, &mut out).unwrap();
+        assert_eq!(
+            decode_all::<InterceptMessage>(&out).unwrap(),
+            [InterceptMessage::Reject(j)]
+        );
+    }
+
+    #[test]
+    fn messages_of_the_other_direction_are_refused() {
+        let mut out = Vec::new();
+        encode_pong(1, &mut out).unwrap();
+        assert_eq!(
+            decode_all::<CopierMessage>(&out).unwrap_err(),
+            DecodeError::UnexpectedType { ty: 0x84 }
+        );
+    }
+
+    #[test]
+    fn http_probe_is_refused_from_the_header() {
+        let err = decode_all::<CopierMessage>(b"GET / HTTP/1.1\r\n").unwrap_err();
+        assert!(matches!(err, DecodeError::FrameTooLarge { .. }));
+    }
+
+    #[test]
+    fn decoder_is_poisoned_after_an_error() {
+        let mut d = FrameDecoder::<CopierMessage>::new();
+        d.feed(&[0, 0, 0, 0]);
+        assert_eq!(d.next_message(), Err(DecodeError::EmptyFrame));
+        let mut ok = Vec::new();
+        encode_ping(1, &mut ok).unwrap();
+        d.feed(&ok);
+        assert_eq!(d.next_message(), Err(DecodeError::EmptyFrame));
+    }
+
+    #[test]
+    fn partial_frames_wait_for_more_bytes() {
+        let mut out = Vec::new();
+        encode_claim(&[addr(10, 1), addr(11, 2)], &mut out).unwrap();
+        encode_ping(5, &mut out).unwrap();
+        let mut d = FrameDecoder::<CopierMessage>::new();
+        let mut got = Vec::new();
+        for b in &out {
+            d.feed(std::slice::from_ref(b));
+            while let Some(m) = d.next_message().unwrap() {
+                got.push(m);
+            }
+        }
+        assert_eq!(
+            got,
+            [
+                CopierMessage::Claim(vec![addr(10, 1), addr(11, 2)]),
+                CopierMessage::Ping(5)
+            ]
+        );
+    }
+
+    #[test]
+    fn from_packet_keeps_the_configured_prefix() {
+        let pkt = TcpPacket {
+            src: Ipv4Addr::new(198, 18, 0, 3),
+            dst: Ipv4Addr::new(198, 18, 0, 10),
+            src_port: 3306,
+            dst_port: 40000,
+            seq: 9,
+            ack: 8,
+            flags: TcpFlags(TcpFlags::ACK),
+            window: 100,
+            options: TcpOptions::default(),
+            ip_id: 0,
+            ttl: 64,
+            payload: b"0123456789",
+            payload_len: 10,
+        };
+        let fb = TestFeedback::from_packet(&pkt, 4);
+        assert_eq!(fb.client, addr(10, 40000));
+        assert_eq!(fb.server, addr(3, 3306));
+        assert_eq!(fb.payload_len, 10);
+        assert_eq!(fb.payload_prefix, b"0123");
+        assert!(!fb.payload_complete());
+        assert!(TestFeedback::from_packet(&pkt, 64).payload_complete());
+    }
+
+    #[test]
+    fn hello_debug_hides_the_token() {
+        let s = format!("{:?}", Hello::new("c", Some(b"secret".to_vec())));
+        assert!(!s.contains("secret"));
+    }
+
+    fn arb_addr() -> impl Strategy<Value = SocketAddrV4> {
+        (any::<u32>(), any::<u16>()).prop_map(|(ip, p)| SocketAddrV4::new(Ipv4Addr::from(ip), p))
+    }
+
+    fn arb_feedback() -> impl Strategy<Value = TestFeedback> {
+        (
+            (arb_addr(), arb_addr(), any::<u32>(), any::<u32>()),
+            (any::<u8>(), any::<u16>()),
+            (
+                any::<Option<u16>>(),
+                any::<Option<u8>>(),
+                any::<bool>(),
+                any::<Option<(u32, u32)>>(),
+            ),
+            proptest::collection::vec(any::<u8>(), 0..80),
+            0u32..100_000,
+        )
+            .prop_map(
+                |(
+                    (client, server, seq, ack),
+                    (flags, window),
+                    (mss, ws, sp, ts),
+                    prefix,
+                    extra,
+                )| {
+                    TestFeedback {
+                        client,
+                        server,
+                        seq,
+                        ack,
+                        flags: TcpFlags(flags),
+                        window,
+                        options: TcpOptions {
+                            mss,
+                            window_scale: ws,
+                            sack_permitted: sp,
+                            timestamps: ts,
+                        },
+                        payload_len: prefix.len() as u32 + extra,
+                        payload_prefix: prefix,
+                    }
+                },
+            )
+    }
+
+    fn arb_copier_message() -> impl Strategy<Value = CopierMessage> {
+        let addrs = || proptest::collection::vec(arb_addr(), 0..40);
+        prop_oneof![
+            (
+                "\\PC{0,40}",
+                proptest::option::of(proptest::collection::vec(any::<u8>(), 0..64))
+            )
+                .prop_map(|(name, token)| CopierMessage::Hello(Hello::new(&name, token))),
+            addrs().prop_map(CopierMessage::Claim),
+            addrs().prop_map(CopierMessage::Release),
+            any::<u64>().prop_map(CopierMessage::Ping),
+        ]
+    }
+
+    fn arb_intercept_message() -> impl Strategy<Value = InterceptMessage> {
+        prop_oneof![
+            ("\\PC{0,40}", any::<u16>()).prop_map(|(name, payload_prefix)| {
+                InterceptMessage::Welcome(Welcome {
+                    version: PROTOCOL_VERSION,
+                    name: truncate_utf8(&name, MAX_NAME_LEN).to_owned(),
+                    payload_prefix,
+                })
+            }),
+            ("\\PC{0,80}", any::<u16>()).prop_map(|(reason, version)| {
+                InterceptMessage::Reject(Reject {
+                    version,
+                    ..Reject::new(&reason)
+                })
+            }),
+            proptest::collection::vec(arb_feedback(), 0..20).prop_map(InterceptMessage::Feedback),
+            any::<u64>().prop_map(InterceptMessage::Pong),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn copier_messages_round_trip(msgs in proptest::collection::vec(arb_copier_message(), 0..8),
+                                      cut in any::<prop::sample::Index>()) {
+            let mut out = Vec::new();
+            for m in &msgs {
+                m.encode(&mut out).unwrap();
+            }
+            // Delivered in two arbitrary pieces, as TCP may.
+            let cut = if out.is_empty() { 0 } else { cut.index(out.len()) };
+            let mut d = FrameDecoder::<CopierMessage>::new();
+            let mut got = Vec::new();
+            for piece in [&out[..cut], &out[cut..]] {
+                d.feed(piece);
+                while let Some(m) = d.next_message().unwrap() {
+                    got.push(m);
+                }
+            }
+            prop_assert_eq!(got, msgs);
+        }
+
+        #[test]
+        fn intercept_messages_round_trip(msgs in proptest::collection::vec(arb_intercept_message(), 0..6)) {
+            let mut out = Vec::new();
+            for m in &msgs {
+                m.encode(&mut out).unwrap();
+            }
+            prop_assert_eq!(decode_all::<InterceptMessage>(&out).unwrap(), msgs);
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..600)) {
+            let mut a = FrameDecoder::<CopierMessage>::new();
+            let mut b = FrameDecoder::<InterceptMessage>::new();
+            a.feed(&bytes);
+            b.feed(&bytes);
+            while let Ok(Some(_)) = a.next_message() {}
+            while let Ok(Some(_)) = b.next_message() {}
+        }
+
+        #[test]
+        fn arbitrary_bodies_behind_valid_headers_never_panic(t in any::<u8>(),
+                                                             body in proptest::collection::vec(any::<u8>(), 0..600)) {
+            // Random bytes rarely form a plausible header; this reaches every body decoder.
+            let _ = CopierMessage::decode(t, &body);
+            let _ = InterceptMessage::decode(t, &body);
+        }
+
+        #[test]
+        fn corrupted_frames_never_panic(msg in arb_intercept_message(), pos in any::<prop::sample::Index>(), byte in any::<u8>()) {
+            let mut out = Vec::new();
+            msg.encode(&mut out).unwrap();
+            let i = pos.index(out.len());
+            out[i] = byte;
+            let _ = decode_all_lenient::<InterceptMessage>(&out);
+        }
+    }
+
+    fn decode_all_lenient<M: WireMessage>(bytes: &[u8]) -> Vec<M> {
+        let mut d = FrameDecoder::<M>::new();
+        d.feed(bytes);
+        let mut out = Vec::new();
+        while let Ok(Some(m)) = d.next_message() {
+            out.push(m);
+        }
+        out
+    }
 }

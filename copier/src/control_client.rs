@@ -1,0 +1,771 @@
+//! The copier's end of the control channel to intercept.
+//!
+//! Two background threads keep one connection alive: the *connection* thread connects (with
+//! exponential backoff), says Hello, reads Feedback frames and hands each batch to the engine
+//! thread through a bounded channel, waking it; the *writer* thread owns the set of claimed
+//! client addresses, sends Claims and Releases as the engine opens and closes sessions, re-sends
+//! the whole set after every (re)connect, and pings.
+//!
+//! The engine thread only ever calls [`ControlHandle`] methods that never block, and reads the
+//! receiver. Nothing here may ever block the engine: a full feedback channel drops the batch
+//! (counted), as a lost reply would be on the wire.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, SocketAddr, SocketAddrV4, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use common::control::{
+    encode_claim, encode_hello, encode_ping, encode_release, DecodeError, FrameDecoder, Hello,
+    InterceptMessage, TestFeedback, Welcome, MAX_ADDRS_PER_FRAME,
+};
+
+/// Settings of the control client. [`ClientConfig::new`] gives sensible defaults.
+#[derive(Clone, Debug)]
+pub struct ClientConfig {
+    /// intercept's control address (its `--listen`).
+    pub intercept: SocketAddr,
+    pub hello: Hello,
+    /// Feedback batches buffered for the engine before new ones are dropped.
+    pub queue_batches: usize,
+    /// First and longest wait between connection attempts (doubling in between).
+    pub backoff_min: Duration,
+    pub backoff_max: Duration,
+    pub connect_timeout: Duration,
+    /// How long intercept may take to answer the Hello.
+    pub handshake_timeout: Duration,
+    /// Keepalive period; intercept closes connections silent for 30 s.
+    pub ping_interval: Duration,
+    /// No frame at all (not even a Pong) for this long means the connection is dead.
+    pub idle_timeout: Duration,
+    /// intercept not reading our claims for this long means the connection is dead.
+    pub write_timeout: Duration,
+}
+
+impl ClientConfig {
+    pub fn new(intercept: SocketAddr, hello: Hello) -> Self {
+        ClientConfig {
+            intercept,
+            hello,
+            queue_batches: 4096,
+            backoff_min: Duration::from_millis(100),
+            backoff_max: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(2),
+            handshake_timeout: Duration::from_secs(5),
+            ping_interval: Duration::from_secs(2),
+            idle_timeout: Duration::from_secs(10),
+            write_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Counters of the control client, for the copier's status line.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ClientStats {
+    /// Whether a welcomed connection is up right now.
+    pub connected: bool,
+    /// Welcomed connections so far; `reconnects` is that minus the first.
+    pub connects: u64,
+    pub reconnects: u64,
+    /// Attempts that failed before a Welcome (refused, timed out, rejected).
+    pub connect_failures: u64,
+    /// Hellos intercept rejected (wrong version or token).
+    pub rejects: u64,
+    pub frames_in: u64,
+    pub frames_out: u64,
+    /// Feedback items received, including those then dropped.
+    pub feedback_received: u64,
+    /// Feedback items dropped because the engine's channel was full.
+    pub feedback_dropped: u64,
+    /// Addresses currently claimed.
+    pub claimed: u64,
+}
+
+impl fmt::Display for ClientStats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "intercept={} reconnects={} connect_failures={} rejects={} feedback={} \
+             feedback_dropped={} claimed={}",
+            if self.connected { "up" } else { "down" },
+            self.reconnects,
+            self.connect_failures,
+            self.rejects,
+            self.feedback_received,
+            self.feedback_dropped,
+            self.claimed
+        )
+    }
+}
+
+/// Starts the control client.
+pub struct ControlClient;
+
+impl ControlClient {
+    /// Connects to intercept at `addr` in the background with default settings. `wake` is
+    /// called (from the client's thread) after feedback was pushed to the returned receiver.
+    pub fn spawn(
+        addr: SocketAddr,
+        hello: Hello,
+        wake: impl Fn() + Send + 'static,
+    ) -> io::Result<(ControlHandle, Receiver<Vec<TestFeedback>>)> {
+        Self::spawn_with(ClientConfig::new(addr, hello), wake)
+    }
+
+    pub fn spawn_with(
+        config: ClientConfig,
+        wake: impl Fn() + Send + 'static,
+    ) -> io::Result<(ControlHandle, Receiver<Vec<TestFeedback>>)> {
+        let shared = Arc::new(Shared::default());
+        let (cmd_tx, cmd_rx) = mpsc::channel();
+        let (fb_tx, fb_rx) = mpsc::sync_channel(config.queue_batches.max(1));
+        let config = Arc::new(config);
+
+        let writer = {
+            let (config, shared) = (config.clone(), shared.clone());
+            thread::Builder::new()
+                .name("control-tx".into())
+                .spawn(move || writer_loop(&config, &shared, &cmd_rx))?
+        };
+        let conn = {
+            let (shared, cmd_tx) = (shared.clone(), cmd_tx.clone());
+            thread::Builder::new()
+                .name("control-rx".into())
+                .spawn(move || connection_loop(&config, &shared, &cmd_tx, &fb_tx, &wake))
+        };
+        let conn = match conn {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = cmd_tx.send(Command::Stop);
+                return Err(e);
+            }
+        };
+        Ok((
+            ControlHandle {
+                cmds: cmd_tx,
+                shared,
+                threads: vec![conn, writer],
+            },
+            fb_rx,
+        ))
+    }
+}
+
+/// The engine thread's grip on the control client. Dropping it stops the client's threads.
+pub struct ControlHandle {
+    cmds: Sender<Command>,
+    shared: Arc<Shared>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl ControlHandle {
+    /// Asks intercept for the replies to `client` (a mirrored client address). Call it before
+    /// sending the session's SYN, so the SYN-ACK is routed to this copier. Never blocks.
+    pub fn claim(&self, client: SocketAddrV4) {
+        let _ = self.cmds.send(Command::Claim(client));
+    }
+
+    /// Gives `client` up, once its session is over. Never blocks.
+    pub fn release(&self, client: SocketAddrV4) {
+        let _ = self.cmds.send(Command::Release(client));
+    }
+
+    pub fn stats(&self) -> ClientStats {
+        let s = &self.shared;
+        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let connects = g(&s.connects);
+        ClientStats {
+            connected: s.connected.load(Ordering::Relaxed),
+            connects,
+            reconnects: connects.saturating_sub(1),
+            connect_failures: g(&s.connect_failures),
+            rejects: g(&s.rejects),
+            frames_in: g(&s.frames_in),
+            frames_out: g(&s.frames_out),
+            feedback_received: g(&s.feedback_received),
+            feedback_dropped: g(&s.feedback_dropped),
+            claimed: g(&s.claimed),
+        }
+    }
+
+    /// What the current (or last) intercept said about itself, e.g. its payload prefix length.
+    pub fn welcome(&self) -> Option<Welcome> {
+        self.shared.welcome.lock().ok().and_then(|w| w.clone())
+    }
+
+    /// Why intercept last refused us, if it did.
+    pub fn last_reject(&self) -> Option<String> {
+        self.shared.last_reject.lock().ok().and_then(|r| r.clone())
+    }
+
+    /// Stops the client and waits for its threads: at once when connected or backing off, at
+    /// most `connect_timeout + handshake_timeout` when caught mid-handshake.
+    pub fn shutdown(mut self) {
+        self.stop();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+
+    fn stop(&self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        let _ = self.cmds.send(Command::Stop);
+        if let Ok(mut live) = self.shared.live.lock() {
+            if let Some(s) = live.take() {
+                let _ = s.shutdown(Shutdown::Both);
+            }
+        }
+        for t in &self.threads {
+            t.thread().unpark();
+        }
+    }
+}
+
+impl Drop for ControlHandle {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+enum Command {
+    Claim(SocketAddrV4),
+    Release(SocketAddrV4),
+    /// A welcomed connection: the writer re-sends every claim on it.
+    Connected {
+        generation: u64,
+        stream: TcpStream,
+    },
+    Disconnected {
+        generation: u64,
+    },
+    Stop,
+}
+
+#[derive(Default)]
+struct Shared {
+    stop: AtomicBool,
+    connected: AtomicBool,
+    connects: AtomicU64,
+    connect_failures: AtomicU64,
+    rejects: AtomicU64,
+    frames_in: AtomicU64,
+    frames_out: AtomicU64,
+    feedback_received: AtomicU64,
+    feedback_dropped: AtomicU64,
+    claimed: AtomicU64,
+    /// The current connection, so that stopping can interrupt a blocking read.
+    live: Mutex<Option<TcpStream>>,
+    welcome: Mutex<Option<Welcome>>,
+    last_reject: Mutex<Option<String>>,
+}
+
+impl Shared {
+    fn stopped(&self) -> bool {
+        self.stop.load(Ordering::SeqCst)
+    }
+
+    fn set_live(&self, s: Option<TcpStream>) {
+        if let Ok(mut live) = self.live.lock() {
+            *live = s;
+        }
+    }
+}
+
+fn bump(c: &AtomicU64, n: u64) {
+    c.fetch_add(n, Ordering::Relaxed);
+}
+
+/// Why a connection attempt or a connection ended.
+enum End {
+    Io(io::Error),
+    Closed,
+    Timeout,
+    Garbage(DecodeError),
+    Rejected(String),
+    Protocol(&'static str),
+    /// The engine dropped its receiver: nobody wants feedback any more.
+    EngineGone,
+    Stopped,
+}
+
+impl fmt::Display for End {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            End::Io(e) => write!(f, "{e}"),
+            End::Closed => write!(f, "intercept closed the connection"),
+            End::Timeout => write!(f, "no answer from intercept within the timeout"),
+            End::Garbage(e) => write!(f, "invalid frame from intercept: {e}"),
+            End::Rejected(r) => write!(f, "intercept refused this copier: {r}"),
+            End::Protocol(w) => write!(f, "protocol error: {w}"),
+            End::EngineGone => write!(f, "engine stopped"),
+            End::Stopped => write!(f, "stopped"),
+        }
+    }
+}
+
+fn connection_loop(
+    cfg: &ClientConfig,
+    shared: &Shared,
+    cmds: &Sender<Command>,
+    feedback: &SyncSender<Vec<TestFeedback>>,
+    wake: &dyn Fn(),
+) {
+    let mut backoff = cfg.backoff_min;
+    let mut failures = 0u64;
+    let mut generation = 0u64;
+    let mut buf = vec![0u8; 64 * 1024];
+    while !shared.stopped() {
+        let (stream, welcome, dec) = match handshake(cfg, &mut buf) {
+            Ok(c) => c,
+            Err(end) => {
+                if shared.stopped() {
+                    break;
+                }
+                bump(&shared.connect_failures, 1);
+                failures += 1;
+                if let End::Rejected(reason) = &end {
+                    bump(&shared.rejects, 1);
+                    if let Ok(mut r) = shared.last_reject.lock() {
+                        *r = Some(reason.clone());
+                    }
+                }
+                // 1st, 2nd, 4th, 8th... failure: an outage of hours logs a dozen lines.
+                if failures.is_power_of_two() {
+                    tracing::warn!(
+                        intercept = %cfg.intercept,
+                        attempts = failures,
+                        "cannot connect to intercept: {end}; retrying every {:?} at most",
+                        cfg.backoff_max
+                    );
+                }
+                sleep_unless_stopped(shared, backoff);
+                backoff = (backoff * 2).min(cfg.backoff_max);
+                continue;
+            }
+        };
+        let clone = match stream.try_clone() {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!("cannot clone the control socket: {e}");
+                sleep_unless_stopped(shared, backoff);
+                continue;
+            }
+        };
+        generation += 1;
+        failures = 0;
+        shared.set_live(stream.try_clone().ok());
+        if shared.stopped() {
+            let _ = stream.shutdown(Shutdown::Both);
+            break;
+        }
+        tracing::info!(
+            intercept = %cfg.intercept,
+            name = %welcome.name,
+            payload_prefix = welcome.payload_prefix,
+            "control channel to intercept is up"
+        );
+        if let Ok(mut w) = shared.welcome.lock() {
+            *w = Some(welcome);
+        }
+        bump(&shared.connects, 1);
+        shared.connected.store(true, Ordering::SeqCst);
+        if cmds
+            .send(Command::Connected {
+                generation,
+                stream: clone,
+            })
+            .is_err()
+        {
+            break;
+        }
+        let up_since = Instant::now();
+        let end = read_feedback(cfg, shared, stream, dec, &mut buf, feedback, wake);
+        shared.connected.store(false, Ordering::SeqCst);
+        shared.set_live(None);
+        let _ = cmds.send(Command::Disconnected { generation });
+        match end {
+            End::Stopped | End::EngineGone => break,
+            _ if shared.stopped() => break,
+            end => {
+                tracing::warn!(intercept = %cfg.intercept, "control channel to intercept lost: {end}; reconnecting (feedback is lost until then)")
+            }
+        }
+        // A connection that held for a while earns a quick retry; one that keeps failing
+        // right after the handshake keeps backing off.
+        if up_since.elapsed() >= cfg.backoff_max {
+            backoff = cfg.backoff_min;
+        }
+        sleep_unless_stopped(shared, backoff);
+        backoff = (backoff * 2).min(cfg.backoff_max);
+    }
+    shared.connected.store(false, Ordering::SeqCst);
+    let _ = cmds.send(Command::Stop);
+}
+
+fn sleep_unless_stopped(shared: &Shared, d: Duration) {
+    let until = Instant::now() + d;
+    while !shared.stopped() {
+        let now = Instant::now();
+        if now >= until {
+            return;
+        }
+        thread::park_timeout(until - now);
+    }
+}
+
+fn handshake(
+    cfg: &ClientConfig,
+    buf: &mut [u8],
+) -> Result<(TcpStream, Welcome, FrameDecoder<InterceptMessage>), End> {
+    let mut stream =
+        TcpStream::connect_timeout(&cfg.intercept, cfg.connect_timeout).map_err(End::Io)?;
+    let _ = stream.set_nodelay(true);
+    stream
+        .set_write_timeout(Some(cfg.write_timeout))
+        .map_err(End::Io)?;
+    stream
+        .set_read_timeout(Some(cfg.handshake_timeout))
+        .map_err(End::Io)?;
+    let mut out = Vec::new();
+    if let Err(e) = encode_hello(&cfg.hello, &mut out) {
+        tracing::error!("cannot encode the Hello: {e}");
+        return Err(End::Protocol("Hello does not encode"));
+    }
+    stream.write_all(&out).map_err(End::Io)?;
+    let mut dec = FrameDecoder::new();
+    match read_message(&mut stream, &mut dec, buf)? {
+        InterceptMessage::Welcome(w) => {
+            stream
+                .set_read_timeout(Some(cfg.idle_timeout))
+                .map_err(End::Io)?;
+            Ok((stream, w, dec))
+        }
+        InterceptMessage::Reject(r) => Err(End::Rejected(r.reason)),
+        _ => Err(End::Protocol("intercept sent something before its Welcome")),
+    }
+}
+
+fn read_message(
+    stream: &mut TcpStream,
+    dec: &mut FrameDecoder<InterceptMessage>,
+    buf: &mut [u8],
+) -> Result<InterceptMessage, End> {
+    loop {
+        if let Some(m) = dec.next_message().map_err(End::Garbage)? {
+            return Ok(m);
+        }
+        fill(stream, dec, buf)?;
+    }
+}
+
+fn fill(
+    stream: &mut TcpStream,
+    dec: &mut FrameDecoder<InterceptMessage>,
+    buf: &mut [u8],
+) -> Result<(), End> {
+    loop {
+        match stream.read(buf) {
+            Ok(0) => return Err(End::Closed),
+            Ok(n) => {
+                dec.feed(&buf[..n]);
+                return Ok(());
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Err(End::Timeout)
+            }
+            Err(e) => return Err(End::Io(e)),
+        }
+    }
+}
+
+fn read_feedback(
+    cfg: &ClientConfig,
+    shared: &Shared,
+    mut stream: TcpStream,
+    mut dec: FrameDecoder<InterceptMessage>,
+    buf: &mut [u8],
+    feedback: &SyncSender<Vec<TestFeedback>>,
+    wake: &dyn Fn(),
+) -> End {
+    let mut pushed = false;
+    let mut overflowing = false;
+    let end = loop {
+        let msg = match dec.next_message() {
+            Ok(Some(m)) => m,
+            Ok(None) => {
+                // One wake for everything one read delivered, and always before blocking.
+                if pushed {
+                    wake();
+                    pushed = false;
+                }
+                if shared.stopped() {
+                    break End::Stopped;
+                }
+                match fill(&mut stream, &mut dec, buf) {
+                    Ok(()) => continue,
+                    Err(e) => break e,
+                }
+            }
+            Err(e) => break End::Garbage(e),
+        };
+        bump(&shared.frames_in, 1);
+        match msg {
+            InterceptMessage::Feedback(batch) => {
+                let n = batch.len() as u64;
+                bump(&shared.feedback_received, n);
+                match feedback.try_send(batch) {
+                    Ok(()) => {
+                        pushed = true;
+                        overflowing = false;
+                    }
+                    Err(TrySendError::Full(_)) => {
+                        bump(&shared.feedback_dropped, n);
+                        if !overflowing {
+                            overflowing = true;
+                            tracing::warn!(
+                                intercept = %cfg.intercept,
+                                "engine is not keeping up with intercept's feedback: dropping it until it does"
+                            );
+                        }
+                    }
+                    Err(TrySendError::Disconnected(_)) => break End::EngineGone,
+                }
+            }
+            InterceptMessage::Pong(_) => {}
+            InterceptMessage::Reject(r) => break End::Rejected(r.reason),
+            InterceptMessage::Welcome(_) => break End::Protocol("second Welcome"),
+        }
+    };
+    if pushed {
+        wake();
+    }
+    let _ = stream.shutdown(Shutdown::Both);
+    end
+}
+
+fn writer_loop(cfg: &ClientConfig, shared: &Shared, cmds: &Receiver<Command>) {
+    let mut claimed: HashSet<SocketAddrV4> = HashSet::new();
+    // Addresses whose state changed since the last write; their net state is what is sent.
+    let mut touched: Vec<SocketAddrV4> = Vec::new();
+    let mut conn: Option<(u64, TcpStream)> = None;
+    let mut resend_all = false;
+    let mut out = Vec::new();
+    let mut next_ping = Instant::now() + cfg.ping_interval;
+    let mut nonce = 0u64;
+    loop {
+        // Disconnected, only commands matter (Connected among them); the ping clock restarts then.
+        let timeout = match conn {
+            Some(_) => next_ping.saturating_duration_since(Instant::now()),
+            None => Duration::from_secs(3600),
+        };
+        let first = match cmds.recv_timeout(timeout) {
+            Ok(c) => Some(c),
+            Err(RecvTimeoutError::Timeout) => None,
+            Err(RecvTimeoutError::Disconnected) => break,
+        };
+        let mut stop = false;
+        for cmd in first
+            .into_iter()
+            .chain(std::iter::from_fn(|| cmds.try_recv().ok()))
+        {
+            match cmd {
+                Command::Claim(a) => {
+                    claimed.insert(a);
+                    touched.push(a);
+                }
+                Command::Release(a) => {
+                    claimed.remove(&a);
+                    touched.push(a);
+                }
+                Command::Connected { generation, stream } => {
+                    conn = Some((generation, stream));
+                    resend_all = true;
+                    next_ping = Instant::now() + cfg.ping_interval;
+                }
+                Command::Disconnected { generation } => {
+                    if conn.as_ref().is_some_and(|(g, _)| *g == generation) {
+                        conn = None;
+                    }
+                }
+                Command::Stop => stop = true,
+            }
+        }
+        shared
+            .claimed
+            .store(claimed.len() as u64, Ordering::Relaxed);
+        if stop || shared.stopped() {
+            break;
+        }
+        let Some((_, stream)) = &mut conn else {
+            // Nothing to tell: a new connection gets the whole set anyway.
+            touched.clear();
+            continue;
+        };
+        out.clear();
+        let mut frames = 0u64;
+        if resend_all {
+            resend_all = false;
+            touched.clear();
+            let all: Vec<SocketAddrV4> = claimed.iter().copied().collect();
+            for chunk in all.chunks(MAX_ADDRS_PER_FRAME) {
+                frames += u64::from(encode_claim(chunk, &mut out).is_ok());
+            }
+        } else if !touched.is_empty() {
+            touched.sort_unstable();
+            touched.dedup();
+            let (claims, releases): (Vec<_>, Vec<_>) =
+                touched.drain(..).partition(|a| claimed.contains(a));
+            for chunk in claims.chunks(MAX_ADDRS_PER_FRAME) {
+                frames += u64::from(encode_claim(chunk, &mut out).is_ok());
+            }
+            for chunk in releases.chunks(MAX_ADDRS_PER_FRAME) {
+                frames += u64::from(encode_release(chunk, &mut out).is_ok());
+            }
+        }
+        let now = Instant::now();
+        if now >= next_ping {
+            nonce = nonce.wrapping_add(1);
+            frames += u64::from(encode_ping(nonce, &mut out).is_ok());
+            next_ping = now + cfg.ping_interval;
+        }
+        if out.is_empty() {
+            continue;
+        }
+        match stream.write_all(&out) {
+            Ok(()) => bump(&shared.frames_out, frames),
+            Err(e) => {
+                tracing::debug!("writing to intercept failed: {e}");
+                // The connection thread notices, reports it and reconnects.
+                let _ = stream.shutdown(Shutdown::Both);
+                conn = None;
+            }
+        }
+    }
+    if let Some((_, s)) = conn {
+        let _ = s.shutdown(Shutdown::Both);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use common::control::{encode_feedback, encode_welcome, CopierMessage, PROTOCOL_VERSION};
+    use std::net::{Ipv4Addr, TcpListener};
+
+    fn addr(n: u8) -> SocketAddrV4 {
+        SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, n), 40000)
+    }
+
+    /// A hand-driven intercept on 127.0.0.1: accepts one connection and says Welcome.
+    fn accept_welcomed(l: &TcpListener) -> (TcpStream, FrameDecoder<CopierMessage>) {
+        let (mut s, _) = l.accept().unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut dec = FrameDecoder::new();
+        match next(&mut s, &mut dec) {
+            CopierMessage::Hello(h) => assert_eq!(h.name, "t"),
+            other => panic!("expected Hello, got {other:?}"),
+        }
+        let mut out = Vec::new();
+        let welcome = Welcome {
+            version: PROTOCOL_VERSION,
+            name: "fake".into(),
+            payload_prefix: 64,
+        };
+        encode_welcome(&welcome, &mut out).unwrap();
+        s.write_all(&out).unwrap();
+        (s, dec)
+    }
+
+    fn next(s: &mut TcpStream, dec: &mut FrameDecoder<CopierMessage>) -> CopierMessage {
+        let mut buf = [0u8; 4096];
+        loop {
+            if let Some(m) = dec.next_message().unwrap() {
+                return m;
+            }
+            let n = s.read(&mut buf).unwrap();
+            assert!(n > 0, "client closed");
+            dec.feed(&buf[..n]);
+        }
+    }
+
+    /// Reads frames until the claimed set (as the server would track it) equals `want`.
+    fn await_claims(
+        s: &mut TcpStream,
+        dec: &mut FrameDecoder<CopierMessage>,
+        have: &mut HashSet<SocketAddrV4>,
+        want: &[SocketAddrV4],
+    ) {
+        let want: HashSet<_> = want.iter().copied().collect();
+        while *have != want {
+            match next(s, dec) {
+                CopierMessage::Claim(a) => have.extend(a),
+                CopierMessage::Release(a) => a.iter().for_each(|x| {
+                    have.remove(x);
+                }),
+                CopierMessage::Ping(_) => {}
+                CopierMessage::Hello(_) => panic!("second Hello"),
+            }
+        }
+    }
+
+    #[test]
+    fn claims_are_sent_as_net_state_and_resent_after_a_reconnect() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let config = ClientConfig {
+            backoff_min: Duration::from_millis(10),
+            backoff_max: Duration::from_millis(50),
+            ..ClientConfig::new(l.local_addr().unwrap(), Hello::new("t", None))
+        };
+        let (handle, rx) = ControlClient::spawn_with(config, || {}).unwrap();
+        handle.claim(addr(1));
+        let (mut s, mut dec) = accept_welcomed(&l);
+        let mut have = HashSet::new();
+        await_claims(&mut s, &mut dec, &mut have, &[addr(1)]);
+
+        handle.claim(addr(2));
+        handle.claim(addr(3));
+        handle.release(addr(1));
+        await_claims(&mut s, &mut dec, &mut have, &[addr(2), addr(3)]);
+
+        // Feedback reaches the engine's channel.
+        let fb = TestFeedback {
+            client: addr(2),
+            server: SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 3), 3306),
+            seq: 1,
+            ack: 2,
+            flags: common::wire::TcpFlags(0x12),
+            window: 1,
+            options: Default::default(),
+            payload_len: 0,
+            payload_prefix: Vec::new(),
+        };
+        let mut out = Vec::new();
+        encode_feedback(std::slice::from_ref(&fb), &mut out).unwrap();
+        s.write_all(&out).unwrap();
+        assert_eq!(rx.recv_timeout(Duration::from_secs(10)).unwrap(), [fb]);
+
+        // Garbage from intercept: the client drops the connection and comes back with all of
+        // its claims, including one made in between.
+        s.write_all(&[0, 0, 0, 0]).unwrap();
+        handle.release(addr(3));
+        handle.claim(addr(4));
+        let (mut s2, mut dec2) = accept_welcomed(&l);
+        let mut have2 = HashSet::new();
+        await_claims(&mut s2, &mut dec2, &mut have2, &[addr(2), addr(4)]);
+        let st = handle.stats();
+        assert_eq!(st.connects, 2);
+        assert_eq!(st.claimed, 2);
+        handle.shutdown();
+    }
+}

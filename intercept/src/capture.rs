@@ -1,0 +1,208 @@
+//! The pcap edge: the test server's replies as [`TestFeedback`].
+//!
+//! Kept thin on purpose: open, filter, read without blocking, parse with `common::wire`, count
+//! what does not parse. It never sends or forwards anything; the kernel drops the replies
+//! because this host does not forward (ip_forward=0).
+
+use std::net::Ipv4Addr;
+use std::os::fd::AsRawFd;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use common::control::{TestFeedback, MAX_PAYLOAD_PREFIX};
+use common::wire::{parse_frame_headers, LinkType};
+use pcap::{Active, Capture, Direction};
+
+use crate::pump::{FeedbackSource, KernelStats, ParseErrors, SourceStats};
+
+/// What to capture.
+#[derive(Clone, Debug)]
+pub struct CaptureOptions {
+    /// Interface name, or "any".
+    pub interface: String,
+    /// The test server's port: replies come from it.
+    pub port: u16,
+    /// Only replies from this address, when set.
+    pub server: Option<Ipv4Addr>,
+    pub payload_prefix: usize,
+    pub direction: Direction,
+    /// Kernel capture buffer; bigger absorbs longer bursts before the kernel drops.
+    pub buffer_bytes: usize,
+}
+
+/// The BPF filter for `opts`.
+pub fn bpf_filter(opts: &CaptureOptions) -> String {
+    match opts.server {
+        Some(ip) => format!("tcp and src port {} and src host {ip}", opts.port),
+        None => format!("tcp and src port {}", opts.port),
+    }
+}
+
+/// Enough for the largest link header we parse (Ethernet + 2 VLAN tags, or SLL2), a maximal IP
+/// header and a maximal TCP header, plus the prefix.
+pub fn snaplen(payload_prefix: usize) -> i32 {
+    (payload_prefix.min(MAX_PAYLOAD_PREFIX) + 256) as i32
+}
+
+pub struct PcapSource {
+    cap: Capture<Active>,
+    link: LinkType,
+    interface: String,
+    prefix: usize,
+    captured: u64,
+    parse_errors: ParseErrors,
+}
+
+impl PcapSource {
+    pub fn open(opts: &CaptureOptions) -> anyhow::Result<Self> {
+        let iface = &opts.interface;
+        let cap = Capture::from_device(iface.as_str())
+            .and_then(|c| {
+                c.immediate_mode(true)
+                    .promisc(false)
+                    .snaplen(snaplen(opts.payload_prefix))
+                    .buffer_size(opts.buffer_bytes.min(i32::MAX as usize) as i32)
+                    .timeout(100)
+                    .open()
+            })
+            .map_err(|e| open_error(iface, e))?;
+        let mut cap = cap
+            .setnonblock()
+            .with_context(|| format!("cannot make the capture on {iface} non-blocking"))?;
+        if let Err(e) = cap.direction(opts.direction) {
+            // Without it the filter on source port still holds; only replies we send ourselves
+            // (none) could slip in.
+            tracing::warn!(interface = %iface, "capture direction {:?} not supported here ({e}); capturing both directions", opts.direction);
+        }
+        let filter = bpf_filter(opts);
+        cap.filter(&filter, true)
+            .with_context(|| format!("cannot set capture filter `{filter}` on {iface}"))?;
+        let dlt = cap.get_datalink();
+        let Some(link) = LinkType::from_dlt(dlt.0) else {
+            bail!(
+                "interface {iface} has link type {} ({}), which intercept cannot parse; \
+                 capture on an Ethernet interface or on `any`",
+                dlt.0,
+                dlt.get_name().unwrap_or_else(|_| "unknown".into())
+            );
+        };
+        tracing::info!(interface = %iface, %filter, ?link, snaplen = snaplen(opts.payload_prefix), "capturing the test server's replies");
+        Ok(PcapSource {
+            cap,
+            link,
+            interface: iface.clone(),
+            prefix: opts.payload_prefix.min(MAX_PAYLOAD_PREFIX),
+            captured: 0,
+            parse_errors: ParseErrors::default(),
+        })
+    }
+}
+
+fn open_error(iface: &str, e: pcap::Error) -> anyhow::Error {
+    let msg = e.to_string();
+    let lower = msg.to_ascii_lowercase();
+    if lower.contains("permission") || lower.contains("not permitted") {
+        anyhow::anyhow!(
+            "cannot open capture on {iface}: permission denied — run as root or give the binary \
+             CAP_NET_RAW and CAP_NET_ADMIN (setcap cap_net_raw,cap_net_admin+ep intercept) ({msg})"
+        )
+    } else if lower.contains("no such device") || lower.contains("doesn't exist") {
+        anyhow::anyhow!(
+            "cannot open capture on {iface}: no such interface — check `ip link`, or use --interface any ({msg})"
+        )
+    } else {
+        anyhow::anyhow!("cannot open capture on {iface}: {msg}")
+    }
+}
+
+impl FeedbackSource for PcapSource {
+    fn poll_feedback(&mut self) -> anyhow::Result<Option<TestFeedback>> {
+        loop {
+            match self.cap.next_packet() {
+                Ok(p) => {
+                    self.captured += 1;
+                    match parse_frame_headers(self.link, p.data) {
+                        Ok(pkt) => return Ok(Some(TestFeedback::from_packet(&pkt, self.prefix))),
+                        // Counted, shown in the status line; a log line per frame would flood.
+                        Err(e) => self.parse_errors.count(e),
+                    }
+                }
+                Err(pcap::Error::TimeoutExpired) => return Ok(None),
+                Err(e) => {
+                    return Err(anyhow::anyhow!(
+                        "capture on {} failed: {e} (did the interface go away?)",
+                        self.interface
+                    ))
+                }
+            }
+        }
+    }
+
+    fn wait(&mut self, timeout: Duration) -> anyhow::Result<()> {
+        let mut pfd = libc::pollfd {
+            fd: self.cap.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as i32;
+        // SAFETY: one initialised pollfd, valid for the call. The result is not needed: EINTR
+        // (a signal) and timeouts both just send the caller round its loop again.
+        unsafe {
+            libc::poll(&mut pfd, 1, ms);
+        }
+        Ok(())
+    }
+
+    fn stats(&mut self) -> SourceStats {
+        let kernel = self.cap.stats().ok().map(|s| KernelStats {
+            received: s.received,
+            dropped: s.dropped,
+            if_dropped: s.if_dropped,
+        });
+        SourceStats {
+            captured: self.captured,
+            parse_errors: self.parse_errors,
+            kernel,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts(server: Option<Ipv4Addr>) -> CaptureOptions {
+        CaptureOptions {
+            interface: "any".into(),
+            port: 3306,
+            server,
+            payload_prefix: 64,
+            direction: Direction::In,
+            buffer_bytes: 1 << 20,
+        }
+    }
+
+    #[test]
+    fn filter_names_the_source_side_only() {
+        assert_eq!(bpf_filter(&opts(None)), "tcp and src port 3306");
+        assert_eq!(
+            bpf_filter(&opts(Some(Ipv4Addr::new(198, 18, 0, 3)))),
+            "tcp and src port 3306 and src host 198.18.0.3"
+        );
+    }
+
+    #[test]
+    fn snaplen_covers_headers_and_prefix() {
+        // Ethernet + QinQ (22) + IP (60) + TCP (60) + prefix.
+        assert!(snaplen(64) >= 22 + 60 + 60 + 64);
+        assert!(snaplen(100_000) <= (MAX_PAYLOAD_PREFIX + 256) as i32);
+    }
+
+    #[test]
+    fn filter_compiles() {
+        // A dead capture compiles BPF without privileges or an interface.
+        let dead = Capture::dead(pcap::Linktype::ETHERNET).unwrap();
+        dead.compile(&bpf_filter(&opts(Some(Ipv4Addr::new(198, 18, 0, 3)))), true)
+            .unwrap();
+    }
+}

@@ -1,0 +1,488 @@
+//! Who gets which feedback: the map from mirrored client address to the copier that owns it,
+//! and each copier's pending batch.
+//!
+//! The relay is owned by the capture thread alone (no lock on the hot path); the control
+//! server's threads talk to it through [`RelayEvent`]s. It must never block: a copier whose
+//! queue is full loses that batch (counted), so one slow copier cannot stall capture for all.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddrV4;
+use std::sync::mpsc::{SyncSender, TrySendError};
+
+use common::control::{TestFeedback, MAX_FEEDBACK_PER_FRAME};
+
+/// A control connection, numbered in accept order.
+pub type CopierId = u64;
+
+/// Most addresses one copier may own at once; past it claims are ignored (counted) and those
+/// sessions' feedback is broadcast instead, which still works, only less efficiently.
+pub const MAX_CLAIMS_PER_COPIER: usize = 1 << 20;
+
+/// What a copier's writer thread sends.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Outgoing {
+    Feedback(Vec<TestFeedback>),
+    Pong(u64),
+}
+
+/// Changes to the routing table, sent by the control server's reader threads.
+#[derive(Debug)]
+pub enum RelayEvent {
+    /// A copier completed its handshake; `tx` feeds its writer thread.
+    Connected {
+        id: CopierId,
+        name: String,
+        tx: SyncSender<Outgoing>,
+    },
+    Claim {
+        id: CopierId,
+        addrs: Vec<SocketAddrV4>,
+    },
+    Release {
+        id: CopierId,
+        addrs: Vec<SocketAddrV4>,
+    },
+    /// The connection is gone; its claims are dropped with it.
+    Disconnected { id: CopierId },
+}
+
+/// Counters of the relay, all monotonic.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RelayStats {
+    /// Feedback for a claimed address, sent to its owner only.
+    pub routed: u64,
+    /// Feedback for an unclaimed address (typically a SYN-ACK racing its Claim), broadcast.
+    pub unclaimed: u64,
+    /// Feedback that no copier could receive because none was connected.
+    pub no_copier: u64,
+    /// Items handed to copiers' queues (a broadcast counts once per copier).
+    pub relayed: u64,
+    /// Items dropped because a copier's queue was full or its connection was closing.
+    pub dropped_queue_full: u64,
+    /// Addresses claimed / released.
+    pub claims: u64,
+    pub releases: u64,
+    /// Claims that took an address away from another copier (the newest claim wins).
+    pub claims_moved: u64,
+    /// Claims ignored because the copier already owned [`MAX_CLAIMS_PER_COPIER`] addresses.
+    pub claims_refused: u64,
+}
+
+struct Link {
+    name: String,
+    tx: SyncSender<Outgoing>,
+    pending: Vec<TestFeedback>,
+    owned: usize,
+    /// Set while the queue overflows, so that each overflow episode is logged once.
+    overflowing: bool,
+}
+
+pub struct Relay {
+    owners: HashMap<SocketAddrV4, CopierId>,
+    // Ordered so that broadcasts and flushes happen in a stable order (easier to test and read).
+    links: BTreeMap<CopierId, Link>,
+    batch_limit: usize,
+    /// Items routed since the last flush of every copier: bounds how long a quiet copier's
+    /// batch can wait while other copiers keep the capture busy.
+    since_flush: usize,
+    /// Reused list of copier ids for broadcasts (which push while iterating the links).
+    scratch: Vec<CopierId>,
+    stats: RelayStats,
+}
+
+impl Relay {
+    /// `batch_limit` items at most per Feedback frame (clamped to what a frame can hold).
+    pub fn new(batch_limit: usize) -> Self {
+        Relay {
+            owners: HashMap::new(),
+            links: BTreeMap::new(),
+            batch_limit: batch_limit.clamp(1, MAX_FEEDBACK_PER_FRAME),
+            since_flush: 0,
+            scratch: Vec::new(),
+            stats: RelayStats::default(),
+        }
+    }
+
+    pub fn apply(&mut self, ev: RelayEvent) {
+        match ev {
+            RelayEvent::Connected { id, name, tx } => {
+                self.links.insert(
+                    id,
+                    Link {
+                        name,
+                        tx,
+                        pending: Vec::new(),
+                        owned: 0,
+                        overflowing: false,
+                    },
+                );
+            }
+            RelayEvent::Claim { id, addrs } => self.claim(id, &addrs),
+            RelayEvent::Release { id, addrs } => self.release(id, &addrs),
+            RelayEvent::Disconnected { id } => self.disconnect(id),
+        }
+    }
+
+    fn claim(&mut self, id: CopierId, addrs: &[SocketAddrV4]) {
+        let Some(link) = self.links.get(&id) else {
+            // A claim queued behind its connection's end: the connection and claims are gone.
+            return;
+        };
+        let mut owned = link.owned;
+        for &a in addrs {
+            match self.owners.get(&a).copied() {
+                Some(o) if o == id => {}
+                Some(_) if owned >= MAX_CLAIMS_PER_COPIER => self.stats.claims_refused += 1,
+                Some(prev) => {
+                    // A copier that claims an address has just opened a session with it: the
+                    // previous owner's session is stale (e.g. the address came back from a pool).
+                    if let Some(l) = self.links.get_mut(&prev) {
+                        l.owned -= 1;
+                    }
+                    self.owners.insert(a, id);
+                    owned += 1;
+                    self.stats.claims += 1;
+                    self.stats.claims_moved += 1;
+                }
+                None if owned >= MAX_CLAIMS_PER_COPIER => self.stats.claims_refused += 1,
+                None => {
+                    self.owners.insert(a, id);
+                    owned += 1;
+                    self.stats.claims += 1;
+                }
+            }
+        }
+        if let Some(l) = self.links.get_mut(&id) {
+            l.owned = owned;
+        }
+    }
+
+    fn release(&mut self, id: CopierId, addrs: &[SocketAddrV4]) {
+        for a in addrs {
+            // Only the owner may release: a late Release from the previous owner must not undo
+            // the new owner's claim.
+            if self.owners.get(a) == Some(&id) {
+                self.owners.remove(a);
+                self.stats.releases += 1;
+                if let Some(l) = self.links.get_mut(&id) {
+                    l.owned -= 1;
+                }
+            }
+        }
+    }
+
+    fn disconnect(&mut self, id: CopierId) {
+        let Some(link) = self.links.remove(&id) else {
+            return;
+        };
+        if link.owned > 0 {
+            self.owners.retain(|_, o| *o != id);
+        }
+        tracing::debug!(
+            copier = %link.name,
+            claims = link.owned,
+            pending = link.pending.len(),
+            "dropped the claims of a disconnected copier"
+        );
+        self.stats.dropped_queue_full += link.pending.len() as u64;
+    }
+
+    /// Queues one feedback for its owner, or for every copier if nobody owns its address.
+    pub fn route(&mut self, fb: TestFeedback) {
+        match self.owners.get(&fb.client).copied() {
+            Some(id) => {
+                self.stats.routed += 1;
+                self.push(id, fb);
+            }
+            None if self.links.is_empty() => self.stats.no_copier += 1,
+            None => {
+                self.stats.unclaimed += 1;
+                let mut ids = std::mem::take(&mut self.scratch);
+                ids.clear();
+                ids.extend(self.links.keys().copied());
+                if let Some((&last, rest)) = ids.split_last() {
+                    for &id in rest {
+                        self.push(id, fb.clone());
+                    }
+                    self.push(last, fb);
+                }
+                self.scratch = ids;
+            }
+        }
+        self.since_flush += 1;
+        if self.since_flush >= self.batch_limit {
+            self.flush();
+        }
+    }
+
+    fn push(&mut self, id: CopierId, fb: TestFeedback) {
+        let Some(link) = self.links.get_mut(&id) else {
+            return;
+        };
+        if link.pending.capacity() == 0 {
+            link.pending.reserve_exact(self.batch_limit);
+        }
+        link.pending.push(fb);
+        if link.pending.len() >= self.batch_limit {
+            Self::send(link, &mut self.stats);
+        }
+    }
+
+    /// Sends every pending batch. Called whenever the capture has nothing more to read right
+    /// now, so a lone reply waits for no timer.
+    pub fn flush(&mut self) {
+        self.since_flush = 0;
+        for link in self.links.values_mut() {
+            if !link.pending.is_empty() {
+                Self::send(link, &mut self.stats);
+            }
+        }
+    }
+
+    fn send(link: &mut Link, stats: &mut RelayStats) {
+        let batch = std::mem::take(&mut link.pending);
+        let n = batch.len() as u64;
+        match link.tx.try_send(Outgoing::Feedback(batch)) {
+            Ok(()) => {
+                stats.relayed += n;
+                if link.overflowing {
+                    link.overflowing = false;
+                    tracing::info!(copier = %link.name, "copier keeps up again; feedback flows");
+                }
+            }
+            Err(TrySendError::Full(_)) => {
+                stats.dropped_queue_full += n;
+                if !link.overflowing {
+                    link.overflowing = true;
+                    tracing::warn!(
+                        copier = %link.name,
+                        "copier's queue is full: dropping its feedback until it catches up \
+                         (its sessions will stall or retransmit; check the copier's host and the network to it)"
+                    );
+                }
+            }
+            // The writer is gone; the Disconnected event is on its way.
+            Err(TrySendError::Disconnected(_)) => stats.dropped_queue_full += n,
+        }
+    }
+
+    /// Connected copiers.
+    pub fn copiers(&self) -> usize {
+        self.links.len()
+    }
+
+    /// Addresses currently owned by some copier.
+    pub fn claimed(&self) -> usize {
+        self.owners.len()
+    }
+
+    pub fn owner(&self, addr: &SocketAddrV4) -> Option<CopierId> {
+        self.owners.get(addr).copied()
+    }
+
+    pub fn stats(&self) -> RelayStats {
+        self.stats
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use common::wire::{TcpFlags, TcpOptions};
+    use std::net::Ipv4Addr;
+    use std::sync::mpsc::{sync_channel, Receiver};
+
+    fn client(n: u8) -> SocketAddrV4 {
+        SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, n), 40000)
+    }
+
+    fn fb(to: SocketAddrV4, seq: u32) -> TestFeedback {
+        TestFeedback {
+            client: to,
+            server: SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 3), 3306),
+            seq,
+            ack: 0,
+            flags: TcpFlags(TcpFlags::ACK),
+            window: 100,
+            options: TcpOptions::default(),
+            payload_len: 0,
+            payload_prefix: Vec::new(),
+        }
+    }
+
+    fn connect(r: &mut Relay, id: CopierId, cap: usize) -> Receiver<Outgoing> {
+        let (tx, rx) = sync_channel(cap);
+        r.apply(RelayEvent::Connected {
+            id,
+            name: format!("c{id}"),
+            tx,
+        });
+        rx
+    }
+
+    fn seqs(rx: &Receiver<Outgoing>) -> Vec<u32> {
+        rx.try_iter()
+            .flat_map(|m| match m {
+                Outgoing::Feedback(b) => b.into_iter().map(|f| f.seq).collect(),
+                Outgoing::Pong(_) => Vec::new(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn claimed_feedback_goes_to_its_owner_only() {
+        let mut r = Relay::new(16);
+        let a = connect(&mut r, 1, 8);
+        let b = connect(&mut r, 2, 8);
+        r.apply(RelayEvent::Claim {
+            id: 1,
+            addrs: vec![client(10)],
+        });
+        r.apply(RelayEvent::Claim {
+            id: 2,
+            addrs: vec![client(11)],
+        });
+        r.route(fb(client(10), 1));
+        r.route(fb(client(11), 2));
+        r.flush();
+        assert_eq!(seqs(&a), [1]);
+        assert_eq!(seqs(&b), [2]);
+        assert_eq!(r.stats().routed, 2);
+    }
+
+    #[test]
+    fn unclaimed_feedback_is_broadcast_and_counted() {
+        let mut r = Relay::new(16);
+        let a = connect(&mut r, 1, 8);
+        let b = connect(&mut r, 2, 8);
+        r.route(fb(client(10), 7));
+        r.flush();
+        assert_eq!(seqs(&a), [7]);
+        assert_eq!(seqs(&b), [7]);
+        let s = r.stats();
+        assert_eq!((s.unclaimed, s.relayed), (1, 2));
+    }
+
+    #[test]
+    fn broadcast_reaches_every_copier() {
+        let mut r = Relay::new(16);
+        let rxs: Vec<_> = (0..12).map(|id| connect(&mut r, id, 4)).collect();
+        r.route(fb(client(10), 5));
+        r.flush();
+        for rx in &rxs {
+            assert_eq!(seqs(rx), [5]);
+        }
+    }
+
+    #[test]
+    fn feedback_without_any_copier_is_counted_as_lost() {
+        let mut r = Relay::new(16);
+        r.route(fb(client(10), 1));
+        assert_eq!(r.stats().no_copier, 1);
+    }
+
+    #[test]
+    fn disconnect_drops_claims_so_later_replies_are_broadcast() {
+        let mut r = Relay::new(16);
+        let a = connect(&mut r, 1, 8);
+        let b = connect(&mut r, 2, 8);
+        r.apply(RelayEvent::Claim {
+            id: 1,
+            addrs: vec![client(10), client(12)],
+        });
+        r.apply(RelayEvent::Disconnected { id: 1 });
+        drop(a);
+        assert_eq!(r.claimed(), 0);
+        assert_eq!(r.copiers(), 1);
+        r.route(fb(client(10), 3));
+        r.flush();
+        assert_eq!(seqs(&b), [3]);
+        // A claim queued behind the disconnect is ignored.
+        r.apply(RelayEvent::Claim {
+            id: 1,
+            addrs: vec![client(10)],
+        });
+        assert_eq!(r.owner(&client(10)), None);
+    }
+
+    #[test]
+    fn newest_claim_wins_and_a_stale_release_does_not_undo_it() {
+        let mut r = Relay::new(16);
+        let _a = connect(&mut r, 1, 8);
+        let _b = connect(&mut r, 2, 8);
+        r.apply(RelayEvent::Claim {
+            id: 1,
+            addrs: vec![client(10)],
+        });
+        r.apply(RelayEvent::Claim {
+            id: 2,
+            addrs: vec![client(10)],
+        });
+        r.apply(RelayEvent::Release {
+            id: 1,
+            addrs: vec![client(10)],
+        });
+        assert_eq!(r.owner(&client(10)), Some(2));
+        assert_eq!(r.stats().claims_moved, 1);
+        r.apply(RelayEvent::Release {
+            id: 2,
+            addrs: vec![client(10)],
+        });
+        assert_eq!(r.owner(&client(10)), None);
+    }
+
+    #[test]
+    fn full_batches_leave_without_waiting_for_a_flush() {
+        let mut r = Relay::new(3);
+        let a = connect(&mut r, 1, 8);
+        r.apply(RelayEvent::Claim {
+            id: 1,
+            addrs: vec![client(10)],
+        });
+        for s in 0..7 {
+            r.route(fb(client(10), s));
+        }
+        assert_eq!(seqs(&a), [0, 1, 2, 3, 4, 5]);
+        r.flush();
+        assert_eq!(seqs(&a), [6]);
+    }
+
+    #[test]
+    fn a_quiet_copier_is_not_starved_by_a_busy_one() {
+        let mut r = Relay::new(4);
+        let quiet = connect(&mut r, 1, 64);
+        let _busy = connect(&mut r, 2, 64);
+        r.apply(RelayEvent::Claim {
+            id: 1,
+            addrs: vec![client(10)],
+        });
+        r.apply(RelayEvent::Claim {
+            id: 2,
+            addrs: vec![client(11)],
+        });
+        r.route(fb(client(10), 1));
+        // The capture never goes idle, yet the quiet copier's lone item leaves within a batch.
+        for s in 0..4 {
+            r.route(fb(client(11), 100 + s));
+        }
+        assert_eq!(seqs(&quiet), [1]);
+    }
+
+    #[test]
+    fn a_full_queue_drops_and_counts_without_blocking() {
+        let mut r = Relay::new(1);
+        let a = connect(&mut r, 1, 2);
+        r.apply(RelayEvent::Claim {
+            id: 1,
+            addrs: vec![client(10)],
+        });
+        for s in 0..5 {
+            r.route(fb(client(10), s));
+        }
+        assert_eq!(r.stats().dropped_queue_full, 3);
+        assert_eq!(seqs(&a), [0, 1]);
+        // Room again: feedback flows again.
+        r.route(fb(client(10), 9));
+        assert_eq!(seqs(&a), [9]);
+    }
+}

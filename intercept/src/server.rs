@@ -1,0 +1,484 @@
+//! The control server: accepts copiers, checks their Hello, turns their Claims and Releases into
+//! [`RelayEvent`]s and writes their feedback.
+//!
+//! Each copier gets a reader thread (handshake, claims, pings) and a writer thread fed by a
+//! bounded queue that only the relay fills. Nothing here may ever block the capture thread, and
+//! a misbehaving copier (garbage, wrong version, bad token, silence) costs only its own
+//! connection.
+
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::control::{
+    encode_feedback, encode_pong, encode_reject, encode_welcome, CopierMessage, DecodeError,
+    FrameDecoder, Hello, Reject, Welcome, PROTOCOL_VERSION,
+};
+
+use crate::relay::{CopierId, Outgoing, RelayEvent};
+
+/// Settings of the control server.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// Who this intercept is, told to copiers in the Welcome.
+    pub name: String,
+    /// When set, a copier's Hello must carry this token.
+    pub token: Option<Vec<u8>>,
+    /// Payload bytes kept per feedback, told to copiers in the Welcome.
+    pub payload_prefix: u16,
+    /// Feedback batches queued per copier before its feedback is dropped.
+    pub queue_batches: usize,
+    /// How long a new connection may take to send its Hello.
+    pub handshake_timeout: Duration,
+    /// A copier that sends nothing (not even a Ping) for this long is considered dead.
+    pub idle_timeout: Duration,
+    /// A copier that does not read its feedback for this long is disconnected.
+    pub write_timeout: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            name: "intercept".into(),
+            token: None,
+            payload_prefix: 64,
+            queue_batches: 1024,
+            handshake_timeout: Duration::from_secs(5),
+            idle_timeout: Duration::from_secs(30),
+            write_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Connection-level counters, shared by all connection threads (each event is rare).
+#[derive(Debug, Default)]
+pub struct ServerStats {
+    pub accepted: AtomicU64,
+    pub welcomed: AtomicU64,
+    /// Welcomed connections that have ended (their claims are being dropped).
+    pub closed: AtomicU64,
+    pub rejected: AtomicU64,
+    /// Connections closed because they sent bytes that are not a valid frame.
+    pub garbage: AtomicU64,
+    /// Connections closed for silence (no Hello in time, or no frame for the idle timeout).
+    pub timeouts: AtomicU64,
+    /// Connections closed because the copier did not read its feedback.
+    pub write_failures: AtomicU64,
+    /// Addresses received in Claim and Release frames.
+    pub claimed_addrs: AtomicU64,
+    pub released_addrs: AtomicU64,
+    /// Pongs not sent because the copier's queue was full.
+    pub pongs_dropped: AtomicU64,
+    /// Batches the writer could not encode (a bug, never expected).
+    pub encode_errors: AtomicU64,
+    last_garbage_log: Mutex<Option<Instant>>,
+}
+
+/// A plain copy of [`ServerStats`], for status lines.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ServerStatsSnapshot {
+    pub accepted: u64,
+    pub welcomed: u64,
+    pub closed: u64,
+    pub rejected: u64,
+    pub garbage: u64,
+    pub timeouts: u64,
+    pub write_failures: u64,
+    pub claimed_addrs: u64,
+    pub released_addrs: u64,
+    pub pongs_dropped: u64,
+    pub encode_errors: u64,
+}
+
+impl ServerStats {
+    pub fn snapshot(&self) -> ServerStatsSnapshot {
+        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        ServerStatsSnapshot {
+            accepted: g(&self.accepted),
+            welcomed: g(&self.welcomed),
+            closed: g(&self.closed),
+            rejected: g(&self.rejected),
+            garbage: g(&self.garbage),
+            timeouts: g(&self.timeouts),
+            write_failures: g(&self.write_failures),
+            claimed_addrs: g(&self.claimed_addrs),
+            released_addrs: g(&self.released_addrs),
+            pongs_dropped: g(&self.pongs_dropped),
+            encode_errors: g(&self.encode_errors),
+        }
+    }
+
+    /// A copier stuck in a reconnect loop with a bad peer must not flood the log.
+    fn garbage_log_due(&self) -> bool {
+        let Ok(mut last) = self.last_garbage_log.lock() else {
+            return true;
+        };
+        let now = Instant::now();
+        match *last {
+            Some(t) if now.duration_since(t) < Duration::from_secs(10) => false,
+            _ => {
+                *last = Some(now);
+                true
+            }
+        }
+    }
+}
+
+fn bump(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
+/// A running control server. Its threads live as long as the process.
+pub struct ControlServer {
+    local_addr: SocketAddr,
+    stats: Arc<ServerStats>,
+}
+
+impl ControlServer {
+    /// Starts accepting copiers on `listener`; routing changes go to `events` (read by the
+    /// capture thread's relay).
+    pub fn start(
+        listener: TcpListener,
+        config: ServerConfig,
+        events: Sender<RelayEvent>,
+    ) -> io::Result<ControlServer> {
+        let local_addr = listener.local_addr()?;
+        let stats = Arc::new(ServerStats::default());
+        let ctx = Arc::new(Ctx {
+            config,
+            stats: stats.clone(),
+            next_id: AtomicU64::new(1),
+        });
+        thread::Builder::new()
+            .name("control-accept".into())
+            .spawn(move || accept_loop(listener, ctx, events))?;
+        Ok(ControlServer { local_addr, stats })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    pub fn stats(&self) -> ServerStatsSnapshot {
+        self.stats.snapshot()
+    }
+}
+
+struct Ctx {
+    config: ServerConfig,
+    stats: Arc<ServerStats>,
+    next_id: AtomicU64,
+}
+
+fn accept_loop(listener: TcpListener, ctx: Arc<Ctx>, events: Sender<RelayEvent>) {
+    let mut last_error_log: Option<Instant> = None;
+    loop {
+        match listener.accept() {
+            Ok((stream, peer)) => {
+                bump(&ctx.stats.accepted);
+                let id = ctx.next_id.fetch_add(1, Ordering::Relaxed);
+                let ctx = ctx.clone();
+                let events = events.clone();
+                let spawned = thread::Builder::new()
+                    .name(format!("copier-{id}"))
+                    .spawn(move || serve(stream, peer, id, &ctx, &events));
+                if let Err(e) = spawned {
+                    tracing::warn!(%peer, "cannot start a thread for a copier connection: {e}");
+                }
+            }
+            Err(e) => {
+                // EMFILE and friends: keep serving the copiers we have, retry shortly.
+                if last_error_log.is_none_or(|t| t.elapsed() > Duration::from_secs(10)) {
+                    tracing::warn!("accepting control connections failed: {e} (raise `ulimit -n` if this is EMFILE)");
+                    last_error_log = Some(Instant::now());
+                }
+                thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+}
+
+/// Why a connection ended, for one log line.
+enum End {
+    Eof,
+    Io(io::Error),
+    Garbage(DecodeError),
+    Protocol(&'static str),
+    Timeout,
+}
+
+fn serve(
+    stream: TcpStream,
+    peer: SocketAddr,
+    id: CopierId,
+    ctx: &Ctx,
+    events: &Sender<RelayEvent>,
+) {
+    let cfg = &ctx.config;
+    let _ = stream.set_nodelay(true);
+    let _ = stream.set_write_timeout(Some(cfg.write_timeout));
+    let _ = stream.set_read_timeout(Some(cfg.handshake_timeout));
+    let mut conn = Conn {
+        stream,
+        dec: FrameDecoder::new(),
+        buf: vec![0; 64 * 1024],
+    };
+
+    let hello = match conn.read_message() {
+        Ok(CopierMessage::Hello(h)) => h,
+        Ok(_) => {
+            let _ = conn.reject(ctx, "the first frame must be a Hello");
+            return;
+        }
+        Err(End::Garbage(e @ DecodeError::VersionMismatch { .. })) => {
+            let _ = conn.reject(ctx, &e.to_string());
+            return;
+        }
+        Err(end) => {
+            log_end(ctx, peer, None, end);
+            let _ = conn.stream.shutdown(Shutdown::Both);
+            return;
+        }
+    };
+    if let Some(reason) = check_hello(cfg, &hello) {
+        tracing::warn!(%peer, copier = %hello.name, "refused copier: {reason}");
+        let _ = conn.reject(ctx, reason);
+        return;
+    }
+
+    let welcome = Welcome {
+        version: PROTOCOL_VERSION,
+        name: cfg.name.clone(),
+        payload_prefix: cfg.payload_prefix,
+    };
+    let mut out = Vec::new();
+    if let Err(e) = encode_welcome(&welcome, &mut out) {
+        tracing::error!("cannot encode Welcome: {e}");
+        return;
+    }
+    if let Err(e) = conn.stream.write_all(&out) {
+        log_end(ctx, peer, Some(&hello.name), End::Io(e));
+        return;
+    }
+    let write_half = match conn.stream.try_clone() {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(%peer, "cannot clone the copier's socket: {e}");
+            return;
+        }
+    };
+    let (tx, rx) = sync_channel(cfg.queue_batches.max(1));
+    let stats = ctx.stats.clone();
+    let spawned = thread::Builder::new()
+        .name(format!("copier-{id}-tx"))
+        .spawn(move || write_loop(write_half, rx, &stats));
+    if let Err(e) = spawned {
+        tracing::warn!(%peer, "cannot start a writer thread for a copier: {e}");
+        return;
+    }
+    bump(&ctx.stats.welcomed);
+    tracing::info!(%peer, copier = %hello.name, id, "copier connected");
+    if events
+        .send(RelayEvent::Connected {
+            id,
+            name: hello.name.clone(),
+            tx: tx.clone(),
+        })
+        .is_err()
+    {
+        return; // The relay is gone: intercept is shutting down.
+    }
+
+    let _ = conn.stream.set_read_timeout(Some(cfg.idle_timeout));
+    let end = loop {
+        let msg = match conn.read_message() {
+            Ok(m) => m,
+            Err(end) => break end,
+        };
+        let (ev, counter, n) = match msg {
+            CopierMessage::Claim(addrs) => {
+                let n = addrs.len() as u64;
+                (RelayEvent::Claim { id, addrs }, &ctx.stats.claimed_addrs, n)
+            }
+            CopierMessage::Release(addrs) => {
+                let n = addrs.len() as u64;
+                (
+                    RelayEvent::Release { id, addrs },
+                    &ctx.stats.released_addrs,
+                    n,
+                )
+            }
+            CopierMessage::Ping(n) => {
+                if tx.try_send(Outgoing::Pong(n)).is_err() {
+                    bump(&ctx.stats.pongs_dropped);
+                }
+                continue;
+            }
+            CopierMessage::Hello(_) => break End::Protocol("second Hello on one connection"),
+        };
+        if events.send(ev).is_err() {
+            break End::Eof;
+        }
+        // Counted after the send: whoever sees the count knows the relay will apply the event
+        // before any feedback handed to the capture loop afterwards.
+        counter.fetch_add(n, Ordering::Relaxed);
+    };
+    let _ = events.send(RelayEvent::Disconnected { id });
+    bump(&ctx.stats.closed);
+    log_end(ctx, peer, Some(&hello.name), end);
+    // Wakes the writer if it is blocked on a full socket; it exits when its queue closes.
+    let _ = conn.stream.shutdown(Shutdown::Both);
+}
+
+/// Why a Hello is refused, or `None` if it is accepted.
+fn check_hello(cfg: &ServerConfig, hello: &Hello) -> Option<&'static str> {
+    let expected = cfg.token.as_deref()?;
+    match hello.token.as_deref() {
+        None => Some(
+            "this intercept requires a token: give the copier the same token file as intercept's --token-file",
+        ),
+        Some(t) if !constant_time_eq(t, expected) => Some(
+            "wrong token: the copier's token file must hold the same secret as intercept's --token-file",
+        ),
+        Some(_) => None,
+    }
+}
+
+/// Compares without an early exit, so response timing does not leak how much of a guess matched.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn log_end(ctx: &Ctx, peer: SocketAddr, name: Option<&str>, end: End) {
+    let name = name.unwrap_or("(before Hello)");
+    match end {
+        End::Eof => tracing::info!(%peer, copier = %name, "copier disconnected"),
+        End::Io(e) => tracing::info!(%peer, copier = %name, "copier connection lost: {e}"),
+        End::Timeout => {
+            bump(&ctx.stats.timeouts);
+            tracing::warn!(%peer, copier = %name, "closed a silent copier connection (no frame within the timeout)");
+        }
+        End::Garbage(e) => {
+            bump(&ctx.stats.garbage);
+            if ctx.stats.garbage_log_due() {
+                tracing::warn!(%peer, copier = %name, "closed a copier connection that sent an invalid frame: {e}");
+            }
+        }
+        End::Protocol(what) => {
+            bump(&ctx.stats.garbage);
+            tracing::warn!(%peer, copier = %name, "closed a copier connection: {what}");
+        }
+    }
+}
+
+struct Conn {
+    stream: TcpStream,
+    dec: FrameDecoder<CopierMessage>,
+    buf: Vec<u8>,
+}
+
+impl Conn {
+    fn read_message(&mut self) -> Result<CopierMessage, End> {
+        loop {
+            if let Some(m) = self.dec.next_message().map_err(End::Garbage)? {
+                return Ok(m);
+            }
+            match self.stream.read(&mut self.buf) {
+                Ok(0) => return Err(End::Eof),
+                Ok(n) => self.dec.feed(&self.buf[..n]),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    return Err(End::Timeout)
+                }
+                Err(e) => return Err(End::Io(e)),
+            }
+        }
+    }
+
+    /// Tells the peer why, then closes. Best effort: the peer may already be gone.
+    fn reject(&mut self, ctx: &Ctx, reason: &str) -> io::Result<()> {
+        bump(&ctx.stats.rejected);
+        let mut out = Vec::new();
+        if encode_reject(&Reject::new(reason), &mut out).is_ok() {
+            self.stream.write_all(&out)?;
+        }
+        self.stream.shutdown(Shutdown::Both)
+    }
+}
+
+/// Coalesces whatever is queued into one write: under load many small batches cost one
+/// syscall, and an idle queue costs no latency.
+fn write_loop(mut stream: TcpStream, rx: Receiver<Outgoing>, stats: &ServerStats) {
+    const COALESCE_BYTES: usize = 256 * 1024;
+    let mut out = Vec::with_capacity(64 * 1024);
+    while let Ok(first) = rx.recv() {
+        out.clear();
+        encode_outgoing(&first, &mut out, stats);
+        while out.len() < COALESCE_BYTES {
+            match rx.try_recv() {
+                Ok(m) => encode_outgoing(&m, &mut out, stats),
+                Err(_) => break,
+            }
+        }
+        if let Err(e) = stream.write_all(&out) {
+            if matches!(
+                e.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+            ) {
+                bump(&stats.write_failures);
+                tracing::warn!("copier stopped reading its feedback; closing its connection");
+            }
+            // The reader sees the shutdown, reports the disconnect and drops its claims.
+            let _ = stream.shutdown(Shutdown::Both);
+            break;
+        }
+        // A capture burst can leave a large buffer behind; do not keep it per copier forever.
+        if out.capacity() > 4 * COALESCE_BYTES {
+            out = Vec::with_capacity(64 * 1024);
+        }
+    }
+}
+
+fn encode_outgoing(m: &Outgoing, out: &mut Vec<u8>, stats: &ServerStats) {
+    let res = match m {
+        Outgoing::Feedback(batch) => encode_feedback(batch, out),
+        Outgoing::Pong(n) => encode_pong(*n, out),
+    };
+    if let Err(e) = res {
+        bump(&stats.encode_errors);
+        tracing::error!("cannot encode a message for a copier (dropped): {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_rules() {
+        let mut cfg = ServerConfig::default();
+        let hello = |t: Option<&[u8]>| Hello::new("c", t.map(|t| t.to_vec()));
+        assert_eq!(
+            check_hello(&cfg, &hello(Some(b"x"))),
+            None,
+            "no token required"
+        );
+        cfg.token = Some(b"secret".to_vec());
+        assert!(check_hello(&cfg, &hello(None)).is_some());
+        assert!(check_hello(&cfg, &hello(Some(b"secreT"))).is_some());
+        assert!(check_hello(&cfg, &hello(Some(b"secret!"))).is_some());
+        assert_eq!(check_hello(&cfg, &hello(Some(b"secret"))), None);
+    }
+}

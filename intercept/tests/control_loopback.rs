@@ -1,0 +1,506 @@
+//! The control channel end to end on 127.0.0.1: the copier's `ControlClient` against intercept's
+//! control server and relay, with feedback injected through a channel instead of pcap (no root,
+//! no capture). Only loopback addresses are ever contacted.
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, Shutdown, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use common::control::{encode_hello, FrameDecoder, Hello, InterceptMessage, TestFeedback};
+use common::wire::{TcpFlags, TcpOptions};
+use copier::control_client::{ClientConfig, ControlClient, ControlHandle};
+use intercept::pump::{self, ChannelSource, PumpConfig};
+use intercept::relay::Relay;
+use intercept::server::{ControlServer, ServerConfig};
+
+const WAIT: Duration = Duration::from_secs(10);
+
+/// A control server and a running capture loop fed by `feed`.
+struct Intercept {
+    server: ControlServer,
+    feed: Sender<TestFeedback>,
+    stop: Arc<AtomicBool>,
+    pump: Option<JoinHandle<()>>,
+}
+
+impl Intercept {
+    fn start(config: ServerConfig) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let (events_tx, events_rx) = mpsc::channel();
+        let server = ControlServer::start(listener, config, events_tx).unwrap();
+        let (feed, feed_rx) = mpsc::channel();
+        let stop = Arc::new(AtomicBool::new(false));
+        let pump = {
+            let stop = stop.clone();
+            thread::spawn(move || {
+                let mut source = ChannelSource::new(feed_rx);
+                let mut relay = Relay::new(64);
+                let config = PumpConfig {
+                    idle_wait: Duration::from_millis(10),
+                    status_interval: None,
+                };
+                let _ = pump::run(
+                    &mut source,
+                    &mut relay,
+                    &events_rx,
+                    &stop,
+                    config,
+                    |_, _| {},
+                );
+            })
+        };
+        Intercept {
+            server,
+            feed,
+            stop,
+            pump: Some(pump),
+        }
+    }
+
+    fn addr(&self) -> SocketAddr {
+        self.server.local_addr()
+    }
+
+    fn send(&self, client: SocketAddrV4, seq: u32) {
+        self.feed.send(feedback(client, seq)).unwrap();
+    }
+
+    /// Waits until `n` claimed addresses have reached the relay's queue: feedback sent after
+    /// this is routed with those claims applied.
+    fn await_claims(&self, n: u64) {
+        wait_for(
+            || self.server.stats().claimed_addrs >= n,
+            "claims to arrive",
+        );
+    }
+
+    fn await_releases(&self, n: u64) {
+        wait_for(
+            || self.server.stats().released_addrs >= n,
+            "releases to arrive",
+        );
+    }
+}
+
+impl Drop for Intercept {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(p) = self.pump.take() {
+            let _ = p.join();
+        }
+    }
+}
+
+fn wait_for(mut cond: impl FnMut() -> bool, what: &str) {
+    let deadline = Instant::now() + WAIT;
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        thread::sleep(Duration::from_millis(2));
+    }
+}
+
+fn client_addr(n: u8) -> SocketAddrV4 {
+    SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, n), 40000)
+}
+
+fn feedback(client: SocketAddrV4, seq: u32) -> TestFeedback {
+    TestFeedback {
+        client,
+        server: SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 3), 3306),
+        seq,
+        ack: 1,
+        flags: TcpFlags(TcpFlags::ACK | TcpFlags::PSH),
+        window: 502,
+        options: TcpOptions {
+            timestamps: Some((5, 6)),
+            ..TcpOptions::default()
+        },
+        payload_len: 5,
+        payload_prefix: b"hello".to_vec(),
+    }
+}
+
+/// A copier's control client plus what its engine would see.
+struct Copier {
+    handle: ControlHandle,
+    rx: Receiver<Vec<TestFeedback>>,
+    wakes: Arc<AtomicUsize>,
+}
+
+impl Copier {
+    fn connect(addr: SocketAddr, name: &str) -> Self {
+        Self::connect_with(ClientConfig {
+            backoff_min: Duration::from_millis(10),
+            backoff_max: Duration::from_millis(200),
+            ..ClientConfig::new(addr, Hello::new(name, None))
+        })
+    }
+
+    fn connect_with(config: ClientConfig) -> Self {
+        let wakes = Arc::new(AtomicUsize::new(0));
+        let w = wakes.clone();
+        let (handle, rx) = ControlClient::spawn_with(config, move || {
+            w.fetch_add(1, Ordering::SeqCst);
+        })
+        .unwrap();
+        let c = Copier { handle, rx, wakes };
+        wait_for(|| c.handle.stats().connected, "the copier to connect");
+        c
+    }
+
+    /// The next `n` feedback items, in order.
+    fn recv(&self, n: usize) -> Vec<(SocketAddrV4, u32)> {
+        let mut got = Vec::new();
+        let deadline = Instant::now() + WAIT;
+        while got.len() < n {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.rx.recv_timeout(left) {
+                Ok(batch) => got.extend(batch.iter().map(|f| (f.client, f.seq))),
+                Err(_) => panic!("timed out: got {got:?}, wanted {n} items"),
+            }
+        }
+        got
+    }
+}
+
+#[test]
+fn claimed_feedback_reaches_its_owner_and_unclaimed_reaches_everyone() {
+    let icpt = Intercept::start(ServerConfig::default());
+    let a = Copier::connect(icpt.addr(), "copier-a");
+    let b = Copier::connect(icpt.addr(), "copier-b");
+    assert_eq!(
+        a.handle.welcome().map(|w| w.payload_prefix),
+        Some(64),
+        "the Welcome tells the prefix length"
+    );
+
+    a.handle.claim(client_addr(10));
+    b.handle.claim(client_addr(11));
+    icpt.await_claims(2);
+
+    icpt.send(client_addr(10), 1);
+    icpt.send(client_addr(11), 2);
+    // Unclaimed (a SYN-ACK racing its Claim): everyone gets it. Sent last, it also proves
+    // that nothing for the other copier's address arrived before it.
+    icpt.send(client_addr(99), 3);
+
+    assert_eq!(a.recv(2), [(client_addr(10), 1), (client_addr(99), 3)]);
+    assert_eq!(b.recv(2), [(client_addr(11), 2), (client_addr(99), 3)]);
+    // The wake follows the push, so an engine that drains early sees a spare wake, never a
+    // missing one.
+    wait_for(
+        || a.wakes.load(Ordering::SeqCst) > 0,
+        "the engine to be woken",
+    );
+
+    let sa = a.handle.stats();
+    assert_eq!(sa.feedback_received, 2);
+    assert_eq!(sa.feedback_dropped, 0);
+    assert_eq!(sa.claimed, 1);
+    assert_eq!(sa.reconnects, 0);
+}
+
+#[test]
+fn the_full_feedback_survives_the_trip() {
+    let icpt = Intercept::start(ServerConfig::default());
+    let a = Copier::connect(icpt.addr(), "copier-a");
+    a.handle.claim(client_addr(10));
+    icpt.await_claims(1);
+    icpt.send(client_addr(10), 77);
+    let batch = a.rx.recv_timeout(WAIT).unwrap();
+    assert_eq!(batch, [feedback(client_addr(10), 77)]);
+}
+
+#[test]
+fn release_and_disconnect_give_addresses_back_to_broadcast() {
+    let icpt = Intercept::start(ServerConfig::default());
+    let a = Copier::connect(icpt.addr(), "copier-a");
+    let b = Copier::connect(icpt.addr(), "copier-b");
+    a.handle.claim(client_addr(10));
+    a.handle.claim(client_addr(12));
+    icpt.await_claims(2);
+
+    a.handle.release(client_addr(10));
+    icpt.await_releases(1);
+    icpt.send(client_addr(10), 1);
+    assert_eq!(b.recv(1), [(client_addr(10), 1)], "released: broadcast");
+    assert_eq!(a.recv(1), [(client_addr(10), 1)]);
+
+    // A's remaining claim dies with its connection.
+    a.handle.shutdown();
+    drop(a.rx);
+    wait_for(
+        || icpt.server.stats().closed >= 1,
+        "the disconnect to reach the relay",
+    );
+    icpt.send(client_addr(12), 2);
+    assert_eq!(b.recv(1), [(client_addr(12), 2)]);
+}
+
+#[test]
+fn a_garbage_frame_closes_only_that_connection() {
+    let icpt = Intercept::start(ServerConfig::default());
+    let a = Copier::connect(icpt.addr(), "copier-a");
+    a.handle.claim(client_addr(10));
+    icpt.await_claims(1);
+
+    let mut bad = TcpStream::connect(icpt.addr()).unwrap();
+    bad.set_read_timeout(Some(WAIT)).unwrap();
+    bad.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut buf = [0u8; 64];
+    let n = bad.read(&mut buf).unwrap_or(0);
+    assert_eq!(
+        n, 0,
+        "the server closed the garbage connection without a reply"
+    );
+    wait_for(
+        || icpt.server.stats().garbage >= 1,
+        "the bad frame to be counted",
+    );
+
+    // A welcomed copier that later sends garbage is cut off too, and only it.
+    let mut rogue = TcpStream::connect(icpt.addr()).unwrap();
+    rogue.set_read_timeout(Some(WAIT)).unwrap();
+    let mut out = Vec::new();
+    encode_hello(&Hello::new("rogue", None), &mut out).unwrap();
+    rogue.write_all(&out).unwrap();
+    let mut dec = FrameDecoder::<InterceptMessage>::new();
+    let welcome = read_one(&mut rogue, &mut dec);
+    assert!(matches!(welcome, Some(InterceptMessage::Welcome(_))));
+    rogue.write_all(&[0, 0, 0, 1, 0x77]).unwrap();
+    wait_for(
+        || icpt.server.stats().garbage >= 2,
+        "the rogue frame to be counted",
+    );
+
+    icpt.send(client_addr(10), 5);
+    assert_eq!(a.recv(1), [(client_addr(10), 5)]);
+    assert!(a.handle.stats().connected);
+    assert_eq!(a.handle.stats().reconnects, 0);
+}
+
+fn read_one(
+    s: &mut TcpStream,
+    dec: &mut FrameDecoder<InterceptMessage>,
+) -> Option<InterceptMessage> {
+    let mut buf = [0u8; 4096];
+    loop {
+        if let Some(m) = dec.next_message().unwrap() {
+            return Some(m);
+        }
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => dec.feed(&buf[..n]),
+        }
+    }
+}
+
+#[test]
+fn wrong_version_and_wrong_token_are_rejected_with_a_reason() {
+    let icpt = Intercept::start(ServerConfig {
+        token: Some(b"s3cret".to_vec()),
+        ..ServerConfig::default()
+    });
+
+    let mut old = TcpStream::connect(icpt.addr()).unwrap();
+    old.set_read_timeout(Some(WAIT)).unwrap();
+    let mut out = Vec::new();
+    let hello = Hello {
+        version: 0,
+        ..Hello::new("old-copier", Some(b"s3cret".to_vec()))
+    };
+    encode_hello(&hello, &mut out).unwrap();
+    old.write_all(&out).unwrap();
+    let mut dec = FrameDecoder::<InterceptMessage>::new();
+    match read_one(&mut old, &mut dec) {
+        Some(InterceptMessage::Reject(r)) => {
+            assert!(r.reason.contains("version 0"), "{}", r.reason)
+        }
+        other => panic!("expected a Reject, got {other:?}"),
+    }
+
+    let wrong = ClientConfig {
+        backoff_min: Duration::from_millis(10),
+        backoff_max: Duration::from_millis(50),
+        ..ClientConfig::new(icpt.addr(), Hello::new("c", Some(b"guess".to_vec())))
+    };
+    let (handle, _rx) = ControlClient::spawn_with(wrong, || {}).unwrap();
+    wait_for(|| handle.stats().rejects >= 2, "rejections");
+    assert!(!handle.stats().connected);
+    assert!(handle.last_reject().unwrap().contains("token"));
+    handle.shutdown();
+
+    let right = Copier::connect_with(ClientConfig::new(
+        icpt.addr(),
+        Hello::new("c", Some(b"s3cret".to_vec())),
+    ));
+    assert!(right.handle.stats().connected);
+}
+
+/// Forwards TCP between the client and the server so a test can cut connections.
+struct Proxy {
+    addr: SocketAddr,
+    live: Arc<Mutex<Vec<TcpStream>>>,
+}
+
+impl Proxy {
+    fn start(target: SocketAddr) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let live = Arc::new(Mutex::new(Vec::new()));
+        let l = live.clone();
+        thread::spawn(move || {
+            for inbound in listener.incoming() {
+                let Ok(inbound) = inbound else { return };
+                let Ok(outbound) = TcpStream::connect(target) else {
+                    continue;
+                };
+                {
+                    let mut l = l.lock().unwrap();
+                    l.push(inbound.try_clone().unwrap());
+                    l.push(outbound.try_clone().unwrap());
+                }
+                for (mut from, mut to) in [
+                    (inbound.try_clone().unwrap(), outbound.try_clone().unwrap()),
+                    (outbound, inbound),
+                ] {
+                    thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut to);
+                        let _ = to.shutdown(Shutdown::Both);
+                        let _ = from.shutdown(Shutdown::Both);
+                    });
+                }
+            }
+        });
+        Proxy { addr, live }
+    }
+
+    fn cut(&self) {
+        for s in self.live.lock().unwrap().drain(..) {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+    }
+}
+
+#[test]
+fn a_reconnecting_copier_resumes_its_claims() {
+    let icpt = Intercept::start(ServerConfig::default());
+    let proxy = Proxy::start(icpt.addr());
+    let a = Copier::connect(proxy.addr, "copier-a");
+    let b = Copier::connect(icpt.addr(), "copier-b");
+    a.handle.claim(client_addr(10));
+    a.handle.claim(client_addr(11));
+    icpt.await_claims(2);
+
+    proxy.cut();
+    wait_for(
+        || a.handle.stats().reconnects >= 1,
+        "the copier to reconnect",
+    );
+    wait_for(|| a.handle.stats().connected, "the copier to be up again");
+    // The two claims again, re-sent by the client on its own.
+    icpt.await_claims(4);
+
+    icpt.send(client_addr(10), 1);
+    icpt.send(client_addr(11), 2);
+    icpt.send(client_addr(50), 3);
+    assert_eq!(
+        a.recv(3),
+        [
+            (client_addr(10), 1),
+            (client_addr(11), 2),
+            (client_addr(50), 3)
+        ]
+    );
+    assert_eq!(
+        b.recv(1),
+        [(client_addr(50), 3)],
+        "claims were routed to their owner again, not broadcast"
+    );
+
+    // Claims made while disconnected are sent on the next connection too.
+    proxy.cut();
+    a.handle.claim(client_addr(12));
+    wait_for(|| a.handle.stats().reconnects >= 2, "the second reconnect");
+    icpt.await_claims(7);
+    icpt.send(client_addr(12), 4);
+    icpt.send(client_addr(51), 5);
+    assert_eq!(a.recv(2), [(client_addr(12), 4), (client_addr(51), 5)]);
+    assert_eq!(b.recv(1), [(client_addr(51), 5)]);
+}
+
+#[test]
+fn a_copier_that_comes_up_before_intercept_connects_when_it_appears() {
+    // Reserve a port, close it, and point the client at it before anything listens there.
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+    let config = ClientConfig {
+        backoff_min: Duration::from_millis(10),
+        backoff_max: Duration::from_millis(100),
+        ..ClientConfig::new(addr, Hello::new("early", None))
+    };
+    let (handle, rx) = ControlClient::spawn_with(config, || {}).unwrap();
+    handle.claim(client_addr(10));
+    wait_for(|| handle.stats().connect_failures >= 2, "failed attempts");
+
+    let Ok(listener) = TcpListener::bind(addr) else {
+        // Someone else took the port meanwhile; nothing to test on this run.
+        return;
+    };
+    let (events_tx, events_rx) = mpsc::channel();
+    let server = ControlServer::start(listener, ServerConfig::default(), events_tx).unwrap();
+    wait_for(|| handle.stats().connected, "the late connect");
+    wait_for(|| server.stats().claimed_addrs >= 1, "the early claim");
+    match events_rx.recv_timeout(WAIT).unwrap() {
+        intercept::relay::RelayEvent::Connected { name, .. } => assert_eq!(name, "early"),
+        other => panic!("unexpected {other:?}"),
+    }
+    match events_rx.recv_timeout(WAIT).unwrap() {
+        intercept::relay::RelayEvent::Claim { addrs, .. } => assert_eq!(addrs, [client_addr(10)]),
+        other => panic!("unexpected {other:?}"),
+    }
+    drop(rx);
+    handle.shutdown();
+}
+
+#[test]
+fn pings_keep_a_quiet_connection_alive() {
+    let icpt = Intercept::start(ServerConfig {
+        idle_timeout: Duration::from_millis(300),
+        ..ServerConfig::default()
+    });
+    let a = Copier::connect_with(ClientConfig {
+        ping_interval: Duration::from_millis(50),
+        ..ClientConfig::new(icpt.addr(), Hello::new("quiet", None))
+    });
+    thread::sleep(Duration::from_millis(800));
+    let s = a.handle.stats();
+    assert!(s.connected);
+    assert_eq!(s.reconnects, 0);
+    assert!(s.frames_in >= 5, "pongs came back: {s:?}");
+
+    // A peer that says Hello and then nothing is closed after the idle timeout.
+    let mut silent = TcpStream::connect(icpt.addr()).unwrap();
+    silent.set_read_timeout(Some(WAIT)).unwrap();
+    let mut out = Vec::new();
+    encode_hello(&Hello::new("silent", None), &mut out).unwrap();
+    silent.write_all(&out).unwrap();
+    let mut dec = FrameDecoder::<InterceptMessage>::new();
+    assert!(matches!(
+        read_one(&mut silent, &mut dec),
+        Some(InterceptMessage::Welcome(_))
+    ));
+    assert_eq!(read_one(&mut silent, &mut dec), None, "closed");
+    wait_for(
+        || icpt.server.stats().timeouts == 1,
+        "the timeout to be counted",
+    );
+}
