@@ -1,0 +1,826 @@
+//! The sans-IO session engine: the client side of every mirrored TCP connection.
+//!
+//! # What this room is for
+//!
+//! The copier captures client<->production traffic and replays each client connection toward
+//! the test server as if it were the client. This module holds all of the TCP logic that makes
+//! that replay faithful: handshake (same ISN, options derived from the client's), re-basing
+//! every ACK on the test server's own stream as relayed by intercept, our own ACKs,
+//! retransmission (RFC 6298 RTO with Karn's rule, fast retransmit/NewReno), the test server's
+//! window (with zero-window probes), FIN/RST in both directions, timeouts, mid-stream pickup
+//! and client-address pooling.
+//!
+//! # What it must never do
+//!
+//! * No sockets, threads, clocks, logging or randomness: it is fed events and asked for
+//!   actions, so every behaviour is reproducible in a unit test with a fake clock.
+//! * Never panic and never grow without bound on any input: captured packets and feedback are
+//!   untrusted. Bad input is counted in [`EngineStats`] and skipped.
+//! * Never wait for the client's pace: a captured byte is sent as soon as the test server's
+//!   window allows (the C tcpcopy holds each request for a client round trip and falls
+//!   behind; we must not).
+//! * Never emit anything but packets toward the configured target.
+//!
+//! # Driving it (the I/O edges)
+//!
+//! ```text
+//! loop {
+//!     engine.on_captured(now, &pkt)      // every captured packet of the production port
+//!     engine.on_feedback(now, &fb)       // every TestFeedback relayed by intercept
+//!     engine.on_timeout(now)             // whenever now >= the last next_deadline()
+//!     while let Some(n) = engine.poll_transmit(now, &mut buf) { raw_send(&buf[..n]) }
+//!     while let Some(ev) = engine.poll_event() { tell_intercept(ev) }
+//!     sleep_until(engine.next_deadline())   // or until more input arrives
+//! }
+//! ```
+//!
+//! * Drain `poll_transmit` after every batch of input and after `on_timeout`: timers (RTO)
+//!   are armed when a segment is handed out, so `next_deadline` is only meaningful after the
+//!   drain. Each call returns one complete IPv4 packet (checksums done) to send as is.
+//! * `buf` must hold [`Engine::transmit_buffer_len`] bytes (`mss + 60`); with a smaller one
+//!   the packet is not produced (counted in `transmit_buffer_too_small`; the session keeps its
+//!   state and tries again on its next event or timer).
+//! * Drain `poll_event` as well: [`EngineEvent::SessionOpened`] must reach intercept before the
+//!   test server's SYN-ACK can be relayed, and [`EngineEvent::SessionReleased`] says when it
+//!   may forget an address.
+//! * `next_deadline` may be earlier than strictly needed (stale timer entries are discarded
+//!   lazily); calling `on_timeout` early is cheap and harmless.
+//! * The capture should exclude the target's own traffic; packets to/from the target are
+//!   ignored here anyway (`captured_target`) so the mirror never feeds on itself.
+//! * Sessions are independent; an edge with several capture threads runs one engine per
+//!   thread and must route both directions of a connection and its feedback to the same
+//!   engine. The client port is the one field they all share (the mirrored address keeps it,
+//!   pool or not), so shard by it.
+//! * `shutdown` is for the very end: it RSTs and forgets every session; drain
+//!   `poll_transmit` once more afterwards.
+
+//!
+//! # Design in brief
+//!
+//! * **Streams.** Captured client segments are reassembled in the client's sequence space
+//!   (trim duplicates, hold out-of-order bytes, bounded); in-order bytes move once into a
+//!   per-session `VecDeque<u8>` in *our* sequence space, from which segments of at most the
+//!   effective MSS are cut (so GRO super-segments are split naturally) and retransmitted until
+//!   acknowledged. Our seq = client seq + `seq_offset` (0 today); a later payload rewrite
+//!   changes bytes at that one seam and adjusts the offset, nothing else moves.
+//! * **ACKs.** The test server's bytes die at the assist host; we only see headers. We ACK the
+//!   highest *contiguous* end we have seen (remembering a few out-of-order ranges), never past
+//!   a hole, so lost feedback makes the test server retransmit rather than skip bytes.
+//! * **Timers.** Each session has one earliest deadline (RTO, persist, handshake, idle, close,
+//!   capture gap, linger); the engine keeps them in a binary heap with lazy invalidation.
+//! * **Sessions** live in a slab with generation-checked ids, indexed by captured flow and by
+//!   mirrored address; sessions with something to send wait in a round-robin ready queue.
+
+mod pool;
+mod ranges;
+mod reassembly;
+mod rtt;
+mod session;
+mod stats;
+
+#[cfg(test)]
+mod sim_tests;
+#[cfg(test)]
+mod tests;
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::time::Duration;
+
+use common::clock::Instant;
+use common::control::TestFeedback;
+use common::wire::{emit_ipv4_tcp, SegmentRepr, TcpPacket};
+
+use pool::AddressPool;
+use session::{Outcome, Session, Start};
+pub use stats::EngineStats;
+
+/// Largest IPv4 + TCP header we ever emit (20 + 20 + 20 bytes of options, SYN).
+pub const MAX_HEADER_LEN: usize = 60;
+/// Replies to late feedback (RST/ACK from a lingering session) waiting for `poll_transmit`;
+/// beyond, dropped and counted (the test server retransmits and gets another chance).
+const CONTROL_QUEUE_CAP: usize = 4096;
+/// Events waiting for `poll_event`; beyond, the oldest is dropped and counted.
+const EVENT_QUEUE_CAP: usize = 65536;
+
+/// Configuration of one engine. Build with [`EngineConfig::new`] and adjust fields.
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// The production server port whose clients are mirrored.
+    pub prod_port: u16,
+    /// The test server.
+    pub target: SocketAddrV4,
+    /// If set (network, prefix length), clients are mirrored from pool addresses: same port,
+    /// address probed so no two live sessions share a 4-tuple toward the target.
+    pub client_ip_pool: Option<(Ipv4Addr, u8)>,
+    /// Our largest segment payload toward the target (path MTU - 40). Clamped to 64..=65495.
+    pub mss: u16,
+    pub min_rto: Duration,
+    pub max_rto: Duration,
+    pub initial_rto: Duration,
+    /// Abandon a session whose handshake (test SYN-ACK and the client's own ACK to
+    /// production) is not done within this.
+    pub handshake_timeout: Duration,
+    /// Abandon a session with no captured packet and no feedback for this long. Longer than
+    /// MySQL's default `wait_timeout` (8 h) so pooled idle connections survive.
+    pub idle_timeout: Duration,
+    /// Abandon a session not fully closed this long after the first FIN (either side).
+    pub close_timeout: Duration,
+    /// Abandon a session whose captured client stream has a hole (or production acknowledged
+    /// bytes we never captured) for this long: the capture lost bytes production received.
+    /// Longer than a few client RTOs so a genuine client loss can be retransmitted first.
+    pub capture_gap_timeout: Duration,
+    /// How long a closed session is remembered to absorb late packets (re-ACK a repeated FIN,
+    /// RST late test segments, ignore a client's retransmitted FIN).
+    pub linger: Duration,
+    /// Consecutive retransmission timeouts (or unanswered window probes) before abandoning.
+    pub max_retransmits: u32,
+    /// Bytes queued per session toward the test server (unacknowledged + unsent + held out of
+    /// order); beyond, the session is abandoned with `BufferOverflow`.
+    pub max_session_buffer: usize,
+    /// Mirror connections that were open before we started (no SYN seen).
+    pub pickup_midstream: bool,
+    /// Live sessions at most; new connections beyond are not mirrored (`sessions_shed`).
+    pub max_sessions: usize,
+    /// IPv4 TTL of what we send.
+    pub ttl: u8,
+}
+
+impl EngineConfig {
+    pub fn new(prod_port: u16, target: SocketAddrV4) -> Self {
+        Self {
+            prod_port,
+            target,
+            client_ip_pool: None,
+            mss: 1460,
+            min_rto: Duration::from_millis(200),
+            max_rto: Duration::from_secs(60),
+            initial_rto: Duration::from_secs(1),
+            handshake_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(9 * 3600),
+            close_timeout: Duration::from_secs(60),
+            capture_gap_timeout: Duration::from_secs(3),
+            linger: Duration::from_secs(10),
+            max_retransmits: 12,
+            max_session_buffer: 4 << 20,
+            pickup_midstream: false,
+            max_sessions: 10_000,
+            ttl: 64,
+        }
+    }
+
+    fn normalized(mut self) -> Self {
+        self.mss = self.mss.clamp(64, 65495);
+        self.max_rto = self.max_rto.max(Duration::from_millis(1));
+        self.min_rto = self.min_rto.min(self.max_rto);
+        self.initial_rto = self.initial_rto.clamp(self.min_rto, self.max_rto);
+        self.max_session_buffer = self.max_session_buffer.max(1);
+        self.ttl = self.ttl.max(1);
+        self
+    }
+}
+
+/// Why a session ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CloseReason {
+    /// Both sides sent FIN and had it acknowledged.
+    Completed,
+    /// The client reset its connection; we reset ours.
+    ClientReset,
+    /// Production reset the client's connection; we reset ours.
+    ProdReset,
+    /// The test server reset the connection.
+    TestReset,
+    /// The test server answered our SYN with RST (nothing listening).
+    TestRefused,
+    HandshakeTimeout,
+    IdleTimeout,
+    CloseTimeout,
+    /// The test server stopped acknowledging (or answering window probes).
+    TooManyRetransmits,
+    /// More than `max_session_buffer` bytes queued: the test server is too slow.
+    BufferOverflow,
+    /// The capture missed client bytes production received.
+    CaptureGap,
+    /// The client reused the 4-tuple (new SYN, new ISN) while we still had the old session.
+    Reused,
+    /// The copier is exiting.
+    Shutdown,
+}
+
+impl CloseReason {
+    pub const COUNT: usize = 13;
+    pub const ALL: [CloseReason; Self::COUNT] = [
+        Self::Completed,
+        Self::ClientReset,
+        Self::ProdReset,
+        Self::TestReset,
+        Self::TestRefused,
+        Self::HandshakeTimeout,
+        Self::IdleTimeout,
+        Self::CloseTimeout,
+        Self::TooManyRetransmits,
+        Self::BufferOverflow,
+        Self::CaptureGap,
+        Self::Reused,
+        Self::Shutdown,
+    ];
+
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// Label for metrics (`tcpshadow_copier_sessions_closed_total{reason="..."}`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Completed => "completed",
+            Self::ClientReset => "client_reset",
+            Self::ProdReset => "prod_reset",
+            Self::TestReset => "test_reset",
+            Self::TestRefused => "test_refused",
+            Self::HandshakeTimeout => "handshake_timeout",
+            Self::IdleTimeout => "idle_timeout",
+            Self::CloseTimeout => "close_timeout",
+            Self::TooManyRetransmits => "too_many_retransmits",
+            Self::BufferOverflow => "buffer_overflow",
+            Self::CaptureGap => "capture_gap",
+            Self::Reused => "reused",
+            Self::Shutdown => "shutdown",
+        }
+    }
+
+    /// Whether ending for this reason means we send the test server a RST (we abort; it did
+    /// not end the connection itself).
+    pub fn sends_reset(self) -> bool {
+        !matches!(self, Self::Completed | Self::TestReset | Self::TestRefused)
+    }
+}
+
+/// What the edges need to know about sessions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EngineEvent {
+    /// We now send from `mirrored` toward the target: intercept must relay what the test
+    /// server sends to that address.
+    SessionOpened {
+        client: SocketAddrV4,
+        mirrored: SocketAddrV4,
+        picked_up: bool,
+    },
+    /// The session ended. It lingers (answering late feedback) until `SessionReleased`.
+    SessionClosed {
+        client: SocketAddrV4,
+        mirrored: SocketAddrV4,
+        reason: CloseReason,
+    },
+    /// We forgot the session: intercept may stop relaying for `mirrored`.
+    SessionReleased { mirrored: SocketAddrV4 },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct FlowKey {
+    client: SocketAddrV4,
+    prod_ip: Ipv4Addr,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct SessionId {
+    idx: u32,
+    gen: u32,
+}
+
+#[derive(Debug)]
+struct Slot {
+    gen: u32,
+    session: Option<Session>,
+}
+
+/// See the module documentation.
+#[derive(Debug)]
+pub struct Engine {
+    cfg: EngineConfig,
+    pool: Option<AddressPool>,
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+    by_flow: HashMap<FlowKey, SessionId>,
+    by_mirror: HashMap<SocketAddrV4, SessionId>,
+    /// Earliest deadline per session, lazily invalidated: an entry is live only if its session
+    /// still exists and `Session::heap_at` equals its instant.
+    timers: BinaryHeap<Reverse<(Instant, u32, u32)>>,
+    /// Sessions that may have something to send, round-robin.
+    ready: VecDeque<SessionId>,
+    control_out: VecDeque<SegmentRepr>,
+    events: VecDeque<EngineEvent>,
+    scratch: Vec<u8>,
+    ip_id: u16,
+    stats: EngineStats,
+}
+
+impl Engine {
+    pub fn new(cfg: EngineConfig) -> Self {
+        let cfg = cfg.normalized();
+        let pool = cfg
+            .client_ip_pool
+            .and_then(|(net, prefix)| AddressPool::new(net, prefix, *cfg.target.ip()));
+        let presize = cfg.max_sessions.min(1 << 16);
+        Self {
+            pool,
+            slots: Vec::with_capacity(presize),
+            free: Vec::new(),
+            by_flow: HashMap::with_capacity(presize),
+            by_mirror: HashMap::with_capacity(presize),
+            timers: BinaryHeap::with_capacity(presize),
+            ready: VecDeque::with_capacity(presize.min(4096)),
+            control_out: VecDeque::with_capacity(64),
+            events: VecDeque::with_capacity(256),
+            scratch: vec![0; usize::from(cfg.mss)],
+            ip_id: 0,
+            stats: EngineStats::default(),
+            cfg,
+        }
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.cfg
+    }
+
+    pub fn stats(&self) -> &EngineStats {
+        &self.stats
+    }
+
+    /// Client bytes queued toward the test server and not yet acknowledged, over all live
+    /// sessions (the copier waits for this to reach zero before it exits). O(sessions).
+    pub fn queued_bytes(&self) -> usize {
+        self.slots
+            .iter()
+            .filter_map(|s| s.session.as_ref())
+            .filter(|s| !s.is_lingering())
+            .map(Session::queued_bytes)
+            .sum()
+    }
+
+    /// The `buf` size `poll_transmit` needs for any packet of ours.
+    pub fn transmit_buffer_len(&self) -> usize {
+        usize::from(self.cfg.mss) + MAX_HEADER_LEN
+    }
+
+    // ------------------------------------------------------------------ input
+
+    /// A captured packet (either direction of the production port; others are counted and
+    /// ignored).
+    pub fn on_captured(&mut self, now: Instant, pkt: &TcpPacket<'_>) {
+        let t = self.cfg.target;
+        if (pkt.dst == *t.ip() && pkt.dst_port == t.port())
+            || (pkt.src == *t.ip() && pkt.src_port == t.port())
+        {
+            self.stats.captured_target += 1;
+        } else if pkt.dst_port == self.cfg.prod_port {
+            self.stats.captured_client_to_prod += 1;
+            self.on_client_packet(now, pkt);
+        } else if pkt.src_port == self.cfg.prod_port {
+            self.stats.captured_prod_to_client += 1;
+            self.on_prod_packet(now, pkt);
+        } else {
+            self.stats.captured_ignored += 1;
+        }
+    }
+
+    fn on_client_packet(&mut self, now: Instant, pkt: &TcpPacket<'_>) {
+        let f = pkt.flags;
+        let key = FlowKey {
+            client: SocketAddrV4::new(pkt.src, pkt.src_port),
+            prod_ip: pkt.dst,
+        };
+        let is_syn = f.syn() && !f.ack() && !f.rst();
+        if f.syn() && !is_syn {
+            // A SYN-ACK or SYN+RST toward the production port is no client's.
+            self.stats.captured_unknown_session += 1;
+            return;
+        }
+        if let Some(id) = self.by_flow.get(&key).copied() {
+            let Some(s) = slot_session(&mut self.slots, id) else {
+                return;
+            };
+            let new_isn = is_syn && pkt.seq != s.client_isn;
+            if s.is_lingering() {
+                if new_isn {
+                    self.release(id);
+                    self.open_session(now, pkt, Start::Syn);
+                } else {
+                    s.touch_lingering(now, &self.cfg);
+                    self.stats.captured_stale += 1;
+                    self.schedule(id);
+                }
+                return;
+            }
+            if new_isn {
+                // The client reused the 4-tuple: the old connection is over whatever we saw.
+                self.finish(id, now, CloseReason::Reused);
+                self.release(id);
+                self.open_session(now, pkt, Start::Syn);
+                return;
+            }
+            if is_syn {
+                self.stats.client_syn_retransmits += 1;
+            }
+            let out = s.on_client(now, &self.cfg, &mut self.stats, pkt);
+            self.settle(id, now, out);
+            return;
+        }
+        if is_syn {
+            self.open_session(now, pkt, Start::Syn);
+        } else if f.fin() || f.rst() || !self.cfg.pickup_midstream {
+            self.stats.captured_unknown_session += 1;
+        } else {
+            self.open_session(now, pkt, Start::Pickup);
+        }
+    }
+
+    fn on_prod_packet(&mut self, now: Instant, pkt: &TcpPacket<'_>) {
+        let key = FlowKey {
+            client: SocketAddrV4::new(pkt.dst, pkt.dst_port),
+            prod_ip: pkt.src,
+        };
+        let Some(id) = self.by_flow.get(&key).copied() else {
+            self.stats.captured_prod_unknown_session += 1;
+            return;
+        };
+        let Some(s) = slot_session(&mut self.slots, id) else {
+            return;
+        };
+        if s.is_lingering() {
+            self.stats.captured_stale += 1;
+            return;
+        }
+        let out = s.on_prod(now, &mut self.stats, pkt);
+        self.settle(id, now, out);
+    }
+
+    /// A test-server segment relayed by intercept.
+    pub fn on_feedback(&mut self, now: Instant, fb: &TestFeedback) {
+        self.stats.feedback_received += 1;
+        let id = match self.by_mirror.get(&fb.client) {
+            Some(&id) if fb.server == self.cfg.target => id,
+            _ => {
+                self.stats.feedback_unknown_session += 1;
+                return;
+            }
+        };
+        let Some(s) = slot_session(&mut self.slots, id) else {
+            return;
+        };
+        if s.is_lingering() {
+            self.stats.feedback_stale += 1;
+            if let Some(reply) = s.linger_reply(fb, self.cfg.ttl) {
+                // Bounded: these answer untrusted input.
+                if self.control_out.len() < CONTROL_QUEUE_CAP {
+                    self.control_out.push_back(reply);
+                } else {
+                    self.stats.control_queue_dropped += 1;
+                }
+            }
+            return;
+        }
+        let out = s.on_feedback(now, &self.cfg, &mut self.stats, fb);
+        self.settle(id, now, out);
+    }
+
+    /// Runs every timer due at `now`.
+    pub fn on_timeout(&mut self, now: Instant) {
+        while let Some(&Reverse((at, idx, gen))) = self.timers.peek() {
+            if at > now {
+                break;
+            }
+            self.timers.pop();
+            let id = SessionId { idx, gen };
+            let Some(s) = slot_session(&mut self.slots, id) else {
+                continue;
+            };
+            if s.heap_at != Some(at) {
+                continue; // superseded by an earlier entry that already ran
+            }
+            s.heap_at = None;
+            if s.is_lingering() {
+                match s.next_deadline(&self.cfg) {
+                    Some(until) if until > now => self.schedule(id),
+                    _ => self.release(id),
+                }
+                continue;
+            }
+            let out = s.on_timeout(now, &self.cfg, &mut self.stats);
+            self.settle(id, now, out);
+        }
+        self.compact_timers();
+    }
+
+    /// The earliest instant at which `on_timeout` has work (possibly a little early).
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.timers.peek().map(|Reverse((at, _, _))| *at)
+    }
+
+    // ------------------------------------------------------------------ output
+
+    /// Writes the next packet to send toward the target into `buf` and returns its length.
+    pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<usize> {
+        if let Some(mut repr) = self.control_out.pop_front() {
+            repr.ip_id = self.next_ip_id();
+            match emit_ipv4_tcp(&repr, &[], buf) {
+                Ok(n) => {
+                    self.stats.segments_sent += 1;
+                    return Some(n);
+                }
+                Err(_) => {
+                    self.stats.transmit_buffer_too_small += 1;
+                    self.control_out.push_front(repr);
+                    return None;
+                }
+            }
+        }
+        while let Some(id) = self.ready.pop_front() {
+            let ip_id = self.ip_id.wrapping_add(1);
+            let Engine {
+                slots,
+                cfg,
+                stats,
+                scratch,
+                ..
+            } = self;
+            let Some(s) = slot_session(slots, id) else {
+                continue;
+            };
+            s.in_ready = false;
+            let sent = s.poll_segment(now, cfg, stats, scratch, buf, ip_id);
+            s.refresh_timers(now, cfg);
+            let complete = s.is_complete();
+            match sent {
+                Some(n) => {
+                    self.ip_id = ip_id;
+                    if complete {
+                        self.finish(id, now, CloseReason::Completed);
+                    } else {
+                        // It may have more; it goes to the back so sessions take turns.
+                        self.schedule(id);
+                        self.mark_ready(id);
+                    }
+                    return Some(n);
+                }
+                None => {
+                    if complete {
+                        self.finish(id, now, CloseReason::Completed);
+                    } else {
+                        self.schedule(id);
+                    }
+                }
+            }
+        }
+        None
+    }
+
+    /// The next session event, if any.
+    pub fn poll_event(&mut self) -> Option<EngineEvent> {
+        self.events.pop_front()
+    }
+
+    /// The copier is exiting: RST every live session so the test server frees it, and
+    /// forget everything. Drain `poll_transmit` afterwards to actually send the RSTs.
+    pub fn shutdown(&mut self, now: Instant) {
+        for idx in 0..self.slots.len() {
+            let slot = &self.slots[idx];
+            let Some(s) = &slot.session else {
+                continue;
+            };
+            let id = SessionId {
+                idx: idx as u32,
+                gen: slot.gen,
+            };
+            if !s.is_lingering() {
+                if s.reset_repr(self.cfg.ttl).is_some() {
+                    self.stats.shutdown_resets += 1;
+                }
+                self.finish(id, now, CloseReason::Shutdown);
+            }
+            self.release(id);
+        }
+        self.ready.clear();
+        self.timers.clear();
+    }
+
+    // ------------------------------------------------------------------ bookkeeping
+
+    fn next_ip_id(&mut self) -> u16 {
+        self.ip_id = self.ip_id.wrapping_add(1);
+        self.ip_id
+    }
+
+    fn open_session(&mut self, now: Instant, pkt: &TcpPacket<'_>, start: Start) {
+        if self.stats.sessions_active as usize >= self.cfg.max_sessions {
+            self.stats.sessions_shed += 1;
+            return;
+        }
+        let client = SocketAddrV4::new(pkt.src, pkt.src_port);
+        let mirrored = match &self.pool {
+            Some(pool) => match pool.pick(client, |a| self.by_mirror.contains_key(&a)) {
+                Some(a) => a,
+                None => {
+                    self.stats.pool_exhausted += 1;
+                    return;
+                }
+            },
+            None => {
+                if self.by_mirror.contains_key(&client) {
+                    self.stats.sessions_collided += 1;
+                    return;
+                }
+                client
+            }
+        };
+        let picked_up = matches!(start, Start::Pickup);
+        let session = Session::new(now, &self.cfg, pkt, mirrored, start);
+        let id = match self.free.pop() {
+            Some(idx) => {
+                let slot = &mut self.slots[idx as usize];
+                slot.session = Some(session);
+                SessionId { idx, gen: slot.gen }
+            }
+            None => {
+                self.slots.push(Slot {
+                    gen: 0,
+                    session: Some(session),
+                });
+                SessionId {
+                    idx: (self.slots.len() - 1) as u32,
+                    gen: 0,
+                }
+            }
+        };
+        self.by_flow.insert(
+            FlowKey {
+                client,
+                prod_ip: pkt.dst,
+            },
+            id,
+        );
+        self.by_mirror.insert(mirrored, id);
+        self.stats.sessions_active += 1;
+        if picked_up {
+            self.stats.sessions_picked_up += 1;
+        } else {
+            self.stats.sessions_opened += 1;
+        }
+        self.push_event(EngineEvent::SessionOpened {
+            client,
+            mirrored,
+            picked_up,
+        });
+        // The opening packet may carry data (pickup, TFO) or a FIN; the session takes it.
+        let out = match slot_session(&mut self.slots, id) {
+            Some(s) if picked_up || !pkt.payload.is_empty() => {
+                s.on_client(now, &self.cfg, &mut self.stats, pkt)
+            }
+            _ => Outcome::Open,
+        };
+        self.settle(id, now, out);
+    }
+
+    /// After any change to a session: end it, or re-arm its timer and queue it for sending.
+    fn settle(&mut self, id: SessionId, now: Instant, out: Outcome) {
+        let Some(s) = slot_session(&mut self.slots, id) else {
+            return;
+        };
+        match out {
+            Outcome::Finished(reason) => self.finish(id, now, reason),
+            Outcome::Open => {
+                s.refresh_timers(now, &self.cfg);
+                if s.is_complete() {
+                    self.finish(id, now, CloseReason::Completed);
+                    return;
+                }
+                if s.may_transmit() {
+                    self.mark_ready(id);
+                }
+                self.schedule(id);
+            }
+        }
+    }
+
+    /// Ends a live session: RST if we abort, event, counters; it then lingers.
+    fn finish(&mut self, id: SessionId, now: Instant, reason: CloseReason) {
+        let Some(s) = slot_session(&mut self.slots, id) else {
+            return;
+        };
+        if s.is_lingering() {
+            return;
+        }
+        let rst = if reason.sends_reset() {
+            s.reset_repr(self.cfg.ttl)
+        } else {
+            None
+        };
+        let (client, mirrored) = (s.client, s.mirrored);
+        s.enter_linger(now + self.cfg.linger, reason == CloseReason::Completed);
+        self.stats.sessions_active -= 1;
+        self.stats.sessions_lingering += 1;
+        self.stats.sessions_closed[reason.index()] += 1;
+        if let Some(rst) = rst {
+            // Not capped: at most one per session, and losing it would leave the test
+            // server holding the connection.
+            self.stats.rsts_sent += 1;
+            self.control_out.push_back(rst);
+        }
+        self.push_event(EngineEvent::SessionClosed {
+            client,
+            mirrored,
+            reason,
+        });
+        self.schedule(id);
+    }
+
+    /// Forgets a lingering session.
+    fn release(&mut self, id: SessionId) {
+        let Some(slot) = self.slots.get_mut(id.idx as usize) else {
+            return;
+        };
+        if slot.gen != id.gen {
+            return;
+        }
+        let Some(s) = slot.session.take() else {
+            return;
+        };
+        slot.gen = slot.gen.wrapping_add(1);
+        self.free.push(id.idx);
+        debug_assert!(s.is_lingering());
+        self.stats.sessions_lingering -= 1;
+        let key = FlowKey {
+            client: s.client,
+            prod_ip: s.prod_ip,
+        };
+        if self.by_flow.get(&key) == Some(&id) {
+            self.by_flow.remove(&key);
+        }
+        if self.by_mirror.get(&s.mirrored) == Some(&id) {
+            self.by_mirror.remove(&s.mirrored);
+        }
+        self.push_event(EngineEvent::SessionReleased {
+            mirrored: s.mirrored,
+        });
+        if self.stats.sessions_active + self.stats.sessions_lingering == 0 {
+            // Only stale entries can remain: drop them so an idle engine has no deadline.
+            self.timers.clear();
+        }
+    }
+
+    fn mark_ready(&mut self, id: SessionId) {
+        if let Some(s) = slot_session(&mut self.slots, id) {
+            if !s.in_ready {
+                s.in_ready = true;
+                self.ready.push_back(id);
+            }
+        }
+    }
+
+    /// Makes sure the heap holds an entry no later than the session's next deadline. A later
+    /// deadline needs no new entry: the earlier one fires, finds nothing due, and re-arms.
+    fn schedule(&mut self, id: SessionId) {
+        let Some(s) = slot_session(&mut self.slots, id) else {
+            return;
+        };
+        let Some(d) = s.next_deadline(&self.cfg) else {
+            return;
+        };
+        if s.heap_at.is_none_or(|h| d < h) {
+            s.heap_at = Some(d);
+            self.timers.push(Reverse((d, id.idx, id.gen)));
+        }
+    }
+
+    /// Stale heap entries are dropped as they surface; if deadlines keep moving earlier they
+    /// could pile up, so rebuild when the heap is much larger than the session table.
+    fn compact_timers(&mut self) {
+        let live = (self.stats.sessions_active + self.stats.sessions_lingering) as usize;
+        if self.timers.len() <= 2 * live + 1024 {
+            return;
+        }
+        self.timers.clear();
+        for (idx, slot) in self.slots.iter().enumerate() {
+            if let Some(at) = slot.session.as_ref().and_then(|s| s.heap_at) {
+                self.timers.push(Reverse((at, idx as u32, slot.gen)));
+            }
+        }
+    }
+
+    fn push_event(&mut self, ev: EngineEvent) {
+        if self.events.len() >= EVENT_QUEUE_CAP {
+            self.events.pop_front();
+            self.stats.events_dropped += 1;
+        }
+        self.events.push_back(ev);
+    }
+}
+
+fn slot_session(slots: &mut [Slot], id: SessionId) -> Option<&mut Session> {
+    let slot = slots.get_mut(id.idx as usize)?;
+    if slot.gen != id.gen {
+        return None;
+    }
+    slot.session.as_mut()
+}

@@ -1,0 +1,289 @@
+//! Reassembly of the client's byte stream from captured segments, in the client's sequence
+//! space.
+//!
+//! The capture shows what the client sent, not what production accepted, and in whatever order
+//! the capture queues delivered it: retransmissions and overlaps are trimmed here, segments
+//! beyond a hole are held (bounded) until the hole fills, and only in-order bytes leave, through
+//! the `deliver` callback, toward the session's send buffer. Nothing here knows about the test
+//! server.
+
+use std::collections::VecDeque;
+
+use common::wire::seq;
+
+use super::ranges::Ranges;
+
+/// Holes tolerated at once in the captured client stream; more means the capture is badly
+/// damaged and the extra segment is dropped (the gap timer then decides).
+const MAX_HOLES: usize = 8;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Insert {
+    /// New bytes or a new FIN were taken (delivered or held); `trimmed` bytes of the segment
+    /// were already known.
+    Accepted { held: bool, trimmed: usize },
+    /// Nothing new: everything was captured before.
+    Duplicate,
+    /// Too far ahead of the stream, or too many holes: dropped.
+    Dropped,
+}
+
+#[derive(Debug)]
+pub(crate) struct Reassembly {
+    /// Client sequence number of the next byte to deliver.
+    next: u32,
+    /// Client sequence number of the FIN, once captured.
+    fin_at: Option<u32>,
+    /// The FIN has been reached: every byte before it was delivered.
+    fin_done: bool,
+    /// Bytes at client seq `next + i`; holes read as zeros and are tracked by `ranges`.
+    held: VecDeque<u8>,
+    ranges: Ranges<MAX_HOLES>,
+    /// How far ahead of `next` a segment may reach and still be held.
+    limit: u32,
+    /// Whether any byte was delivered yet (a mid-stream pickup may still move its start).
+    delivered_any: bool,
+}
+
+impl Reassembly {
+    pub(crate) fn new(next: u32, limit: usize) -> Self {
+        Self {
+            next,
+            fin_at: None,
+            fin_done: false,
+            held: VecDeque::new(),
+            ranges: Ranges::new(),
+            limit: u32::try_from(limit).unwrap_or(u32::MAX).min(1 << 30),
+            delivered_any: false,
+        }
+    }
+
+    pub(crate) fn next(&self) -> u32 {
+        self.next
+    }
+
+    /// Sequence number just past everything delivered, FIN included.
+    pub(crate) fn end(&self) -> u32 {
+        self.next.wrapping_add(u32::from(self.fin_done))
+    }
+
+    pub(crate) fn fin_done(&self) -> bool {
+        self.fin_done
+    }
+
+    pub(crate) fn has_held(&self) -> bool {
+        !self.ranges.is_empty()
+    }
+
+    pub(crate) fn held_len(&self) -> usize {
+        self.held.len()
+    }
+
+    /// Whether the start of the stream may still move: nothing delivered, held or finished.
+    pub(crate) fn pristine(&self) -> bool {
+        !self.delivered_any && self.ranges.is_empty() && self.fin_at.is_none()
+    }
+
+    /// Moves the start of a pristine stream (mid-stream pickup that learnt the real next byte).
+    pub(crate) fn rebase(&mut self, next: u32) {
+        debug_assert!(self.pristine());
+        self.next = next;
+    }
+
+    /// Frees held memory (session is closing).
+    pub(crate) fn release(&mut self) {
+        self.held = VecDeque::new();
+        self.ranges.clear();
+    }
+
+    /// Takes one captured segment: `data` starts at client seq `start`; `fin` if it carried
+    /// FIN. In-order bytes are passed to `deliver` (possibly in several slices).
+    pub(crate) fn insert(
+        &mut self,
+        start: u32,
+        data: &[u8],
+        fin: bool,
+        deliver: &mut dyn FnMut(&[u8]),
+    ) -> Insert {
+        let mut start = start;
+        let mut data = data;
+        let original_len = data.len();
+        // A segment cannot be larger than an IPv4 packet; this keeps the arithmetic below far
+        // from wrapping even for hostile input.
+        if data.len() > usize::from(u16::MAX) {
+            return Insert::Dropped;
+        }
+        let mut new_fin = false;
+        if fin {
+            let at = start.wrapping_add(data.len() as u32);
+            if self.fin_at.is_none()
+                && seq::ge(at, self.next)
+                && at.wrapping_sub(self.next) >= self.ranges.last_end()
+                && at.wrapping_sub(self.next) <= self.limit
+            {
+                self.fin_at = Some(at);
+                new_fin = true;
+            }
+        }
+        // Nothing exists after the FIN: bytes there are garbage.
+        if let Some(f) = self.fin_at {
+            let room = f.wrapping_sub(start) as i32;
+            if room <= 0 {
+                data = &[];
+            } else if (room as usize) < data.len() {
+                data = &data[..room as usize];
+            }
+        }
+        let behind = self.next.wrapping_sub(start) as i32;
+        if behind > 0 {
+            let behind = behind as usize;
+            if behind >= data.len() {
+                data = &[];
+            } else {
+                data = &data[behind..];
+                start = self.next;
+            }
+        }
+        let mut held = false;
+        if !data.is_empty() {
+            let rel = start.wrapping_sub(self.next);
+            let len = data.len() as u32;
+            if u64::from(rel) + u64::from(len) > u64::from(self.limit) {
+                return Insert::Dropped;
+            }
+            if rel == 0 && self.ranges.is_empty() {
+                // The common case: in order, nothing pending. No copy.
+                deliver(data);
+                self.next = self.next.wrapping_add(len);
+                self.delivered_any = true;
+            } else {
+                if !self.ranges.insert(rel, rel + len) {
+                    return Insert::Dropped;
+                }
+                let (rel, len) = (rel as usize, len as usize);
+                if self.held.len() < rel + len {
+                    self.held.resize(rel + len, 0);
+                }
+                for (dst, src) in self.held.range_mut(rel..rel + len).zip(data) {
+                    *dst = *src;
+                }
+                held = rel > 0;
+                if let Some((0, run)) = self.ranges.first() {
+                    let run_len = run as usize;
+                    let (a, b) = self.held.as_slices();
+                    let from_a = a.len().min(run_len);
+                    deliver(&a[..from_a]);
+                    if run_len > from_a {
+                        deliver(&b[..run_len - from_a]);
+                    }
+                    self.held.drain(..run_len);
+                    self.ranges.shift(run);
+                    self.next = self.next.wrapping_add(run);
+                    self.delivered_any = true;
+                }
+            }
+        } else if !new_fin {
+            return Insert::Duplicate;
+        }
+        if self.fin_at == Some(self.next) {
+            self.fin_done = true;
+        }
+        Insert::Accepted {
+            held,
+            trimmed: original_len - data.len(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(r: &mut Reassembly, start: u32, data: &[u8], fin: bool, out: &mut Vec<u8>) -> Insert {
+        r.insert(start, data, fin, &mut |b| out.extend_from_slice(b))
+    }
+
+    #[test]
+    fn in_order_duplicates_and_overlaps() {
+        let mut r = Reassembly::new(100, 1000);
+        let mut out = Vec::new();
+        assert_eq!(
+            run(&mut r, 100, b"abc", false, &mut out),
+            Insert::Accepted {
+                held: false,
+                trimmed: 0
+            }
+        );
+        assert_eq!(run(&mut r, 100, b"abc", false, &mut out), Insert::Duplicate);
+        assert_eq!(
+            run(&mut r, 101, b"bcde", false, &mut out),
+            Insert::Accepted {
+                held: false,
+                trimmed: 2
+            }
+        );
+        assert_eq!(out, b"abcde");
+        assert_eq!(r.next(), 105);
+    }
+
+    #[test]
+    fn holes_fill_in_any_order_and_fin_waits_for_them() {
+        let mut r = Reassembly::new(u32::MAX - 2, 1000); // wraps mid-stream
+        let mut out = Vec::new();
+        let s = u32::MAX - 2;
+        assert_eq!(
+            run(&mut r, s.wrapping_add(6), b"gh", true, &mut out),
+            Insert::Accepted {
+                held: true,
+                trimmed: 0
+            }
+        );
+        assert_eq!(
+            run(&mut r, s.wrapping_add(3), b"de", false, &mut out),
+            Insert::Accepted {
+                held: true,
+                trimmed: 0
+            }
+        );
+        assert!(out.is_empty() && !r.fin_done());
+        assert_eq!(
+            run(&mut r, s, b"abc", false, &mut out),
+            Insert::Accepted {
+                held: false,
+                trimmed: 0
+            }
+        );
+        assert_eq!(out, b"abcde");
+        assert!(r.has_held());
+        assert_eq!(
+            run(&mut r, s.wrapping_add(4), b"ef", false, &mut out),
+            Insert::Accepted {
+                held: false,
+                trimmed: 1
+            }
+        );
+        assert_eq!(out, b"abcdefgh");
+        assert!(r.fin_done() && !r.has_held());
+        assert_eq!(r.end(), s.wrapping_add(9));
+        // Bytes after the FIN are garbage.
+        assert_eq!(
+            run(&mut r, s.wrapping_add(8), b"zz", false, &mut out),
+            Insert::Duplicate
+        );
+    }
+
+    #[test]
+    fn too_far_ahead_is_dropped() {
+        let mut r = Reassembly::new(0, 100);
+        let mut out = Vec::new();
+        assert_eq!(run(&mut r, 90, &[1; 11], false, &mut out), Insert::Dropped);
+        assert_eq!(
+            run(&mut r, 90, &[1; 10], false, &mut out),
+            Insert::Accepted {
+                held: true,
+                trimmed: 0
+            }
+        );
+        assert_eq!(r.held_len(), 100);
+    }
+}

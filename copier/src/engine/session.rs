@@ -1,0 +1,1149 @@
+//! One mirrored connection: the client side of a TCP connection toward the test server.
+//!
+//! Three sequence spaces meet here:
+//! * the **client stream** (client seq numbers, as captured) — owned by [`Reassembly`];
+//! * **our stream toward the test server** (`iss`, `snd_*`, `send_buf`) — what we send and
+//!   retransmit. Today it is the client stream shifted by `seq_offset == 0`;
+//! * the **test server's stream** (`irs`, `rcv_nxt`) — known only from relayed headers.
+//!
+//! The seam between the first two is the `deliver` callback that [`Session::on_client`] hands
+//! to the reassembly: every in-order client byte passes there exactly once on its way into
+//! `send_buf`. A later rewrite (e.g. of the
+//! MySQL login) replaces bytes at that seam and adjusts `seq_offset` by the change in length;
+//! nothing downstream (acks, retransmission, FIN placement) looks at client seq numbers, so it
+//! keeps working unchanged.
+
+use std::collections::VecDeque;
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::time::Duration;
+
+use common::clock::Instant;
+use common::control::TestFeedback;
+use common::wire::{emit_ipv4_tcp, seq, SegmentRepr, TcpFlags, TcpOptions, TcpPacket};
+
+use super::ranges::Ranges;
+use super::reassembly::{Insert, Reassembly};
+use super::rtt::RttEstimator;
+use super::{CloseReason, EngineConfig, EngineStats};
+
+/// The window scale we offer: 65535 << 7 (8 MiB) is plenty for a receiver that consumes
+/// instantly, and it is what Linux offers with default buffers.
+const OUR_WSCALE: u8 = 7;
+/// The window field we always advertise. We drop the test server's bytes the moment they
+/// arrive (they die at the assist host), so our receive buffer never fills.
+const OUR_WINDOW: u16 = u16::MAX;
+/// RFC 7323: largest shift a peer may use.
+const MAX_WSCALE: u8 = 14;
+/// RFC 879 default when a SYN carries no MSS option.
+const DEFAULT_MSS: u16 = 536;
+/// Smallest MSS we accept from a peer (Linux's floor is similar); guards against a bogus MSS
+/// turning every byte into its own packet.
+const MIN_MSS: u16 = 64;
+/// Bytes the timestamps option takes in every segment (10, padded to 12).
+const TS_OPTION_LEN: u16 = 12;
+/// An emptied send buffer keeping more capacity than this gives some back.
+const SHRINK_ABOVE: usize = 256 << 10;
+/// Out-of-order ranges of the test server's stream we remember.
+const TEST_HOLES: usize = 4;
+
+pub(crate) enum Outcome {
+    Open,
+    Finished(CloseReason),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Phase {
+    /// Our SYN is (to be) sent; the test server's SYN-ACK not seen yet.
+    SynSent,
+    /// Synchronized, including both half-closed directions.
+    Established,
+    /// Closed; kept until `until` to answer late packets like a kernel would (re-ACK a
+    /// retransmitted FIN after a clean close, RST anything after an abort).
+    Lingering { clean: bool, until: Instant },
+}
+
+#[derive(Debug)]
+pub(crate) struct Session {
+    pub(crate) client: SocketAddrV4,
+    pub(crate) prod_ip: Ipv4Addr,
+    pub(crate) mirrored: SocketAddrV4,
+    target: SocketAddrV4,
+    pub(crate) phase: Phase,
+    pub(crate) client_isn: u32,
+    /// The instant of this session's entry in the engine's timer heap, if any.
+    pub(crate) heap_at: Option<Instant>,
+    /// Whether the session is in the engine's ready queue.
+    pub(crate) in_ready: bool,
+
+    // --- client stream (client seq space) ---
+    reasm: Reassembly,
+    /// Picked up from a pure ACK and nothing forwarded yet: the real next client byte may
+    /// still turn out to be later (a keepalive probe carries seq = next - 1).
+    floating_start: bool,
+    /// We saw the client complete its own handshake with production (any ACK after the SYN).
+    client_established: bool,
+    /// Highest ACK production sent the client: bytes production holds.
+    prod_ack: Option<u32>,
+    /// Our seq for a byte = client seq + `seq_offset`. Zero until bytes are rewritten.
+    seq_offset: u32,
+
+    // --- our stream toward the test server ---
+    iss: u32,
+    snd_una: u32,
+    snd_nxt: u32,
+    snd_max: u32,
+    /// Unacknowledged and unsent bytes; `send_buf[0]` has seq `buf_seq`.
+    send_buf: VecDeque<u8>,
+    buf_seq: u32,
+    /// The client's FIN was reached: our FIN goes right after the last byte of `send_buf`.
+    fin_queued: bool,
+    syn_pending: bool,
+    snd_wnd: u32,
+    snd_wl1: u32,
+    snd_wl2: u32,
+    snd_wscale: u8,
+    /// Payload bytes per segment (peer MSS, our MSS, minus options we always carry).
+    send_mss: u32,
+    dupacks: u32,
+    /// NewReno: `snd_max` when fast recovery started; partial ACKs below it retransmit again.
+    recover: Option<u32>,
+    fast_retx_pending: bool,
+    /// A retransmission timeout fired: the segment at `snd_una` goes out even if the window
+    /// now looks shut (as Linux does). The window may have been shrunk by reordered feedback,
+    /// and this retransmission is then what elicits an ACK with the true window; without it a
+    /// stale zero window with data in flight would leave no timer running and stall forever.
+    rto_retx_pending: bool,
+    /// Only limits sending right after a retransmission timeout (then slow start back up to
+    /// `ssthresh`); otherwise `u32::MAX`: on a LAN the test server's window is the real limit,
+    /// and a small request must never wait for a round trip.
+    cwnd: u32,
+    ssthresh: u32,
+    rtt: RttEstimator,
+    /// (seq that acknowledges the timed segment, when it was sent). Cleared on any
+    /// retransmission (Karn).
+    rtt_probe: Option<(u32, Instant)>,
+    backoff: u32,
+    retries: u32,
+    rto_at: Option<Instant>,
+    persist_at: Option<Instant>,
+    probe_pending: bool,
+    probes: u32,
+
+    // --- the test server's stream ---
+    irs: u32,
+    rcv_nxt: u32,
+    test_ooo: Ranges<TEST_HOLES>,
+    test_fin_at: Option<u32>,
+    ack_pending: bool,
+    offer_wscale: bool,
+    rcv_wscale: u8,
+    ts_offer: bool,
+    ts_on: bool,
+    /// Latest TSval the client sent: every segment we send carries it, so the test server
+    /// sees the client's clock, and PAWS never rejects us (client TSvals only go forward).
+    ts_client: u32,
+    /// Latest TSval of the test server: echoed as TSecr.
+    ts_recent: u32,
+    adv_mss: u16,
+
+    created: Instant,
+    last_activity: Instant,
+    close_started: Option<Instant>,
+    gap_since: Option<Instant>,
+}
+
+/// How a session starts.
+pub(crate) enum Start {
+    /// From the client's SYN: its ISN and options.
+    Syn,
+    /// Mid-stream: the first byte we will forward is at `pkt.seq`.
+    Pickup,
+}
+
+impl Session {
+    pub(crate) fn new(
+        now: Instant,
+        cfg: &EngineConfig,
+        pkt: &TcpPacket<'_>,
+        mirrored: SocketAddrV4,
+        start: Start,
+    ) -> Self {
+        let (client_isn, adv_mss, offer_wscale, picked_up) = match start {
+            Start::Syn => (
+                pkt.seq,
+                pkt.options.mss.unwrap_or(DEFAULT_MSS).min(cfg.mss),
+                pkt.options.window_scale.is_some(),
+                false,
+            ),
+            // The client's handshake options went to production long ago; this is a fresh
+            // connection of ours, so we choose: our full MSS and window scaling.
+            Start::Pickup => (pkt.seq.wrapping_sub(1), cfg.mss, true, true),
+        };
+        let seq_offset = 0;
+        let iss = client_isn.wrapping_add(seq_offset);
+        let ts = pkt.options.timestamps;
+        Self {
+            client: SocketAddrV4::new(pkt.src, pkt.src_port),
+            prod_ip: pkt.dst,
+            mirrored,
+            target: cfg.target,
+            phase: Phase::SynSent,
+            client_isn,
+            heap_at: None,
+            in_ready: false,
+            reasm: Reassembly::new(client_isn.wrapping_add(1), cfg.max_session_buffer),
+            floating_start: picked_up && pkt.payload.is_empty(),
+            client_established: picked_up,
+            prod_ack: None,
+            seq_offset,
+            iss,
+            snd_una: iss,
+            snd_nxt: iss,
+            snd_max: iss,
+            send_buf: VecDeque::new(),
+            buf_seq: iss.wrapping_add(1),
+            fin_queued: false,
+            syn_pending: true,
+            snd_wnd: 0,
+            snd_wl1: 0,
+            snd_wl2: 0,
+            snd_wscale: 0,
+            send_mss: u32::from(DEFAULT_MSS),
+            dupacks: 0,
+            recover: None,
+            fast_retx_pending: false,
+            rto_retx_pending: false,
+            cwnd: u32::MAX,
+            ssthresh: u32::MAX,
+            rtt: RttEstimator::new(cfg.initial_rto),
+            rtt_probe: None,
+            backoff: 0,
+            retries: 0,
+            rto_at: None,
+            persist_at: None,
+            probe_pending: false,
+            probes: 0,
+            irs: 0,
+            rcv_nxt: 0,
+            test_ooo: Ranges::new(),
+            test_fin_at: None,
+            ack_pending: false,
+            offer_wscale,
+            rcv_wscale: 0,
+            ts_offer: ts.is_some(),
+            ts_on: false,
+            ts_client: ts.map_or(0, |t| t.0),
+            ts_recent: 0,
+            adv_mss,
+            created: now,
+            last_activity: now,
+            close_started: None,
+            gap_since: None,
+        }
+    }
+
+    pub(crate) fn is_lingering(&self) -> bool {
+        matches!(self.phase, Phase::Lingering { .. })
+    }
+
+    /// Bytes queued toward the test server and not yet acknowledged by it.
+    pub(crate) fn queued_bytes(&self) -> usize {
+        self.send_buf.len() + self.reasm.held_len()
+    }
+
+    fn data_end(&self) -> u32 {
+        self.buf_seq.wrapping_add(self.send_buf.len() as u32)
+    }
+
+    /// Sequence number just past everything we have to send, FIN included.
+    fn stream_end(&self) -> u32 {
+        self.data_end().wrapping_add(u32::from(self.fin_queued))
+    }
+
+    fn test_fin_received(&self) -> bool {
+        self.test_fin_at
+            .is_some_and(|f| seq::gt(self.rcv_nxt, f) && self.phase == Phase::Established)
+    }
+
+    fn our_fin_acked(&self) -> bool {
+        self.fin_queued && self.snd_una == self.stream_end()
+    }
+
+    /// Both directions closed and acknowledged, and our last ACK is out.
+    pub(crate) fn is_complete(&self) -> bool {
+        self.phase == Phase::Established
+            && self.our_fin_acked()
+            && self.test_fin_received()
+            && !self.ack_pending
+    }
+
+    fn rcv_window(&self) -> u32 {
+        u32::from(OUR_WINDOW) << self.rcv_wscale
+    }
+
+    fn current_rto(&self, cfg: &EngineConfig) -> Duration {
+        self.rtt.backed_off(self.backoff, cfg.max_rto)
+    }
+
+    /// Where the window (and, after a timeout, the congestion window) lets us send up to.
+    fn send_limit(&self) -> u32 {
+        self.snd_una.wrapping_add(self.snd_wnd.min(self.cwnd))
+    }
+
+    fn note_ts(&mut self, opts: &TcpOptions) {
+        if let Some((val, _)) = opts.timestamps {
+            if seq::gt(val, self.ts_client) || !self.ts_offer {
+                self.ts_client = val;
+            }
+        }
+    }
+
+    // ------------------------------------------------------------------ captured packets
+
+    /// A captured client->prod packet of this session (not a SYN with a new ISN: the engine
+    /// handles 4-tuple reuse).
+    pub(crate) fn on_client(
+        &mut self,
+        now: Instant,
+        cfg: &EngineConfig,
+        stats: &mut EngineStats,
+        pkt: &TcpPacket<'_>,
+    ) -> Outcome {
+        self.last_activity = now;
+        self.note_ts(&pkt.options);
+        let f = pkt.flags;
+        if f.rst() {
+            // Production would ignore a RST behind the stream; so do we.
+            if pkt.seq.wrapping_sub(self.reasm.next()) < 1 << 30 {
+                let lost = self.queued_bytes();
+                if lost > 0 {
+                    stats.client_resets_with_queued_data += 1;
+                    stats.client_reset_bytes_lost += lost as u64;
+                }
+                return Outcome::Finished(CloseReason::ClientReset);
+            }
+            stats.client_rsts_ignored += 1;
+            return Outcome::Open;
+        }
+        if f.ack() && !f.syn() {
+            self.client_established = true;
+        }
+        if pkt.payload.is_empty() && !f.fin() {
+            return Outcome::Open;
+        }
+        let start = if f.syn() {
+            pkt.seq.wrapping_add(1)
+        } else {
+            pkt.seq
+        };
+        if self.floating_start
+            && self.reasm.pristine()
+            && start == self.reasm.next().wrapping_add(1)
+        {
+            // Picked up from a keepalive probe (seq = next - 1): the real stream starts here.
+            self.rebase_client_stream(start);
+        }
+        let queued = {
+            let Session {
+                reasm, send_buf, ..
+            } = self;
+            let mut queued = 0usize;
+            // The seam (see module doc): client bytes become bytes of our stream here.
+            let r = reasm.insert(start, pkt.payload, f.fin(), &mut |bytes| {
+                send_buf.extend(bytes);
+                queued += bytes.len();
+            });
+            stats.bytes_queued += queued as u64;
+            match r {
+                Insert::Accepted { held, trimmed } => {
+                    stats.client_segments_held += u64::from(held);
+                    stats.client_bytes_duplicate += trimmed as u64;
+                }
+                Insert::Duplicate => stats.client_bytes_duplicate += pkt.payload.len() as u64,
+                Insert::Dropped => stats.client_segments_dropped += 1,
+            }
+            queued
+        };
+        if queued > 0 {
+            self.floating_start = false;
+        }
+        self.check_stream_alignment();
+        if self.reasm.fin_done() && !self.fin_queued {
+            self.fin_queued = true;
+            self.close_started.get_or_insert(now);
+        }
+        if self.queued_bytes() > cfg.max_session_buffer {
+            return Outcome::Finished(CloseReason::BufferOverflow);
+        }
+        self.update_gap(now, stats);
+        Outcome::Open
+    }
+
+    /// Today bytes cross the seam unchanged, so the next client byte maps to the end of our
+    /// stream through `seq_offset`; a rewrite must keep this true by adjusting `seq_offset`.
+    fn check_stream_alignment(&self) {
+        debug_assert_eq!(
+            self.reasm.next().wrapping_add(self.seq_offset),
+            self.data_end(),
+            "client stream and send buffer out of step"
+        );
+    }
+
+    fn rebase_client_stream(&mut self, next: u32) {
+        self.reasm.rebase(next);
+        self.seq_offset = self.data_end().wrapping_sub(next);
+        self.floating_start = false;
+    }
+
+    /// A captured prod->client packet of this session.
+    pub(crate) fn on_prod(
+        &mut self,
+        now: Instant,
+        stats: &mut EngineStats,
+        pkt: &TcpPacket<'_>,
+    ) -> Outcome {
+        self.last_activity = now;
+        if pkt.flags.rst() {
+            // The production connection is gone; the client will send nothing more.
+            return Outcome::Finished(CloseReason::ProdReset);
+        }
+        if !pkt.payload.is_empty() {
+            // Production only sends data on an established connection (even if the capture
+            // missed the client's ACK of the handshake).
+            self.client_established = true;
+        }
+        if pkt.flags.ack() {
+            let ack = pkt.ack;
+            self.prod_ack = Some(match self.prod_ack {
+                Some(a) => seq::max(a, ack),
+                None => ack,
+            });
+        }
+        self.update_gap(now, stats);
+        Outcome::Open
+    }
+
+    /// A gap exists while client bytes are held beyond a hole, or production acknowledged
+    /// client bytes we never captured.
+    fn update_gap(&mut self, now: Instant, stats: &mut EngineStats) {
+        let end = self.reasm.end();
+        // While a pickup from a pure ACK has not seen its first byte, production being ahead
+        // proves nothing: that ACK may have been a keepalive probe (seq = next - 1).
+        let unsure_start = self.floating_start && self.reasm.pristine();
+        let prod_ahead = !unsure_start
+            && self
+                .prod_ack
+                .is_some_and(|a| seq::gt(a, end) && a.wrapping_sub(end) < 1 << 30);
+        if self.reasm.has_held() || prod_ahead {
+            if self.gap_since.is_none() {
+                self.gap_since = Some(now);
+                stats.capture_gaps_suspected += 1;
+            }
+        } else {
+            self.gap_since = None;
+        }
+    }
+
+    // ------------------------------------------------------------------ feedback
+
+    pub(crate) fn on_feedback(
+        &mut self,
+        now: Instant,
+        cfg: &EngineConfig,
+        stats: &mut EngineStats,
+        fb: &TestFeedback,
+    ) -> Outcome {
+        match self.phase {
+            Phase::SynSent => self.feedback_syn_sent(now, cfg, stats, fb),
+            Phase::Established => self.feedback_established(now, cfg, stats, fb),
+            Phase::Lingering { .. } => Outcome::Open,
+        }
+    }
+
+    fn feedback_syn_sent(
+        &mut self,
+        now: Instant,
+        cfg: &EngineConfig,
+        stats: &mut EngineStats,
+        fb: &TestFeedback,
+    ) -> Outcome {
+        let f = fb.flags;
+        let syn_acked = f.ack() && fb.ack == self.iss.wrapping_add(1) && self.snd_max != self.iss;
+        if f.rst() {
+            if syn_acked {
+                return Outcome::Finished(CloseReason::TestRefused);
+            }
+            stats.feedback_stale += 1;
+            return Outcome::Open;
+        }
+        if !(f.syn() && syn_acked) {
+            if f.ack() && seq::gt(fb.ack, self.snd_max) {
+                stats.feedback_ack_beyond_sent += 1;
+            } else {
+                stats.feedback_stale += 1;
+            }
+            return Outcome::Open;
+        }
+        self.last_activity = now;
+        self.phase = Phase::Established;
+        self.irs = fb.seq;
+        self.rcv_nxt = fb.seq.wrapping_add(1);
+        self.snd_una = self.iss.wrapping_add(1);
+        self.snd_nxt = self.snd_una;
+        self.snd_max = seq::max(self.snd_max, self.snd_una);
+        if let Some((sent_ack, at)) = self.rtt_probe.take() {
+            if sent_ack == self.snd_una {
+                self.rtt.sample(now - at, cfg.min_rto, cfg.max_rto);
+            }
+        }
+        self.rto_at = None;
+        self.retries = 0;
+        self.backoff = 0;
+        let peer_mss = fb.options.mss.unwrap_or(DEFAULT_MSS).max(MIN_MSS);
+        let mut mss = peer_mss.min(cfg.mss);
+        // Window scaling is on only if both SYNs carried the option.
+        if let (true, Some(ws)) = (self.offer_wscale, fb.options.window_scale) {
+            self.snd_wscale = ws.min(MAX_WSCALE);
+            self.rcv_wscale = OUR_WSCALE;
+        }
+        if let (true, Some((val, _))) = (self.ts_offer, fb.options.timestamps) {
+            self.ts_on = true;
+            self.ts_recent = val;
+            mss -= TS_OPTION_LEN;
+        }
+        self.send_mss = u32::from(mss);
+        // The window in a SYN is never scaled.
+        self.snd_wnd = u32::from(fb.window);
+        self.snd_wl1 = fb.seq;
+        self.snd_wl2 = fb.ack;
+        self.ack_pending = true;
+        Outcome::Open
+    }
+
+    fn feedback_established(
+        &mut self,
+        now: Instant,
+        cfg: &EngineConfig,
+        stats: &mut EngineStats,
+        fb: &TestFeedback,
+    ) -> Outcome {
+        let f = fb.flags;
+        // Untrusted input: a payload can never exceed an IP packet; a bigger claim would let
+        // one message jump rcv_nxt arbitrarily.
+        if fb.payload_len > u32::from(u16::MAX) {
+            stats.feedback_stale += 1;
+            return Outcome::Open;
+        }
+        if f.rst() {
+            let off = fb.seq.wrapping_sub(self.rcv_nxt);
+            if off < self.rcv_window() {
+                return Outcome::Finished(CloseReason::TestReset);
+            }
+            stats.feedback_stale += 1;
+            return Outcome::Open;
+        }
+        if f.syn() {
+            // A repeated SYN-ACK means our ACK of it was lost; anything else is answered the
+            // way RFC 5961 answers an unexpected SYN: with an ACK.
+            if fb.seq != self.irs {
+                stats.feedback_stale += 1;
+            }
+            self.ack_pending = true;
+            return Outcome::Open;
+        }
+        if !f.ack() {
+            stats.feedback_stale += 1;
+            return Outcome::Open;
+        }
+        if seq::gt(fb.ack, self.snd_max) {
+            stats.feedback_ack_beyond_sent += 1;
+            self.ack_pending = true;
+            return Outcome::Open;
+        }
+        self.last_activity = now;
+        self.probes = 0;
+        if let (true, Some((val, _))) = (self.ts_on, fb.options.timestamps) {
+            if seq::gt(val, self.ts_recent) {
+                self.ts_recent = val;
+            }
+        }
+        self.process_ack(now, cfg, stats, fb);
+        self.process_test_segment(now, stats, fb);
+        Outcome::Open
+    }
+
+    fn process_ack(
+        &mut self,
+        now: Instant,
+        cfg: &EngineConfig,
+        stats: &mut EngineStats,
+        fb: &TestFeedback,
+    ) {
+        let ack = fb.ack;
+        if seq::lt(ack, self.snd_una) {
+            return; // old duplicate: ignore for sending purposes
+        }
+        let new_wnd = u32::from(fb.window) << self.snd_wscale;
+        let wnd_changed = new_wnd != self.snd_wnd;
+        // RFC 793 window update rule: only a segment at least as new as the last one that
+        // updated the window may change it, so reordered feedback cannot shrink it.
+        if seq::lt(self.snd_wl1, fb.seq) || (self.snd_wl1 == fb.seq && seq::le(self.snd_wl2, ack)) {
+            if self.snd_wnd == 0 && new_wnd > 0 {
+                // The window reopened: the persist backoff says nothing about the path.
+                self.backoff = 0;
+            }
+            self.snd_wnd = new_wnd;
+            self.snd_wl1 = fb.seq;
+            self.snd_wl2 = ack;
+        }
+        if ack == self.snd_una {
+            let dup = fb.payload_len == 0
+                && !fb.flags.fin()
+                && self.snd_max != self.snd_una
+                && !wnd_changed;
+            if dup {
+                self.dupacks += 1;
+                if self.dupacks == 3 && self.recover.is_none() {
+                    stats.fast_retransmits += 1;
+                    self.fast_retx_pending = true;
+                    self.recover = Some(self.snd_max);
+                    self.rtt_probe = None;
+                }
+            }
+            return;
+        }
+        // New data acknowledged.
+        let acked = ack.wrapping_sub(self.snd_una);
+        let data_acked = if seq::gt(ack, self.data_end()) {
+            self.data_end().wrapping_sub(self.buf_seq)
+        } else {
+            ack.wrapping_sub(self.buf_seq)
+        } as usize;
+        self.send_buf.drain(..data_acked.min(self.send_buf.len()));
+        if self.send_buf.is_empty() && self.send_buf.capacity() > SHRINK_ABOVE {
+            // One burst (LOAD DATA, a big blob) must not pin megabytes for the session's life.
+            self.send_buf.shrink_to(SHRINK_ABOVE / 4);
+        }
+        self.buf_seq = self.buf_seq.wrapping_add(data_acked as u32);
+        self.snd_una = ack;
+        if seq::lt(self.snd_nxt, ack) {
+            self.snd_nxt = ack;
+        }
+        if let Some((probe_ack, at)) = self.rtt_probe {
+            if seq::ge(ack, probe_ack) {
+                self.rtt.sample(now - at, cfg.min_rto, cfg.max_rto);
+                self.rtt_probe = None;
+            }
+        }
+        self.backoff = 0;
+        self.retries = 0;
+        self.dupacks = 0;
+        if let Some(r) = self.recover {
+            if seq::lt(ack, r) {
+                // NewReno partial ACK: the next hole is lost too.
+                self.fast_retx_pending = true;
+            } else {
+                self.recover = None;
+            }
+        }
+        if self.cwnd < self.ssthresh {
+            self.cwnd = self.cwnd.saturating_add(acked.min(self.send_mss));
+            if self.cwnd >= self.ssthresh {
+                self.cwnd = u32::MAX;
+            }
+        }
+        self.rto_at = (self.snd_una != self.snd_max).then(|| now + self.current_rto(cfg));
+    }
+
+    fn process_test_segment(&mut self, now: Instant, stats: &mut EngineStats, fb: &TestFeedback) {
+        let fin = fb.flags.fin();
+        let seg_len = fb.payload_len + u32::from(fin);
+        if seg_len == 0 {
+            // A keepalive probe (seq = rcv_nxt - 1) wants an ACK; other pure ACKs do not.
+            if fb.seq == self.rcv_nxt.wrapping_sub(1) {
+                self.ack_pending = true;
+            }
+            return;
+        }
+        self.ack_pending = true;
+        let end = fb.seq.wrapping_add(seg_len);
+        let wnd = self.rcv_window();
+        if seq::le(end, self.rcv_nxt) {
+            stats.feedback_test_retransmits += 1;
+            return;
+        }
+        if end.wrapping_sub(self.rcv_nxt) > wnd {
+            stats.feedback_stale += 1;
+            return;
+        }
+        if fin && self.test_fin_at.is_none() {
+            self.test_fin_at = Some(end.wrapping_sub(1));
+        }
+        if seq::le(fb.seq, self.rcv_nxt) {
+            let advance = end.wrapping_sub(self.rcv_nxt);
+            self.rcv_nxt = end;
+            self.test_ooo.shift(advance);
+            while let Some((0, run)) = self.test_ooo.first() {
+                self.rcv_nxt = self.rcv_nxt.wrapping_add(run);
+                self.test_ooo.shift(run);
+            }
+        } else {
+            // We never see the test server's bytes, only that it sent them; acknowledging past
+            // a hole would tell it the hole arrived and intercept would never see those bytes.
+            // So remember the range, send a duplicate ACK, and let it retransmit the hole.
+            stats.feedback_out_of_order += 1;
+            let rel = fb.seq.wrapping_sub(self.rcv_nxt);
+            self.test_ooo.insert(rel, rel + seg_len);
+        }
+        if let Some(f) = self.test_fin_at {
+            // Nothing the test server sends lies beyond its FIN.
+            if seq::gt(self.rcv_nxt, f.wrapping_add(1)) {
+                self.rcv_nxt = f.wrapping_add(1);
+            }
+        }
+        if self.test_fin_received() {
+            self.close_started.get_or_insert(now);
+        }
+    }
+
+    // ------------------------------------------------------------------ timers
+
+    pub(crate) fn next_deadline(&self, cfg: &EngineConfig) -> Option<Instant> {
+        if let Phase::Lingering { until, .. } = self.phase {
+            return Some(until);
+        }
+        let handshake = (self.phase == Phase::SynSent || !self.client_established)
+            .then(|| self.created + cfg.handshake_timeout);
+        [
+            handshake,
+            Some(self.last_activity + cfg.idle_timeout),
+            self.close_started.map(|t| t + cfg.close_timeout),
+            self.gap_since.map(|t| t + cfg.capture_gap_timeout),
+            self.rto_at,
+            self.persist_at,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
+    pub(crate) fn on_timeout(
+        &mut self,
+        now: Instant,
+        cfg: &EngineConfig,
+        stats: &mut EngineStats,
+    ) -> Outcome {
+        if self.is_lingering() {
+            return Outcome::Open;
+        }
+        let due = |t: Option<Instant>| t.is_some_and(|t| t <= now);
+        if (self.phase == Phase::SynSent || !self.client_established)
+            && self.created + cfg.handshake_timeout <= now
+        {
+            return Outcome::Finished(CloseReason::HandshakeTimeout);
+        }
+        if self.last_activity + cfg.idle_timeout <= now {
+            return Outcome::Finished(CloseReason::IdleTimeout);
+        }
+        if due(self.close_started.map(|t| t + cfg.close_timeout)) {
+            return Outcome::Finished(CloseReason::CloseTimeout);
+        }
+        if due(self.gap_since.map(|t| t + cfg.capture_gap_timeout)) {
+            return Outcome::Finished(CloseReason::CaptureGap);
+        }
+        if due(self.rto_at) {
+            self.rto_at = None;
+            if self.snd_una != self.snd_max {
+                stats.retransmit_timeouts += 1;
+                self.retries += 1;
+                if self.retries > cfg.max_retransmits {
+                    return Outcome::Finished(CloseReason::TooManyRetransmits);
+                }
+                self.backoff += 1;
+                self.rtt_probe = None;
+                match self.phase {
+                    Phase::SynSent => self.syn_pending = true,
+                    _ => {
+                        // Go back: everything unacknowledged is sent again, starting with
+                        // the oldest, from one segment and slow start (the loss may be the
+                        // test server drowning).
+                        let flight = self.snd_max.wrapping_sub(self.snd_una);
+                        self.ssthresh = (flight / 2).max(2 * self.send_mss);
+                        self.cwnd = self.send_mss;
+                        self.snd_nxt = self.snd_una;
+                        self.recover = None;
+                        self.fast_retx_pending = false;
+                        self.rto_retx_pending = true;
+                        self.dupacks = 0;
+                    }
+                }
+            }
+        }
+        if due(self.persist_at) {
+            self.persist_at = None;
+            self.probes += 1;
+            if self.probes > cfg.max_retransmits {
+                return Outcome::Finished(CloseReason::TooManyRetransmits);
+            }
+            self.backoff += 1;
+            self.probe_pending = true;
+        }
+        Outcome::Open
+    }
+
+    /// Arms or disarms the persist timer; called after every change.
+    pub(crate) fn refresh_timers(&mut self, now: Instant, cfg: &EngineConfig) {
+        if self.phase != Phase::Established {
+            self.persist_at = None;
+            return;
+        }
+        if self.snd_una == self.snd_max {
+            self.rto_at = None;
+            self.rto_retx_pending = false;
+        } else if self.rto_at.is_none() {
+            // Whatever happened, data in flight always has a retransmission timer.
+            self.rto_at = Some(now + self.current_rto(cfg));
+        }
+        let window_shut = self.snd_una == self.snd_max
+            && seq::lt(self.snd_nxt, self.stream_end())
+            && !seq::lt(self.snd_nxt, self.send_limit());
+        if window_shut && !self.probe_pending {
+            if self.persist_at.is_none() {
+                self.persist_at = Some(now + self.current_rto(cfg));
+            }
+        } else {
+            self.persist_at = None;
+        }
+    }
+
+    /// Whether `poll_segment` may have something to send (cheap; may say yes spuriously).
+    pub(crate) fn may_transmit(&self) -> bool {
+        match self.phase {
+            Phase::SynSent => self.syn_pending,
+            Phase::Established => {
+                self.ack_pending
+                    || self.fast_retx_pending
+                    || self.rto_retx_pending
+                    || self.probe_pending
+                    || (seq::lt(self.snd_nxt, self.stream_end())
+                        && seq::lt(self.snd_nxt, self.send_limit()))
+            }
+            Phase::Lingering { .. } => false,
+        }
+    }
+
+    // ------------------------------------------------------------------ sending
+
+    fn repr(&self, seq: u32, flags: u8, ip_id: u16, ttl: u8) -> SegmentRepr {
+        let mut options = TcpOptions::default();
+        let mut flags = flags;
+        let mut ack = 0;
+        if self.phase == Phase::SynSent {
+            options.mss = Some(self.adv_mss);
+            options.window_scale = self.offer_wscale.then_some(OUR_WSCALE);
+            // Never SACK-permitted: intercept relays no SACK blocks and we retransmit from
+            // cumulative ACKs only; and as a receiver we could not produce honest SACK blocks
+            // for a stream whose bytes we never see. Without the option neither side uses SACK.
+            options.sack_permitted = false;
+            options.timestamps = self.ts_offer.then_some((self.ts_client, 0));
+        } else {
+            flags |= TcpFlags::ACK;
+            ack = self.rcv_nxt;
+            options.timestamps = self.ts_on.then_some((self.ts_client, self.ts_recent));
+        }
+        SegmentRepr {
+            src: *self.mirrored.ip(),
+            dst: *self.target.ip(),
+            src_port: self.mirrored.port(),
+            dst_port: self.target.port(),
+            seq,
+            ack,
+            flags: TcpFlags(flags),
+            window: OUR_WINDOW,
+            options,
+            ip_id,
+            ttl,
+        }
+    }
+
+    /// Length and FIN of the segment starting at `start` that fits before `limit`.
+    fn plan_data(&self, start: u32, limit: u32, max_payload: usize) -> (u32, bool) {
+        let data_end = self.data_end();
+        let avail = if seq::lt(start, data_end) {
+            data_end.wrapping_sub(start)
+        } else {
+            0
+        };
+        let room = if seq::lt(start, limit) {
+            limit.wrapping_sub(start)
+        } else {
+            0
+        };
+        let len = avail
+            .min(room)
+            .min(self.send_mss)
+            .min(u32::try_from(max_payload).unwrap_or(u32::MAX));
+        // The FIN takes one sequence number and, like data, must fit the window.
+        let fin = self.fin_queued && start.wrapping_add(len) == data_end && room > len;
+        (len, fin)
+    }
+
+    /// Writes this session's next packet into `buf`, if it has one.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn poll_segment(
+        &mut self,
+        now: Instant,
+        cfg: &EngineConfig,
+        stats: &mut EngineStats,
+        scratch: &mut [u8],
+        buf: &mut [u8],
+        ip_id: u16,
+    ) -> Option<usize> {
+        match self.phase {
+            Phase::SynSent => {
+                if !self.syn_pending {
+                    return None;
+                }
+                let repr = self.repr(self.iss, TcpFlags::SYN, ip_id, cfg.ttl);
+                let n = emit(&repr, &[], buf, stats)?;
+                self.syn_pending = false;
+                if self.snd_max == self.iss {
+                    self.rtt_probe = Some((self.iss.wrapping_add(1), now));
+                } else {
+                    stats.segments_resent += 1;
+                }
+                self.snd_nxt = self.iss.wrapping_add(1);
+                self.snd_max = self.snd_nxt;
+                self.rto_at.get_or_insert(now + self.current_rto(cfg));
+                Some(n)
+            }
+            Phase::Established => self.poll_established(now, cfg, stats, scratch, buf, ip_id),
+            Phase::Lingering { .. } => None,
+        }
+    }
+
+    fn poll_established(
+        &mut self,
+        now: Instant,
+        cfg: &EngineConfig,
+        stats: &mut EngineStats,
+        scratch: &mut [u8],
+        buf: &mut [u8],
+        ip_id: u16,
+    ) -> Option<usize> {
+        let header = self.repr(0, 0, 0, 0).header_len();
+        let Some(max_payload) = buf.len().checked_sub(header) else {
+            stats.transmit_buffer_too_small += 1;
+            return None;
+        };
+        let fast = self.fast_retx_pending;
+        let (start, limit) = if fast {
+            (self.snd_una, self.snd_max)
+        } else if self.rto_retx_pending && self.snd_nxt == self.snd_una {
+            let head = self
+                .snd_una
+                .wrapping_add(self.send_mss.min(self.snd_max.wrapping_sub(self.snd_una)));
+            (self.snd_nxt, seq::max(self.send_limit(), head))
+        } else {
+            (self.snd_nxt, self.send_limit())
+        };
+        let (len, fin) = if fast || seq::lt(self.snd_nxt, self.stream_end()) {
+            self.plan_data(start, limit, max_payload)
+        } else {
+            (0, false)
+        };
+        if len > 0 || fin {
+            let n = self.emit_data(start, len, fin, scratch, buf, ip_id, cfg, stats)?;
+            let end = start.wrapping_add(len + u32::from(fin));
+            if seq::lt(start, self.snd_max) {
+                stats.segments_resent += 1;
+                let resent_end = if seq::lt(end, self.snd_max) {
+                    end
+                } else {
+                    self.snd_max
+                };
+                stats.bytes_resent += u64::from(resent_end.wrapping_sub(start).min(len));
+                self.rtt_probe = None;
+            } else if self.rtt_probe.is_none() {
+                self.rtt_probe = Some((end, now));
+            }
+            if seq::gt(end, self.snd_max) {
+                let from = seq::max(start, self.snd_max);
+                stats.bytes_sent += u64::from(end.wrapping_sub(from) - u32::from(fin));
+                self.snd_max = end;
+            }
+            if fast {
+                self.fast_retx_pending = false;
+            } else {
+                self.snd_nxt = end;
+                self.rto_retx_pending = false;
+            }
+            self.ack_pending = false;
+            self.rto_at.get_or_insert(now + self.current_rto(cfg));
+            return Some(n);
+        }
+        if fast {
+            // Nothing left to repeat (acknowledged meanwhile).
+            self.fast_retx_pending = false;
+        }
+        self.rto_retx_pending = false;
+        if self.probe_pending {
+            // Linux-style window probe: an already-acknowledged sequence number with no data
+            // is always answered with an ACK carrying the current window.
+            let repr = self.repr(self.snd_una.wrapping_sub(1), 0, ip_id, cfg.ttl);
+            let n = emit(&repr, &[], buf, stats)?;
+            self.probe_pending = false;
+            self.ack_pending = false;
+            stats.zero_window_probes += 1;
+            self.refresh_timers(now, cfg);
+            return Some(n);
+        }
+        if self.ack_pending {
+            let repr = self.repr(self.snd_nxt, 0, ip_id, cfg.ttl);
+            let n = emit(&repr, &[], buf, stats)?;
+            self.ack_pending = false;
+            stats.pure_acks_sent += 1;
+            return Some(n);
+        }
+        None
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn emit_data(
+        &self,
+        start: u32,
+        len: u32,
+        fin: bool,
+        scratch: &mut [u8],
+        buf: &mut [u8],
+        ip_id: u16,
+        cfg: &EngineConfig,
+        stats: &mut EngineStats,
+    ) -> Option<usize> {
+        let off = start.wrapping_sub(self.buf_seq) as usize;
+        let len = len as usize;
+        let (a, b) = self.send_buf.as_slices();
+        let payload: &[u8] = if off + len <= a.len() {
+            &a[off..off + len]
+        } else if off >= a.len() {
+            &b[off - a.len()..off - a.len() + len]
+        } else {
+            // Wrapped ring: copy into the engine's scratch buffer (pre-sized, no allocation).
+            let first = &a[off..];
+            let rest = len - first.len();
+            scratch[..first.len()].copy_from_slice(first);
+            scratch[first.len()..len].copy_from_slice(&b[..rest]);
+            &scratch[..len]
+        };
+        let mut flags = 0;
+        if fin {
+            flags |= TcpFlags::FIN;
+        }
+        if len > 0 && start.wrapping_add(len as u32) == self.data_end() {
+            flags |= TcpFlags::PSH;
+        }
+        let repr = self.repr(start, flags, ip_id, cfg.ttl);
+        emit(&repr, payload, buf, stats)
+    }
+
+    // ------------------------------------------------------------------ closing
+
+    /// The RST that tells the test server to drop this connection now; `None` if it never
+    /// heard of it.
+    pub(crate) fn reset_repr(&self, ttl: u8) -> Option<SegmentRepr> {
+        if self.snd_max == self.iss && self.phase == Phase::SynSent {
+            return None;
+        }
+        let mut r = self.repr(self.snd_max, TcpFlags::RST, 0, ttl);
+        r.options = TcpOptions::default();
+        if self.phase == Phase::SynSent {
+            // No ACK known yet; seq = iss + 1 is what the test server expects in SYN-RECEIVED.
+            r.flags = TcpFlags(TcpFlags::RST);
+            r.ack = 0;
+        }
+        Some(r)
+    }
+
+    /// Drops the buffers and keeps only what is needed to answer late packets.
+    pub(crate) fn enter_linger(&mut self, until: Instant, clean: bool) {
+        self.phase = Phase::Lingering { clean, until };
+        self.send_buf = VecDeque::new();
+        self.reasm.release();
+        self.test_ooo.clear();
+        self.rto_at = None;
+        self.persist_at = None;
+        self.ack_pending = false;
+        self.fast_retx_pending = false;
+        self.rto_retx_pending = false;
+        self.probe_pending = false;
+        self.syn_pending = false;
+    }
+
+    /// A client packet for a closed session: an aborted session stays closed as long as the
+    /// client keeps talking, so mid-stream pickup cannot resurrect it half-way.
+    pub(crate) fn touch_lingering(&mut self, now: Instant, cfg: &EngineConfig) {
+        if let Phase::Lingering {
+            clean: false,
+            until,
+        } = &mut self.phase
+        {
+            *until = (*until).max(now + cfg.linger);
+        }
+    }
+
+    /// What a kernel without the socket (or in TIME-WAIT) answers to late test feedback.
+    pub(crate) fn linger_reply(&self, fb: &TestFeedback, ttl: u8) -> Option<SegmentRepr> {
+        let Phase::Lingering { clean, .. } = self.phase else {
+            return None;
+        };
+        let f = fb.flags;
+        if f.rst() {
+            return None;
+        }
+        let mut r = self.repr(self.snd_max, 0, 0, ttl);
+        if clean {
+            // TIME-WAIT: the test server repeats its FIN because our last ACK was lost.
+            if !f.fin() {
+                return None;
+            }
+            r.flags = TcpFlags(TcpFlags::ACK);
+            r.ack = self.rcv_nxt;
+            r.options.timestamps = self.ts_on.then_some((self.ts_client, self.ts_recent));
+            return Some(r);
+        }
+        // RFC 793 reset generation: take the sequence number from the segment's ACK, so the
+        // RST is exactly in window even if our earlier one was lost or off.
+        r.options = TcpOptions::default();
+        if f.ack() {
+            r.seq = fb.ack;
+            r.ack = 0;
+            r.flags = TcpFlags(TcpFlags::RST);
+        } else {
+            r.seq = 0;
+            r.ack = fb
+                .seq
+                .wrapping_add(fb.payload_len)
+                .wrapping_add(u32::from(f.syn()) + u32::from(f.fin()));
+            r.flags = TcpFlags(TcpFlags::RST | TcpFlags::ACK);
+        }
+        Some(r)
+    }
+}
+
+fn emit(
+    repr: &SegmentRepr,
+    payload: &[u8],
+    buf: &mut [u8],
+    stats: &mut EngineStats,
+) -> Option<usize> {
+    match emit_ipv4_tcp(repr, payload, buf) {
+        Ok(n) => {
+            stats.segments_sent += 1;
+            Some(n)
+        }
+        Err(_) => {
+            stats.transmit_buffer_too_small += 1;
+            None
+        }
+    }
+}

@@ -1,0 +1,166 @@
+//! The engine's counters: plain integers, owned by the engine's thread, read by whoever
+//! aggregates them (one engine per capture thread; sum them for the report).
+//!
+//! Every place the mirror can lose or distort traffic increments one of these, so a user can
+//! tell "the test server saw less" apart from "we never captured it" and "we gave up on it".
+
+use super::CloseReason;
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    // --- sessions ---
+    /// Sessions currently mirrored (handshaking or established; not lingering).
+    pub sessions_active: u64,
+    /// Closed sessions kept briefly to absorb late packets (see `EngineConfig::linger`).
+    pub sessions_lingering: u64,
+    /// Sessions started from a captured client SYN.
+    pub sessions_opened: u64,
+    /// Sessions started mid-stream (connection open before we started).
+    pub sessions_picked_up: u64,
+    /// Sessions ended, by reason; index with [`CloseReason::index`] or use [`Self::closed`].
+    pub sessions_closed: [u64; CloseReason::COUNT],
+    /// New connections not mirrored because `max_sessions` sessions were active.
+    pub sessions_shed: u64,
+    /// New connections not mirrored because their address was already used toward the target
+    /// by another live session (no pool configured).
+    pub sessions_collided: u64,
+    /// New connections not mirrored because every pool address was in use with that port.
+    pub pool_exhausted: u64,
+
+    // --- capture ---
+    pub captured_client_to_prod: u64,
+    pub captured_prod_to_client: u64,
+    /// Packets of neither direction of the production port.
+    pub captured_ignored: u64,
+    /// Packets to or from the target itself (e.g. our own output seen by the capture): ignored
+    /// so the mirror never feeds on itself.
+    pub captured_target: u64,
+    /// Client->prod packets for no session that cannot start one (FIN, RST, SYN-ACK, or
+    /// mid-stream pickup disabled).
+    pub captured_unknown_session: u64,
+    /// Prod->client packets for no live session.
+    pub captured_prod_unknown_session: u64,
+    /// Captured packets of a closed (lingering) session.
+    pub captured_stale: u64,
+    /// Client SYNs repeated with the same ISN (the client retransmitted).
+    pub client_syn_retransmits: u64,
+    /// Client payload bytes we had already captured (client retransmissions, overlaps).
+    pub client_bytes_duplicate: u64,
+    /// Client segments captured ahead of a hole and held until it fills.
+    pub client_segments_held: u64,
+    /// Client segments dropped: too far ahead of the stream, or too many holes at once.
+    pub client_segments_dropped: u64,
+    /// Client RSTs that did not fit the stream (ignored, as the production kernel would).
+    pub client_rsts_ignored: u64,
+    /// Client RSTs that arrived while bytes were still queued toward the test server...
+    pub client_resets_with_queued_data: u64,
+    /// ...and how many bytes the test server therefore never got.
+    pub client_reset_bytes_lost: u64,
+    /// Times a capture gap was suspected (hole in the client stream, or production acked bytes
+    /// we never captured); sessions where it did not heal are closed with `CaptureGap`.
+    pub capture_gaps_suspected: u64,
+
+    // --- toward the test server ---
+    /// Client bytes queued toward the test server.
+    pub bytes_queued: u64,
+    /// Bytes sent for the first time.
+    pub bytes_sent: u64,
+    /// Bytes sent again (retransmissions).
+    pub bytes_resent: u64,
+    /// Every packet handed out by `poll_transmit`.
+    pub segments_sent: u64,
+    /// Segments (SYN, data, FIN) that repeat something already sent.
+    pub segments_resent: u64,
+    pub pure_acks_sent: u64,
+    /// Retransmission timer expirations (each triggers a go-back retransmission).
+    pub retransmit_timeouts: u64,
+    /// Fast retransmits (three duplicate ACKs).
+    pub fast_retransmits: u64,
+    pub zero_window_probes: u64,
+    pub rsts_sent: u64,
+    /// RSTs sent because the copier shut down with the session still open.
+    pub shutdown_resets: u64,
+    /// `poll_transmit` was given a buffer too small for the next packet (an edge bug).
+    pub transmit_buffer_too_small: u64,
+    /// Engine-generated RST/ACK packets dropped because too many were queued.
+    pub control_queue_dropped: u64,
+    /// Events dropped because the edge did not drain `poll_event`.
+    pub events_dropped: u64,
+
+    // --- feedback from intercept ---
+    pub feedback_received: u64,
+    /// Feedback for an address we do not mirror (or from another server).
+    pub feedback_unknown_session: u64,
+    /// Feedback that did not fit the session: late, duplicate or for a closed session.
+    pub feedback_stale: u64,
+    /// Feedback acknowledging bytes we never sent.
+    pub feedback_ack_beyond_sent: u64,
+    /// Test-server segments seen beyond a hole (an earlier one's feedback was lost).
+    pub feedback_out_of_order: u64,
+    /// Test-server segments seen again (it retransmitted: an ACK of ours was lost).
+    pub feedback_test_retransmits: u64,
+}
+
+impl EngineStats {
+    pub fn closed(&self, reason: CloseReason) -> u64 {
+        self.sessions_closed[reason.index()]
+    }
+
+    pub fn closed_total(&self) -> u64 {
+        self.sessions_closed.iter().sum()
+    }
+
+    /// Adds another engine's counters (one engine per capture thread).
+    pub fn merge(&mut self, o: &EngineStats) {
+        macro_rules! add {
+            ($($f:ident),* $(,)?) => { $( self.$f += o.$f; )* };
+        }
+        add!(
+            sessions_active,
+            sessions_lingering,
+            sessions_opened,
+            sessions_picked_up,
+            sessions_shed,
+            sessions_collided,
+            pool_exhausted,
+            captured_client_to_prod,
+            captured_prod_to_client,
+            captured_ignored,
+            captured_target,
+            captured_unknown_session,
+            captured_prod_unknown_session,
+            captured_stale,
+            client_syn_retransmits,
+            client_bytes_duplicate,
+            client_segments_held,
+            client_segments_dropped,
+            client_rsts_ignored,
+            client_resets_with_queued_data,
+            client_reset_bytes_lost,
+            capture_gaps_suspected,
+            bytes_queued,
+            bytes_sent,
+            bytes_resent,
+            segments_sent,
+            segments_resent,
+            pure_acks_sent,
+            retransmit_timeouts,
+            fast_retransmits,
+            zero_window_probes,
+            rsts_sent,
+            shutdown_resets,
+            transmit_buffer_too_small,
+            control_queue_dropped,
+            events_dropped,
+            feedback_received,
+            feedback_unknown_session,
+            feedback_stale,
+            feedback_ack_beyond_sent,
+            feedback_out_of_order,
+            feedback_test_retransmits,
+        );
+        for (a, b) in self.sessions_closed.iter_mut().zip(o.sessions_closed) {
+            *a += b;
+        }
+    }
+}
