@@ -1,1 +1,15 @@
-//! copier library
+//! The copier: runs on the production host, captures the clients' traffic of a port and plays
+//! the client side of each connection toward a test server.
+//!
+//! `engine` is the sans-IO heart; everything else is an edge (capture, raw send, control
+//! channel, signals, status) or the loop that wires them together (`run`).
+
+pub mod capture;
+pub mod cli;
+pub mod control_client;
+pub mod engine;
+pub mod run;
+pub mod send;
+pub mod signals;
+pub mod status;
+pub mod waker;

@@ -1,0 +1,142 @@
+//! The capture edge: libpcap on the production interface, in non-blocking mode so the engine
+//! loop can wait on it together with the control channel.
+//!
+//! This room only turns frames into parsed packets and counts what it cannot parse. It never
+//! interprets TCP: that is the engine's job.
+
+use std::os::fd::{AsRawFd, RawFd};
+
+use anyhow::{bail, Context, Result};
+use common::wire::{parse_frame, LinkType, TcpPacket, WireError};
+
+/// Why captured frames were skipped before reaching the engine.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CaptureStats {
+    pub frames: u64,
+    pub parsed: u64,
+    pub truncated: u64,
+    pub not_ipv4: u64,
+    pub not_tcp: u64,
+    pub bad_header: u64,
+    pub fragments: u64,
+    /// Frames longer than the snap length: their payload tail is missing.
+    pub snapped: u64,
+    /// From the kernel (`pcap_stats`): dropped for lack of buffer space / by the interface.
+    pub kernel_dropped: u64,
+    pub if_dropped: u64,
+}
+
+impl CaptureStats {
+    pub fn skipped(&self) -> u64 {
+        self.truncated
+            + self.not_ipv4
+            + self.not_tcp
+            + self.bad_header
+            + self.fragments
+            + self.snapped
+    }
+    fn count(&mut self, e: WireError) {
+        match e {
+            WireError::Truncated => self.truncated += 1,
+            WireError::NotIpv4 => self.not_ipv4 += 1,
+            WireError::NotTcp => self.not_tcp += 1,
+            WireError::BadIpHeader | WireError::BadTcpHeader | WireError::BufferTooSmall => {
+                self.bad_header += 1
+            }
+            WireError::Fragment => self.fragments += 1,
+        }
+    }
+}
+
+pub struct LiveCapture {
+    cap: pcap::Capture<pcap::Active>,
+    link: LinkType,
+    pub stats: CaptureStats,
+}
+
+/// Large enough for GRO/TSO super-frames, which the kernel hands to the capture unsplit.
+const SNAPLEN: i32 = 262_144;
+
+impl LiveCapture {
+    /// Opens `interface` with `filter` (BPF). `buffer_bytes` is the kernel ring size: the larger,
+    /// the fewer drops during bursts.
+    pub fn open(interface: &str, filter: &str, buffer_bytes: i32) -> Result<Self> {
+        let cap = pcap::Capture::from_device(interface)
+            .with_context(|| format!("no capture device {interface:?} (see `ip link`)"))?
+            .immediate_mode(true)
+            .snaplen(SNAPLEN)
+            .buffer_size(buffer_bytes)
+            .promisc(false)
+            .open()
+            .map_err(|e| {
+                let hint = if e.to_string().contains("ermission") {
+                    " — run as root or grant CAP_NET_RAW and CAP_NET_ADMIN"
+                } else {
+                    ""
+                };
+                anyhow::anyhow!("cannot open capture on {interface}: {e}{hint}")
+            })?;
+        let mut cap = cap
+            .setnonblock()
+            .context("cannot make the capture non-blocking")?;
+        cap.filter(filter, true)
+            .with_context(|| format!("bad capture filter {filter:?}"))?;
+        let dlt = cap.get_datalink();
+        let Some(link) = LinkType::from_dlt(dlt.0) else {
+            bail!(
+                "capture on {interface} has link type {} which tcpshadow cannot parse; use an Ethernet interface or \"any\"",
+                dlt.get_name().unwrap_or_else(|_| dlt.0.to_string())
+            );
+        };
+        Ok(Self {
+            cap,
+            link,
+            stats: CaptureStats::default(),
+        })
+    }
+
+    /// Hands at most `budget` parsed packets to `f`, returning how many frames were read. Stops
+    /// early when the kernel has nothing more; the budget keeps one busy capture from starving
+    /// the control channel.
+    pub fn drain(&mut self, budget: usize, mut f: impl FnMut(&TcpPacket<'_>)) -> usize {
+        let mut n = 0;
+        while n < budget {
+            let packet = match self.cap.next_packet() {
+                Ok(p) => p,
+                Err(pcap::Error::TimeoutExpired) | Err(pcap::Error::NoMorePackets) => break,
+                Err(e) => {
+                    tracing::warn!("capture read error: {e}");
+                    break;
+                }
+            };
+            n += 1;
+            self.stats.frames += 1;
+            if packet.header.caplen < packet.header.len {
+                self.stats.snapped += 1;
+                continue;
+            }
+            match parse_frame(self.link, packet.data) {
+                Ok(p) => {
+                    self.stats.parsed += 1;
+                    f(&p);
+                }
+                Err(e) => self.stats.count(e),
+            }
+        }
+        n
+    }
+
+    /// Refreshes the kernel's drop counters.
+    pub fn refresh_kernel_stats(&mut self) {
+        if let Ok(s) = self.cap.stats() {
+            self.stats.kernel_dropped = u64::from(s.dropped);
+            self.stats.if_dropped = u64::from(s.if_dropped);
+        }
+    }
+}
+
+impl AsRawFd for LiveCapture {
+    fn as_raw_fd(&self) -> RawFd {
+        self.cap.as_raw_fd()
+    }
+}

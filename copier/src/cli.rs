@@ -1,0 +1,161 @@
+//! Command-line interface of the copier daemon.
+
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+
+/// Mirrors the client connections of a production port onto a test server, packet by packet.
+///
+/// Runs on the production host. Captures client traffic of --port, plays the client side of each
+/// connection toward --target, and learns the test server's replies from the intercept daemon
+/// (which runs on the host the test server routes the client addresses to).
+#[derive(Parser, Debug, Clone)]
+#[command(name = "copier", version, about, long_about)]
+pub struct Args {
+    /// Production port whose client connections are mirrored.
+    #[arg(long, env = "TCPSHADOW_PORT", default_value_t = 3306)]
+    pub port: u16,
+
+    /// Test server to mirror to, IP:PORT. Must not be this host's own production server.
+    #[arg(long, env = "TCPSHADOW_TARGET")]
+    pub target: SocketAddrV4,
+
+    /// Intercept daemon's control address, HOST:PORT (it relays the test server's replies).
+    #[arg(long, env = "TCPSHADOW_INTERCEPT")]
+    pub intercept: SocketAddr,
+
+    /// Capture interface ("any" captures on all interfaces of this host).
+    #[arg(long, env = "TCPSHADOW_INTERFACE", default_value = "any")]
+    pub interface: String,
+
+    /// Rewrite mirrored client addresses into this range (CIDR), e.g. 198.19.0.0/16, so the test
+    /// server's routes need not cover the real clients. The client port is kept.
+    #[arg(long, env = "TCPSHADOW_CLIENT_IP_POOL", value_parser = parse_cidr)]
+    pub client_ip_pool: Option<(Ipv4Addr, u8)>,
+
+    /// Largest TCP payload sent to the target (path MTU minus 40).
+    #[arg(long, env = "TCPSHADOW_MSS", default_value_t = 1460, value_parser = clap::value_parser!(u16).range(88..=65495))]
+    pub mss: u16,
+
+    /// Do not pick up connections that were already open when the copier started.
+    #[arg(long, env = "TCPSHADOW_NO_PICKUP")]
+    pub no_pickup: bool,
+
+    /// Shared token sent in the hello to intercept (first line of the file).
+    #[arg(long, env = "TCPSHADOW_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
+
+    /// Seconds between status lines (0: none).
+    #[arg(long, env = "TCPSHADOW_STATUS_INTERVAL", default_value_t = 5)]
+    pub status_interval: u64,
+
+    /// Kernel capture buffer, in MiB.
+    #[arg(long, env = "TCPSHADOW_CAPTURE_BUFFER_MB", default_value_t = 64)]
+    pub capture_buffer_mb: u32,
+
+    /// Most sessions mirrored at once; further connections are not mirrored (counted).
+    #[arg(long, env = "TCPSHADOW_MAX_SESSIONS", default_value_t = 100_000)]
+    pub max_sessions: usize,
+
+    /// On SIGINT/SIGTERM, wait up to this many seconds for queued data to reach the target
+    /// before resetting what is left.
+    #[arg(long, env = "TCPSHADOW_DRAIN_SECS", default_value_t = 2)]
+    pub drain_secs: u64,
+}
+
+impl Args {
+    pub fn status_interval(&self) -> Option<Duration> {
+        (self.status_interval > 0).then(|| Duration::from_secs(self.status_interval))
+    }
+
+    /// The capture filter: the production port's traffic in both directions, excluding what we
+    /// send ourselves (it leaves this host toward the target with the same port numbers).
+    pub fn capture_filter(&self) -> String {
+        let t = self.target.ip();
+        format!(
+            "tcp and ((dst port {p} and not dst host {t}) or (src port {p} and not src host {t}))",
+            p = self.port
+        )
+    }
+
+    /// Refuses set-ups that would hurt production.
+    pub fn validate(&self) -> Result<()> {
+        let ip = *self.target.ip();
+        if ip.is_unspecified() || ip.is_broadcast() || ip.is_multicast() {
+            bail!("--target {} is not a unicast address", self.target);
+        }
+        if ip.is_loopback() || is_local_address(ip) {
+            bail!(
+                "--target {} is an address of this host: the copier runs on the production host and \
+                 must never mirror onto the production server itself; point --target at the test server",
+                self.target
+            );
+        }
+        Ok(())
+    }
+
+    pub fn token(&self) -> Result<Option<Vec<u8>>> {
+        let Some(path) = &self.token_file else {
+            return Ok(None);
+        };
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read --token-file {}", path.display()))?;
+        let line = text.lines().next().unwrap_or("").trim();
+        if line.is_empty() {
+            bail!("--token-file {} is empty", path.display());
+        }
+        Ok(Some(line.as_bytes().to_vec()))
+    }
+}
+
+/// Whether `ip` is assigned to an interface of this host: binding to it succeeds only then.
+fn is_local_address(ip: Ipv4Addr) -> bool {
+    UdpSocket::bind(SocketAddrV4::new(ip, 0)).is_ok()
+}
+
+pub fn parse_cidr(s: &str) -> Result<(Ipv4Addr, u8), String> {
+    let (addr, len) = s
+        .split_once('/')
+        .ok_or_else(|| format!("{s:?} is not CIDR (expected e.g. 198.19.0.0/16)"))?;
+    let addr: Ipv4Addr = addr.parse().map_err(|e| format!("{addr:?}: {e}"))?;
+    let len: u8 = len
+        .parse()
+        .map_err(|e| format!("prefix length {len:?}: {e}"))?;
+    if !(8..=30).contains(&len) {
+        return Err(format!("prefix length /{len} must be between /8 and /30"));
+    }
+    let mask = u32::MAX << (32 - len);
+    Ok((Ipv4Addr::from(u32::from(addr) & mask), len))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cidr_parsing() {
+        assert_eq!(
+            parse_cidr("198.19.3.7/16").unwrap(),
+            (Ipv4Addr::new(198, 19, 0, 0), 16)
+        );
+        assert!(parse_cidr("198.19.0.0").is_err());
+        assert!(parse_cidr("198.19.0.0/40").is_err());
+        assert!(parse_cidr("x/16").is_err());
+    }
+
+    #[test]
+    fn loopback_target_is_refused() {
+        let a = Args::parse_from([
+            "copier",
+            "--target",
+            "127.0.0.1:3306",
+            "--intercept",
+            "198.18.0.4:36524",
+        ]);
+        let err = a.validate().unwrap_err().to_string();
+        assert!(err.contains("production server itself"), "{err}");
+    }
+}

@@ -1,0 +1,140 @@
+//! The copier's engine loop: one thread that owns the session engine and the two inputs that
+//! feed it (the capture and the control channel), sleeping in poll(2) between events.
+//!
+//! This room wires the edges to the engine and reports; it holds no TCP logic.
+
+use std::os::fd::AsRawFd;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use common::clock::MonotonicClock;
+use common::control::Hello;
+
+use crate::capture::LiveCapture;
+use crate::cli::Args;
+use crate::control_client::ControlClient;
+use crate::engine::{Engine, EngineConfig, EngineEvent};
+use crate::send::RawSender;
+use crate::signals;
+use crate::status::{Snapshot, StatusLine};
+use crate::waker::{wait_readable, Waker};
+
+/// Packets read from the capture before the loop looks at the control channel again.
+const CAPTURE_BUDGET: usize = 512;
+/// Longest sleep: also bounds how late a stop request is noticed if a signal is missed.
+const MAX_SLEEP: Duration = Duration::from_millis(200);
+
+pub fn engine_config(args: &Args) -> EngineConfig {
+    let mut cfg = EngineConfig::new(args.port, args.target);
+    cfg.client_ip_pool = args.client_ip_pool;
+    cfg.mss = args.mss;
+    cfg.pickup_midstream = !args.no_pickup;
+    cfg.max_sessions = args.max_sessions;
+    cfg
+}
+
+pub fn run(args: &Args) -> Result<Snapshot> {
+    let clock = MonotonicClock::new();
+    let filter = args.capture_filter();
+    let buffer = i32::try_from(u64::from(args.capture_buffer_mb) << 20).unwrap_or(i32::MAX);
+    let mut capture = LiveCapture::open(&args.interface, &filter, buffer)?;
+    let mut sender = RawSender::open()?;
+    let waker = Waker::new().context("cannot create an eventfd")?;
+    let name = format!("copier@{}", hostname());
+    let wake = waker.clone();
+    let (control, feedback) = ControlClient::spawn(
+        args.intercept,
+        Hello::new(&name, args.token()?),
+        move || wake.wake(),
+    )
+    .with_context(|| {
+        format!(
+            "cannot start the control channel to intercept {}",
+            args.intercept
+        )
+    })?;
+
+    let mut engine = Engine::new(engine_config(args));
+    let mut buf = vec![0u8; engine.transmit_buffer_len()];
+    let target_ip = *args.target.ip();
+    let mut status = StatusLine::new(clock.now(), args.status_interval());
+    tracing::info!(
+        "mirroring port {} on {} to {} (intercept {}), filter: {filter}",
+        args.port,
+        args.interface,
+        args.target,
+        args.intercept
+    );
+
+    let mut stopping_since = None;
+    loop {
+        let now = clock.now();
+        if stopping_since.is_none() && signals::stop_requested() {
+            tracing::info!(
+                "stop requested: draining queued data for up to {} s",
+                args.drain_secs
+            );
+            stopping_since = Some(now);
+        }
+        // Once stopping, nothing new is captured; what is queued still goes out.
+        if stopping_since.is_none() {
+            capture.drain(CAPTURE_BUDGET, |pkt| engine.on_captured(now, pkt));
+        }
+        waker.reset();
+        while let Ok(batch) = feedback.try_recv() {
+            for fb in &batch {
+                engine.on_feedback(now, fb);
+            }
+        }
+        if engine.next_deadline().is_some_and(|d| d <= now) {
+            engine.on_timeout(now);
+        }
+        while let Some(n) = engine.poll_transmit(now, &mut buf) {
+            sender.send(&buf[..n], target_ip);
+        }
+        while let Some(ev) = engine.poll_event() {
+            match ev {
+                EngineEvent::SessionOpened { mirrored, .. } => control.claim(mirrored),
+                EngineEvent::SessionReleased { mirrored } => control.release(mirrored),
+                EngineEvent::SessionClosed { .. } => {}
+            }
+        }
+        if let Some(since) = stopping_since {
+            let drained = engine.queued_bytes() == 0;
+            if drained || now.saturating_since(since) >= Duration::from_secs(args.drain_secs) {
+                engine.shutdown(now);
+                while let Some(n) = engine.poll_transmit(now, &mut buf) {
+                    sender.send(&buf[..n], target_ip);
+                }
+                break;
+            }
+        }
+        if status.due(now) {
+            capture.refresh_kernel_stats();
+            let snap = Snapshot::take(&engine, &capture, &sender, &control.stats());
+            status.print(now, &snap);
+        }
+
+        let mut sleep = MAX_SLEEP;
+        if let Some(d) = engine.next_deadline() {
+            sleep = sleep.min(d.saturating_since(clock.now()));
+        }
+        if let Some(d) = status.next_due() {
+            sleep = sleep.min(d.saturating_since(clock.now()));
+        }
+        if stopping_since.is_some() {
+            sleep = sleep.min(Duration::from_millis(10));
+        }
+        wait_readable(&[capture.as_raw_fd(), waker.as_raw_fd()], sleep);
+    }
+    capture.refresh_kernel_stats();
+    let snap = Snapshot::take(&engine, &capture, &sender, &control.stats());
+    control.shutdown();
+    Ok(snap)
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into())
+}

@@ -1,0 +1,219 @@
+//! What the copier tells its operator: a one-line status every few seconds and a summary at
+//! the end. Every loss the engine and the edges count is shown here, so "the test server saw
+//! less" can be told apart from "we never captured it" and "we gave up on it".
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use common::clock::Instant;
+
+use crate::capture::{CaptureStats, LiveCapture};
+use crate::control_client::ClientStats;
+use crate::engine::{CloseReason, Engine, EngineStats};
+use crate::send::{RawSender, SendStats};
+
+/// All counters at one moment.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    pub engine: EngineStats,
+    pub capture: CaptureStats,
+    pub send: SendStats,
+    pub control: ClientStats,
+}
+
+impl Snapshot {
+    pub fn take(
+        engine: &Engine,
+        capture: &LiveCapture,
+        sender: &RawSender,
+        control: &ClientStats,
+    ) -> Self {
+        Self {
+            engine: engine.stats().clone(),
+            capture: capture.stats,
+            send: sender.stats,
+            control: *control,
+        }
+    }
+
+    fn abandoned(&self) -> u64 {
+        CloseReason::ALL
+            .iter()
+            .filter(|r| {
+                !matches!(
+                    r,
+                    CloseReason::Completed
+                        | CloseReason::ClientReset
+                        | CloseReason::ProdReset
+                        | CloseReason::Shutdown
+                )
+            })
+            .map(|r| self.engine.closed(*r))
+            .sum()
+    }
+
+    /// Sessions or bytes that did not make it to the test server, by where they were lost.
+    fn losses(&self) -> Vec<(&'static str, u64)> {
+        let e = &self.engine;
+        let mut v = vec![
+            (
+                "kernel capture drops",
+                self.capture.kernel_dropped + self.capture.if_dropped,
+            ),
+            ("frames not parsed", self.capture.skipped()),
+            ("connections not mirrored (max sessions)", e.sessions_shed),
+            (
+                "connections not mirrored (address collision)",
+                e.sessions_collided,
+            ),
+            (
+                "connections not mirrored (pool exhausted)",
+                e.pool_exhausted,
+            ),
+            (
+                "client segments dropped (too far ahead)",
+                e.client_segments_dropped,
+            ),
+            ("bytes lost to client resets", e.client_reset_bytes_lost),
+            (
+                "feedback dropped (copier queue full)",
+                self.control.feedback_dropped,
+            ),
+            ("raw sends failed", self.send.errors + self.send.would_block),
+            ("events dropped", e.events_dropped),
+        ];
+        for r in CloseReason::ALL {
+            if !matches!(
+                r,
+                CloseReason::Completed | CloseReason::ClientReset | CloseReason::ProdReset
+            ) {
+                v.push((close_label(r), e.closed(r)));
+            }
+        }
+        v
+    }
+}
+
+fn close_label(r: CloseReason) -> &'static str {
+    match r {
+        CloseReason::Completed => "sessions closed normally",
+        CloseReason::ClientReset => "sessions reset by the client",
+        CloseReason::ProdReset => "sessions reset by production",
+        CloseReason::TestReset => "sessions reset by the test server",
+        CloseReason::TestRefused => "sessions refused by the test server",
+        CloseReason::HandshakeTimeout => "sessions abandoned: handshake timeout",
+        CloseReason::IdleTimeout => "sessions abandoned: idle timeout",
+        CloseReason::CloseTimeout => "sessions abandoned: close timeout",
+        CloseReason::TooManyRetransmits => "sessions abandoned: test server stopped acknowledging",
+        CloseReason::BufferOverflow => "sessions abandoned: test server too slow (buffer full)",
+        CloseReason::CaptureGap => "sessions abandoned: capture gap",
+        CloseReason::Reused => "sessions replaced by a reused client port",
+        CloseReason::Shutdown => "sessions reset at copier exit",
+    }
+}
+
+/// Prints the periodic status line (rates over the last interval).
+pub struct StatusLine {
+    interval: Option<Duration>,
+    next: Option<Instant>,
+    last_at: Instant,
+    last: Snapshot,
+}
+
+impl StatusLine {
+    pub fn new(now: Instant, interval: Option<Duration>) -> Self {
+        Self {
+            interval,
+            next: interval.map(|i| now + i),
+            last_at: now,
+            last: Snapshot::default(),
+        }
+    }
+
+    pub fn next_due(&self) -> Option<Instant> {
+        self.next
+    }
+
+    pub fn due(&self, now: Instant) -> bool {
+        self.next.is_some_and(|n| now >= n)
+    }
+
+    pub fn print(&mut self, now: Instant, s: &Snapshot) {
+        let secs = now.saturating_since(self.last_at).as_secs_f64().max(1e-3);
+        let e = &s.engine;
+        let l = &self.last.engine;
+        let rate = |a: u64, b: u64| (a.saturating_sub(b)) as f64 / secs;
+        tracing::info!(
+            "sessions active={} new={} picked_up={} closed={} abandoned={} | captured {:.0}/s (client {} prod {}) \
+             | sent {:.0}/s retrans={} rst={} | feedback {:.0}/s | kernel_drops={} | {}",
+            e.sessions_active,
+            e.sessions_opened - l.sessions_opened,
+            e.sessions_picked_up - l.sessions_picked_up,
+            e.closed_total() - l.closed_total(),
+            s.abandoned() - self.last.abandoned(),
+            rate(s.capture.frames, self.last.capture.frames),
+            e.captured_client_to_prod,
+            e.captured_prod_to_client,
+            rate(e.segments_sent, l.segments_sent),
+            e.segments_resent,
+            e.rsts_sent,
+            rate(e.feedback_received, l.feedback_received),
+            s.capture.kernel_dropped + s.capture.if_dropped,
+            s.control,
+        );
+        self.last = s.clone();
+        self.last_at = now;
+        self.next = self.interval.map(|i| now + i);
+    }
+}
+
+/// The end-of-run summary, several lines, for a person.
+pub fn summary(s: &Snapshot, elapsed: Duration) -> String {
+    let e = &s.engine;
+    let mut out = String::new();
+    let _ = writeln!(out, "copier summary after {:.1} s", elapsed.as_secs_f64());
+    let _ = writeln!(
+        out,
+        "  sessions: {} opened from SYN, {} picked up mid-stream, {} closed normally, {} reset by client/prod, {} abandoned",
+        e.sessions_opened,
+        e.sessions_picked_up,
+        e.closed(CloseReason::Completed),
+        e.closed(CloseReason::ClientReset) + e.closed(CloseReason::ProdReset),
+        s.abandoned()
+    );
+    let _ = writeln!(
+        out,
+        "  captured: {} frames ({} client->prod, {} prod->client packets); {} kernel drops",
+        s.capture.frames,
+        e.captured_client_to_prod,
+        e.captured_prod_to_client,
+        s.capture.kernel_dropped + s.capture.if_dropped
+    );
+    let _ = writeln!(
+        out,
+        "  to test: {} bytes queued, {} sent, {} resent; {} packets ({} retransmitted, {} RTO, {} fast), {} RST",
+        e.bytes_queued,
+        e.bytes_sent,
+        e.bytes_resent,
+        e.segments_sent,
+        e.segments_resent,
+        e.retransmit_timeouts,
+        e.fast_retransmits,
+        e.rsts_sent
+    );
+    let _ = writeln!(
+        out,
+        "  feedback: {} from intercept ({} unknown session, {} stale); control: {}",
+        e.feedback_received, e.feedback_unknown_session, e.feedback_stale, s.control
+    );
+    let losses: Vec<_> = s.losses().into_iter().filter(|(_, n)| *n > 0).collect();
+    if losses.is_empty() {
+        let _ = writeln!(out, "  losses: none");
+    } else {
+        let _ = writeln!(out, "  losses:");
+        for (what, n) in losses {
+            let _ = writeln!(out, "    {n:>10}  {what}");
+        }
+    }
+    out
+}
