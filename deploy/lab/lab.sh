@@ -333,6 +333,40 @@ nsx() { # nsx NS CMD... : run CMD inside namespace NS
     "$IP" netns exec "$ns" "$@"
 }
 
+# CPU placement. Each lab host stands for a machine of its own, but they share this machine's
+# cores. Left to float, the scheduler favours prod's threads (they sleep and wake on every
+# request) over test's (busy working through the mirrored backlog), so test lags for a reason no
+# real deployment has. So each host gets its own CPUs where there are enough: with 2-3 cores,
+# client and prod share one and test and assist the other (prod also pays for the copier, as it
+# would in production); with 4+, one each. LAB_PIN=0 turns this off, LAB_CPUS_<HOST> overrides.
+host_cpus() { # host_cpus HOST: prints a taskset CPU list, or nothing for "no pinning"
+    local h=$1 n var
+    var="LAB_CPUS_${h^^}"
+    if [[ -n ${!var-} ]]; then
+        printf '%s' "${!var}"
+        return
+    fi
+    [[ ${LAB_PIN:-1} != 0 ]] || return 0
+    n=$(nproc)
+    if ((n >= 4)); then
+        case $h in client) echo 0 ;; prod) echo 1 ;; test) echo 2 ;; assist) echo 3 ;; esac
+    elif ((n >= 2)); then
+        case $h in client | prod) echo 0 ;; test | assist) echo 1 ;; esac
+    fi
+}
+
+hostx() { # hostx HOST CMD... : run CMD inside HOST's namespace, on HOST's CPUs
+    local h=$1 ns cpus
+    shift
+    ns=$(ns_of "$h")
+    cpus=$(host_cpus "$h")
+    if [[ -n $cpus ]]; then
+        "$IP" netns exec "$ns" taskset -c "$cpus" "$@"
+    else
+        "$IP" netns exec "$ns" "$@"
+    fi
+}
+
 ns_sysctl() { # ns_sysctl NS key=value...; keys missing in this kernel are skipped
     local ns=$1 kv
     shift
@@ -485,7 +519,7 @@ server_log_tail() {
 }
 
 start_server() { # start_server HOST (does not wait)
-    local h=$1 ns dir listening
+    local h=$1 ns dir listening cpus
     ns=$(ns_of "$h")
     dir=$LAB_DIR/$h
     listening=$(nsx "$ns" "$SS" -Hltnp "sport = :$LAB_MYSQL_PORT" 2>/dev/null || true)
@@ -494,13 +528,16 @@ start_server() { # start_server HOST (does not wait)
     fi
     server_args "$h"
     rm -f "$dir/mysqld.pid" "$dir/launch.pid"
+    local pin=()
+    cpus=$(host_cpus "$h")
+    [[ -z $cpus ]] || pin=(taskset -c "$cpus")
     # setsid: the server must not share our session (Ctrl-C on lab.sh, test harness pipes).
     # A plain command, not a function: bash execs it in the forked child (no subshell carrying our
     # traps), ip netns exec and setsid exec too, so $! ends up being mariadbd's pid.
     if [[ -n $LAB_LOCK_FD ]]; then
-        "$IP" netns exec "$ns" setsid "$MARIADBD" "${SARGS[@]}" </dev/null >>"$dir/mariadbd.out" 2>&1 {LAB_LOCK_FD}>&- &
+        "$IP" netns exec "$ns" setsid "${pin[@]}" "$MARIADBD" "${SARGS[@]}" </dev/null >>"$dir/mariadbd.out" 2>&1 {LAB_LOCK_FD}>&- &
     else
-        "$IP" netns exec "$ns" setsid "$MARIADBD" "${SARGS[@]}" </dev/null >>"$dir/mariadbd.out" 2>&1 &
+        "$IP" netns exec "$ns" setsid "${pin[@]}" "$MARIADBD" "${SARGS[@]}" </dev/null >>"$dir/mariadbd.out" 2>&1 &
     fi
     echo "$!" >"$dir/launch.pid"
 }
@@ -867,7 +904,7 @@ cmd_env() {
 cmd_exec() {
     need_root
     [[ $# -ge 1 ]] || die "usage: $PROG exec HOST [CMD...]"
-    local ns
+    local ns host=$1
     ns=$(ns_of "$1")
     shift
     ns_exists "$ns" || die "namespace $ns does not exist (is lab '$LAB_NAME' up?)"
@@ -878,6 +915,11 @@ cmd_exec() {
         set +a
     fi
     (($# > 0)) || set -- "${SHELL:-/bin/bash}"
+    local cpus
+    cpus=$(host_cpus "$host")
+    if [[ -n $cpus ]]; then
+        exec "$IP" netns exec "$ns" taskset -c "$cpus" "$@"
+    fi
     exec "$IP" netns exec "$ns" "$@"
 }
 
@@ -921,10 +963,8 @@ cmd_load() {
     if [[ -z $from ]]; then
         if [[ $target == prod ]]; then from=client; else from="test"; fi
     fi
-    local ns
-    ns=$(ns_of "$from")
     info "load: sysbench $test, $threads threads, ${time}s, from $from to $target ($ip:$LAB_MYSQL_PORT)"
-    nsx "$ns" "$SYSBENCH" "$test" --db-driver=mysql --mysql-host="$ip" --mysql-port="$LAB_MYSQL_PORT" \
+    hostx "$from" "$SYSBENCH" "$test" --db-driver=mysql --mysql-host="$ip" --mysql-port="$LAB_MYSQL_PORT" \
         --mysql-user="$LAB_USER" --mysql-password="$LAB_PASSWORD" --mysql-db="$LAB_DB" \
         --tables="$LAB_TABLES" --table-size="$LAB_TABLE_SIZE" --threads="$threads" --time="$time" \
         "${extra[@]}" run
