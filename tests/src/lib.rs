@@ -14,6 +14,8 @@
 //! assert_eq!(one.trim(), "1");
 //! ```
 
+pub mod mirror;
+
 use std::collections::BTreeMap;
 use std::fmt;
 use std::io::Read;

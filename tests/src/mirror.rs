@@ -1,0 +1,135 @@
+//! Starts the real mirror (intercept on `assist`, copier on `prod`) inside a lab.
+//!
+//! The binaries are built in release mode on first use (`cargo build --release`), so lab
+//! figures reflect the code a user runs, not a debug build.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+
+use crate::{Background, Host, Lab, Run};
+
+/// The workspace's release binary `name` (copier, intercept), built once per test process.
+pub fn release_bin(name: &str) -> Result<PathBuf> {
+    static BUILT: OnceLock<Result<(), String>> = OnceLock::new();
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let built = BUILT.get_or_init(|| {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let out = Command::new(cargo)
+            .args([
+                "build",
+                "--release",
+                "-p",
+                "copier",
+                "-p",
+                "intercept",
+                "--bins",
+            ])
+            .current_dir(&root)
+            .output()
+            .map_err(|e| format!("cannot run cargo: {e}"))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    });
+    if let Err(e) = built {
+        bail!("cargo build --release of copier and intercept failed:\n{e}");
+    }
+    let target = std::env::var("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| root.join("target"));
+    Ok(target.join("release").join(name))
+}
+
+/// What to mirror.
+#[derive(Clone, Debug)]
+pub struct MirrorOptions {
+    /// Production port (and the test server's port).
+    pub port: u16,
+    /// `--client-ip-pool`, e.g. the lab's LAB_POOL.
+    pub client_ip_pool: Option<String>,
+    /// More copier arguments.
+    pub copier_args: Vec<String>,
+}
+
+impl Default for MirrorOptions {
+    fn default() -> Self {
+        Self {
+            port: 3306,
+            client_ip_pool: None,
+            copier_args: Vec::new(),
+        }
+    }
+}
+
+/// A running copier + intercept pair. Dropping it kills both; [`Mirror::stop`] stops them
+/// gracefully and returns what they printed (the copier's summary).
+pub struct Mirror {
+    pub intercept: Background,
+    pub copier: Background,
+}
+
+/// Control port intercept listens on in the lab.
+pub const CONTROL_PORT: u16 = 36524;
+
+impl Mirror {
+    pub fn start(lab: &Lab, opts: &MirrorOptions) -> Result<Mirror> {
+        let intercept_bin = release_bin("intercept")?;
+        let copier_bin = release_bin("copier")?;
+        let port = opts.port.to_string();
+        let listen = format!("{}:{CONTROL_PORT}", lab.ip(Host::Assist));
+        let mut intercept = lab.spawn(
+            Host::Assist,
+            &[
+                intercept_bin.to_str().context("path")?,
+                "--port",
+                &port,
+                "--interface",
+                lab.var("LAB_IFACE"),
+                "--listen",
+                &listen,
+                "--status-interval",
+                "5",
+            ],
+        )?;
+        intercept.wait_for_output("waiting for copiers", Duration::from_secs(10))?;
+        let target = format!("{}:{}", lab.ip(Host::Test), opts.port);
+        let mut args: Vec<String> = vec![
+            copier_bin.to_str().context("path")?.into(),
+            "--port".into(),
+            port.clone(),
+            "--interface".into(),
+            lab.var("LAB_IFACE").into(),
+            "--target".into(),
+            target,
+            "--intercept".into(),
+            listen,
+            "--status-interval".into(),
+            "5".into(),
+        ];
+        if let Some(pool) = &opts.client_ip_pool {
+            args.push("--client-ip-pool".into());
+            args.push(pool.clone());
+        }
+        args.extend(opts.copier_args.iter().cloned());
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut copier = lab.spawn(Host::Prod, &args)?;
+        copier.wait_for_output(
+            "control channel to intercept is up",
+            Duration::from_secs(10),
+        )?;
+        Ok(Mirror { intercept, copier })
+    }
+
+    /// SIGTERM to the copier (it drains and prints its summary), then to intercept.
+    pub fn stop(self) -> Result<(Run, Run)> {
+        let copier = self.copier.finish(Duration::ZERO)?;
+        let intercept = self.intercept.finish(Duration::ZERO)?;
+        Ok((copier, intercept))
+    }
+}
