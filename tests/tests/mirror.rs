@@ -130,9 +130,14 @@ fn streams_by_port(dir: &Path) -> Result<BTreeMap<u16, (String, Vec<u8>)>> {
     Ok(out)
 }
 
-#[test]
-fn a_plain_tcp_service_receives_byte_identical_streams() -> Result<()> {
-    let lab = Lab::up("plain")?;
+/// Mirrors a plain TCP service (stream-sink on prod and test, port 9000) through a client
+/// address pool while stream-source sends 6 connections' worth of mixed writes, and checks that
+/// test received, connection by connection, exactly the bytes prod did. With `open_before`, the
+/// connections are opened before the copier starts (sending starts 3 s later), so the copier
+/// must pick them up mid-stream.
+fn plain_tcp_mirror(prefix: &str, open_before: bool) -> Result<()> {
+    const CONNS: usize = 6;
+    let lab = Lab::up(prefix)?;
     let port = 9000u16;
     let dir = Path::new(lab.var("LAB_DIR")).to_path_buf();
     let sink = env!("CARGO_BIN_EXE_stream-sink");
@@ -151,17 +156,37 @@ fn a_plain_tcp_service_receives_byte_identical_streams() -> Result<()> {
     prod_sink.wait_for_output("listening on", Duration::from_secs(10))?;
     test_sink.wait_for_output("listening on", Duration::from_secs(10))?;
 
-    // Through a client address pool, so the 4-tuple rewrite is covered too.
     let pool = lab.var("LAB_POOL").to_string();
-    let mirror = Mirror::start(
-        &lab,
-        &MirrorOptions {
-            port,
-            client_ip_pool: Some(pool.clone()),
-            ..Default::default()
-        },
-    )?;
-    let out = lab.exec_ok(Host::Client, &[source, &listen(Host::Prod), "6", "7"])?;
+    let opts = MirrorOptions {
+        port,
+        client_ip_pool: Some(pool.clone()),
+        ..Default::default()
+    };
+    let conns = CONNS.to_string();
+    let (mirror, out) = if open_before {
+        let mut clients = lab.spawn(
+            Host::Client,
+            &[source, &listen(Host::Prod), &conns, "7", "3000"],
+        )?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while clients.output().0.matches("connected from").count() < CONNS {
+            ensure!(
+                Instant::now() < deadline,
+                "stream-source did not connect: {:?}",
+                clients.output()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let mirror = Mirror::start(&lab, &opts)?;
+        let run = clients.finish(Duration::from_secs(60))?.check()?;
+        (mirror, run.stdout)
+    } else {
+        let mirror = Mirror::start(&lab, &opts)?;
+        (
+            mirror,
+            lab.exec_ok(Host::Client, &[source, &listen(Host::Prod), &conns, "7"])?,
+        )
+    };
     println!("{out}");
 
     // Wait until the test side has as many bytes as production, at most 10 s.
@@ -176,12 +201,21 @@ fn a_plain_tcp_service_receives_byte_identical_streams() -> Result<()> {
     }
     let (copier, _) = mirror.stop()?;
     println!("{}", copier.stderr);
+    if open_before {
+        ensure!(
+            copier
+                .stderr
+                .contains(&format!("{CONNS} picked up mid-stream")),
+            "the copier did not count {CONNS} sessions picked up mid-stream:\n{}",
+            copier.stderr
+        );
+    }
 
     let prod = streams_by_port(&prod_dir)?;
     let test = streams_by_port(&test_dir)?;
     ensure!(
-        prod.len() == 6,
-        "prod saw {} connections, expected 6",
+        prod.len() == CONNS,
+        "prod saw {} connections, expected {CONNS}",
         prod.len()
     );
     ensure!(
@@ -214,4 +248,14 @@ fn a_plain_tcp_service_receives_byte_identical_streams() -> Result<()> {
         );
     }
     Ok(())
+}
+
+#[test]
+fn a_plain_tcp_service_receives_byte_identical_streams() -> Result<()> {
+    plain_tcp_mirror("plain", false)
+}
+
+#[test]
+fn connections_open_before_the_copier_started_are_picked_up() -> Result<()> {
+    plain_tcp_mirror("pickup", true)
 }

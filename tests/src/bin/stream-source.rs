@@ -3,7 +3,10 @@
 //! writes (small requests, bursts, one large blob that exceeds any window), reading the server's
 //! replies as it goes, then closes. Prints how many bytes each connection sent.
 //!
-//! usage: stream-source ADDR CONNS SEED
+//! usage: stream-source ADDR CONNS SEED [PAUSE_MS]
+//!
+//! PAUSE_MS: connect, then wait that long before sending (a connection already open when the
+//! copier starts).
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpStream};
@@ -24,8 +27,10 @@ impl Rng {
     }
 }
 
-fn run(addr: &str, seed: u64) -> std::io::Result<u64> {
+fn run(addr: &str, seed: u64, pause: Duration) -> std::io::Result<u64> {
     let mut conn = TcpStream::connect(addr)?;
+    println!("connected from {}", conn.local_addr()?);
+    thread::sleep(pause);
     conn.set_read_timeout(Some(Duration::from_secs(10)))?;
     let mut reader = conn.try_clone()?;
     let drain = thread::spawn(move || {
@@ -60,16 +65,20 @@ fn run(addr: &str, seed: u64) -> std::io::Result<u64> {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    if args.len() != 4 {
-        eprintln!("usage: stream-source ADDR CONNS SEED");
+    if args.len() != 4 && args.len() != 5 {
+        eprintln!("usage: stream-source ADDR CONNS SEED [PAUSE_MS]");
         std::process::exit(2);
     }
     let conns: u64 = args[2].parse().expect("CONNS is a number");
     let seed: u64 = args[3].parse().expect("SEED is a number");
+    let pause = Duration::from_millis(
+        args.get(4)
+            .map_or(0, |p| p.parse().expect("PAUSE_MS is a number")),
+    );
     let workers: Vec<_> = (0..conns)
         .map(|c| {
             let addr = args[1].clone();
-            thread::spawn(move || run(&addr, seed.wrapping_mul(1000).wrapping_add(c)))
+            thread::spawn(move || run(&addr, seed.wrapping_mul(1000).wrapping_add(c), pause))
         })
         .collect();
     let mut failed = false;
