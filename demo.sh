@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # tcpshadow demo: installs what is needed, builds, brings up a lab (client, prod, test, assist),
-# runs a sysbench load from the client against prod, shows what prod and test executed, and tears
-# the lab down again. Run as root on Debian 12.
+# starts the mirror (intercept on assist, copier on prod), runs a sysbench load from the client
+# against prod, and shows what prod and test executed, how far test was behind when the load
+# ended, and the fidelity once the mirror drained. Tears the lab down at the end. Run as root on
+# Debian 12.
 #
-#   DEMO_TEST=oltp_read_only DEMO_THREADS=8 DEMO_TIME=10 LAB_NAME=demo ./demo.sh
+#   DEMO_TEST=oltp_read_only DEMO_THREADS=8 DEMO_TIME=20 LAB_NAME=demo ./demo.sh
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -15,9 +17,12 @@ fi
 
 DEMO_TEST=${DEMO_TEST:-oltp_read_only}
 DEMO_THREADS=${DEMO_THREADS:-8}
-DEMO_TIME=${DEMO_TIME:-10}
+DEMO_TIME=${DEMO_TIME:-20}
 export LAB_NAME=${LAB_NAME:-demo}
+# Until the MySQL login rewrite lands, the test server accepts any login.
+export LAB_TEST_MYSQLD_ARGS=${LAB_TEST_MYSQLD_ARGS:---skip-grant-tables}
 LAB=deploy/lab/lab.sh
+BIN=$PWD/target/release
 
 # Counters worth comparing between prod and test.
 SHOWN=(Questions Com_select Com_stmt_prepare Com_stmt_execute Com_begin Com_commit
@@ -32,6 +37,27 @@ counters() { # counters HOST VAR: fill the associative array VAR with HOST's cou
     done < <("$LAB" counters "$1")
 }
 
+# Each `lab.sh counters` call adds 2 to its server's Questions (its SHOW STATUS, and its COM_QUIT,
+# counted at the next call). net_questions HOST BASE sets Q to HOST's Questions since the call that
+# read BASE, less what our own calls added since then; CALLS counts the calls per host.
+declare -A CALLS=([prod]=0 [test]=0)
+net_questions() {
+    local raw
+    raw=$("$LAB" counters "$1" | awk '$1 == "Questions" { print $2 }')
+    CALLS[$1]=$((CALLS[$1] + 1))
+    Q=$((raw - $2 - 2 * (CALLS[$1] - BASE_CALLS[$1])))
+}
+
+stop_mirror() {
+    local pid
+    for pid in ${COPIER_PID-} ${INTERCEPT_PID-}; do
+        kill -TERM "$pid" 2>/dev/null || true
+        # The copier drains for up to 2 s, then prints its summary.
+        for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    done
+    COPIER_PID='' INTERCEPT_PID=''
+}
+
 echo "==> dependencies"
 ./scripts/install-deps.sh
 
@@ -39,23 +65,53 @@ echo "==> build"
 cargo build --workspace --release
 
 echo "==> lab '$LAB_NAME'"
-trap '"$LAB" down' EXIT
+trap 'stop_mirror; "$LAB" down' EXIT
 "$LAB" up
 eval "$("$LAB" env)"
 "$LAB" status
 
-declare -A prod0 test0 prod1 test1
+echo "==> mirror: intercept on assist ($LAB_ASSIST_IP), copier on prod ($LAB_PROD_IP) -> test ($LAB_TEST_IP)"
+"$LAB" exec assist "$BIN/intercept" --port "$LAB_MYSQL_PORT" --interface "$LAB_IFACE" \
+    --listen "$LAB_ASSIST_IP:36524" >"$LAB_DIR/intercept.log" 2>&1 &
+INTERCEPT_PID=$!
+sleep 0.5
+"$LAB" exec prod "$BIN/copier" --port "$LAB_MYSQL_PORT" --interface "$LAB_IFACE" \
+    --target "$LAB_TEST_IP:$LAB_MYSQL_PORT" --intercept "$LAB_ASSIST_IP:36524" >"$LAB_DIR/copier.log" 2>&1 &
+COPIER_PID=$!
+for _ in $(seq 50); do
+    grep -q "control channel to intercept is up" "$LAB_DIR/copier.log" 2>/dev/null && break
+    sleep 0.1
+done
+grep -q "control channel to intercept is up" "$LAB_DIR/copier.log" || {
+    echo "the copier did not connect to intercept:" >&2
+    cat "$LAB_DIR/copier.log" "$LAB_DIR/intercept.log" >&2
+    exit 1
+}
+
+declare -A prod0 test0 prod1 test1 BASE_CALLS
 counters prod prod0
 counters test test0
+BASE_CALLS=([prod]=0 [test]=0)
 
-# The mirror starts here: intercept on assist ($LAB_ASSIST_NS, capturing test's replies), then the
-# copier on prod ($LAB_PROD_NS) mirroring port $LAB_MYSQL_PORT from the clients to $LAB_TEST_IP.
+echo "==> load: sysbench $DEMO_TEST, $DEMO_THREADS threads, ${DEMO_TIME}s, client -> prod (mirrored to test)"
+"$LAB" load --test "$DEMO_TEST" --threads "$DEMO_THREADS" --time "$DEMO_TIME" |
+    grep -E 'queries:|transactions:|errors:|95th'
+# How far test is behind the moment the load ends: the mirror forwards each request as soon as
+# it is captured, so this should be (almost) everything.
+net_questions prod "${prod0[Questions]}"
+prod_q=$Q
+net_questions test "${test0[Questions]}"
+test_at_end=$Q
 
-echo "==> load: sysbench $DEMO_TEST, $DEMO_THREADS threads, ${DEMO_TIME}s, client -> prod"
-"$LAB" load --test "$DEMO_TEST" --threads "$DEMO_THREADS" --time "$DEMO_TIME"
-
-# With the mirror running: let test drain, then stop copier and intercept here.
-
+echo "==> drain: waiting up to 10 s for test to finish what was mirrored"
+test_q=$test_at_end
+for _ in $(seq 40); do
+    ((test_q >= prod_q)) && break
+    sleep 0.25
+    net_questions test "${test0[Questions]}"
+    test_q=$Q
+done
+stop_mirror
 counters prod prod1
 counters test test1
 
@@ -66,15 +122,12 @@ for c in "${SHOWN[@]}"; do
     printf '%-20s %14s %14s\n' "$c" $((prod1[$c] - prod0[$c])) $((test1[$c] - test0[$c]))
 done
 
-# Between two `lab.sh counters` calls, Questions also counts the first call's COM_QUIT and the
-# second call's SHOW STATUS (local socket, never mirrored): 2 to subtract.
-prod_q=$((prod1[Questions] - prod0[Questions] - 2))
-test_q=$((test1[Questions] - test0[Questions] - 2))
 echo
+echo "==> copier summary"
+sed -n '/copier summary/,$p' "$LAB_DIR/copier.log"
+
 echo "==> summary"
 echo "prod executed $prod_q statements in ${DEMO_TIME}s ($((prod_q / DEMO_TIME))/s)"
-echo "test executed $test_q statements"
-if ((prod_q > 0)); then
-    awk -v t="$test_q" -v p="$prod_q" 'BEGIN { printf "test/prod: %.2f\n", t / p }'
-fi
-echo "(the mirror is under construction: until copier and intercept run here, test executes nothing)"
+echo "test had executed $test_at_end of them when the load ended, $test_q after draining"
+awk -v e="$test_at_end" -v t="$test_q" -v p="$prod_q" 'BEGIN {
+    if (p > 0) printf "in step when the load ended: %.4f   fidelity (test/prod): %.4f\n", e / p, t / p }'
