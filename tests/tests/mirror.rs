@@ -164,7 +164,7 @@ fn plain_tcp_mirror(prefix: &str, open_before: bool) -> Result<()> {
     };
     let conns = CONNS.to_string();
     let (mirror, out) = if open_before {
-        let mut clients = lab.spawn(
+        let clients = lab.spawn(
             Host::Client,
             &[source, &listen(Host::Prod), &conns, "7", "3000"],
         )?;
