@@ -69,8 +69,11 @@ impl LiveCapture {
             .promisc(false)
             .open()
             .map_err(|e| {
-                let hint = if e.to_string().contains("ermission") {
+                let msg = e.to_string().to_ascii_lowercase();
+                let hint = if msg.contains("permission") || msg.contains("not permitted") {
                     " — run as root or grant CAP_NET_RAW and CAP_NET_ADMIN"
+                } else if msg.contains("no such device") || msg.contains("doesn't exist") {
+                    " — check the name with `ip link`, or use --interface any"
                 } else {
                     ""
                 };
