@@ -46,6 +46,12 @@ pub fn release_bin(name: &str) -> Result<PathBuf> {
     Ok(target.join("release").join(name))
 }
 
+/// Builds copier and intercept (release) now, so that a test's timing does not include the
+/// build: a test that opens connections and then starts the mirror needs it up at once.
+pub fn build() -> Result<()> {
+    release_bin("copier").map(|_| ())
+}
+
 /// What to mirror.
 #[derive(Clone, Debug)]
 pub struct MirrorOptions {

@@ -137,6 +137,7 @@ fn streams_by_port(dir: &Path) -> Result<BTreeMap<u16, (String, Vec<u8>)>> {
 /// must pick them up mid-stream.
 fn plain_tcp_mirror(prefix: &str, open_before: bool) -> Result<()> {
     const CONNS: usize = 6;
+    tcpshadow_tests::mirror::build()?;
     let lab = Lab::up(prefix)?;
     let port = 9000u16;
     let dir = Path::new(lab.var("LAB_DIR")).to_path_buf();
