@@ -3,4 +3,5 @@
 
 pub mod clock;
 pub mod control;
+pub mod mysql;
 pub mod wire;

@@ -1,0 +1,778 @@
+//! Packet framing: a 3-byte little-endian payload length and a 1-byte sequence id before every
+//! payload. A payload of 0xFFFFFF bytes or more is cut into 0xFFFFFF-byte packets followed by a
+//! shorter one (possibly empty); together they are one *logical* packet.
+//!
+//! Two readers, for two jobs:
+//!
+//! * [`FrameScanner`] walks a byte stream and reports where each packet starts, its sequence id and
+//!   length, and the first few bytes of each logical payload, buffering nothing else. The copier
+//!   forwards client commands of any size (16 MiB and more) byte for byte and only needs to look at
+//!   (and possibly rewrite) their first bytes.
+//! * [`PacketSplitter`] reassembles whole logical payloads, up to a limit, for the packets that must
+//!   be read entirely: greetings, logins, auth exchanges, PREPARE_OK.
+
+/// Bytes of the header before each payload.
+pub const HEADER_LEN: usize = 4;
+
+/// The largest payload of one physical packet; a packet this long is continued by the next one.
+pub const MAX_PAYLOAD_LEN: usize = 0xFF_FFFF;
+
+/// Reassembled payloads and prefixes larger than this are shed from the buffers once delivered, so a
+/// single big packet does not pin its memory for the rest of the session.
+const KEEP_CAPACITY: usize = 64 * 1024;
+
+/// A physical packet's header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PacketHeader {
+    pub len: u32,
+    pub seq: u8,
+}
+
+impl PacketHeader {
+    /// Reads a header from the first four bytes; `None` if there are fewer.
+    pub fn parse(bytes: &[u8]) -> Option<Self> {
+        match *bytes {
+            [a, b, c, seq, ..] => Some(Self {
+                len: u32::from_le_bytes([a, b, c, 0]),
+                seq,
+            }),
+            _ => None,
+        }
+    }
+
+    /// The header as on the wire; `len` above 0xFFFFFF is cut to its low 24 bits.
+    pub fn to_bytes(self) -> [u8; 4] {
+        let l = self.len.to_le_bytes();
+        [l[0], l[1], l[2], self.seq]
+    }
+
+    /// Whether another physical packet continues this logical one.
+    pub fn is_continued(self) -> bool {
+        self.len as usize == MAX_PAYLOAD_LEN
+    }
+}
+
+/// Appends `payload` framed as one logical packet starting at sequence id `seq`, and returns the
+/// sequence id the next packet of the exchange takes.
+pub fn write_packet(seq: u8, payload: &[u8], out: &mut Vec<u8>) -> u8 {
+    write_packet_split(seq, payload, MAX_PAYLOAD_LEN, out)
+}
+
+/// How many bytes [`write_packet`] emits for a payload of `payload_len` bytes.
+pub fn framed_len(payload_len: usize) -> usize {
+    payload_len + HEADER_LEN * packet_count(payload_len, MAX_PAYLOAD_LEN)
+}
+
+fn packet_count(payload_len: usize, split: usize) -> usize {
+    // A length that is an exact multiple of the split needs an empty packet to say "no more".
+    payload_len / split + 1
+}
+
+fn write_packet_split(mut seq: u8, payload: &[u8], split: usize, out: &mut Vec<u8>) -> u8 {
+    out.reserve(payload.len() + HEADER_LEN * packet_count(payload.len(), split));
+    let mut rest = payload;
+    loop {
+        let n = rest.len().min(split);
+        let (chunk, tail) = rest.split_at(n);
+        out.extend_from_slice(&PacketHeader { len: n as u32, seq }.to_bytes());
+        out.extend_from_slice(chunk);
+        seq = seq.wrapping_add(1);
+        rest = tail;
+        if n < split {
+            return seq;
+        }
+    }
+}
+
+/// Where a physical packet sits in the stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FrameHeader {
+    /// Stream offset of the packet's 4-byte header (bytes fed before it).
+    pub offset: u64,
+    pub seq: u8,
+    /// Payload bytes of this physical packet.
+    pub len: u32,
+    /// 0 for the packet that starts a logical packet, n for its n-th continuation.
+    pub part: u32,
+    /// Whether another physical packet continues this logical one.
+    pub more: bool,
+}
+
+impl FrameHeader {
+    /// Stream offset of the first payload byte.
+    pub fn payload_offset(&self) -> u64 {
+        self.offset + HEADER_LEN as u64
+    }
+}
+
+/// One step of walking the stream: the walker hands out borrowed pieces of the input.
+#[derive(Debug)]
+enum Piece<'c> {
+    Header(FrameHeader),
+    Payload(&'c [u8]),
+    /// The physical packet is complete; `logical` when it also completes the logical packet.
+    End {
+        logical: bool,
+    },
+}
+
+#[derive(Clone, Copy, Debug)]
+enum WalkState {
+    Header { have: u8 },
+    Payload { remaining: u32 },
+    End,
+}
+
+/// The framing state machine shared by both readers. It holds at most 3 bytes of a split header.
+#[derive(Clone, Debug)]
+struct Walker {
+    split: u32,
+    offset: u64,
+    state: WalkState,
+    hdr: [u8; 4],
+    part: u32,
+    more: bool,
+}
+
+impl Walker {
+    fn new(split: usize) -> Self {
+        Self {
+            split: split as u32,
+            offset: 0,
+            state: WalkState::Header { have: 0 },
+            hdr: [0; 4],
+            part: 0,
+            more: false,
+        }
+    }
+
+    fn at_boundary(&self) -> bool {
+        matches!(self.state, WalkState::Header { have: 0 }) && self.part == 0
+    }
+
+    fn next<'c>(&mut self, input: &mut &'c [u8]) -> Option<Piece<'c>> {
+        match self.state {
+            WalkState::End => {
+                let logical = !self.more;
+                self.part = if logical {
+                    0
+                } else {
+                    self.part.saturating_add(1)
+                };
+                self.state = WalkState::Header { have: 0 };
+                Some(Piece::End { logical })
+            }
+            WalkState::Header { have } => {
+                if input.is_empty() {
+                    return None;
+                }
+                let have = usize::from(have);
+                let take = (HEADER_LEN - have).min(input.len());
+                self.hdr[have..have + take].copy_from_slice(&input[..take]);
+                *input = &input[take..];
+                self.offset += take as u64;
+                let have = have + take;
+                if have < HEADER_LEN {
+                    self.state = WalkState::Header { have: have as u8 };
+                    return None;
+                }
+                let PacketHeader { len, seq } = PacketHeader::parse(&self.hdr)?;
+                self.more = len == self.split;
+                self.state = if len == 0 {
+                    WalkState::End
+                } else {
+                    WalkState::Payload { remaining: len }
+                };
+                Some(Piece::Header(FrameHeader {
+                    offset: self.offset - HEADER_LEN as u64,
+                    seq,
+                    len,
+                    part: self.part,
+                    more: self.more,
+                }))
+            }
+            WalkState::Payload { remaining } => {
+                if input.is_empty() {
+                    return None;
+                }
+                let n = (remaining as usize).min(input.len());
+                let (piece, rest) = input.split_at(n);
+                *input = rest;
+                self.offset += n as u64;
+                let remaining = remaining - n as u32;
+                self.state = if remaining == 0 {
+                    WalkState::End
+                } else {
+                    WalkState::Payload { remaining }
+                };
+                Some(Piece::Payload(piece))
+            }
+        }
+    }
+}
+
+/// A physical packet found by [`FrameScanner`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ScannedPacket<'a> {
+    pub header: FrameHeader,
+    /// The first `min(prefix_len, len)` payload bytes when `header.part == 0`; empty for
+    /// continuation packets, whose payload is the middle of a larger one.
+    pub prefix: &'a [u8],
+}
+
+/// Finds packet boundaries in a byte stream without keeping payloads.
+///
+/// Fed chunks of the stream in order (any sizes, TCP segments as they come), it reports each
+/// physical packet once its header and the requested prefix of its payload have arrived. Memory
+/// is fixed: 3 bytes of a split header and `prefix_len` bytes of a split prefix.
+#[derive(Clone, Debug)]
+pub struct FrameScanner {
+    walker: Walker,
+    prefix_len: usize,
+    prefix: Vec<u8>,
+    /// A header reported once its prefix is complete, with the prefix length wanted.
+    waiting: Option<(FrameHeader, usize)>,
+}
+
+impl FrameScanner {
+    /// The longest prefix a scanner keeps; larger requests are cut to this.
+    pub const MAX_PREFIX: usize = 64 * 1024;
+
+    /// A scanner that reports the first `prefix_len` bytes of each logical payload (5 covers a
+    /// command byte and a statement id).
+    pub fn new(prefix_len: usize) -> Self {
+        Self::with_split(prefix_len, MAX_PAYLOAD_LEN)
+    }
+
+    fn with_split(prefix_len: usize, split: usize) -> Self {
+        let prefix_len = prefix_len.min(Self::MAX_PREFIX);
+        Self {
+            walker: Walker::new(split),
+            prefix_len,
+            prefix: Vec::new(),
+            waiting: None,
+        }
+    }
+
+    /// Stream bytes fed so far.
+    pub fn position(&self) -> u64 {
+        self.walker.offset
+    }
+
+    /// Whether the bytes fed so far end exactly between two logical packets.
+    pub fn at_boundary(&self) -> bool {
+        self.walker.at_boundary()
+    }
+
+    /// Feeds the next chunk of the stream; `on_packet` is called for each physical packet whose
+    /// header (and prefix) completed within it.
+    pub fn feed(&mut self, chunk: &[u8], mut on_packet: impl FnMut(ScannedPacket<'_>)) {
+        let mut input = chunk;
+        while let Some(piece) = self.walker.next(&mut input) {
+            match piece {
+                Piece::Header(header) => {
+                    let want = (header.len as usize).min(self.prefix_len);
+                    if header.part == 0 && want > 0 {
+                        self.waiting = Some((header, want));
+                        self.prefix.clear();
+                    } else {
+                        on_packet(ScannedPacket {
+                            header,
+                            prefix: &[],
+                        });
+                    }
+                }
+                Piece::Payload(data) => {
+                    let Some((header, want)) = self.waiting else {
+                        continue;
+                    };
+                    if self.prefix.is_empty() && data.len() >= want {
+                        self.waiting = None;
+                        on_packet(ScannedPacket {
+                            header,
+                            prefix: &data[..want],
+                        });
+                        continue;
+                    }
+                    let take = (want - self.prefix.len()).min(data.len());
+                    self.prefix.extend_from_slice(&data[..take]);
+                    if self.prefix.len() == want {
+                        self.waiting = None;
+                        on_packet(ScannedPacket {
+                            header,
+                            prefix: &self.prefix,
+                        });
+                        if self.prefix.capacity() > KEEP_CAPACITY {
+                            self.prefix = Vec::new();
+                        }
+                    }
+                }
+                Piece::End { .. } => {}
+            }
+        }
+    }
+}
+
+/// What a [`PacketSplitter`] does with a logical packet larger than its limit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Oversize {
+    /// Stop with [`FrameError::TooLarge`]; the splitter refuses further input.
+    Fail,
+    /// Drop its bytes as they arrive and report it as a [`Packet`] without payload.
+    Skip,
+}
+
+/// Why a [`PacketSplitter`] stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum FrameError {
+    #[error("logical packet at stream offset {offset} exceeds the {limit}-byte limit")]
+    TooLarge { offset: u64, limit: usize },
+}
+
+/// A logical packet delivered by [`PacketSplitter`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Packet<'a> {
+    /// Stream offset of its first header.
+    pub offset: u64,
+    /// Sequence id of its first physical packet.
+    pub seq: u8,
+    /// Sequence id of its last physical packet (`seq` unless it was split).
+    pub last_seq: u8,
+    /// Physical packets it took.
+    pub parts: u32,
+    /// Logical payload length.
+    pub len: u64,
+    payload: Option<&'a [u8]>,
+}
+
+impl<'a> Packet<'a> {
+    /// The whole logical payload; `None` when it was over the limit and skipped.
+    pub fn payload(&self) -> Option<&'a [u8]> {
+        self.payload
+    }
+
+    pub fn is_skipped(&self) -> bool {
+        self.payload.is_none()
+    }
+
+    /// Stream offset just past its last byte.
+    pub fn end_offset(&self) -> u64 {
+        self.offset + self.len + HEADER_LEN as u64 * u64::from(self.parts)
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Assembling {
+    offset: u64,
+    seq: u8,
+    last_seq: u8,
+    parts: u32,
+    len: u64,
+    skipping: bool,
+}
+
+/// Reassembles logical packets from a byte stream fed in arbitrary chunks.
+///
+/// A packet that lies whole in one fed chunk is handed out as a slice of that chunk; only packets
+/// split across chunks or physical packets are copied, into a buffer never larger than the limit.
+#[derive(Clone, Debug)]
+pub struct PacketSplitter {
+    walker: Walker,
+    max_len: usize,
+    oversize: Oversize,
+    buf: Vec<u8>,
+    current: Option<Assembling>,
+    failed: Option<FrameError>,
+}
+
+impl PacketSplitter {
+    /// A splitter that delivers logical payloads up to `max_len` bytes and treats larger ones as
+    /// `oversize` says.
+    pub fn new(max_len: usize, oversize: Oversize) -> Self {
+        Self::with_split(max_len, oversize, MAX_PAYLOAD_LEN)
+    }
+
+    fn with_split(max_len: usize, oversize: Oversize, split: usize) -> Self {
+        Self {
+            walker: Walker::new(split),
+            max_len,
+            oversize,
+            buf: Vec::new(),
+            current: None,
+            failed: None,
+        }
+    }
+
+    /// Stream bytes fed so far.
+    pub fn position(&self) -> u64 {
+        self.walker.offset
+    }
+
+    /// Payload bytes held for a logical packet not yet complete.
+    pub fn buffered(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// Whether the bytes fed so far end exactly between two logical packets.
+    pub fn at_boundary(&self) -> bool {
+        self.walker.at_boundary()
+    }
+
+    /// Feeds the next chunk of the stream; `on_packet` is called for each logical packet that
+    /// completed within it, in stream order.
+    pub fn feed(
+        &mut self,
+        chunk: &[u8],
+        mut on_packet: impl FnMut(Packet<'_>),
+    ) -> Result<(), FrameError> {
+        if let Some(e) = self.failed {
+            return Err(e);
+        }
+        let mut input = chunk;
+        // A packet met whole in this chunk is lent out directly instead of being copied.
+        let mut direct: Option<&[u8]> = None;
+        while let Some(piece) = self.walker.next(&mut input) {
+            match piece {
+                Piece::Header(h) => match &mut self.current {
+                    Some(cur) if h.part > 0 => {
+                        cur.parts = cur.parts.saturating_add(1);
+                        cur.last_seq = h.seq;
+                    }
+                    _ => {
+                        self.buf.clear();
+                        direct = None;
+                        self.current = Some(Assembling {
+                            offset: h.offset,
+                            seq: h.seq,
+                            last_seq: h.seq,
+                            parts: 1,
+                            len: 0,
+                            skipping: false,
+                        });
+                        if h.len as usize > self.max_len {
+                            self.overflow()?;
+                        } else if !h.more && input.len() >= h.len as usize {
+                            direct = Some(&input[..h.len as usize]);
+                        }
+                    }
+                },
+                Piece::Payload(data) => {
+                    let Some(cur) = &mut self.current else {
+                        continue;
+                    };
+                    cur.len += data.len() as u64;
+                    if cur.skipping || direct.is_some() {
+                        continue;
+                    }
+                    if cur.len > self.max_len as u64 {
+                        self.overflow()?;
+                        continue;
+                    }
+                    self.buf.extend_from_slice(data);
+                }
+                Piece::End { logical: true } => {
+                    let Some(cur) = self.current.take() else {
+                        continue;
+                    };
+                    let payload = if cur.skipping {
+                        None
+                    } else {
+                        Some(direct.take().unwrap_or(&self.buf))
+                    };
+                    on_packet(Packet {
+                        offset: cur.offset,
+                        seq: cur.seq,
+                        last_seq: cur.last_seq,
+                        parts: cur.parts,
+                        len: cur.len,
+                        payload,
+                    });
+                    self.buf.clear();
+                    if self.buf.capacity() > KEEP_CAPACITY {
+                        self.buf = Vec::new();
+                    }
+                }
+                Piece::End { logical: false } => {}
+            }
+        }
+        Ok(())
+    }
+
+    fn overflow(&mut self) -> Result<(), FrameError> {
+        let Some(cur) = &mut self.current else {
+            return Ok(());
+        };
+        match self.oversize {
+            Oversize::Skip => {
+                cur.skipping = true;
+                self.buf = Vec::new();
+                Ok(())
+            }
+            Oversize::Fail => {
+                let e = FrameError::TooLarge {
+                    offset: cur.offset,
+                    limit: self.max_len,
+                };
+                self.failed = Some(e);
+                self.buf = Vec::new();
+                Err(e)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mysql::fixtures;
+    use proptest::prelude::*;
+
+    fn collect(sp: &mut PacketSplitter, chunks: &[&[u8]]) -> Vec<(u8, Option<Vec<u8>>, u64)> {
+        let mut got = Vec::new();
+        for c in chunks {
+            sp.feed(c, |p| {
+                got.push((p.seq, p.payload().map(<[u8]>::to_vec), p.len))
+            })
+            .unwrap();
+        }
+        got
+    }
+
+    #[test]
+    fn header_round_trip() {
+        let h = PacketHeader {
+            len: 0x12_3456,
+            seq: 7,
+        };
+        assert_eq!(h.to_bytes(), [0x56, 0x34, 0x12, 7]);
+        assert_eq!(PacketHeader::parse(&h.to_bytes()), Some(h));
+        assert_eq!(PacketHeader::parse(&[1, 2, 3]), None);
+    }
+
+    #[test]
+    fn write_packet_splits_at_exact_multiples() {
+        let mut out = Vec::new();
+        assert_eq!(write_packet(3, b"", &mut out), 4);
+        assert_eq!(out, [0, 0, 0, 3]);
+
+        // Real split size, once: 0xFFFFFF bytes need a trailing empty packet.
+        let payload = vec![0xabu8; MAX_PAYLOAD_LEN];
+        let mut out = Vec::new();
+        assert_eq!(write_packet(0, &payload, &mut out), 2);
+        assert_eq!(out.len(), framed_len(payload.len()));
+        assert_eq!(&out[..4], &[0xff, 0xff, 0xff, 0]);
+        assert_eq!(&out[out.len() - 4..], &[0, 0, 0, 1]);
+
+        let mut sp = PacketSplitter::new(2 * MAX_PAYLOAD_LEN, Oversize::Fail);
+        let mut n = 0;
+        sp.feed(&out, |p| {
+            n += 1;
+            assert_eq!((p.seq, p.last_seq, p.parts), (0, 1, 2));
+            assert_eq!(p.payload().map(<[u8]>::len), Some(MAX_PAYLOAD_LEN));
+            assert_eq!(p.end_offset(), out.len() as u64);
+        })
+        .unwrap();
+        assert_eq!(n, 1);
+    }
+
+    #[test]
+    fn real_client_stream_splits_into_its_commands() {
+        let stream = fixtures::hex(fixtures::SB_CLIENT_STREAM);
+        let mut sp = PacketSplitter::new(1 << 20, Oversize::Fail);
+        let got = collect(&mut sp, &[&stream]);
+        assert_eq!(got.len(), 12);
+        assert_eq!(got[0].0, 1, "the login answers the greeting (seq 0)");
+        assert_eq!(
+            got[0].1.as_deref(),
+            Some(&fixtures::hex(fixtures::SB_RESPONSE)[..])
+        );
+        assert_eq!(
+            got[1].1.as_deref(),
+            Some(&fixtures::hex(fixtures::SB_PREPARE)[..])
+        );
+        assert!(got[1..].iter().all(|g| g.0 == 0));
+        assert!(sp.at_boundary());
+
+        // Byte by byte gives the same packets.
+        let mut sp = PacketSplitter::new(1 << 20, Oversize::Fail);
+        let bytes: Vec<&[u8]> = stream.chunks(1).collect();
+        assert_eq!(collect(&mut sp, &bytes), got);
+    }
+
+    #[test]
+    fn oversize_fail_stops_and_skip_reports_length() {
+        let mut s = Vec::new();
+        write_packet(0, &[1; 100], &mut s);
+        write_packet(0, &[2; 10], &mut s);
+
+        let mut sp = PacketSplitter::new(50, Oversize::Fail);
+        let err = sp
+            .feed(&s[..30], |_| panic!("nothing complete"))
+            .unwrap_err();
+        assert_eq!(
+            err,
+            FrameError::TooLarge {
+                offset: 0,
+                limit: 50
+            }
+        );
+        assert_eq!(sp.feed(&s[30..], |_| {}), Err(err));
+
+        let mut sp = PacketSplitter::new(50, Oversize::Skip);
+        let got = collect(&mut sp, &[&s[..30], &s[30..60], &s[60..]]);
+        assert_eq!(got, vec![(0, None, 100), (0, Some(vec![2; 10]), 10)]);
+        assert_eq!(sp.buffered(), 0);
+    }
+
+    #[test]
+    fn skip_mode_never_buffers_the_oversized_payload() {
+        let mut sp = PacketSplitter::with_split(8, Oversize::Skip, 16);
+        let mut s = Vec::new();
+        write_packet_split(0, &[7; 40], 16, &mut s);
+        for c in s.chunks(3) {
+            sp.feed(c, |p| {
+                assert_eq!((p.len, p.parts, p.is_skipped()), (40, 3, true))
+            })
+            .unwrap();
+            assert!(sp.buffered() <= 8);
+        }
+    }
+
+    #[test]
+    fn scanner_reports_headers_and_prefixes_across_chunks() {
+        let mut s = Vec::new();
+        write_packet_split(0, &[0x17, 1, 0, 0, 0, 9, 9, 9], 16, &mut s);
+        write_packet_split(5, &(0..40).collect::<Vec<u8>>(), 16, &mut s);
+        write_packet_split(0, b"", 16, &mut s);
+        let mut sc = FrameScanner::with_split(5, 16);
+        let mut got = Vec::new();
+        for c in s.chunks(3) {
+            sc.feed(c, |p| got.push((p.header, p.prefix.to_vec())));
+        }
+        let offsets: Vec<_> = got
+            .iter()
+            .map(|g| (g.0.offset, g.0.seq, g.0.len, g.0.part))
+            .collect();
+        assert_eq!(
+            offsets,
+            vec![
+                (0, 0, 8, 0),
+                (12, 5, 16, 0),
+                (32, 6, 16, 1),
+                (52, 7, 8, 2),
+                (64, 0, 0, 0)
+            ]
+        );
+        assert_eq!(got[0].1, vec![0x17, 1, 0, 0, 0]);
+        assert_eq!(got[1].1, vec![0, 1, 2, 3, 4]);
+        assert!(got[2].1.is_empty());
+        assert_eq!(sc.position(), s.len() as u64);
+        assert!(sc.at_boundary());
+    }
+
+    fn arb_payloads() -> impl Strategy<Value = Vec<Vec<u8>>> {
+        // Lengths cluster around multiples of the test split (16) to hit continuation edges.
+        let len = prop_oneof![0usize..4, 14usize..19, 30usize..35, 47usize..50, 0usize..70];
+        proptest::collection::vec(
+            len.prop_flat_map(|n| proptest::collection::vec(any::<u8>(), n)),
+            0..12,
+        )
+    }
+
+    fn chunked(stream: &[u8], cuts: &[usize]) -> Vec<Vec<u8>> {
+        let mut cuts: Vec<usize> = cuts.iter().map(|c| c % (stream.len() + 1)).collect();
+        cuts.sort_unstable();
+        let mut out = Vec::new();
+        let mut last = 0;
+        for c in cuts.into_iter().chain([stream.len()]) {
+            out.push(stream[last..c].to_vec());
+            last = c;
+        }
+        out
+    }
+
+    proptest! {
+        #[test]
+        fn splitter_yields_exactly_the_written_packets(
+            payloads in arb_payloads(),
+            cuts in proptest::collection::vec(any::<usize>(), 0..20),
+            seq0 in any::<u8>(),
+        ) {
+            let mut stream = Vec::new();
+            let mut want = Vec::new();
+            for (i, p) in payloads.iter().enumerate() {
+                let seq = seq0.wrapping_add(i as u8);
+                write_packet_split(seq, p, 16, &mut stream);
+                want.push((seq, Some(p.clone()), p.len() as u64));
+            }
+            let mut sp = PacketSplitter::with_split(1000, Oversize::Fail, 16);
+            let chunks = chunked(&stream, &cuts);
+            let refs: Vec<&[u8]> = chunks.iter().map(Vec::as_slice).collect();
+            prop_assert_eq!(collect(&mut sp, &refs), want);
+            prop_assert!(sp.at_boundary());
+            prop_assert_eq!(sp.position(), stream.len() as u64);
+        }
+
+        #[test]
+        fn scanner_agrees_with_splitter(
+            payloads in arb_payloads(),
+            cuts in proptest::collection::vec(any::<usize>(), 0..20),
+            prefix_len in 0usize..20,
+        ) {
+            let mut stream = Vec::new();
+            for p in &payloads {
+                write_packet_split(0, p, 16, &mut stream);
+            }
+            let mut sc = FrameScanner::with_split(prefix_len, 16);
+            let mut got = Vec::new();
+            for c in chunked(&stream, &cuts) {
+                sc.feed(&c, |p| got.push((p.header, p.prefix.to_vec())));
+            }
+            let starts: Vec<_> = got.iter().filter(|g| g.0.part == 0).collect();
+            prop_assert_eq!(starts.len(), payloads.len());
+            for (s, p) in starts.iter().zip(&payloads) {
+                let want = p.len().min(prefix_len).min(16);
+                prop_assert_eq!(&s.1[..], &p[..want]);
+                let at = s.0.payload_offset() as usize;
+                prop_assert_eq!(&stream[at..at + want], &p[..want]);
+            }
+            for (h, _) in &got {
+                let on_wire = PacketHeader::parse(&stream[h.offset as usize..]).unwrap();
+                prop_assert_eq!((on_wire.len, on_wire.seq), (h.len, h.seq));
+            }
+        }
+
+        #[test]
+        fn splitter_and_scanner_never_panic_on_garbage(
+            bytes in proptest::collection::vec(any::<u8>(), 0..300),
+            cuts in proptest::collection::vec(any::<usize>(), 0..10),
+            max in 0usize..64,
+        ) {
+            for oversize in [Oversize::Fail, Oversize::Skip] {
+                let mut sp = PacketSplitter::with_split(max, oversize, 16);
+                let mut sc = FrameScanner::with_split(max, 16);
+                for c in chunked(&bytes, &cuts) {
+                    let _ = sp.feed(&c, |p| assert!(p.len <= max as u64 || p.is_skipped()));
+                    sc.feed(&c, |_| {});
+                    prop_assert!(sp.buffered() <= max);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn lengths_around_the_split_round_trip() {
+        for split in [1usize, 2, 16] {
+            for len in 0..4 * split + 2 {
+                let payload: Vec<u8> = (0..len).map(|i| i as u8).collect();
+                let mut s = Vec::new();
+                let next = write_packet_split(250, &payload, split, &mut s);
+                assert_eq!(s.len(), len + HEADER_LEN * packet_count(len, split));
+                assert_eq!(next, 250u8.wrapping_add(packet_count(len, split) as u8));
+                let mut sp = PacketSplitter::with_split(len, Oversize::Fail, split);
+                let got = collect(&mut sp, &[&s]);
+                assert_eq!(got, vec![(250, Some(payload), len as u64)]);
+            }
+        }
+    }
+}
