@@ -7,6 +7,7 @@
 pub mod capture;
 pub mod cli;
 pub mod control_client;
+pub mod credentials;
 pub mod engine;
 pub mod run;
 pub mod send;

@@ -81,6 +81,10 @@ impl Snapshot {
             ),
             ("raw sends failed", self.send.errors + self.send.would_block),
             ("events dropped", e.events_dropped),
+            (
+                "bytes pushed by a transform after FIN",
+                e.transform_bytes_refused,
+            ),
         ];
         for r in CloseReason::ALL {
             if !matches!(
@@ -109,6 +113,7 @@ fn close_label(r: CloseReason) -> &'static str {
         CloseReason::CaptureGap => "sessions abandoned: capture gap",
         CloseReason::Reused => "sessions replaced by a reused client port",
         CloseReason::Shutdown => "sessions reset at copier exit",
+        CloseReason::NotMirrorable => "sessions not mirrorable (protocol cannot be rewritten)",
     }
 }
 

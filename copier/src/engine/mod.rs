@@ -8,7 +8,9 @@
 //! every ACK on the test server's own stream as relayed by intercept, our own ACKs,
 //! retransmission (RFC 6298 RTO with Karn's rule, fast retransmit/NewReno), the test server's
 //! window (with zero-window probes), FIN/RST in both directions, timeouts, mid-stream pickup
-//! and client-address pooling.
+//! and client-address pooling. It also offers one seam where a protocol layer may change the
+//! bytes a session sends ([`StreamTransform`], see `transform.rs`), without the TCP machinery
+//! knowing any protocol.
 //!
 //! # What it must never do
 //!
@@ -20,6 +22,7 @@
 //!   window allows (the C tcpcopy holds each request for a client round trip and falls
 //!   behind; we must not).
 //! * Never emit anything but packets toward the configured target.
+//! * Never know a protocol: MySQL (or any other) logic lives in a transform, outside.
 //!
 //! # Driving it (the I/O edges)
 //!
@@ -27,6 +30,7 @@
 //! loop {
 //!     engine.on_captured(now, &pkt)      // every captured packet of the production port
 //!     engine.on_feedback(now, &fb)       // every TestFeedback relayed by intercept
+//!     engine.on_test_event(now, addr, &ev) // other relayed knowledge, for transforms
 //!     engine.on_timeout(now)             // whenever now >= the last next_deadline()
 //!     while let Some(n) = engine.poll_transmit(now, &mut buf) { raw_send(&buf[..n]) }
 //!     while let Some(ev) = engine.poll_event() { tell_intercept(ev) }
@@ -61,8 +65,15 @@
 //!   (trim duplicates, hold out-of-order bytes, bounded); in-order bytes move once into a
 //!   per-session `VecDeque<u8>` in *our* sequence space, from which segments of at most the
 //!   effective MSS are cut (so GRO super-segments are split naturally) and retransmitted until
-//!   acknowledged. Our seq = client seq + `seq_offset` (0 today); a later payload rewrite
-//!   changes bytes at that one seam and adjusts the offset, nothing else moves.
+//!   acknowledged. Without a transform the two streams are the same bytes (our ISN is the
+//!   client's, so the numbers coincide too); with one, the send buffer holds whatever the
+//!   transform pushed, and no number is ever mapped between the spaces: reassembly and
+//!   capture gaps stay in the client's, sending, ACKs and FIN in ours.
+//! * **Transforms.** One per session from the engine's [`TransformFactory`] (default: none).
+//!   It sees in-order client bytes, production's in-order replies if it asks (a second,
+//!   bounded reassembly), relayed test-server knowledge and its own timer; its pushes count
+//!   against `max_session_buffer`, our FIN waits while it is `pending`, and it may abandon
+//!   the session (`CloseReason::NotMirrorable`).
 //! * **ACKs.** The test server's bytes die at the assist host; we only see headers. We ACK the
 //!   highest *contiguous* end we have seen (remembering a few out-of-order ranges), never past
 //!   a hole, so lost feedback makes the test server retransmit rather than skip bytes.
@@ -77,11 +88,14 @@ mod reassembly;
 mod rtt;
 mod session;
 mod stats;
+mod transform;
 
 #[cfg(test)]
 mod sim_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod transform_tests;
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
@@ -95,6 +109,10 @@ use common::wire::{emit_ipv4_tcp, SegmentRepr, TcpPacket};
 use pool::AddressPool;
 use session::{Outcome, Session, Start};
 pub use stats::EngineStats;
+pub use transform::{
+    Identity, IdentityFactory, SessionInfo, StreamTransform, TestEvent, TestSegment,
+    TransformFactory, TransformOutput, TransformStats, TRANSFORM_COUNTERS,
+};
 
 /// Largest IPv4 + TCP header we ever emit (20 + 20 + 20 bytes of options, SYN).
 pub const MAX_HEADER_LEN: usize = 60;
@@ -207,10 +225,13 @@ pub enum CloseReason {
     Reused,
     /// The copier is exiting.
     Shutdown,
+    /// The session's transform gave it up (e.g. TLS or compression: the protocol cannot be
+    /// rewritten); the event's `why` says what it found.
+    NotMirrorable,
 }
 
 impl CloseReason {
-    pub const COUNT: usize = 13;
+    pub const COUNT: usize = 14;
     pub const ALL: [CloseReason; Self::COUNT] = [
         Self::Completed,
         Self::ClientReset,
@@ -225,6 +246,7 @@ impl CloseReason {
         Self::CaptureGap,
         Self::Reused,
         Self::Shutdown,
+        Self::NotMirrorable,
     ];
 
     pub fn index(self) -> usize {
@@ -247,6 +269,7 @@ impl CloseReason {
             Self::CaptureGap => "capture_gap",
             Self::Reused => "reused",
             Self::Shutdown => "shutdown",
+            Self::NotMirrorable => "not_mirrorable",
         }
     }
 
@@ -272,6 +295,9 @@ pub enum EngineEvent {
         client: SocketAddrV4,
         mirrored: SocketAddrV4,
         reason: CloseReason,
+        /// For `NotMirrorable`: what the transform found (e.g. "tls"), for the one log line a
+        /// person should see about it. `None` otherwise.
+        why: Option<&'static str>,
     },
     /// We forgot the session: intercept may stop relaying for `mirrored`.
     SessionReleased { mirrored: SocketAddrV4 },
@@ -314,10 +340,17 @@ pub struct Engine {
     scratch: Vec<u8>,
     ip_id: u16,
     stats: EngineStats,
+    factory: transform::FactorySlot,
 }
 
 impl Engine {
+    /// An engine that mirrors every session byte for byte.
     pub fn new(cfg: EngineConfig) -> Self {
+        Self::with_transform(cfg, Box::new(IdentityFactory))
+    }
+
+    /// An engine whose sessions each get a transform from `factory` (see [`StreamTransform`]).
+    pub fn with_transform(cfg: EngineConfig, factory: Box<dyn TransformFactory>) -> Self {
         let cfg = cfg.normalized();
         let pool = cfg
             .client_ip_pool
@@ -336,8 +369,14 @@ impl Engine {
             scratch: vec![0; usize::from(cfg.mss)],
             ip_id: 0,
             stats: EngineStats::default(),
+            factory: transform::FactorySlot(factory),
             cfg,
         }
+    }
+
+    /// Names of the transform counters in `stats().transform`, by id.
+    pub fn transform_counter_names(&self) -> &'static [&'static str] {
+        self.factory.0.counter_names()
     }
 
     pub fn config(&self) -> &EngineConfig {
@@ -348,8 +387,9 @@ impl Engine {
         &self.stats
     }
 
-    /// Client bytes queued toward the test server and not yet acknowledged, over all live
-    /// sessions (the copier waits for this to reach zero before it exits). O(sessions).
+    /// Bytes queued toward the test server and not yet acknowledged (or still withheld by a
+    /// transform), over all live sessions (the copier waits for this to reach zero before it
+    /// exits). O(sessions).
     pub fn queued_bytes(&self) -> usize {
         self.slots
             .iter()
@@ -452,7 +492,7 @@ impl Engine {
             self.stats.captured_stale += 1;
             return;
         }
-        let out = s.on_prod(now, &mut self.stats, pkt);
+        let out = s.on_prod(now, &self.cfg, &mut self.stats, pkt);
         self.settle(id, now, out);
     }
 
@@ -482,6 +522,24 @@ impl Engine {
             return;
         }
         let out = s.on_feedback(now, &self.cfg, &mut self.stats, fb);
+        self.settle(id, now, out);
+    }
+
+    /// Something learnt about the test server's side of the session that sends from
+    /// `mirrored`, for its transform (TCP segments go through [`Engine::on_feedback`]).
+    pub fn on_test_event(&mut self, now: Instant, mirrored: SocketAddrV4, ev: &TestEvent<'_>) {
+        let Some(id) = self.by_mirror.get(&mirrored).copied() else {
+            self.stats.test_events_unknown_session += 1;
+            return;
+        };
+        let Some(s) = slot_session(&mut self.slots, id) else {
+            return;
+        };
+        if s.is_lingering() {
+            self.stats.test_events_unknown_session += 1;
+            return;
+        }
+        let out = s.on_test_event(now, &self.cfg, &mut self.stats, ev);
         self.settle(id, now, out);
     }
 
@@ -635,7 +693,14 @@ impl Engine {
             }
         };
         let picked_up = matches!(start, Start::Pickup);
-        let session = Session::new(now, &self.cfg, pkt, mirrored, start);
+        let info = SessionInfo {
+            client,
+            prod: SocketAddrV4::new(pkt.dst, pkt.dst_port),
+            mirrored,
+            picked_up,
+        };
+        let transform = self.factory.0.create(now, &info);
+        let session = Session::new(now, &self.cfg, pkt, mirrored, start, transform);
         let id = match self.free.pop() {
             Some(idx) => {
                 let slot = &mut self.slots[idx as usize];
@@ -672,12 +737,16 @@ impl Engine {
             mirrored,
             picked_up,
         });
-        // The opening packet may carry data (pickup, TFO) or a FIN; the session takes it.
+        // A picked-up session's transform speaks before any captured byte; then the opening
+        // packet may carry data (pickup, TFO) or a FIN, and the session takes it.
         let out = match slot_session(&mut self.slots, id) {
-            Some(s) if picked_up || !pkt.payload.is_empty() => {
-                s.on_client(now, &self.cfg, &mut self.stats, pkt)
-            }
-            _ => Outcome::Open,
+            Some(s) => match s.on_open(now, &self.cfg, &mut self.stats, picked_up) {
+                Outcome::Open if picked_up || !pkt.payload.is_empty() => {
+                    s.on_client(now, &self.cfg, &mut self.stats, pkt)
+                }
+                out => out,
+            },
+            None => Outcome::Open,
         };
         self.settle(id, now, out);
     }
@@ -717,6 +786,11 @@ impl Engine {
             None
         };
         let (client, mirrored) = (s.client, s.mirrored);
+        let why = if reason == CloseReason::NotMirrorable {
+            s.abandoned
+        } else {
+            None
+        };
         s.enter_linger(now + self.cfg.linger, reason == CloseReason::Completed);
         self.stats.sessions_active -= 1;
         self.stats.sessions_lingering += 1;
@@ -731,6 +805,7 @@ impl Engine {
             client,
             mirrored,
             reason,
+            why,
         });
         self.schedule(id);
     }

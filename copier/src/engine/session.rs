@@ -1,17 +1,20 @@
 //! One mirrored connection: the client side of a TCP connection toward the test server.
 //!
-//! Three sequence spaces meet here:
-//! * the **client stream** (client seq numbers, as captured) — owned by [`Reassembly`];
-//! * **our stream toward the test server** (`iss`, `snd_*`, `send_buf`) — what we send and
-//!   retransmit. Today it is the client stream shifted by `seq_offset == 0`;
+//! Four sequence spaces meet here, and each number belongs to exactly one:
+//! * the **client stream** (client seq numbers, as captured) — owned by `reasm`; capture-gap
+//!   detection (production's ACKs against what we captured) and client RSTs live here;
+//! * **production's stream** (its replies) — `prod_reasm`, kept only for a transform that
+//!   wants it; the client's ACKs show gaps in its capture;
+//! * **our stream toward the test server** (`iss`, `snd_*`, `send_buf`, our FIN) — what we
+//!   send and retransmit. Our ISN is the client's (a capture on the test host looks like the
+//!   client), but no later number is derived from a client number;
 //! * the **test server's stream** (`irs`, `rcv_nxt`) — known only from relayed headers.
 //!
-//! The seam between the first two is the `deliver` callback that [`Session::on_client`] hands
-//! to the reassembly: every in-order client byte passes there exactly once on its way into
-//! `send_buf`. A later rewrite (e.g. of the
-//! MySQL login) replaces bytes at that seam and adjusts `seq_offset` by the change in length;
-//! nothing downstream (acks, retransmission, FIN placement) looks at client seq numbers, so it
-//! keeps working unchanged.
+//! The only bridge from the first to the third is the `deliver` callback that
+//! [`Session::on_client`] hands to the reassembly: every in-order client byte passes there
+//! exactly once, and either goes straight into `send_buf` (no transform: the two streams are
+//! byte-for-byte the same) or to the session's [`StreamTransform`], whose pushes are appended
+//! to `send_buf` whatever their length. Nothing downstream ever maps a byte back.
 
 use std::collections::VecDeque;
 use std::net::{Ipv4Addr, SocketAddrV4};
@@ -24,6 +27,9 @@ use common::wire::{emit_ipv4_tcp, seq, SegmentRepr, TcpFlags, TcpOptions, TcpPac
 use super::ranges::Ranges;
 use super::reassembly::{Insert, Reassembly};
 use super::rtt::RttEstimator;
+use super::transform::{
+    self, StreamTransform, TestEvent, TestSegment, TransformOutput, TransformResult,
+};
 use super::{CloseReason, EngineConfig, EngineStats};
 
 /// The window scale we offer: 65535 << 7 (8 MiB) is plenty for a receiver that consumes
@@ -45,6 +51,8 @@ const TS_OPTION_LEN: u16 = 12;
 const SHRINK_ABOVE: usize = 256 << 10;
 /// Out-of-order ranges of the test server's stream we remember.
 const TEST_HOLES: usize = 4;
+/// How soon a transform's timer runs again when it left its deadline in the past.
+const TRANSFORM_RETRY: Duration = Duration::from_millis(1);
 
 pub(crate) enum Outcome {
     Open,
@@ -84,8 +92,25 @@ pub(crate) struct Session {
     client_established: bool,
     /// Highest ACK production sent the client: bytes production holds.
     prod_ack: Option<u32>,
-    /// Our seq for a byte = client seq + `seq_offset`. Zero until bytes are rewritten.
-    seq_offset: u32,
+    /// The client's FIN was reached in order (and the transform told).
+    client_fin_reached: bool,
+
+    // --- the transform between the client stream and ours ---
+    /// `None`: our stream is the client stream, byte for byte.
+    transform: Option<transform::Slot>,
+    /// Production's replies in order, for a transform that wants them; `None` until the
+    /// stream's start is known (SYN-ACK or first data captured) or when nobody wants it.
+    prod_reasm: Option<Reassembly>,
+    wants_prod: bool,
+    /// Highest ACK the client sent production (only tracked when `wants_prod`): bytes of
+    /// production's stream the client holds, so the capture must have them too.
+    client_ack: Option<u32>,
+    /// The transform gave the session up, and why.
+    pub(crate) abandoned: Option<&'static str>,
+    /// The transform pushed more than the buffer holds.
+    overflowed: bool,
+    /// When the transform's timer last ran.
+    transform_timer_ran: Option<Instant>,
 
     // --- our stream toward the test server ---
     iss: u32,
@@ -167,6 +192,7 @@ impl Session {
         pkt: &TcpPacket<'_>,
         mirrored: SocketAddrV4,
         start: Start,
+        transform: Option<Box<dyn StreamTransform>>,
     ) -> Self {
         let (client_isn, adv_mss, offer_wscale, picked_up) = match start {
             Start::Syn => (
@@ -179,9 +205,9 @@ impl Session {
             // connection of ours, so we choose: our full MSS and window scaling.
             Start::Pickup => (pkt.seq.wrapping_sub(1), cfg.mss, true, true),
         };
-        let seq_offset = 0;
-        let iss = client_isn.wrapping_add(seq_offset);
+        let iss = client_isn;
         let ts = pkt.options.timestamps;
+        let wants_prod = transform.as_ref().is_some_and(|t| t.wants_prod_data());
         Self {
             client: SocketAddrV4::new(pkt.src, pkt.src_port),
             prod_ip: pkt.dst,
@@ -195,7 +221,14 @@ impl Session {
             floating_start: picked_up && pkt.payload.is_empty(),
             client_established: picked_up,
             prod_ack: None,
-            seq_offset,
+            client_fin_reached: false,
+            transform: transform.map(transform::Slot),
+            prod_reasm: None,
+            wants_prod,
+            client_ack: None,
+            abandoned: None,
+            overflowed: false,
+            transform_timer_ran: None,
             iss,
             snd_una: iss,
             snd_nxt: iss,
@@ -246,9 +279,21 @@ impl Session {
         matches!(self.phase, Phase::Lingering { .. })
     }
 
-    /// Bytes queued toward the test server and not yet acknowledged by it.
+    /// Bytes queued toward the test server and not yet acknowledged by it (including what
+    /// the transform withholds).
     pub(crate) fn queued_bytes(&self) -> usize {
-        self.send_buf.len() + self.reasm.held_len()
+        self.send_buf.len() + self.reasm.held_len() + self.transform_buffered()
+    }
+
+    fn transform_buffered(&self) -> usize {
+        self.transform.as_ref().map_or(0, |t| t.0.buffered_len())
+    }
+
+    /// Bytes a transform may still push: a hard cap on the send buffer's memory. Held and
+    /// withheld bytes are left out because a call may be moving them into the send buffer
+    /// (a hole filling, a login released); the total is checked after every call.
+    fn push_room(&self, cfg: &EngineConfig) -> usize {
+        cfg.max_session_buffer.saturating_sub(self.send_buf.len())
     }
 
     fn data_end(&self) -> u32 {
@@ -327,8 +372,17 @@ impl Session {
         }
         if f.ack() && !f.syn() {
             self.client_established = true;
+            if self.wants_prod {
+                self.client_ack = Some(match self.client_ack {
+                    Some(a) => seq::max(a, pkt.ack),
+                    None => pkt.ack,
+                });
+            }
         }
         if pkt.payload.is_empty() && !f.fin() {
+            if self.wants_prod {
+                self.update_gap(now, stats);
+            }
             return Outcome::Open;
         }
         let start = if f.syn() {
@@ -341,64 +395,176 @@ impl Session {
             && start == self.reasm.next().wrapping_add(1)
         {
             // Picked up from a keepalive probe (seq = next - 1): the real stream starts here.
-            self.rebase_client_stream(start);
-        }
-        let queued = {
-            let Session {
-                reasm, send_buf, ..
-            } = self;
-            let mut queued = 0usize;
-            // The seam (see module doc): client bytes become bytes of our stream here.
-            let r = reasm.insert(start, pkt.payload, f.fin(), &mut |bytes| {
-                send_buf.extend(bytes);
-                queued += bytes.len();
-            });
-            stats.bytes_queued += queued as u64;
-            match r {
-                Insert::Accepted { held, trimmed } => {
-                    stats.client_segments_held += u64::from(held);
-                    stats.client_bytes_duplicate += trimmed as u64;
-                }
-                Insert::Duplicate => stats.client_bytes_duplicate += pkt.payload.len() as u64,
-                Insert::Dropped => stats.client_segments_dropped += 1,
-            }
-            queued
-        };
-        if queued > 0 {
+            self.reasm.rebase(start);
             self.floating_start = false;
         }
-        self.check_stream_alignment();
-        if self.reasm.fin_done() && !self.fin_queued {
-            self.fin_queued = true;
-            self.close_started.get_or_insert(now);
+        let delivered = self.take_client_bytes(now, cfg, stats, start, pkt.payload, f.fin());
+        if delivered > 0 {
+            self.floating_start = false;
         }
-        if self.queued_bytes() > cfg.max_session_buffer {
-            return Outcome::Finished(CloseReason::BufferOverflow);
+        if self.reasm.fin_done() && !self.client_fin_reached {
+            self.client_fin_reached = true;
+            // Also bounds a transform that never stops withholding.
+            self.close_started.get_or_insert(now);
+            self.call_transform(cfg, stats, |t, out| t.on_client_fin(now, out));
+        }
+        if let Some(reason) = self.settle_stream(cfg) {
+            return Outcome::Finished(reason);
         }
         self.update_gap(now, stats);
         Outcome::Open
     }
 
-    /// Today bytes cross the seam unchanged, so the next client byte maps to the end of our
-    /// stream through `seq_offset`; a rewrite must keep this true by adjusting `seq_offset`.
-    fn check_stream_alignment(&self) {
-        debug_assert_eq!(
-            self.reasm.next().wrapping_add(self.seq_offset),
-            self.data_end(),
-            "client stream and send buffer out of step"
-        );
+    /// The seam (see module doc): reassembles one captured segment and moves the client bytes
+    /// now in order into our stream, through the transform if there is one. Returns how many
+    /// client bytes came out of the reassembly.
+    fn take_client_bytes(
+        &mut self,
+        now: Instant,
+        cfg: &EngineConfig,
+        stats: &mut EngineStats,
+        start: u32,
+        payload: &[u8],
+        fin: bool,
+    ) -> usize {
+        let room = self.push_room(cfg);
+        let Session {
+            reasm,
+            send_buf,
+            transform,
+            fin_queued,
+            ..
+        } = self;
+        let mut delivered = 0usize;
+        let (r, result) = match transform {
+            None => {
+                let r = reasm.insert(start, payload, fin, &mut |bytes| {
+                    send_buf.extend(bytes);
+                    delivered += bytes.len();
+                });
+                let result = TransformResult {
+                    pushed: delivered,
+                    ..TransformResult::default()
+                };
+                (r, result)
+            }
+            Some(t) => {
+                let mut out =
+                    TransformOutput::bound(send_buf, &mut stats.transform, *fin_queued, room);
+                let r = reasm.insert(start, payload, fin, &mut |bytes| {
+                    delivered += bytes.len();
+                    if !out.is_done() {
+                        t.0.on_client_data(now, bytes, &mut out);
+                    }
+                });
+                (r, out.result())
+            }
+        };
+        stats.client_bytes_reassembled += delivered as u64;
+        match r {
+            Insert::Accepted { held, trimmed } => {
+                stats.client_segments_held += u64::from(held);
+                stats.client_bytes_duplicate += trimmed as u64;
+            }
+            Insert::Duplicate => stats.client_bytes_duplicate += payload.len() as u64,
+            Insert::Dropped => stats.client_segments_dropped += 1,
+        }
+        self.apply(result, stats);
+        delivered
     }
 
-    fn rebase_client_stream(&mut self, next: u32) {
-        self.reasm.rebase(next);
-        self.seq_offset = self.data_end().wrapping_sub(next);
-        self.floating_start = false;
+    /// Runs one transform callback with an output bound to our send buffer and applies what it
+    /// asked for. Nothing happens without a transform, or once it gave the session up.
+    fn call_transform(
+        &mut self,
+        cfg: &EngineConfig,
+        stats: &mut EngineStats,
+        call: impl FnOnce(&mut dyn StreamTransform, &mut TransformOutput<'_>),
+    ) {
+        if self.abandoned.is_some() || self.overflowed {
+            return;
+        }
+        let room = self.push_room(cfg);
+        let Session {
+            transform,
+            send_buf,
+            fin_queued,
+            ..
+        } = self;
+        let Some(t) = transform else {
+            return;
+        };
+        let mut out = TransformOutput::bound(send_buf, &mut stats.transform, *fin_queued, room);
+        call(t.0.as_mut(), &mut out);
+        let result = out.result();
+        self.apply(result, stats);
+    }
+
+    fn apply(&mut self, r: TransformResult, stats: &mut EngineStats) {
+        stats.bytes_queued += r.pushed as u64;
+        stats.transform_bytes_refused += r.refused as u64;
+        self.overflowed |= r.overflowed;
+        if let Some(why) = r.abandoned {
+            self.abandoned.get_or_insert(why);
+        }
+    }
+
+    /// After anything that may have changed our stream: whether the session must end, and
+    /// our FIN placed once the client closed and the transform holds nothing back (it goes
+    /// right after the last byte pushed; nothing may be pushed after it).
+    fn settle_stream(&mut self, cfg: &EngineConfig) -> Option<CloseReason> {
+        if self.abandoned.is_some() {
+            return Some(CloseReason::NotMirrorable);
+        }
+        if self.overflowed || self.queued_bytes() > cfg.max_session_buffer {
+            return Some(CloseReason::BufferOverflow);
+        }
+        if self.client_fin_reached
+            && !self.fin_queued
+            && !self.transform.as_ref().is_some_and(|t| t.0.pending())
+        {
+            self.fin_queued = true;
+        }
+        None
+    }
+
+    /// The session was just created: a picked-up one lets its transform speak first.
+    pub(crate) fn on_open(
+        &mut self,
+        now: Instant,
+        cfg: &EngineConfig,
+        stats: &mut EngineStats,
+        picked_up: bool,
+    ) -> Outcome {
+        if picked_up {
+            self.call_transform(cfg, stats, |t, out| t.on_pickup(now, out));
+        }
+        match self.settle_stream(cfg) {
+            Some(reason) => Outcome::Finished(reason),
+            None => Outcome::Open,
+        }
+    }
+
+    /// Knowledge about the test server that is not a segment (see [`TestEvent`]).
+    pub(crate) fn on_test_event(
+        &mut self,
+        now: Instant,
+        cfg: &EngineConfig,
+        stats: &mut EngineStats,
+        ev: &TestEvent<'_>,
+    ) -> Outcome {
+        self.call_transform(cfg, stats, |t, out| t.on_test_event(now, ev, out));
+        match self.settle_stream(cfg) {
+            Some(reason) => Outcome::Finished(reason),
+            None => Outcome::Open,
+        }
     }
 
     /// A captured prod->client packet of this session.
     pub(crate) fn on_prod(
         &mut self,
         now: Instant,
+        cfg: &EngineConfig,
         stats: &mut EngineStats,
         pkt: &TcpPacket<'_>,
     ) -> Outcome {
@@ -419,12 +585,75 @@ impl Session {
                 None => ack,
             });
         }
+        if self.wants_prod {
+            self.take_prod_bytes(now, cfg, stats, pkt);
+            if let Some(reason) = self.settle_stream(cfg) {
+                return Outcome::Finished(reason);
+            }
+        }
         self.update_gap(now, stats);
         Outcome::Open
     }
 
+    /// Production's replies, in order, to the transform.
+    fn take_prod_bytes(
+        &mut self,
+        now: Instant,
+        cfg: &EngineConfig,
+        stats: &mut EngineStats,
+        pkt: &TcpPacket<'_>,
+    ) {
+        if self.abandoned.is_some() || self.overflowed {
+            return;
+        }
+        let f = pkt.flags;
+        let carries = !pkt.payload.is_empty() || f.fin();
+        let start = if f.syn() {
+            pkt.seq.wrapping_add(1)
+        } else {
+            pkt.seq
+        };
+        if self.prod_reasm.is_none() {
+            // A pure ACK may be a keepalive probe (seq = next - 1): only a SYN-ACK or a
+            // segment with data says where the stream is.
+            if !f.syn() && !carries {
+                return;
+            }
+            self.prod_reasm = Some(Reassembly::new(start, cfg.max_session_buffer));
+        }
+        if !carries {
+            return;
+        }
+        let room = self.push_room(cfg);
+        let Session {
+            prod_reasm: Some(reasm),
+            transform: Some(t),
+            send_buf,
+            fin_queued,
+            ..
+        } = self
+        else {
+            return;
+        };
+        let mut delivered = 0usize;
+        let mut out = TransformOutput::bound(send_buf, &mut stats.transform, *fin_queued, room);
+        let r = reasm.insert(start, pkt.payload, f.fin(), &mut |bytes| {
+            delivered += bytes.len();
+            if !out.is_done() {
+                t.0.on_prod_data(now, bytes, &mut out);
+            }
+        });
+        let result = out.result();
+        stats.prod_bytes_reassembled += delivered as u64;
+        if r == Insert::Dropped {
+            stats.prod_segments_dropped += 1;
+        }
+        self.apply(result, stats);
+    }
+
     /// A gap exists while client bytes are held beyond a hole, or production acknowledged
-    /// client bytes we never captured.
+    /// client bytes we never captured; and, when a transform reads production's replies, the
+    /// same in that direction (the transform would silently miss a reply).
     fn update_gap(&mut self, now: Instant, stats: &mut EngineStats) {
         let end = self.reasm.end();
         // While a pickup from a pure ACK has not seen its first byte, production being ahead
@@ -434,7 +663,14 @@ impl Session {
             && self
                 .prod_ack
                 .is_some_and(|a| seq::gt(a, end) && a.wrapping_sub(end) < 1 << 30);
-        if self.reasm.has_held() || prod_ahead {
+        let prod_gap = self.prod_reasm.as_ref().is_some_and(|r| {
+            let end = r.end();
+            r.has_held()
+                || self
+                    .client_ack
+                    .is_some_and(|a| seq::gt(a, end) && a.wrapping_sub(end) < 1 << 30)
+        });
+        if self.reasm.has_held() || prod_ahead || prod_gap {
             if self.gap_since.is_none() {
                 self.gap_since = Some(now);
                 stats.capture_gaps_suspected += 1;
@@ -453,10 +689,27 @@ impl Session {
         stats: &mut EngineStats,
         fb: &TestFeedback,
     ) -> Outcome {
-        match self.phase {
+        let was_established = self.phase == Phase::Established;
+        let rcv_before = self.rcv_nxt;
+        let out = match self.phase {
             Phase::SynSent => self.feedback_syn_sent(now, cfg, stats, fb),
             Phase::Established => self.feedback_established(now, cfg, stats, fb),
             Phase::Lingering { .. } => Outcome::Open,
+        };
+        if self.transform.is_none() || matches!(out, Outcome::Finished(_)) {
+            return out;
+        }
+        // The TCP view above decides what is new: the transform must not take a duplicate
+        // greeting for a second one.
+        let in_order = was_established
+            && fb.payload_len > 0
+            && fb.seq == rcv_before
+            && seq::gt(self.rcv_nxt, rcv_before);
+        let ev = TestEvent::Segment(TestSegment::new(fb, in_order));
+        self.call_transform(cfg, stats, |t, o| t.on_test_event(now, &ev, o));
+        match self.settle_stream(cfg) {
+            Some(reason) => Outcome::Finished(reason),
+            None => Outcome::Open,
         }
     }
 
@@ -721,10 +974,21 @@ impl Session {
             self.gap_since.map(|t| t + cfg.capture_gap_timeout),
             self.rto_at,
             self.persist_at,
+            self.transform_deadline(),
         ]
         .into_iter()
         .flatten()
         .min()
+    }
+
+    /// The transform's deadline. One left at or before the last run is retried a little
+    /// later, not at once: a transform bug must not make the engine (or its driver) spin.
+    fn transform_deadline(&self) -> Option<Instant> {
+        let d = self.transform.as_ref()?.0.next_deadline()?;
+        Some(match self.transform_timer_ran {
+            Some(ran) if d <= ran => ran + TRANSFORM_RETRY,
+            _ => d,
+        })
     }
 
     pub(crate) fn on_timeout(
@@ -750,6 +1014,13 @@ impl Session {
         }
         if due(self.gap_since.map(|t| t + cfg.capture_gap_timeout)) {
             return Outcome::Finished(CloseReason::CaptureGap);
+        }
+        if due(self.transform_deadline()) {
+            self.transform_timer_ran = Some(now);
+            self.call_transform(cfg, stats, |t, out| t.on_timeout(now, out));
+            if let Some(reason) = self.settle_stream(cfg) {
+                return Outcome::Finished(reason);
+            }
         }
         if due(self.rto_at) {
             self.rto_at = None;
@@ -1069,6 +1340,8 @@ impl Session {
         self.phase = Phase::Lingering { clean, until };
         self.send_buf = VecDeque::new();
         self.reasm.release();
+        self.transform = None;
+        self.prod_reasm = None;
         self.test_ooo.clear();
         self.rto_at = None;
         self.persist_at = None;

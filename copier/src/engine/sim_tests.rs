@@ -6,9 +6,13 @@
 //! duplication in both directions (our packets toward it; its segments as feedback). The
 //! capture feeds the client's stream in arbitrary chunks, reordered and duplicated but never
 //! lost (a lost capture is a gap, tested elsewhere). Property: the test server receives exactly
-//! the client's bytes, in order, and the session closes cleanly.
+//! the client's bytes, in order, and the session closes cleanly; with a transform that rewrites
+//! the stream (a pure function of it: chunks replaced, inserted, deleted anywhere, a prefix
+//! injected on pickup, a trailer at FIN, everything withheld for a while), exactly the
+//! rewritten stream; and a transform that reads production's replies sees them in order.
 
 use std::net::{Ipv4Addr, SocketAddrV4};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use proptest::prelude::*;
@@ -18,7 +22,10 @@ use common::control::TestFeedback;
 use common::wire::{parse_ipv4_tcp, seq, TcpFlags, TcpOptions};
 
 use super::tests::{cfg, packet, parse_sent, Sent, CLIENT, PROD, TARGET};
-use super::{CloseReason, Engine, EngineConfig, EngineEvent};
+use super::{
+    CloseReason, Engine, EngineConfig, EngineEvent, Identity, SessionInfo, StreamTransform,
+    TestEvent, TransformFactory, TransformOutput,
+};
 
 const SYN: u8 = TcpFlags::SYN;
 const ACK: u8 = TcpFlags::ACK;
@@ -412,6 +419,198 @@ struct Scenario {
     isn: u32,
     /// Start mid-stream (no SYN captured): the first captured packet starts the session.
     pickup: bool,
+    /// Bytes production sends the client (interleaved with the client's chunks).
+    prod_len: usize,
+    transform: SimTransform,
+}
+
+// ---------------------------------------------------------------------------- transforms
+
+/// Replace `delete` client bytes at client offset `at` with `insert`.
+#[derive(Clone, Debug)]
+struct Edit {
+    at: usize,
+    delete: usize,
+    insert: Vec<u8>,
+}
+
+#[derive(Clone, Debug)]
+struct RewritePlan {
+    /// Sorted, non-overlapping.
+    edits: Vec<Edit>,
+    pickup_prefix: Vec<u8>,
+    fin_trailer: Vec<u8>,
+    /// Withhold everything for this long after the session starts.
+    hold_ms: Option<u64>,
+    read_prod: bool,
+}
+
+impl RewritePlan {
+    /// What the test server must receive: the plan applied to the whole stream at once.
+    fn apply(&self, stream: &[u8], pickup: bool) -> Vec<u8> {
+        let mut out = Vec::new();
+        if pickup {
+            out.extend_from_slice(&self.pickup_prefix);
+        }
+        let mut cur = 0;
+        for e in &self.edits {
+            let at = e.at.clamp(cur, stream.len());
+            out.extend_from_slice(&stream[cur..at]);
+            out.extend_from_slice(&e.insert);
+            cur = (at + e.delete).min(stream.len());
+        }
+        out.extend_from_slice(&stream[cur..]);
+        out.extend_from_slice(&self.fin_trailer);
+        out
+    }
+}
+
+#[derive(Clone, Debug)]
+enum SimTransform {
+    None,
+    Identity,
+    Rewrite(RewritePlan),
+}
+
+fn rewrite_plan() -> impl Strategy<Value = RewritePlan> {
+    let edit = (
+        prop_oneof![0usize..4, 0usize..6000],
+        prop_oneof![Just(0usize), 0usize..50, 0usize..3000],
+        proptest::collection::vec(any::<u8>(), 0..400),
+    );
+    (
+        proptest::collection::vec(edit, 0..8),
+        proptest::collection::vec(any::<u8>(), 0..300),
+        proptest::collection::vec(any::<u8>(), 0..50),
+        proptest::option::of(prop_oneof![0u64..20, 0u64..3000]),
+        any::<bool>(),
+    )
+        .prop_map(|(raw, pickup_prefix, fin_trailer, hold_ms, read_prod)| {
+            let mut at = 0;
+            let edits = raw
+                .into_iter()
+                .map(|(gap, delete, insert)| {
+                    at += gap;
+                    let e = Edit { at, delete, insert };
+                    at += delete;
+                    e
+                })
+                .collect();
+            RewritePlan {
+                edits,
+                pickup_prefix,
+                fin_trailer,
+                hold_ms,
+                read_prod,
+            }
+        })
+}
+
+fn sim_transform() -> impl Strategy<Value = SimTransform> {
+    prop_oneof![
+        2 => Just(SimTransform::None),
+        1 => Just(SimTransform::Identity),
+        4 => rewrite_plan().prop_map(SimTransform::Rewrite),
+    ]
+}
+
+/// Bytes go to the test server now, or to the hold buffer while it exists.
+fn emit(hold: &mut Option<(Instant, Vec<u8>)>, bytes: &[u8], out: &mut TransformOutput<'_>) {
+    match hold {
+        Some((_, held)) => held.extend_from_slice(bytes),
+        None => out.push(bytes),
+    }
+}
+
+/// `RewritePlan` applied as the bytes arrive, in whatever pieces the engine delivers.
+struct StreamingRewrite {
+    plan: RewritePlan,
+    next_edit: usize,
+    pos: usize,
+    skip: usize,
+    hold: Option<(Instant, Vec<u8>)>,
+    prod_seen: Arc<Mutex<Vec<u8>>>,
+}
+
+impl StreamTransform for StreamingRewrite {
+    fn on_client_data(&mut self, _: Instant, mut data: &[u8], out: &mut TransformOutput<'_>) {
+        while !data.is_empty() {
+            if self.skip > 0 {
+                let k = self.skip.min(data.len());
+                self.skip -= k;
+                self.pos += k;
+                data = &data[k..];
+                continue;
+            }
+            match self.plan.edits.get(self.next_edit) {
+                Some(e) if e.at <= self.pos => {
+                    emit(&mut self.hold, &e.insert, out);
+                    self.skip = e.delete;
+                    self.next_edit += 1;
+                }
+                next => {
+                    let until = next.map_or(data.len(), |e| (e.at - self.pos).min(data.len()));
+                    emit(&mut self.hold, &data[..until], out);
+                    self.pos += until;
+                    data = &data[until..];
+                }
+            }
+        }
+    }
+    fn on_client_fin(&mut self, _: Instant, out: &mut TransformOutput<'_>) {
+        for e in &self.plan.edits[self.next_edit..] {
+            emit(&mut self.hold, &e.insert, out);
+        }
+        self.next_edit = self.plan.edits.len();
+        emit(&mut self.hold, &self.plan.fin_trailer, out);
+    }
+    fn on_pickup(&mut self, _: Instant, out: &mut TransformOutput<'_>) {
+        emit(&mut self.hold, &self.plan.pickup_prefix, out);
+    }
+    fn wants_prod_data(&self) -> bool {
+        self.plan.read_prod
+    }
+    fn on_prod_data(&mut self, _: Instant, data: &[u8], _: &mut TransformOutput<'_>) {
+        if let Ok(mut seen) = self.prod_seen.lock() {
+            seen.extend_from_slice(data);
+        }
+    }
+    fn pending(&self) -> bool {
+        self.hold.is_some()
+    }
+    fn buffered_len(&self) -> usize {
+        self.hold.as_ref().map_or(0, |(_, h)| h.len())
+    }
+    fn next_deadline(&self) -> Option<Instant> {
+        self.hold.as_ref().map(|(at, _)| *at)
+    }
+    fn on_timeout(&mut self, _: Instant, out: &mut TransformOutput<'_>) {
+        if let Some((_, held)) = self.hold.take() {
+            out.push(&held);
+        }
+    }
+}
+
+fn sim_factory(t: &SimTransform, prod_seen: Arc<Mutex<Vec<u8>>>) -> Box<dyn TransformFactory> {
+    let t = t.clone();
+    Box::new(
+        move |now: Instant, _: &SessionInfo| -> Option<Box<dyn StreamTransform>> {
+            match &t {
+                SimTransform::None => None,
+                SimTransform::Identity => Some(Box::new(Identity)),
+                SimTransform::Rewrite(plan) => Some(Box::new(StreamingRewrite {
+                    plan: plan.clone(),
+                    next_edit: 0,
+                    pos: 0,
+                    skip: 0,
+                    hold: plan
+                        .hold_ms
+                        .map(|ms| (now + Duration::from_millis(ms), Vec::new())),
+                    prod_seen: prod_seen.clone(),
+                })),
+            }
+        },
+    )
 }
 
 fn scenario() -> impl Strategy<Value = Scenario> {
@@ -435,7 +634,7 @@ fn scenario() -> impl Strategy<Value = Scenario> {
                 close_first,
             },
         );
-    (
+    let base = (
         prop_oneof![1 => Just(0usize), 3 => 1usize..200, 6 => 200usize..30_000],
         proptest::collection::vec(
             prop_oneof![1usize..100, 100usize..3000, 3000usize..9000],
@@ -451,9 +650,11 @@ fn scenario() -> impl Strategy<Value = Scenario> {
         any::<u64>(),
         any::<u32>(),
         prop::bool::weighted(0.25),
-    )
-        .prop_map(
-            |(
+    );
+    let extra = (prop_oneof![Just(0usize), 1usize..4000], sim_transform());
+    (base, extra).prop_map(
+        |(
+            (
                 stream_len,
                 chunks,
                 swaps,
@@ -466,32 +667,38 @@ fn scenario() -> impl Strategy<Value = Scenario> {
                 seed,
                 isn,
                 pickup,
-            )| {
-                Scenario {
-                    stream_len,
-                    chunks,
-                    swaps,
-                    dups,
-                    fin_with_data,
-                    client_ts,
-                    client_ws,
-                    server,
-                    loss_out: net.0,
-                    loss_back: net.1,
-                    dup_pct: net.2,
-                    max_delay_ms: net.3,
-                    seed: seed | 1,
-                    isn,
-                    pickup,
-                }
-            },
-        )
+            ),
+            (prod_len, transform),
+        )| {
+            Scenario {
+                stream_len,
+                chunks,
+                swaps,
+                dups,
+                fin_with_data,
+                client_ts,
+                client_ws,
+                server,
+                loss_out: net.0,
+                loss_back: net.1,
+                dup_pct: net.2,
+                max_delay_ms: net.3,
+                seed: seed | 1,
+                isn,
+                pickup,
+                prod_len,
+                transform,
+            }
+        },
+    )
 }
 
-/// The captured client->prod packets: SYN, the client's ACK, then the stream in chunks
-/// (reordered, duplicated), FIN.
-fn capture_plan(sc: &Scenario, stream: &[u8]) -> Vec<Vec<u8>> {
+/// The captured packets: the client's SYN, production's SYN-ACK, the client's ACK, then the
+/// client's stream in chunks with production's ACKs and replies interleaved (all of it
+/// reordered and duplicated), FINs.
+fn capture_plan(sc: &Scenario, stream: &[u8], prod: &[u8]) -> Vec<Vec<u8>> {
     let isn = sc.isn;
+    let pisn = prod_isn(sc);
     let opts = |tsval: u32| TcpOptions {
         timestamps: sc.client_ts.then_some((tsval, 0)),
         ..Default::default()
@@ -506,7 +713,22 @@ fn capture_plan(sc: &Scenario, stream: &[u8]) -> Vec<Vec<u8>> {
     let fin_with_data = sc.fin_with_data && !sc.pickup;
     let mut pkts = Vec::new();
     let mut off = 0;
+    let mut poff = 0;
     let mut i = 0;
+    // Production's next reply chunk, acknowledging `acked` client bytes.
+    let prod_chunk = |pkts: &mut Vec<Vec<u8>>, poff: &mut usize, i: usize, acked: u32| {
+        let n = sc.chunks[(i * 7 + 3) % sc.chunks.len()].min(prod.len() - *poff);
+        pkts.push(packet(
+            PROD,
+            CLIENT,
+            pisn.wrapping_add(1).wrapping_add(*poff as u32),
+            acked,
+            ACK | PSH,
+            &prod[*poff..*poff + n],
+            TcpOptions::default(),
+        ));
+        *poff += n;
+    };
     while off < stream.len() {
         let n = sc.chunks[i % sc.chunks.len()].min(stream.len() - off);
         let last = off + n == stream.len();
@@ -516,7 +738,7 @@ fn capture_plan(sc: &Scenario, stream: &[u8]) -> Vec<Vec<u8>> {
             CLIENT,
             PROD,
             seq,
-            1,
+            pisn.wrapping_add(1).wrapping_add(poff as u32),
             flags,
             &stream[off..off + n],
             opts(200 + i as u32),
@@ -530,20 +752,32 @@ fn capture_plan(sc: &Scenario, stream: &[u8]) -> Vec<Vec<u8>> {
         pkts.push(packet(
             PROD,
             CLIENT,
-            1,
+            pisn.wrapping_add(1).wrapping_add(poff as u32),
             acked,
             ACK,
             b"",
             TcpOptions::default(),
         ));
+        if poff < prod.len() {
+            prod_chunk(&mut pkts, &mut poff, i, acked);
+        }
     }
+    let client_end = isn
+        .wrapping_add(1)
+        .wrapping_add(stream.len() as u32)
+        .wrapping_add(u32::from(fin_with_data && !stream.is_empty()));
+    while poff < prod.len() {
+        i += 1;
+        prod_chunk(&mut pkts, &mut poff, i, client_end);
+    }
+    let prod_end = pisn.wrapping_add(1).wrapping_add(prod.len() as u32);
     if !fin_with_data || stream.is_empty() {
         let seq = isn.wrapping_add(1).wrapping_add(stream.len() as u32);
         pkts.push(packet(
             CLIENT,
             PROD,
             seq,
-            1,
+            prod_end,
             ACK | FIN,
             b"",
             opts(200 + i as u32),
@@ -551,7 +785,7 @@ fn capture_plan(sc: &Scenario, stream: &[u8]) -> Vec<Vec<u8>> {
         pkts.push(packet(
             PROD,
             CLIENT,
-            1,
+            prod_end,
             seq.wrapping_add(1),
             ACK | FIN,
             b"",
@@ -562,7 +796,15 @@ fn capture_plan(sc: &Scenario, stream: &[u8]) -> Vec<Vec<u8>> {
         // Nothing to start from but the client's keepalive-like pure ACK.
         pkts.insert(
             0,
-            packet(CLIENT, PROD, isn.wrapping_add(1), 1, ACK, b"", opts(150)),
+            packet(
+                CLIENT,
+                PROD,
+                isn.wrapping_add(1),
+                pisn.wrapping_add(1),
+                ACK,
+                b"",
+                opts(150),
+            ),
         );
     }
     // A mid-stream pickup starts at the first packet captured: keep it first so the test
@@ -587,10 +829,31 @@ fn capture_plan(sc: &Scenario, stream: &[u8]) -> Vec<Vec<u8>> {
     }
     let mut all = vec![
         packet(CLIENT, PROD, isn, 0, SYN, b"", syn_opts),
-        packet(CLIENT, PROD, isn.wrapping_add(1), 1, ACK, b"", opts(150)),
+        packet(
+            PROD,
+            CLIENT,
+            pisn,
+            isn.wrapping_add(1),
+            SYN | ACK,
+            b"",
+            TcpOptions::default(),
+        ),
+        packet(
+            CLIENT,
+            PROD,
+            isn.wrapping_add(1),
+            pisn.wrapping_add(1),
+            ACK,
+            b"",
+            opts(150),
+        ),
     ];
     all.extend(pkts);
     all
+}
+
+fn prod_isn(sc: &Scenario) -> u32 {
+    sc.isn ^ 0x5a5a_5a5a
 }
 
 fn to_feedback(s: &SrvSeg) -> TestFeedback {
@@ -635,13 +898,22 @@ fn run_scenario(sc: &Scenario) -> Result<(), TestCaseError> {
     let stream: Vec<u8> = (0..sc.stream_len)
         .map(|i| (i as u64).wrapping_mul(sc.seed) as u8 ^ (i >> 8) as u8)
         .collect();
+    let prod: Vec<u8> = (0..sc.prod_len)
+        .map(|i| (i as u64).wrapping_mul(sc.seed >> 7) as u8 ^ 0x5a)
+        .collect();
+    let expected = match &sc.transform {
+        SimTransform::Rewrite(plan) => plan.apply(&stream, sc.pickup),
+        SimTransform::None | SimTransform::Identity => stream.clone(),
+    };
     if trace() {
         eprintln!("=== run {sc:?}");
     }
-    let mut captures = capture_plan(sc, &stream).into_iter().peekable();
+    let mut captures = capture_plan(sc, &stream, &prod).into_iter().peekable();
     let mut rng = Rng(sc.seed);
-    let mut engine = Engine::new(sim_config());
-    let mut server = Server::new(sc.server.clone(), stream.len());
+    let prod_seen = Arc::new(Mutex::new(Vec::new()));
+    let mut engine =
+        Engine::with_transform(sim_config(), sim_factory(&sc.transform, prod_seen.clone()));
+    let mut server = Server::new(sc.server.clone(), expected.len());
     let mut to_server: Link<Sent> = Link::new(sc.loss_out, sc.dup_pct, sc.max_delay_ms);
     let mut to_engine: Link<TestFeedback> = Link::new(sc.loss_back, sc.dup_pct, sc.max_delay_ms);
     let mut buf = vec![0u8; engine.transmit_buffer_len()];
@@ -649,6 +921,7 @@ fn run_scenario(sc: &Scenario) -> Result<(), TestCaseError> {
     let mut now = start;
     let mut next_capture = now;
     let mut completed = false;
+    let mut captured_all_before_close = false;
     let mut last_tsval: Option<u32> = None;
     let limit = start + Duration::from_secs(3000);
     while now < limit {
@@ -697,6 +970,7 @@ fn run_scenario(sc: &Scenario) -> Result<(), TestCaseError> {
             if let EngineEvent::SessionClosed { reason, .. } = ev {
                 prop_assert_eq!(reason, CloseReason::Completed, "{:?}", engine.stats());
                 completed = true;
+                captured_all_before_close = captures.peek().is_none();
             }
         }
         for p in to_server.due(now) {
@@ -719,7 +993,7 @@ fn run_scenario(sc: &Scenario) -> Result<(), TestCaseError> {
         }
         prop_assert!(server.state != SrvState::Reset);
         prop_assert!(
-            stream.starts_with(&server.received),
+            expected.starts_with(&server.received),
             "server got bytes out of order"
         );
         if completed && server.done() {
@@ -766,14 +1040,40 @@ fn run_scenario(sc: &Scenario) -> Result<(), TestCaseError> {
     }
     prop_assert!(completed, "session never completed: {:?}", engine.stats());
     prop_assert!(server.done(), "server not done");
-    prop_assert_eq!(server.received.len(), stream.len());
-    prop_assert!(server.received == stream, "server received different bytes");
+    prop_assert_eq!(server.received.len(), expected.len());
+    prop_assert!(
+        server.received == expected,
+        "server received different bytes"
+    );
     let st = engine.stats();
     prop_assert_eq!(st.closed(CloseReason::Completed), 1);
     prop_assert_eq!(st.sessions_picked_up, u64::from(sc.pickup));
     prop_assert_eq!(st.closed_total(), 1);
     prop_assert_eq!(st.sessions_active, 0);
-    prop_assert_eq!(st.bytes_queued, stream.len() as u64);
+    prop_assert_eq!(st.bytes_queued, expected.len() as u64);
+    prop_assert_eq!(st.client_bytes_reassembled, stream.len() as u64);
+    let reads_prod = matches!(&sc.transform, SimTransform::Rewrite(p) if p.read_prod);
+    let seen = prod_seen.lock().map(|v| v.clone()).unwrap_or_default();
+    if reads_prod {
+        // A picked-up session reads from the first reply captured (they may be reordered);
+        // one that saw the SYN-ACK reads from the start. Replies captured after the session
+        // completed are not read at all.
+        if sc.pickup {
+            prop_assert!(
+                seen.is_empty() || prod.windows(seen.len()).any(|w| w == seen),
+                "production's replies out of order"
+            );
+        } else {
+            prop_assert!(prod.starts_with(&seen), "production's replies out of order");
+            if captured_all_before_close {
+                prop_assert_eq!(seen.len(), prod.len());
+            }
+        }
+        prop_assert_eq!(st.prod_bytes_reassembled, seen.len() as u64);
+    } else {
+        prop_assert!(seen.is_empty());
+        prop_assert_eq!(st.prod_bytes_reassembled, 0);
+    }
     prop_assert_eq!(st.rsts_sent, 0);
     // After the linger, nothing remains.
     engine.on_timeout(now + Duration::from_secs(60));
@@ -870,6 +1170,97 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
+/// A transform that does anything at any call: passes, withholds, releases, drops, injects,
+/// flips `pending`, sets deadlines (some left in the past), abandons, bumps any counter id.
+struct Chaos {
+    rng: Rng,
+    held: Vec<u8>,
+    pending: bool,
+    deadline: Option<Instant>,
+    wants_prod: bool,
+}
+
+impl Chaos {
+    fn act(&mut self, now: Instant, data: &[u8], out: &mut TransformOutput<'_>) {
+        const JUNK: [u8; 700] = [0x5a; 700];
+        match self.rng.below(12) {
+            0..=3 => out.push(data),
+            4 => self.held.extend_from_slice(data),
+            5 => {
+                out.push(&std::mem::take(&mut self.held));
+                out.push(data);
+            }
+            6 => {}
+            7 => out.push(&JUNK[..self.rng.below(700) as usize]),
+            8 => self.pending = !self.pending,
+            9 => {
+                self.deadline = Some(now + Duration::from_millis(self.rng.below(3000)));
+            }
+            10 => out.count(self.rng.below(80) as usize),
+            _ => {
+                if self.rng.pct(20) {
+                    out.abandon("chaos");
+                }
+            }
+        }
+    }
+}
+
+impl StreamTransform for Chaos {
+    fn on_client_data(&mut self, now: Instant, data: &[u8], out: &mut TransformOutput<'_>) {
+        self.act(now, data, out);
+    }
+    fn on_client_fin(&mut self, now: Instant, out: &mut TransformOutput<'_>) {
+        self.act(now, b"", out);
+    }
+    fn on_pickup(&mut self, now: Instant, out: &mut TransformOutput<'_>) {
+        self.act(now, b"pickup", out);
+    }
+    fn wants_prod_data(&self) -> bool {
+        self.wants_prod
+    }
+    fn on_prod_data(&mut self, now: Instant, data: &[u8], out: &mut TransformOutput<'_>) {
+        self.act(now, data, out);
+    }
+    fn on_test_event(&mut self, now: Instant, ev: &TestEvent<'_>, out: &mut TransformOutput<'_>) {
+        let payload = ev.segment().and_then(|s| s.in_order_payload());
+        self.act(now, payload.unwrap_or_default(), out);
+    }
+    fn pending(&self) -> bool {
+        self.pending
+    }
+    fn buffered_len(&self) -> usize {
+        self.held.len()
+    }
+    fn next_deadline(&self) -> Option<Instant> {
+        self.deadline
+    }
+    fn on_timeout(&mut self, now: Instant, out: &mut TransformOutput<'_>) {
+        if self.rng.pct(70) {
+            self.deadline = None;
+        }
+        self.act(now, b"timer", out);
+    }
+}
+
+fn chaos_factory(seed: u64) -> Box<dyn TransformFactory> {
+    let mut rng = Rng(seed | 1);
+    Box::new(
+        move |_: Instant, _: &SessionInfo| -> Option<Box<dyn StreamTransform>> {
+            if rng.pct(20) {
+                return None;
+            }
+            Some(Box::new(Chaos {
+                rng: Rng(rng.next() | 1),
+                held: Vec::new(),
+                pending: rng.pct(30),
+                deadline: None,
+                wants_prod: rng.pct(50),
+            }))
+        },
+    )
+}
+
 fn fuzz_client(i: u8) -> SocketAddrV4 {
     SocketAddrV4::new(
         Ipv4Addr::new(198, 18, 0, 10 + i % 2),
@@ -882,7 +1273,8 @@ proptest! {
 
     #[test]
     fn engine_never_panics_and_stays_bounded(ops in proptest::collection::vec(op(), 1..120),
-                                             pool in any::<bool>(), pickup in any::<bool>()) {
+                                             pool in any::<bool>(), pickup in any::<bool>(),
+                                             chaos in proptest::option::of(any::<u64>())) {
         let mut c = cfg();
         c.max_sessions = 2;
         c.max_session_buffer = 5000;
@@ -893,7 +1285,10 @@ proptest! {
         if pool {
             c.client_ip_pool = Some((Ipv4Addr::new(198, 19, 0, 0), 31));
         }
-        let mut e = Engine::new(c);
+        let mut e = match chaos {
+            Some(seed) => Engine::with_transform(c, chaos_factory(seed)),
+            None => Engine::new(c),
+        };
         let mut now = Instant::from_nanos(1);
         let mut buf = vec![0u8; e.transmit_buffer_len()];
         let payload = vec![0xabu8; 3000];
@@ -948,6 +1343,10 @@ proptest! {
             }
             let st = e.stats();
             prop_assert!(st.sessions_active <= 2);
+            prop_assert!(
+                e.queued_bytes() as u64 <= 5000 * st.sessions_active,
+                "a session holds more than max_session_buffer"
+            );
             prop_assert_eq!(
                 st.sessions_opened + st.sessions_picked_up,
                 st.sessions_active + st.closed_total()

@@ -4,6 +4,7 @@
 //! Every place the mirror can lose or distort traffic increments one of these, so a user can
 //! tell "the test server saw less" apart from "we never captured it" and "we gave up on it".
 
+use super::transform::TransformStats;
 use super::CloseReason;
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -57,12 +58,22 @@ pub struct EngineStats {
     /// ...and how many bytes the test server therefore never got.
     pub client_reset_bytes_lost: u64,
     /// Times a capture gap was suspected (hole in the client stream, or production acked bytes
-    /// we never captured); sessions where it did not heal are closed with `CaptureGap`.
+    /// we never captured; the same for production's replies when a transform reads them);
+    /// sessions where it did not heal are closed with `CaptureGap`.
     pub capture_gaps_suspected: u64,
+    /// Client bytes that came out of reassembly in order (the client's stream; what we send is
+    /// `bytes_queued`, the same unless a transform rewrites).
+    pub client_bytes_reassembled: u64,
+    /// Production reply bytes reassembled in order for transforms that read them.
+    pub prod_bytes_reassembled: u64,
+    /// Production segments dropped: too far ahead of the stream, or too many holes at once.
+    pub prod_segments_dropped: u64,
 
     // --- toward the test server ---
-    /// Client bytes queued toward the test server.
+    /// Bytes queued toward the test server (client bytes, or what transforms pushed).
     pub bytes_queued: u64,
+    /// Bytes a transform pushed after our FIN was placed (a transform bug): discarded.
+    pub transform_bytes_refused: u64,
     /// Bytes sent for the first time.
     pub bytes_sent: u64,
     /// Bytes sent again (retransmissions).
@@ -99,6 +110,13 @@ pub struct EngineStats {
     pub feedback_out_of_order: u64,
     /// Test-server segments seen again (it retransmitted: an ACK of ours was lost).
     pub feedback_test_retransmits: u64,
+    /// `on_test_event` for an address we do not mirror (or a closed session).
+    pub test_events_unknown_session: u64,
+
+    // --- transforms ---
+    /// Counters the sessions' transforms bump, by the id they define; see
+    /// `Engine::transform_counter_names`.
+    pub transform: TransformStats,
 }
 
 impl EngineStats {
@@ -138,7 +156,11 @@ impl EngineStats {
             client_resets_with_queued_data,
             client_reset_bytes_lost,
             capture_gaps_suspected,
+            client_bytes_reassembled,
+            prod_bytes_reassembled,
+            prod_segments_dropped,
             bytes_queued,
+            transform_bytes_refused,
             bytes_sent,
             bytes_resent,
             segments_sent,
@@ -158,7 +180,9 @@ impl EngineStats {
             feedback_ack_beyond_sent,
             feedback_out_of_order,
             feedback_test_retransmits,
+            test_events_unknown_session,
         );
+        self.transform.merge(&o.transform);
         for (a, b) in self.sessions_closed.iter_mut().zip(o.sessions_closed) {
             *a += b;
         }

@@ -10,7 +10,7 @@ use common::wire::{
     emit_ipv4_tcp, parse_ipv4_tcp, tcp_checksum_ok, SegmentRepr, TcpFlags, TcpOptions,
 };
 
-use super::{CloseReason, Engine, EngineConfig, EngineEvent};
+use super::{CloseReason, Engine, EngineConfig, EngineEvent, TransformFactory};
 
 pub(super) const CLIENT: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 10), 40000);
 pub(super) const PROD: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 2), 3306);
@@ -23,10 +23,10 @@ const RST: u8 = TcpFlags::RST;
 const PSH: u8 = TcpFlags::PSH;
 
 /// Client ISN and test-server ISN used by the scenarios (near the wrap on purpose).
-const C: u32 = 0xffff_ff00;
-const T: u32 = 7_000_000;
+pub(super) const C: u32 = 0xffff_ff00;
+pub(super) const T: u32 = 7_000_000;
 
-fn ms(n: u64) -> Duration {
+pub(super) fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
@@ -44,7 +44,7 @@ pub(super) struct Sent {
 }
 
 impl Sent {
-    fn has(&self, f: u8) -> bool {
+    pub(super) fn has(&self, f: u8) -> bool {
         self.flags & f == f
     }
 }
@@ -92,33 +92,42 @@ pub(super) fn parse_sent(bytes: &[u8]) -> Sent {
     }
 }
 
-struct H {
-    e: Engine,
-    now: Instant,
+/// The scripted-scenario harness (shared with `transform_tests`).
+pub(super) struct H {
+    pub(super) e: Engine,
+    pub(super) now: Instant,
     /// The address feedback is addressed to (the mirrored client).
-    mirrored: SocketAddrV4,
+    pub(super) mirrored: SocketAddrV4,
 }
 
 impl H {
-    fn new(cfg: EngineConfig) -> Self {
+    pub(super) fn new(cfg: EngineConfig) -> Self {
+        Self::with_engine(Engine::new(cfg))
+    }
+
+    pub(super) fn with_factory(cfg: EngineConfig, factory: Box<dyn TransformFactory>) -> Self {
+        Self::with_engine(Engine::with_transform(cfg, factory))
+    }
+
+    fn with_engine(e: Engine) -> Self {
         Self {
-            e: Engine::new(cfg),
+            e,
             now: Instant::from_nanos(1_000_000_000),
             mirrored: CLIENT,
         }
     }
 
-    fn default() -> Self {
+    pub(super) fn default() -> Self {
         Self::new(cfg())
     }
 
-    fn advance(&mut self, d: Duration) {
+    pub(super) fn advance(&mut self, d: Duration) {
         self.now = self.now + d;
         self.e.on_timeout(self.now);
     }
 
     /// Advances in small steps so every timer fires at its time.
-    fn run_for(&mut self, d: Duration) -> Vec<(Duration, Sent)> {
+    pub(super) fn run_for(&mut self, d: Duration) -> Vec<(Duration, Sent)> {
         let start = self.now;
         let end = self.now + d;
         let mut out = Vec::new();
@@ -136,16 +145,16 @@ impl H {
         out
     }
 
-    fn capture(&mut self, bytes: &[u8]) {
+    pub(super) fn capture(&mut self, bytes: &[u8]) {
         let p = parse_ipv4_tcp(bytes).unwrap();
         self.e.on_captured(self.now, &p);
     }
 
-    fn client(&mut self, seq: u32, flags: u8, payload: &[u8]) {
+    pub(super) fn client(&mut self, seq: u32, flags: u8, payload: &[u8]) {
         self.client_from(CLIENT, seq, flags, payload, TcpOptions::default());
     }
 
-    fn client_from(
+    pub(super) fn client_from(
         &mut self,
         from: SocketAddrV4,
         seq: u32,
@@ -157,16 +166,24 @@ impl H {
         self.capture(&b);
     }
 
-    fn prod(&mut self, ack: u32, flags: u8) {
+    pub(super) fn prod(&mut self, ack: u32, flags: u8) {
         let b = packet(PROD, CLIENT, 999, ack, flags, b"", TcpOptions::default());
         self.capture(&b);
     }
 
-    fn fb(&mut self, seq: u32, ack: u32, flags: u8, window: u16, len: u32) {
+    pub(super) fn fb(&mut self, seq: u32, ack: u32, flags: u8, window: u16, len: u32) {
         self.fb_opts(seq, ack, flags, window, len, TcpOptions::default());
     }
 
-    fn fb_opts(&mut self, seq: u32, ack: u32, flags: u8, window: u16, len: u32, o: TcpOptions) {
+    pub(super) fn fb_opts(
+        &mut self,
+        seq: u32,
+        ack: u32,
+        flags: u8,
+        window: u16,
+        len: u32,
+        o: TcpOptions,
+    ) {
         let fb = TestFeedback {
             client: self.mirrored,
             server: TARGET,
@@ -181,7 +198,7 @@ impl H {
         self.e.on_feedback(self.now, &fb);
     }
 
-    fn drain(&mut self) -> Vec<Sent> {
+    pub(super) fn drain(&mut self) -> Vec<Sent> {
         let mut buf = vec![0u8; self.e.transmit_buffer_len()];
         let mut out = Vec::new();
         while let Some(n) = self.e.poll_transmit(self.now, &mut buf) {
@@ -191,11 +208,11 @@ impl H {
         out
     }
 
-    fn events(&mut self) -> Vec<EngineEvent> {
+    pub(super) fn events(&mut self) -> Vec<EngineEvent> {
         std::iter::from_fn(|| self.e.poll_event()).collect()
     }
 
-    fn closed_reason(&mut self) -> Option<CloseReason> {
+    pub(super) fn closed_reason(&mut self) -> Option<CloseReason> {
         self.events().into_iter().find_map(|e| match e {
             EngineEvent::SessionClosed { reason, .. } => Some(reason),
             _ => None,
@@ -204,7 +221,7 @@ impl H {
 
     /// Client SYN, test SYN-ACK (window 65535, MSS 1460), client's ACK to production. Returns
     /// our ACK of the SYN-ACK.
-    fn establish(&mut self) -> Sent {
+    pub(super) fn establish(&mut self) -> Sent {
         self.client(C, SYN, b"");
         let syn = self.drain();
         assert_eq!(syn.len(), 1);
@@ -230,11 +247,11 @@ pub(super) fn cfg() -> EngineConfig {
     EngineConfig::new(3306, TARGET)
 }
 
-fn data(n: usize) -> Vec<u8> {
+pub(super) fn data(n: usize) -> Vec<u8> {
     (0..n).map(|i| (i * 7 + 3) as u8).collect()
 }
 
-fn cat(sent: &[Sent]) -> Vec<u8> {
+pub(super) fn cat(sent: &[Sent]) -> Vec<u8> {
     sent.iter().flat_map(|s| s.payload.clone()).collect()
 }
 
@@ -755,7 +772,7 @@ fn reordered_old_feedback_does_not_shrink_the_window() {
 
 // ---------------------------------------------------------------------------- close
 
-fn assert_completed(h: &mut H) {
+pub(super) fn assert_completed(h: &mut H) {
     let ev = h.events();
     assert!(
         ev.iter().any(|e| matches!(

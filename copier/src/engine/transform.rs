@@ -1,0 +1,433 @@
+//! The seam where a protocol layer may change what the test server receives.
+//!
+//! # What this room is for
+//!
+//! The engine plays the TCP client side of every mirrored connection; it knows nothing of the
+//! bytes it carries. A [`StreamTransform`] (one per session, made by a [`TransformFactory`])
+//! sits between the client's reassembled stream and the stream we send: it sees every in-order
+//! client byte once, may see production's in-order replies and what intercept relays about the
+//! test server, and decides which bytes we send: the same, others, more (a synthetic login
+//! before a picked-up connection's commands), fewer (a dropped command), or none yet (a login
+//! that must wait for the test server's greeting). It may also give the session up
+//! ([`CloseReason::NotMirrorable`](super::CloseReason::NotMirrorable)) and bump its own counters.
+//!
+//! Two sequence spaces meet here and nowhere else: what a transform receives is in the client's
+//! space (and production's), what it pushes is appended to *our* stream toward the test server.
+//! Nothing in the engine maps one onto the other afterwards: retransmission, ACKs and FIN live
+//! entirely in our space, reassembly and capture-gap detection entirely in the client's.
+//!
+//! # What it must never do
+//!
+//! * Know a protocol. MySQL lives in `copier/src/mysql/`; this file only defines the hook.
+//! * Do I/O, read a clock, log, or block: a transform is called on the packet hot path with the
+//!   engine's `now`, and must be a deterministic function of what it was fed.
+//! * Cost anything when unused: a factory that returns `None` keeps the session on the plain
+//!   path (bytes go straight from reassembly into the send buffer, no virtual call, no copy).
+//! * Allocate per packet: [`TransformOutput`] writes into the session's own send buffer and its
+//!   counters are a fixed array.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::net::SocketAddrV4;
+
+use common::clock::Instant;
+use common::control::TestFeedback;
+
+/// Counters a transform can bump, per engine (ids `0..TRANSFORM_COUNTERS`).
+pub const TRANSFORM_COUNTERS: usize = 64;
+
+/// What a factory knows about the session it makes a transform for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SessionInfo {
+    /// The real client, as captured.
+    pub client: SocketAddrV4,
+    /// The production server the client talks to.
+    pub prod: SocketAddrV4,
+    /// The address we send from toward the test server (the client's, or a pool address).
+    pub mirrored: SocketAddrV4,
+    /// The connection was open before we saw it (no SYN): its login happened long ago.
+    pub picked_up: bool,
+}
+
+/// A per-session rewrite of the client's byte stream. See the module documentation.
+///
+/// Every method gets the engine's `now` and an output; pushed bytes go to the test server in
+/// the order pushed, after everything pushed before. Methods are never called again after the
+/// session ended (abandoned, reset, closed).
+pub trait StreamTransform: Send {
+    /// In-order client bytes, each exactly once (retransmissions and reordering are already
+    /// undone). Push what the test server should receive; it may be nothing yet.
+    fn on_client_data(&mut self, now: Instant, data: &[u8], out: &mut TransformOutput<'_>);
+
+    /// The client closed its side (its FIN was reached in order). Last chance to flush; our FIN
+    /// follows everything pushed, once [`pending`](Self::pending) is false.
+    fn on_client_fin(&mut self, _now: Instant, _out: &mut TransformOutput<'_>) {}
+
+    /// The session was picked up mid-stream; called once, before any client byte, so bytes
+    /// pushed here come first (a synthetic login, `COM_INIT_DB`, re-prepares).
+    fn on_pickup(&mut self, _now: Instant, _out: &mut TransformOutput<'_>) {}
+
+    /// Whether [`on_prod_data`](Self::on_prod_data) is wanted. Asked once, when the session
+    /// starts; when false the engine does not reassemble production's replies at all.
+    fn wants_prod_data(&self) -> bool {
+        false
+    }
+
+    /// In-order production->client bytes (captured on the production host), each exactly once.
+    /// The stream starts at production's SYN-ACK, or for a picked-up session at the first
+    /// production segment with data that was captured.
+    fn on_prod_data(&mut self, _now: Instant, _data: &[u8], _out: &mut TransformOutput<'_>) {}
+
+    /// Something learnt about the test server's side of the connection.
+    fn on_test_event(
+        &mut self,
+        _now: Instant,
+        _ev: &TestEvent<'_>,
+        _out: &mut TransformOutput<'_>,
+    ) {
+    }
+
+    /// Whether client bytes may still be withheld (e.g. waiting for the greeting): while true,
+    /// the engine does not send our FIN even if the client closed. Asked after every call.
+    fn pending(&self) -> bool {
+        false
+    }
+
+    /// Bytes the transform holds and still means to send: they count toward the session's
+    /// `max_session_buffer` and toward [`Engine::queued_bytes`](super::Engine::queued_bytes).
+    fn buffered_len(&self) -> usize {
+        0
+    }
+
+    /// When [`on_timeout`](Self::on_timeout) should run next, if ever.
+    fn next_deadline(&self) -> Option<Instant> {
+        None
+    }
+
+    /// Called once `now >= next_deadline()` (possibly a little late, never early). A deadline
+    /// still not after `now` when this returns is taken as 1 ms later.
+    fn on_timeout(&mut self, _now: Instant, _out: &mut TransformOutput<'_>) {}
+}
+
+/// Makes one transform per new session.
+pub trait TransformFactory: Send {
+    /// `None` keeps the session on the plain byte-for-byte path, at no cost.
+    fn create(&mut self, now: Instant, session: &SessionInfo) -> Option<Box<dyn StreamTransform>>;
+
+    /// Names of the counters the transforms bump, indexed by counter id (for metrics labels
+    /// and the summary). Ids without a name are still counted.
+    fn counter_names(&self) -> &'static [&'static str] {
+        &[]
+    }
+}
+
+/// Any closure can be a factory (handy in tests).
+impl<F> TransformFactory for F
+where
+    F: FnMut(Instant, &SessionInfo) -> Option<Box<dyn StreamTransform>> + Send,
+{
+    fn create(&mut self, now: Instant, session: &SessionInfo) -> Option<Box<dyn StreamTransform>> {
+        self(now, session)
+    }
+}
+
+/// The default: every session byte-for-byte.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct IdentityFactory;
+
+impl TransformFactory for IdentityFactory {
+    fn create(&mut self, _: Instant, _: &SessionInfo) -> Option<Box<dyn StreamTransform>> {
+        None
+    }
+}
+
+/// Passes every client byte through unchanged. Behaves exactly like no transform (slower): a
+/// base to wrap, and a check that the transform path changes nothing by itself.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Identity;
+
+impl StreamTransform for Identity {
+    fn on_client_data(&mut self, _: Instant, data: &[u8], out: &mut TransformOutput<'_>) {
+        out.push(data);
+    }
+}
+
+/// Knowledge about the test server's side of a session. Segments come from
+/// [`Engine::on_feedback`](super::Engine::on_feedback); a variant added here (e.g. the MySQL
+/// packet summaries intercept will relay) is delivered with
+/// [`Engine::on_test_event`](super::Engine::on_test_event) and needs no other engine change.
+#[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
+pub enum TestEvent<'a> {
+    /// A segment of the test server, after the engine's own TCP processing of it.
+    Segment(TestSegment<'a>),
+}
+
+impl<'a> TestEvent<'a> {
+    /// The segment, if this is one (matching on it this way keeps compiling when variants
+    /// are added).
+    pub fn segment(&self) -> Option<&TestSegment<'a>> {
+        match self {
+            TestEvent::Segment(s) => Some(s),
+        }
+    }
+}
+
+/// A relayed test-server segment as the engine understood it. Only the engine makes these
+/// (every duplicate and reordered copy is passed on; `in_order` tells the new ones).
+#[derive(Clone, Copy, Debug)]
+pub struct TestSegment<'a> {
+    feedback: &'a TestFeedback,
+    in_order: bool,
+}
+
+impl<'a> TestSegment<'a> {
+    pub(super) fn new(feedback: &'a TestFeedback, in_order: bool) -> Self {
+        Self { feedback, in_order }
+    }
+
+    pub fn feedback(&self) -> &'a TestFeedback {
+        self.feedback
+    }
+
+    /// The segment carries data that starts exactly at the next byte of the test server's
+    /// stream and is seen for the first time: its `payload_prefix` is the continuation of the
+    /// stream (complete if [`TestFeedback::payload_complete`]). False for duplicates,
+    /// retransmissions and segments beyond a hole (their bytes are never offered again).
+    pub fn in_order(&self) -> bool {
+        self.in_order
+    }
+
+    /// The payload bytes relayed, if the segment is in order.
+    pub fn in_order_payload(&self) -> Option<&'a [u8]> {
+        self.in_order
+            .then_some(self.feedback.payload_prefix.as_slice())
+    }
+}
+
+/// Counters bumped by transforms, summed over an engine's sessions. Ids are defined by the
+/// transform (an enum cast to `usize`); names come from [`TransformFactory::counter_names`].
+#[derive(Clone, PartialEq, Eq)]
+pub struct TransformStats {
+    counters: [u64; TRANSFORM_COUNTERS],
+}
+
+impl Default for TransformStats {
+    fn default() -> Self {
+        Self {
+            counters: [0; TRANSFORM_COUNTERS],
+        }
+    }
+}
+
+impl fmt::Debug for TransformStats {
+    // Only what was bumped: 64 zeros drown every other counter in a Debug dump.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_map()
+            .entries(self.counters.iter().enumerate().filter(|(_, n)| **n > 0))
+            .finish()
+    }
+}
+
+impl TransformStats {
+    /// Ids out of range are ignored (a transform bug must not panic the hot path).
+    pub fn add(&mut self, id: usize, n: u64) {
+        if let Some(c) = self.counters.get_mut(id) {
+            *c = c.wrapping_add(n);
+        }
+    }
+
+    pub fn get(&self, id: usize) -> u64 {
+        self.counters.get(id).copied().unwrap_or(0)
+    }
+
+    pub fn as_slice(&self) -> &[u64] {
+        &self.counters
+    }
+
+    /// `(name, value)` for every named counter.
+    pub fn named<'a>(
+        &'a self,
+        names: &'a [&'static str],
+    ) -> impl Iterator<Item = (&'static str, u64)> + 'a {
+        names
+            .iter()
+            .zip(self.counters.iter())
+            .map(|(n, v)| (*n, *v))
+    }
+
+    pub fn merge(&mut self, o: &TransformStats) {
+        for (a, b) in self.counters.iter_mut().zip(o.counters.iter()) {
+            *a = a.wrapping_add(*b);
+        }
+    }
+}
+
+/// Where a transform puts its decisions: bytes for our stream, counters, giving up.
+pub struct TransformOutput<'a> {
+    send: &'a mut VecDeque<u8>,
+    counters: &'a mut TransformStats,
+    /// Our FIN is already placed: nothing may follow it.
+    closed: bool,
+    /// Bytes `send` may still take (the session's buffer bound).
+    room: usize,
+    pushed: usize,
+    refused: usize,
+    overflowed: bool,
+    abandoned: Option<&'static str>,
+}
+
+/// What one call asked for, applied by the session afterwards.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct TransformResult {
+    pub(super) pushed: usize,
+    /// Bytes pushed after our FIN was placed (a transform bug), discarded.
+    pub(super) refused: usize,
+    pub(super) overflowed: bool,
+    pub(super) abandoned: Option<&'static str>,
+}
+
+impl<'a> TransformOutput<'a> {
+    /// An unbounded output appending to `send`: for testing a transform without an engine.
+    pub fn new(send: &'a mut VecDeque<u8>, counters: &'a mut TransformStats) -> Self {
+        Self::bound(send, counters, false, usize::MAX)
+    }
+
+    pub(super) fn bound(
+        send: &'a mut VecDeque<u8>,
+        counters: &'a mut TransformStats,
+        closed: bool,
+        room: usize,
+    ) -> Self {
+        Self {
+            send,
+            counters,
+            closed,
+            room,
+            pushed: 0,
+            refused: 0,
+            overflowed: false,
+            abandoned: None,
+        }
+    }
+
+    /// Appends bytes to our stream toward the test server. Ignored once the session was
+    /// abandoned; more than the session's buffer can hold ends it with `BufferOverflow`.
+    pub fn push(&mut self, bytes: &[u8]) {
+        if self.abandoned.is_some() || self.overflowed || bytes.is_empty() {
+            return;
+        }
+        if self.closed {
+            self.refused += bytes.len();
+            return;
+        }
+        if bytes.len() > self.room {
+            // Refused whole: the session is over anyway, and the buffer stays within its bound.
+            self.overflowed = true;
+            return;
+        }
+        self.room -= bytes.len();
+        self.pushed += bytes.len();
+        self.send.extend(bytes);
+    }
+
+    /// The session cannot be mirrored (TLS, compression, ...): the engine resets it toward the
+    /// test server and closes it with `NotMirrorable`; `why` goes into the close event.
+    pub fn abandon(&mut self, why: &'static str) {
+        self.abandoned.get_or_insert(why);
+    }
+
+    pub fn count(&mut self, counter: usize) {
+        self.counters.add(counter, 1);
+    }
+
+    pub fn add(&mut self, counter: usize, n: u64) {
+        self.counters.add(counter, n);
+    }
+
+    /// Bytes pushed through this output so far.
+    pub fn pushed(&self) -> usize {
+        self.pushed
+    }
+
+    pub fn abandoned(&self) -> Option<&'static str> {
+        self.abandoned
+    }
+
+    pub(super) fn is_done(&self) -> bool {
+        self.abandoned.is_some() || self.overflowed
+    }
+
+    pub(super) fn result(&self) -> TransformResult {
+        TransformResult {
+            pushed: self.pushed,
+            refused: self.refused,
+            overflowed: self.overflowed,
+            abandoned: self.abandoned,
+        }
+    }
+}
+
+/// A session's transform; its `Debug` never shows the transform's state (which may hold
+/// credentials).
+pub(super) struct Slot(pub(super) Box<dyn StreamTransform>);
+
+impl fmt::Debug for Slot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("StreamTransform")
+    }
+}
+
+/// The engine's factory, kept out of `Debug` for the same reason.
+pub(super) struct FactorySlot(pub(super) Box<dyn TransformFactory>);
+
+impl fmt::Debug for FactorySlot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("TransformFactory")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn output_bounds_and_refusals() {
+        let mut buf = VecDeque::new();
+        let mut st = TransformStats::default();
+        let mut out = TransformOutput::bound(&mut buf, &mut st, false, 5);
+        out.push(b"abc");
+        out.push(b"def"); // would exceed the room: refused whole
+        out.push(b"g");
+        out.count(3);
+        out.add(3, 2);
+        out.count(TRANSFORM_COUNTERS + 7); // ignored, no panic
+        let r = out.result();
+        assert_eq!((r.pushed, r.overflowed), (3, true));
+        assert_eq!(buf, b"abc");
+        assert_eq!(st.get(3), 3);
+
+        let mut out = TransformOutput::bound(&mut buf, &mut st, true, 100);
+        out.push(b"late");
+        assert_eq!(out.result().refused, 4);
+        let mut out = TransformOutput::new(&mut buf, &mut st);
+        out.abandon("tls");
+        out.abandon("second reason is not kept");
+        out.push(b"x");
+        assert_eq!(out.result().abandoned, Some("tls"));
+        assert_eq!(buf, b"abc");
+    }
+
+    #[test]
+    fn stats_merge_and_names() {
+        let mut a = TransformStats::default();
+        a.add(0, 2);
+        let mut b = TransformStats::default();
+        b.add(0, 1);
+        b.add(1, 5);
+        a.merge(&b);
+        let named: Vec<_> = a.named(&["seen", "dropped"]).collect();
+        assert_eq!(named, vec![("seen", 3), ("dropped", 5)]);
+        assert_eq!(format!("{a:?}"), "{0: 3, 1: 5}");
+    }
+}
