@@ -1,8 +1,9 @@
 //! The control channel between intercept and copier: message types and their codec.
 //!
-//! Intercept sees the test server's replies; the copier needs a few fields of each to play the
-//! client side of the mirrored connection. This module turns those messages into length-prefixed
-//! binary frames and back (the byte-by-byte layout is in `docs/protocol.md`).
+//! Intercept sees the test server's replies; the copier needs a few fields of each segment to play
+//! the client side of the mirrored connection ([`TestFeedback`]), and a summary of each MySQL
+//! packet to log in and map statement ids ([`MysqlEvent`]). This module turns those messages into
+//! length-prefixed binary frames and back (the byte-by-byte layout is in `docs/protocol.md`).
 //!
 //! It must never do I/O, never panic on what it decodes and never allocate more than the frame it
 //! was given: every received byte is untrusted input, and a frame larger than [`MAX_FRAME_LEN`]
@@ -18,7 +19,8 @@ use crate::wire::{TcpFlags, TcpOptions, TcpPacket};
 /// client pointed at the wrong port) fails on them instead of being half-understood.
 pub const MAGIC: [u8; 4] = *b"TSHD";
 /// Bumped on any change to the layout of any message. Peers require equality.
-pub const PROTOCOL_VERSION: u16 = 1;
+/// Version 2 added the Mysql message and the Welcome's framing fields.
+pub const PROTOCOL_VERSION: u16 = 2;
 /// Bytes of the frame header (the big-endian length of type + body).
 pub const FRAME_HEADER_LEN: usize = 4;
 /// Largest accepted value of the length field (type byte + body).
@@ -35,6 +37,15 @@ pub const MAX_PAYLOAD_PREFIX: usize = 4096;
 pub const MAX_ADDRS_PER_FRAME: usize = 65_536;
 /// A Feedback batch of at most this many items always fits in one frame, whatever the prefixes.
 pub const MAX_FEEDBACK_PER_FRAME: usize = MAX_FRAME_LEN / (MAX_FEEDBACK_ITEM_LEN + 1);
+/// Longest `head` of a [`MysqlPacket`]: a greeting, an auth switch or an RSA public key fits.
+pub const MAX_MYSQL_HEAD: usize = 1024;
+/// The first this-many MySQL packets of a connection carry their whole payload (up to
+/// [`MAX_MYSQL_HEAD`]) whatever intercept's `--mysql-head`: greeting and auth exchange.
+pub const MYSQL_FULL_HEAD_PACKETS: u64 = 8;
+/// Largest MySQL packet payload; a packet of exactly this length continues in the next one.
+pub const MYSQL_MAX_PAYLOAD: u32 = 0xFF_FFFF;
+/// A Mysql batch of at most this many events always fits in one frame, whatever the heads.
+pub const MAX_MYSQL_EVENTS_PER_FRAME: usize = MAX_FRAME_LEN / (MAX_MYSQL_ITEM_LEN + 1);
 
 /// Message type codes. Hello and Reject keep their codes and layouts in every version, so that
 /// peers of different versions can still tell each other why they cannot talk.
@@ -47,7 +58,22 @@ mod ty {
     pub const REJECT: u8 = 0x82;
     pub const FEEDBACK: u8 = 0x83;
     pub const PONG: u8 = 0x84;
+    pub const MYSQL: u8 = 0x85;
 }
+
+// Kinds of a Mysql item.
+const MYSQL_PACKET: u8 = 0x01;
+const MYSQL_FRAMING_LOST: u8 = 0x02;
+
+// Framing announced in a Welcome.
+const FRAMING_NONE: u8 = 0;
+const FRAMING_MYSQL: u8 = 1;
+
+/// kind(1) client(6) stream_offset(8) tcp_seq(4) seq_id(1) len(4) head_len(2)
+const MYSQL_PACKET_FIXED_LEN: usize = 26;
+/// kind(1) client(6) at_seq(4)
+const MYSQL_LOST_LEN: usize = 11;
+const MAX_MYSQL_ITEM_LEN: usize = MYSQL_PACKET_FIXED_LEN + MAX_MYSQL_HEAD;
 
 // Option-presence bits of a feedback item.
 const OPT_MSS: u8 = 0x01;
@@ -113,6 +139,65 @@ impl TestFeedback {
     }
 }
 
+/// One MySQL packet the test server sent on a mirrored connection, as intercept framed it from
+/// the reassembled reply stream. The payload itself stays at intercept: only its first bytes
+/// travel.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MysqlPacket {
+    /// Bytes of the server's stream before this packet's header (0 = first byte after the
+    /// SYN-ACK). Consecutive packets satisfy `next.stream_offset == stream_offset + 4 + len`,
+    /// which is how a receiver notices events it never got.
+    pub stream_offset: u64,
+    /// TCP sequence number of the packet's first header byte.
+    pub tcp_seq: u32,
+    /// The MySQL sequence id from the header.
+    pub seq_id: u8,
+    /// Payload length from the header (at most [`MYSQL_MAX_PAYLOAD`]).
+    pub len: u32,
+    /// The first payload bytes: all of them (up to [`MAX_MYSQL_HEAD`]) for the first
+    /// [`MYSQL_FULL_HEAD_PACKETS`] packets, then intercept's `--mysql-head`; none for a packet
+    /// that continues a [`MYSQL_MAX_PAYLOAD`]-long one.
+    pub head: Vec<u8>,
+}
+
+impl MysqlPacket {
+    /// Whether `head` holds the whole payload.
+    pub fn complete(&self) -> bool {
+        self.head.len() as u64 == u64::from(self.len)
+    }
+}
+
+/// What intercept learnt of the MySQL packets of one mirrored connection.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MysqlEvent {
+    Packet {
+        /// The mirrored client address (the replies' destination).
+        client: SocketAddrV4,
+        packet: MysqlPacket,
+    },
+    /// intercept can no longer frame this connection's replies (bytes it will never see, or
+    /// the connection was picked up without its SYN-ACK): no more packets for it until a new
+    /// SYN-ACK. `at_seq` is the server sequence number where framing stopped.
+    FramingLost { client: SocketAddrV4, at_seq: u32 },
+}
+
+impl MysqlEvent {
+    /// The connection the event is about.
+    pub fn client(&self) -> SocketAddrV4 {
+        match self {
+            MysqlEvent::Packet { client, .. } | MysqlEvent::FramingLost { client, .. } => *client,
+        }
+    }
+
+    /// Bytes this item takes inside a Mysql frame.
+    pub fn encoded_len(&self) -> usize {
+        match self {
+            MysqlEvent::Packet { packet, .. } => MYSQL_PACKET_FIXED_LEN + packet.head.len(),
+            MysqlEvent::FramingLost { .. } => MYSQL_LOST_LEN,
+        }
+    }
+}
+
 /// Sent by a copier as its first frame.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Hello {
@@ -154,6 +239,10 @@ pub struct Welcome {
     /// How many payload bytes each feedback carries at most; the copier needs it to know
     /// whether a reply it wants to parse (a MySQL greeting) can arrive whole.
     pub payload_prefix: u16,
+    /// `Some(head)` when intercept frames MySQL packets (`--protocol mysql`) and sends Mysql
+    /// messages, `head` being its `--mysql-head` (≤ [`MAX_MYSQL_HEAD`]); `None` when it relays
+    /// TCP segments only, so mirrored sessions cannot learn the test server's greeting.
+    pub mysql_head: Option<u16>,
 }
 
 /// Intercept's answer to a refused Hello, just before it closes the connection.
@@ -194,6 +283,8 @@ pub enum InterceptMessage {
     Reject(Reject),
     Feedback(Vec<TestFeedback>),
     Pong(u64),
+    /// MySQL packet summaries, in stream order per connection.
+    Mysql(Vec<MysqlEvent>),
 }
 
 /// Why a message could not be encoded. The output buffer is left as it was.
@@ -209,6 +300,10 @@ pub enum EncodeError {
     },
     #[error("feedback payload prefix ({prefix} bytes) is longer than its payload ({payload})")]
     PrefixLongerThanPayload { prefix: usize, payload: u32 },
+    #[error("MySQL packet head ({head} bytes) is longer than its payload ({len})")]
+    HeadLongerThanPayload { head: usize, len: u32 },
+    #[error("MySQL packet length {len} does not fit the 3-byte header")]
+    MysqlLengthTooLarge { len: u32 },
 }
 
 /// Why received bytes are not a valid message. Any of these ends the connection: after a bad
@@ -297,6 +392,7 @@ impl WireMessage for InterceptMessage {
             InterceptMessage::Reject(j) => encode_reject(j, out),
             InterceptMessage::Feedback(b) => encode_feedback(b, out),
             InterceptMessage::Pong(n) => encode_pong(*n, out),
+            InterceptMessage::Mysql(b) => encode_mysql(b, out),
         }
     }
 
@@ -308,10 +404,22 @@ impl WireMessage for InterceptMessage {
                 let name_len = usize::from(r.u8()?);
                 let name = r.string(name_len)?;
                 let payload_prefix = r.u16()?;
+                let mysql_head = match r.u8()? {
+                    FRAMING_NONE => None,
+                    FRAMING_MYSQL => {
+                        let head = r.u16()?;
+                        if usize::from(head) > MAX_MYSQL_HEAD {
+                            return Err(r.invalid("MySQL head longer than 1024 bytes"));
+                        }
+                        Some(head)
+                    }
+                    _ => return Err(r.invalid("unknown framing")),
+                };
                 InterceptMessage::Welcome(Welcome {
                     version: PROTOCOL_VERSION,
                     name,
                     payload_prefix,
+                    mysql_head,
                 })
             }
             ty::REJECT => {
@@ -334,6 +442,14 @@ impl WireMessage for InterceptMessage {
                 InterceptMessage::Feedback(items)
             }
             ty::PONG => InterceptMessage::Pong(r.u64()?),
+            ty::MYSQL => {
+                let count = r.u32()? as usize;
+                let mut items = Vec::with_capacity(count.min(r.buf.len() / MYSQL_LOST_LEN));
+                for _ in 0..count {
+                    items.push(read_mysql(&mut r)?);
+                }
+                InterceptMessage::Mysql(items)
+            }
             _ => return Err(DecodeError::UnexpectedType { ty: t }),
         };
         r.finish()?;
@@ -367,12 +483,22 @@ pub fn encode_hello(h: &Hello, out: &mut Vec<u8>) -> Result<(), EncodeError> {
 /// Appends a Welcome frame.
 pub fn encode_welcome(w: &Welcome, out: &mut Vec<u8>) -> Result<(), EncodeError> {
     check_len("intercept name", w.name.len(), MAX_NAME_LEN)?;
+    if let Some(head) = w.mysql_head {
+        check_len("MySQL head", usize::from(head), MAX_MYSQL_HEAD)?;
+    }
     frame(out, ty::WELCOME, |o| {
         o.extend_from_slice(&MAGIC);
         o.extend_from_slice(&w.version.to_be_bytes());
         o.push(w.name.len() as u8);
         o.extend_from_slice(w.name.as_bytes());
         o.extend_from_slice(&w.payload_prefix.to_be_bytes());
+        match w.mysql_head {
+            None => o.push(FRAMING_NONE),
+            Some(head) => {
+                o.push(FRAMING_MYSQL);
+                o.extend_from_slice(&head.to_be_bytes());
+            }
+        }
         Ok(())
     })
 }
@@ -422,6 +548,23 @@ pub fn encode_feedback(batch: &[TestFeedback], out: &mut Vec<u8>) -> Result<(), 
         for fb in batch {
             write_feedback(fb, o)?;
             // Stop early rather than build a huge buffer only to throw it away.
+            if o.len() > MAX_FRAME_LEN + FRAME_HEADER_LEN {
+                return Err(EncodeError::FrameTooLarge { len: o.len() });
+            }
+        }
+        Ok(())
+    })
+}
+
+/// Appends one Mysql frame carrying `batch`. A batch of at most
+/// [`MAX_MYSQL_EVENTS_PER_FRAME`] events always fits.
+pub fn encode_mysql(batch: &[MysqlEvent], out: &mut Vec<u8>) -> Result<(), EncodeError> {
+    frame(out, ty::MYSQL, |o| {
+        let count = u32::try_from(batch.len())
+            .map_err(|_| EncodeError::FrameTooLarge { len: usize::MAX })?;
+        o.extend_from_slice(&count.to_be_bytes());
+        for ev in batch {
+            write_mysql(ev, o)?;
             if o.len() > MAX_FRAME_LEN + FRAME_HEADER_LEN {
                 return Err(EncodeError::FrameTooLarge { len: o.len() });
             }
@@ -492,6 +635,37 @@ fn write_feedback(fb: &TestFeedback, o: &mut Vec<u8>) -> Result<(), EncodeError>
     o.extend_from_slice(&fb.payload_len.to_be_bytes());
     o.extend_from_slice(&(fb.payload_prefix.len() as u16).to_be_bytes());
     o.extend_from_slice(&fb.payload_prefix);
+    Ok(())
+}
+
+fn write_mysql(ev: &MysqlEvent, o: &mut Vec<u8>) -> Result<(), EncodeError> {
+    match ev {
+        MysqlEvent::Packet { client, packet: p } => {
+            check_len("MySQL packet head", p.head.len(), MAX_MYSQL_HEAD)?;
+            if p.len > MYSQL_MAX_PAYLOAD {
+                return Err(EncodeError::MysqlLengthTooLarge { len: p.len });
+            }
+            if p.head.len() as u64 > u64::from(p.len) {
+                return Err(EncodeError::HeadLongerThanPayload {
+                    head: p.head.len(),
+                    len: p.len,
+                });
+            }
+            o.push(MYSQL_PACKET);
+            write_addr(client, o);
+            o.extend_from_slice(&p.stream_offset.to_be_bytes());
+            o.extend_from_slice(&p.tcp_seq.to_be_bytes());
+            o.push(p.seq_id);
+            o.extend_from_slice(&p.len.to_be_bytes());
+            o.extend_from_slice(&(p.head.len() as u16).to_be_bytes());
+            o.extend_from_slice(&p.head);
+        }
+        MysqlEvent::FramingLost { client, at_seq } => {
+            o.push(MYSQL_FRAMING_LOST);
+            write_addr(client, o);
+            o.extend_from_slice(&at_seq.to_be_bytes());
+        }
+    }
     Ok(())
 }
 
@@ -670,6 +844,45 @@ fn read_feedback(r: &mut Reader<'_>) -> Result<TestFeedback, DecodeError> {
     })
 }
 
+fn read_mysql(r: &mut Reader<'_>) -> Result<MysqlEvent, DecodeError> {
+    let kind = r.u8()?;
+    let client = r.addr()?;
+    match kind {
+        MYSQL_PACKET => {
+            let stream_offset = r.u64()?;
+            let tcp_seq = r.u32()?;
+            let seq_id = r.u8()?;
+            let len = r.u32()?;
+            if len > MYSQL_MAX_PAYLOAD {
+                return Err(r.invalid("MySQL packet length does not fit 3 bytes"));
+            }
+            let head_len = usize::from(r.u16()?);
+            if head_len > MAX_MYSQL_HEAD {
+                return Err(r.invalid("MySQL packet head longer than 1024 bytes"));
+            }
+            if head_len as u64 > u64::from(len) {
+                return Err(r.invalid("MySQL packet head longer than its payload"));
+            }
+            let head = r.bytes(head_len)?.to_vec();
+            Ok(MysqlEvent::Packet {
+                client,
+                packet: MysqlPacket {
+                    stream_offset,
+                    tcp_seq,
+                    seq_id,
+                    len,
+                    head,
+                },
+            })
+        }
+        MYSQL_FRAMING_LOST => Ok(MysqlEvent::FramingLost {
+            client,
+            at_seq: r.u32()?,
+        }),
+        _ => Err(r.invalid("unknown MySQL item kind")),
+    }
+}
+
 /// Splits a byte stream into frames and decodes them as `M`.
 ///
 /// Feed it whatever the socket returned, then call [`next_message`](Self::next_message) until it
@@ -802,7 +1015,7 @@ mod tests {
             out,
             [
                 0, 0, 0, 14, // length: type + 13-byte body
-                0x01, b'T', b'S', b'H', b'D', 0, 1, // type, magic, version
+                0x01, b'T', b'S', b'H', b'D', 0, 2, // type, magic, version
                 2, b'c', b'1', // name
                 1, 0, 1, b'k', // token
             ]
@@ -869,7 +1082,13 @@ mod tests {
         };
         encode_hello(&h, &mut out).unwrap();
         let err = decode_all::<CopierMessage>(&out).unwrap_err();
-        assert_eq!(err, DecodeError::VersionMismatch { theirs: 7, ours: 1 });
+        assert_eq!(
+            err,
+            DecodeError::VersionMismatch {
+                theirs: 7,
+                ours: PROTOCOL_VERSION
+            }
+        );
         assert!(err.to_string().contains("same tcpshadow release"));
     }
 
@@ -962,6 +1181,148 @@ mod tests {
         assert!(TestFeedback::from_packet(&pkt, 64).payload_complete());
     }
 
+    fn mysql_packet(head: &[u8], len: u32) -> MysqlEvent {
+        MysqlEvent::Packet {
+            client: addr(10, 40000),
+            packet: MysqlPacket {
+                stream_offset: 0x0102_0304_0506_0708,
+                tcp_seq: 0x0a0b_0c0d,
+                seq_id: 3,
+                len,
+                head: head.to_vec(),
+            },
+        }
+    }
+
+    #[test]
+    fn mysql_layout_is_as_documented() {
+        let batch = [
+            mysql_packet(&[0x00, 0x01], 7),
+            MysqlEvent::FramingLost {
+                client: addr(11, 2),
+                at_seq: 9,
+            },
+        ];
+        let mut out = Vec::new();
+        encode_mysql(&batch, &mut out).unwrap();
+        #[rustfmt::skip]
+        let want = [
+            0, 0, 0, 1 + 4 + 28 + 11, // length
+            0x85, 0, 0, 0, 2, // type, count
+            0x01, 198, 18, 0, 10, 0x9c, 0x40, // kind, client
+            1, 2, 3, 4, 5, 6, 7, 8, // stream_offset
+            0x0a, 0x0b, 0x0c, 0x0d, // tcp_seq
+            3, 0, 0, 0, 7, 0, 2, 0x00, 0x01, // seq_id, len, head_len, head
+            0x02, 198, 18, 0, 11, 0, 2, 0, 0, 0, 9, // kind, client, at_seq
+        ];
+        assert_eq!(out, want);
+        assert_eq!(
+            out.len(),
+            FRAME_HEADER_LEN + 5 + batch.iter().map(MysqlEvent::encoded_len).sum::<usize>()
+        );
+        assert_eq!(
+            decode_all::<InterceptMessage>(&out).unwrap(),
+            [InterceptMessage::Mysql(batch.to_vec())]
+        );
+    }
+
+    #[test]
+    fn a_full_batch_of_maximal_mysql_events_fits_one_frame() {
+        let batch =
+            vec![mysql_packet(&[7; MAX_MYSQL_HEAD], MYSQL_MAX_PAYLOAD); MAX_MYSQL_EVENTS_PER_FRAME];
+        let mut out = Vec::new();
+        encode_mysql(&batch, &mut out).unwrap();
+        assert_eq!(
+            decode_all::<InterceptMessage>(&out).unwrap(),
+            [InterceptMessage::Mysql(batch)]
+        );
+    }
+
+    #[test]
+    fn inconsistent_mysql_packets_are_refused() {
+        let mut out = b"x".to_vec();
+        for (ev, want) in [
+            (
+                mysql_packet(&[1, 2, 3], 2),
+                EncodeError::HeadLongerThanPayload { head: 3, len: 2 },
+            ),
+            (
+                mysql_packet(&[], 1 << 24),
+                EncodeError::MysqlLengthTooLarge { len: 1 << 24 },
+            ),
+            (
+                mysql_packet(&[0; MAX_MYSQL_HEAD + 1], 5000),
+                EncodeError::FieldTooLong {
+                    what: "MySQL packet head",
+                    len: MAX_MYSQL_HEAD + 1,
+                    max: MAX_MYSQL_HEAD,
+                },
+            ),
+        ] {
+            assert_eq!(encode_mysql(&[ev], &mut out), Err(want));
+            assert_eq!(out, b"x");
+        }
+    }
+
+    #[test]
+    fn mysql_bounds_are_checked_on_decode() {
+        let mut ok = Vec::new();
+        encode_mysql(&[mysql_packet(&[1, 2], 2)], &mut ok).unwrap();
+        let body = &ok[FRAME_HEADER_LEN + 1..];
+        // Offsets inside the body: count(4) kind(1) client(6) off(8) seq(4) id(1) len(4) hlen(2).
+        let len_at = 4 + 1 + 6 + 8 + 4 + 1;
+        let mut long_head = body.to_vec();
+        long_head[len_at..len_at + 4].copy_from_slice(&1u32.to_be_bytes());
+        assert!(matches!(
+            InterceptMessage::decode(0x85, &long_head),
+            Err(DecodeError::Invalid { .. })
+        ));
+        let mut huge = body.to_vec();
+        huge[len_at..len_at + 4].copy_from_slice(&(1u32 << 24).to_be_bytes());
+        assert!(matches!(
+            InterceptMessage::decode(0x85, &huge),
+            Err(DecodeError::Invalid { .. })
+        ));
+        let mut kind = body.to_vec();
+        kind[4] = 9;
+        assert!(matches!(
+            InterceptMessage::decode(0x85, &kind),
+            Err(DecodeError::Invalid { .. })
+        ));
+        // A count larger than the body is truncation, not a huge allocation.
+        let mut count = body.to_vec();
+        count[..4].copy_from_slice(&u32::MAX.to_be_bytes());
+        assert_eq!(
+            InterceptMessage::decode(0x85, &count),
+            Err(DecodeError::Truncated { ty: 0x85 })
+        );
+    }
+
+    #[test]
+    fn welcome_announces_the_framing() {
+        for mysql_head in [None, Some(0), Some(16), Some(MAX_MYSQL_HEAD as u16)] {
+            let w = Welcome {
+                version: PROTOCOL_VERSION,
+                name: "i".into(),
+                payload_prefix: 0,
+                mysql_head,
+            };
+            let mut out = Vec::new();
+            encode_welcome(&w, &mut out).unwrap();
+            assert_eq!(
+                decode_all::<InterceptMessage>(&out).unwrap(),
+                [InterceptMessage::Welcome(w)]
+            );
+        }
+        let too_long = Welcome {
+            version: PROTOCOL_VERSION,
+            name: "i".into(),
+            payload_prefix: 0,
+            mysql_head: Some(MAX_MYSQL_HEAD as u16 + 1),
+        };
+        assert!(encode_welcome(&too_long, &mut Vec::new()).is_err());
+    }
+
     #[test]
     fn hello_debug_hides_the_token() {
         let s = format!("{:?}", Hello::new("c", Some(b"secret".to_vec())));
@@ -1013,6 +1374,31 @@ mod tests {
             )
     }
 
+    fn arb_mysql_event() -> impl Strategy<Value = MysqlEvent> {
+        prop_oneof![
+            (
+                arb_addr(),
+                (any::<u64>(), any::<u32>(), any::<u8>()),
+                proptest::collection::vec(any::<u8>(), 0..80),
+                0u32..100_000,
+            )
+                .prop_map(|(client, (stream_offset, tcp_seq, seq_id), head, extra)| {
+                    MysqlEvent::Packet {
+                        client,
+                        packet: MysqlPacket {
+                            stream_offset,
+                            tcp_seq,
+                            seq_id,
+                            len: head.len() as u32 + extra,
+                            head,
+                        },
+                    }
+                }),
+            (arb_addr(), any::<u32>())
+                .prop_map(|(client, at_seq)| MysqlEvent::FramingLost { client, at_seq }),
+        ]
+    }
+
     fn arb_copier_message() -> impl Strategy<Value = CopierMessage> {
         let addrs = || proptest::collection::vec(arb_addr(), 0..40);
         prop_oneof![
@@ -1029,13 +1415,19 @@ mod tests {
 
     fn arb_intercept_message() -> impl Strategy<Value = InterceptMessage> {
         prop_oneof![
-            ("\\PC{0,40}", any::<u16>()).prop_map(|(name, payload_prefix)| {
-                InterceptMessage::Welcome(Welcome {
-                    version: PROTOCOL_VERSION,
-                    name: truncate_utf8(&name, MAX_NAME_LEN).to_owned(),
-                    payload_prefix,
-                })
-            }),
+            (
+                "\\PC{0,40}",
+                any::<u16>(),
+                proptest::option::of(0..=MAX_MYSQL_HEAD as u16)
+            )
+                .prop_map(|(name, payload_prefix, mysql_head)| {
+                    InterceptMessage::Welcome(Welcome {
+                        version: PROTOCOL_VERSION,
+                        name: truncate_utf8(&name, MAX_NAME_LEN).to_owned(),
+                        payload_prefix,
+                        mysql_head,
+                    })
+                }),
             ("\\PC{0,80}", any::<u16>()).prop_map(|(reason, version)| {
                 InterceptMessage::Reject(Reject {
                     version,
@@ -1044,6 +1436,7 @@ mod tests {
             }),
             proptest::collection::vec(arb_feedback(), 0..20).prop_map(InterceptMessage::Feedback),
             any::<u64>().prop_map(InterceptMessage::Pong),
+            proptest::collection::vec(arb_mysql_event(), 0..20).prop_map(InterceptMessage::Mysql),
         ]
     }
 
@@ -1075,6 +1468,13 @@ mod tests {
                 m.encode(&mut out).unwrap();
             }
             prop_assert_eq!(decode_all::<InterceptMessage>(&out).unwrap(), msgs);
+        }
+
+        #[test]
+        fn mysql_item_length_matches_encoding(batch in proptest::collection::vec(arb_mysql_event(), 0..20)) {
+            let mut out = Vec::new();
+            encode_mysql(&batch, &mut out).unwrap();
+            prop_assert_eq!(out.len(), FRAME_HEADER_LEN + 5 + batch.iter().map(MysqlEvent::encoded_len).sum::<usize>());
         }
 
         #[test]

@@ -1,8 +1,8 @@
 //! The copier's end of the control channel to intercept.
 //!
 //! Two background threads keep one connection alive: the *connection* thread connects (with
-//! exponential backoff), says Hello, reads Feedback frames and hands each batch to the engine
-//! thread through a bounded channel, waking it; the *writer* thread owns the set of claimed
+//! exponential backoff), says Hello, reads Feedback and Mysql frames and hands each batch to
+//! the engine thread through one bounded channel (so they keep intercept's order), waking it; the *writer* thread owns the set of claimed
 //! client addresses, sends Claims and Releases as the engine opens and closes sessions, re-sends
 //! the whole set after every (re)connect, and pings.
 //!
@@ -22,8 +22,19 @@ use std::time::{Duration, Instant};
 
 use common::control::{
     encode_claim, encode_hello, encode_ping, encode_release, DecodeError, FrameDecoder, Hello,
-    InterceptMessage, TestFeedback, Welcome, MAX_ADDRS_PER_FRAME,
+    InterceptMessage, MysqlEvent, TestFeedback, Welcome, MAX_ADDRS_PER_FRAME,
 };
+
+/// What intercept relays, in the order it sent it. For any session, a MySQL event arrives after
+/// the feedback of the segment it was framed from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Relayed {
+    /// Per-segment TCP feedback, for the session engine.
+    Feedback(Vec<TestFeedback>),
+    /// MySQL packet summaries (greeting, auth exchange, prepare-OK, response heads), in stream
+    /// order per session, for the MySQL layer.
+    Mysql(Vec<MysqlEvent>),
+}
 
 /// Settings of the control client. [`ClientConfig::new`] gives sensible defaults.
 #[derive(Clone, Debug)]
@@ -31,7 +42,7 @@ pub struct ClientConfig {
     /// intercept's control address (its `--listen`).
     pub intercept: SocketAddr,
     pub hello: Hello,
-    /// Feedback batches buffered for the engine before new ones are dropped.
+    /// Feedback and Mysql batches buffered for the engine before new ones are dropped.
     pub queue_batches: usize,
     /// First and longest wait between connection attempts (doubling in between).
     pub backoff_min: Duration,
@@ -82,6 +93,10 @@ pub struct ClientStats {
     pub feedback_received: u64,
     /// Feedback items dropped because the engine's channel was full.
     pub feedback_dropped: u64,
+    /// MySQL events received, including those then dropped.
+    pub mysql_received: u64,
+    /// MySQL events dropped because the engine's channel was full.
+    pub mysql_dropped: u64,
     /// Addresses currently claimed.
     pub claimed: u64,
 }
@@ -91,13 +106,15 @@ impl fmt::Display for ClientStats {
         write!(
             f,
             "intercept={} reconnects={} connect_failures={} rejects={} feedback={} \
-             feedback_dropped={} claimed={}",
+             feedback_dropped={} mysql_events={} mysql_dropped={} claimed={}",
             if self.connected { "up" } else { "down" },
             self.reconnects,
             self.connect_failures,
             self.rejects,
             self.feedback_received,
             self.feedback_dropped,
+            self.mysql_received,
+            self.mysql_dropped,
             self.claimed
         )
     }
@@ -108,19 +125,19 @@ pub struct ControlClient;
 
 impl ControlClient {
     /// Connects to intercept at `addr` in the background with default settings. `wake` is
-    /// called (from the client's thread) after feedback was pushed to the returned receiver.
+    /// called (from the client's thread) after something was pushed to the returned receiver.
     pub fn spawn(
         addr: SocketAddr,
         hello: Hello,
         wake: impl Fn() + Send + 'static,
-    ) -> io::Result<(ControlHandle, Receiver<Vec<TestFeedback>>)> {
+    ) -> io::Result<(ControlHandle, Receiver<Relayed>)> {
         Self::spawn_with(ClientConfig::new(addr, hello), wake)
     }
 
     pub fn spawn_with(
         config: ClientConfig,
         wake: impl Fn() + Send + 'static,
-    ) -> io::Result<(ControlHandle, Receiver<Vec<TestFeedback>>)> {
+    ) -> io::Result<(ControlHandle, Receiver<Relayed>)> {
         let shared = Arc::new(Shared::default());
         let (cmd_tx, cmd_rx) = mpsc::channel();
         let (fb_tx, fb_rx) = mpsc::sync_channel(config.queue_batches.max(1));
@@ -189,11 +206,14 @@ impl ControlHandle {
             frames_out: g(&s.frames_out),
             feedback_received: g(&s.feedback_received),
             feedback_dropped: g(&s.feedback_dropped),
+            mysql_received: g(&s.mysql_received),
+            mysql_dropped: g(&s.mysql_dropped),
             claimed: g(&s.claimed),
         }
     }
 
-    /// What the current (or last) intercept said about itself, e.g. its payload prefix length.
+    /// What the current (or last) intercept said about itself, e.g. its payload prefix length
+    /// and whether it frames MySQL packets (`mysql_head`).
     pub fn welcome(&self) -> Option<Welcome> {
         self.shared.welcome.lock().ok().and_then(|w| w.clone())
     }
@@ -257,6 +277,8 @@ struct Shared {
     frames_out: AtomicU64,
     feedback_received: AtomicU64,
     feedback_dropped: AtomicU64,
+    mysql_received: AtomicU64,
+    mysql_dropped: AtomicU64,
     claimed: AtomicU64,
     /// The current connection, so that stopping can interrupt a blocking read.
     live: Mutex<Option<TcpStream>>,
@@ -312,7 +334,7 @@ fn connection_loop(
     cfg: &ClientConfig,
     shared: &Shared,
     cmds: &Sender<Command>,
-    feedback: &SyncSender<Vec<TestFeedback>>,
+    feedback: &SyncSender<Relayed>,
     wake: &dyn Fn(),
 ) {
     let mut backoff = cfg.backoff_min;
@@ -367,8 +389,16 @@ fn connection_loop(
             intercept = %cfg.intercept,
             name = %welcome.name,
             payload_prefix = welcome.payload_prefix,
+            mysql_head = ?welcome.mysql_head,
             "control channel to intercept is up"
         );
+        if welcome.mysql_head.is_none() {
+            tracing::warn!(
+                intercept = %cfg.intercept,
+                "intercept runs with --protocol tcp: it sends no MySQL packet summaries, so \
+                 mirrored sessions cannot log in to the test server nor map prepared statements"
+            );
+        }
         if let Ok(mut w) = shared.welcome.lock() {
             *w = Some(welcome);
         }
@@ -495,7 +525,7 @@ fn read_feedback(
     mut stream: TcpStream,
     mut dec: FrameDecoder<InterceptMessage>,
     buf: &mut [u8],
-    feedback: &SyncSender<Vec<TestFeedback>>,
+    feedback: &SyncSender<Relayed>,
     wake: &dyn Fn(),
 ) -> End {
     let mut pushed = false;
@@ -520,31 +550,46 @@ fn read_feedback(
             Err(e) => break End::Garbage(e),
         };
         bump(&shared.frames_in, 1);
-        match msg {
+        let (item, n, received, dropped) = match msg {
             InterceptMessage::Feedback(batch) => {
                 let n = batch.len() as u64;
-                bump(&shared.feedback_received, n);
-                match feedback.try_send(batch) {
-                    Ok(()) => {
-                        pushed = true;
-                        overflowing = false;
-                    }
-                    Err(TrySendError::Full(_)) => {
-                        bump(&shared.feedback_dropped, n);
-                        if !overflowing {
-                            overflowing = true;
-                            tracing::warn!(
-                                intercept = %cfg.intercept,
-                                "engine is not keeping up with intercept's feedback: dropping it until it does"
-                            );
-                        }
-                    }
-                    Err(TrySendError::Disconnected(_)) => break End::EngineGone,
-                }
+                (
+                    Relayed::Feedback(batch),
+                    n,
+                    &shared.feedback_received,
+                    &shared.feedback_dropped,
+                )
             }
-            InterceptMessage::Pong(_) => {}
+            InterceptMessage::Mysql(batch) => {
+                let n = batch.len() as u64;
+                (
+                    Relayed::Mysql(batch),
+                    n,
+                    &shared.mysql_received,
+                    &shared.mysql_dropped,
+                )
+            }
+            InterceptMessage::Pong(_) => continue,
             InterceptMessage::Reject(r) => break End::Rejected(r.reason),
             InterceptMessage::Welcome(_) => break End::Protocol("second Welcome"),
+        };
+        bump(received, n);
+        match feedback.try_send(item) {
+            Ok(()) => {
+                pushed = true;
+                overflowing = false;
+            }
+            Err(TrySendError::Full(_)) => {
+                bump(dropped, n);
+                if !overflowing {
+                    overflowing = true;
+                    tracing::warn!(
+                        intercept = %cfg.intercept,
+                        "engine is not keeping up with intercept's feedback: dropping it until it does"
+                    );
+                }
+            }
+            Err(TrySendError::Disconnected(_)) => break End::EngineGone,
         }
     };
     if pushed {
@@ -681,6 +726,7 @@ mod tests {
             version: PROTOCOL_VERSION,
             name: "fake".into(),
             payload_prefix: 64,
+            mysql_head: Some(16),
         };
         encode_welcome(&welcome, &mut out).unwrap();
         s.write_all(&out).unwrap();
@@ -753,7 +799,10 @@ mod tests {
         let mut out = Vec::new();
         encode_feedback(std::slice::from_ref(&fb), &mut out).unwrap();
         s.write_all(&out).unwrap();
-        assert_eq!(rx.recv_timeout(Duration::from_secs(10)).unwrap(), [fb]);
+        assert_eq!(
+            rx.recv_timeout(Duration::from_secs(10)).unwrap(),
+            Relayed::Feedback(vec![fb])
+        );
 
         // Garbage from intercept: the client drops the connection and comes back with all of
         // its claims, including one made in between.

@@ -12,7 +12,7 @@ use common::control::Hello;
 
 use crate::capture::LiveCapture;
 use crate::cli::Args;
-use crate::control_client::ControlClient;
+use crate::control_client::{ControlClient, Relayed};
 use crate::engine::{Engine, EngineConfig, EngineEvent};
 use crate::send::RawSender;
 use crate::signals;
@@ -67,6 +67,7 @@ pub fn run(args: &Args) -> Result<Snapshot> {
     );
 
     let mut stopping_since = None;
+    let mut mysql_events = 0u64;
     loop {
         let now = clock.now();
         if stopping_since.is_none() && signals::stop_requested() {
@@ -81,9 +82,15 @@ pub fn run(args: &Args) -> Result<Snapshot> {
             capture.drain(CAPTURE_BUDGET, |pkt| engine.on_captured(now, pkt));
         }
         waker.reset();
-        while let Ok(batch) = feedback.try_recv() {
-            for fb in &batch {
-                engine.on_feedback(now, fb);
+        while let Ok(relayed) = feedback.try_recv() {
+            match relayed {
+                Relayed::Feedback(batch) => {
+                    for fb in &batch {
+                        engine.on_feedback(now, fb);
+                    }
+                }
+                // the MySQL layer consumes these (issue 4)
+                Relayed::Mysql(events) => mysql_events += events.len() as u64,
             }
         }
         if engine.next_deadline().is_some_and(|d| d <= now) {
@@ -129,6 +136,10 @@ pub fn run(args: &Args) -> Result<Snapshot> {
     }
     capture.refresh_kernel_stats();
     let snap = Snapshot::take(&engine, &capture, &sender, &control.stats());
+    tracing::debug!(
+        mysql_events,
+        "MySQL packet summaries received (not used yet)"
+    );
     control.shutdown();
     Ok(snap)
 }

@@ -1,4 +1,4 @@
-//! The pcap edge: the test server's replies as [`TestFeedback`].
+//! The pcap edge: the test server's replies as parsed [`TcpPacket`]s.
 //!
 //! Kept thin on purpose: open, filter, read without blocking, parse with `common::wire`, count
 //! what does not parse. It never sends or forwards anything; the kernel drops the replies
@@ -9,11 +9,11 @@ use std::os::fd::AsRawFd;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use common::control::{TestFeedback, MAX_PAYLOAD_PREFIX};
-use common::wire::{parse_frame_headers, LinkType};
+use common::control::MAX_PAYLOAD_PREFIX;
+use common::wire::{parse_frame_headers, LinkType, TcpPacket};
 use pcap::{Active, Capture, Direction};
 
-use crate::pump::{FeedbackSource, KernelStats, ParseErrors, SourceStats};
+use crate::pump::{KernelStats, ParseErrors, SegmentSource, SourceStats};
 
 /// What to capture.
 #[derive(Clone, Debug)]
@@ -24,7 +24,8 @@ pub struct CaptureOptions {
     pub port: u16,
     /// Only replies from this address, when set.
     pub server: Option<Ipv4Addr>,
-    pub payload_prefix: usize,
+    /// What of each reply's payload must be captured.
+    pub payload: CapturedPayload,
     pub direction: Direction,
     /// Kernel capture buffer; bigger absorbs longer bursts before the kernel drops.
     pub buffer_bytes: usize,
@@ -38,17 +39,32 @@ pub fn bpf_filter(opts: &CaptureOptions) -> String {
     }
 }
 
+/// How much payload the capture keeps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CapturedPayload {
+    /// The first bytes only (feedback prefixes, `--protocol tcp`).
+    Prefix(usize),
+    /// Every byte: MySQL framing needs the whole stream.
+    Whole,
+}
+
+/// libpcap's largest snap length. A segment on `lo` (MTU 65536) or one merged by GRO can be
+/// longer than 65535 bytes with its link header, so nothing less is enough for whole payloads.
+pub const MAX_SNAPLEN: i32 = 262_144;
+
 /// Enough for the largest link header we parse (Ethernet + 2 VLAN tags, or SLL2), a maximal IP
-/// header and a maximal TCP header, plus the prefix.
-pub fn snaplen(payload_prefix: usize) -> i32 {
-    (payload_prefix.min(MAX_PAYLOAD_PREFIX) + 256) as i32
+/// header and a maximal TCP header, plus the payload wanted.
+pub fn snaplen(payload: CapturedPayload) -> i32 {
+    match payload {
+        CapturedPayload::Prefix(n) => (n.min(MAX_PAYLOAD_PREFIX) + 256) as i32,
+        CapturedPayload::Whole => MAX_SNAPLEN,
+    }
 }
 
 pub struct PcapSource {
     cap: Capture<Active>,
     link: LinkType,
     interface: String,
-    prefix: usize,
     captured: u64,
     parse_errors: ParseErrors,
 }
@@ -60,7 +76,7 @@ impl PcapSource {
             .and_then(|c| {
                 c.immediate_mode(true)
                     .promisc(false)
-                    .snaplen(snaplen(opts.payload_prefix))
+                    .snaplen(snaplen(opts.payload))
                     .buffer_size(opts.buffer_bytes.min(i32::MAX as usize) as i32)
                     .timeout(100)
                     .open()
@@ -86,12 +102,11 @@ impl PcapSource {
                 dlt.get_name().unwrap_or_else(|_| "unknown".into())
             );
         };
-        tracing::info!(interface = %iface, %filter, ?link, snaplen = snaplen(opts.payload_prefix), "capturing the test server's replies");
+        tracing::info!(interface = %iface, %filter, ?link, snaplen = snaplen(opts.payload), "capturing the test server's replies");
         Ok(PcapSource {
             cap,
             link,
             interface: iface.clone(),
-            prefix: opts.payload_prefix.min(MAX_PAYLOAD_PREFIX),
             captured: 0,
             parse_errors: ParseErrors::default(),
         })
@@ -115,19 +130,22 @@ fn open_error(iface: &str, e: pcap::Error) -> anyhow::Error {
     }
 }
 
-impl FeedbackSource for PcapSource {
-    fn poll_feedback(&mut self) -> anyhow::Result<Option<TestFeedback>> {
+impl SegmentSource for PcapSource {
+    fn poll_segment(&mut self, f: impl FnOnce(&TcpPacket<'_>)) -> anyhow::Result<bool> {
         loop {
             match self.cap.next_packet() {
                 Ok(p) => {
                     self.captured += 1;
                     match parse_frame_headers(self.link, p.data) {
-                        Ok(pkt) => return Ok(Some(TestFeedback::from_packet(&pkt, self.prefix))),
+                        Ok(pkt) => {
+                            f(&pkt);
+                            return Ok(true);
+                        }
                         // Counted, shown in the status line; a log line per frame would flood.
                         Err(e) => self.parse_errors.count(e),
                     }
                 }
-                Err(pcap::Error::TimeoutExpired) => return Ok(None),
+                Err(pcap::Error::TimeoutExpired) => return Ok(false),
                 Err(e) => {
                     return Err(anyhow::anyhow!(
                         "capture on {} failed: {e} (did the interface go away?)",
@@ -176,7 +194,7 @@ mod tests {
             interface: "any".into(),
             port: 3306,
             server,
-            payload_prefix: 64,
+            payload: CapturedPayload::Prefix(64),
             direction: Direction::In,
             buffer_bytes: 1 << 20,
         }
@@ -194,8 +212,10 @@ mod tests {
     #[test]
     fn snaplen_covers_headers_and_prefix() {
         // Ethernet + QinQ (22) + IP (60) + TCP (60) + prefix.
-        assert!(snaplen(64) >= 22 + 60 + 60 + 64);
-        assert!(snaplen(100_000) <= (MAX_PAYLOAD_PREFIX + 256) as i32);
+        assert!(snaplen(CapturedPayload::Prefix(64)) >= 22 + 60 + 60 + 64);
+        assert!(snaplen(CapturedPayload::Prefix(100_000)) <= (MAX_PAYLOAD_PREFIX + 256) as i32);
+        // A maximal IP packet plus the largest link header.
+        assert!(snaplen(CapturedPayload::Whole) >= 65_535 + 22);
     }
 
     #[test]

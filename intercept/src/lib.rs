@@ -1,12 +1,16 @@
 //! intercept: captures the test server's replies on the assist host (where they die, since the
 //! host does not forward) and relays what each copier needs to play its mirrored clients.
 //!
-//! Rooms: [`capture`] (the pcap edge), [`pump`] (the capture thread's loop), [`relay`] (who gets
+//! Rooms: [`capture`] (the pcap edge), [`pump`] (the capture thread's loop), [`sessions`],
+//! [`reassembly`] and [`framer`] (the MySQL packets of each reply stream), [`relay`] (who gets
 //! which feedback), [`server`] (the copiers' control connections). intercept never sends a
 //! packet toward a client or a server; it only listens and talks to copiers.
 
 pub mod capture;
+pub mod framer;
 pub mod pump;
+pub mod reassembly;
 pub mod relay;
 pub mod server;
+pub mod sessions;
 pub mod signals;

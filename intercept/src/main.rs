@@ -8,11 +8,12 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::{Parser, ValueEnum};
-use common::control::{MAX_FEEDBACK_PER_FRAME, MAX_PAYLOAD_PREFIX};
-use intercept::capture::{CaptureOptions, PcapSource};
-use intercept::pump::{self, PumpConfig};
+use common::control::{MAX_FEEDBACK_PER_FRAME, MAX_MYSQL_HEAD, MAX_PAYLOAD_PREFIX};
+use intercept::capture::{CaptureOptions, CapturedPayload, PcapSource};
+use intercept::pump::{self, PumpConfig, ReplyPath};
 use intercept::relay::Relay;
 use intercept::server::{ControlServer, ServerConfig};
+use intercept::sessions::SessionConfig;
 use intercept::signals;
 
 /// Capture the test server's replies on the assist host and relay them to the copiers.
@@ -44,10 +45,33 @@ struct Cli {
     #[arg(long)]
     server: Option<Ipv4Addr>,
 
-    /// Payload bytes of each reply relayed to the copier (it parses MySQL greetings and
-    /// prepare-OKs from them). At most 4096.
-    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u16).range(0..=MAX_PAYLOAD_PREFIX as i64))]
-    payload_prefix: u16,
+    /// What the test server speaks. `mysql`: replies are reassembled and cut into MySQL
+    /// packets, whose summaries (greeting, auth exchange, prepare-OK, response heads) go to the
+    /// copiers; captures whole segments. `tcp`: per-segment feedback only.
+    #[arg(long, value_enum, default_value_t = ProtocolArg::Mysql, env = "TCPSHADOW_PROTOCOL")]
+    protocol: ProtocolArg,
+
+    /// Payload bytes of each reply's per-segment feedback. At most 4096. Default: 0 with
+    /// `--protocol mysql` (the packet summaries carry what the copier needs), 64 with `tcp`.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(0..=MAX_PAYLOAD_PREFIX as i64))]
+    payload_prefix: Option<u16>,
+
+    /// Payload bytes summarised per MySQL packet after the first 8 of a connection (which are
+    /// sent whole, up to 1024 bytes). 16 covers OK/ERR codes, PREPARE_OK, column counts and
+    /// EOF status flags. At most 1024.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u16).range(0..=MAX_MYSQL_HEAD as i64))]
+    mysql_head: u16,
+
+    /// Most connections framed at once; further ones are not framed (counted, and their copier
+    /// is told).
+    #[arg(long, default_value_t = 65_536, value_parser = clap::value_parser!(u32).range(1..))]
+    mysql_max_sessions: u32,
+
+    /// Seconds after which a connection without any reply is forgotten (only matters when its
+    /// FIN was not captured). Keep it above the test server's wait_timeout (default 28800), or
+    /// idle pooled connections lose their framing.
+    #[arg(long, default_value_t = 32_400, value_parser = clap::value_parser!(u64).range(1..))]
+    mysql_idle_secs: u64,
 
     /// File holding a shared secret that copiers must present (same file on both hosts).
     #[arg(long, env = "TCPSHADOW_TOKEN_FILE")]
@@ -58,7 +82,8 @@ struct Cli {
     status_interval: u64,
 
     /// Which packets of the interface to capture: `in` on an assist host (replies arrive),
-    /// `out` when intercept runs on the test host itself (replies leave).
+    /// `out` when intercept runs on the test host itself (replies leave). On `lo` libpcap shows
+    /// each packet once, as incoming: use `in` there.
     #[arg(long, value_enum, default_value_t = DirectionArg::In)]
     direction: DirectionArg,
 
@@ -73,6 +98,12 @@ struct Cli {
     /// Most replies per feedback batch.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=MAX_FEEDBACK_PER_FRAME as i64))]
     batch: u32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum ProtocolArg {
+    Mysql,
+    Tcp,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -108,15 +139,47 @@ fn main() {
     }
 }
 
+impl Cli {
+    fn mysql(&self) -> bool {
+        self.protocol == ProtocolArg::Mysql
+    }
+
+    fn payload_prefix(&self) -> u16 {
+        self.payload_prefix
+            .unwrap_or(if self.mysql() { 0 } else { 64 })
+    }
+
+    fn sessions(&self) -> Option<SessionConfig> {
+        self.mysql().then(|| SessionConfig {
+            head: usize::from(self.mysql_head),
+            max_sessions: self.mysql_max_sessions as usize,
+            idle_timeout: Duration::from_secs(self.mysql_idle_secs),
+            ..SessionConfig::default()
+        })
+    }
+}
+
 fn run(cli: Cli) -> anyhow::Result<()> {
     let token = cli.token_file.as_deref().map(read_token).transpose()?;
+    if cli.interface == "lo" && matches!(cli.direction, DirectionArg::Out) {
+        // libpcap drops the outgoing copy of loopback packets so they are not seen twice.
+        tracing::warn!(
+            "--direction out captures nothing on lo (libpcap shows loopback packets as incoming \
+             only); use --direction in"
+        );
+    }
+    let payload_prefix = cli.payload_prefix();
     // Capture first: a missing privilege is the most likely mistake, and nothing should be
     // listening for copiers when it happens.
     let mut source = PcapSource::open(&CaptureOptions {
         interface: cli.interface.clone(),
         port: cli.port,
         server: cli.server,
-        payload_prefix: usize::from(cli.payload_prefix),
+        payload: if cli.mysql() {
+            CapturedPayload::Whole
+        } else {
+            CapturedPayload::Prefix(usize::from(payload_prefix))
+        },
         direction: cli.direction.into(),
         buffer_bytes: cli.buffer_mib as usize * 1024 * 1024,
     })?;
@@ -133,17 +196,22 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         ServerConfig {
             name: format!("intercept@{} port {}", hostname(), cli.port),
             token,
-            payload_prefix: cli.payload_prefix,
+            payload_prefix,
+            mysql_head: cli.mysql().then_some(cli.mysql_head),
             queue_batches: cli.queue_batches as usize,
             ..ServerConfig::default()
         },
         events_tx,
     )
     .context("cannot start the control server")?;
-    tracing::info!(listen = %server.local_addr(), "waiting for copiers");
+    tracing::info!(listen = %server.local_addr(), protocol = ?cli.protocol, "waiting for copiers");
 
     signals::install();
-    let mut relay = Relay::new(cli.batch as usize);
+    let mut path = ReplyPath::new(
+        Relay::new(cli.batch as usize),
+        usize::from(payload_prefix),
+        cli.sessions(),
+    );
     let config = PumpConfig {
         status_interval: (cli.status_interval > 0)
             .then(|| Duration::from_secs(cli.status_interval)),
@@ -151,16 +219,16 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     };
     let result = pump::run(
         &mut source,
-        &mut relay,
+        &mut path,
         &events_rx,
         &signals::STOP,
         config,
-        |relay, source| {
-            let status = pump::status(relay, source, server.stats());
+        |path, source| {
+            let status = pump::status(path, source, server.stats());
             tracing::info!("status: {status}");
         },
     );
-    let summary = pump::status(&relay, &mut source, server.stats());
+    let summary = pump::status(&path, &mut source, server.stats());
     tracing::info!("final: {summary}");
     if signals::STOP.load(Ordering::Relaxed) {
         tracing::info!("stopped by signal");
@@ -230,6 +298,21 @@ mod tests {
         );
         let cli = Cli::try_parse_from(["intercept", "--port", "3306", "--payload-prefix", "4096"])
             .unwrap();
-        assert_eq!(cli.payload_prefix, 4096);
+        assert_eq!(cli.payload_prefix(), 4096);
+    }
+
+    #[test]
+    fn mysql_is_the_default_and_tcp_behaves_as_before() {
+        let cli = Cli::try_parse_from(["intercept", "--port", "3306"]).unwrap();
+        assert!(cli.mysql());
+        assert_eq!(cli.payload_prefix(), 0);
+        assert_eq!(cli.sessions().map(|s| s.head), Some(16));
+        let cli =
+            Cli::try_parse_from(["intercept", "--port", "3306", "--protocol", "tcp"]).unwrap();
+        assert_eq!(cli.payload_prefix(), 64);
+        assert!(cli.sessions().is_none());
+        assert!(
+            Cli::try_parse_from(["intercept", "--port", "3306", "--mysql-head", "1025"]).is_err()
+        );
     }
 }

@@ -1,4 +1,5 @@
-//! The capture thread's loop: read feedback from a source, apply routing changes, route, flush.
+//! The capture thread's loop: read replies from a source, apply routing changes, turn each
+//! reply into feedback (and, in MySQL mode, packet summaries), route, flush.
 //!
 //! Latency matters more than batching here (the copier ACKs the test server's data when this
 //! feedback arrives), so batches only form while the source has packets ready: the moment it
@@ -7,21 +8,68 @@
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::control::TestFeedback;
+use common::clock::{Instant, MonotonicClock};
+use common::control::{MysqlEvent, TestFeedback, MAX_PAYLOAD_PREFIX};
+use common::wire::{parse_frame_headers, LinkType, TcpPacket};
 
 use crate::relay::{Relay, RelayEvent, RelayStats};
 use crate::server::ServerStatsSnapshot;
+use crate::sessions::{MysqlSessions, MysqlStats, SessionConfig};
 
-/// Where feedback comes from: the pcap capture in production, a channel in tests.
-pub trait FeedbackSource {
-    /// The next feedback if one is ready now, without blocking.
-    fn poll_feedback(&mut self) -> anyhow::Result<Option<TestFeedback>>;
-    /// Sleeps until feedback may be ready or `timeout` passes (a signal may end it early).
+/// Where replies come from: the pcap capture in production, a channel in tests.
+pub trait SegmentSource {
+    /// Hands the next captured reply to `f` if one is ready now, without blocking; whether
+    /// there was one. The packet borrows the capture's buffer, so `f` must not keep it.
+    fn poll_segment(&mut self, f: impl FnOnce(&TcpPacket<'_>)) -> anyhow::Result<bool>;
+    /// Sleeps until a reply may be ready or `timeout` passes (a signal may end it early).
     fn wait(&mut self, timeout: Duration) -> anyhow::Result<()>;
     /// Counters for the status line.
     fn stats(&mut self) -> SourceStats;
+}
+
+/// The way of every captured reply: its feedback, the MySQL packets it completes, the relay.
+pub struct ReplyPath {
+    pub relay: Relay,
+    /// `None` in `--protocol tcp` mode.
+    pub mysql: Option<MysqlSessions>,
+    prefix: usize,
+    /// Reused for each segment's events (the relay drains it).
+    events: Vec<MysqlEvent>,
+}
+
+impl ReplyPath {
+    /// Feedback keeps `payload_prefix` payload bytes; MySQL packets are framed when `mysql`
+    /// is set.
+    pub fn new(relay: Relay, payload_prefix: usize, mysql: Option<SessionConfig>) -> Self {
+        ReplyPath {
+            relay,
+            mysql: mysql.map(MysqlSessions::new),
+            prefix: payload_prefix.min(MAX_PAYLOAD_PREFIX),
+            events: Vec::new(),
+        }
+    }
+
+    pub fn on_segment(&mut self, now: Instant, pkt: &TcpPacket<'_>) {
+        let fb = TestFeedback::from_packet(pkt, self.prefix);
+        if let Some(m) = &mut self.mysql {
+            m.on_segment(now, pkt, &mut self.events);
+        }
+        // One call for both, so the events go to exactly the copiers the feedback goes to.
+        self.relay.route_segment(fb, &mut self.events);
+    }
+
+    fn sweep(&mut self, now: Instant) {
+        if let Some(m) = &mut self.mysql {
+            m.sweep(now);
+        }
+    }
+
+    /// Counters of MySQL framing and the number of sessions tracked, in MySQL mode.
+    pub fn mysql_stats(&self) -> Option<(MysqlStats, usize)> {
+        self.mysql.as_ref().map(|m| (m.stats(), m.len()))
+    }
 }
 
 /// Counters of a feedback source.
@@ -88,6 +136,8 @@ pub struct Status {
     pub claimed: usize,
     pub source: SourceStats,
     pub relay: RelayStats,
+    /// MySQL framing counters and sessions tracked now, in MySQL mode.
+    pub mysql: Option<(MysqlStats, usize)>,
     pub server: ServerStatsSnapshot,
 }
 
@@ -124,6 +174,32 @@ impl fmt::Display for Status {
             )?,
             None => write!(f, " kernel=n/a")?,
         }
+        if let Some((m, live)) = &self.mysql {
+            let a = &m.reassembly;
+            write!(
+                f,
+                " mysql: sessions={live} sessions_framed={} packets_framed={} framing_lost={}",
+                m.sessions_framed, m.packets, m.framing_lost
+            )?;
+            if m.framing_lost > 0 || m.sessions_shed > 0 {
+                write!(
+                    f,
+                    " (midstream={} gap={} snapped={} shed={})",
+                    m.lost_midstream, m.lost_gap, m.lost_snapped, m.sessions_shed
+                )?;
+            }
+            write!(
+                f,
+                " holes={} ooo_held={} ooo_dropped={} retransmits={} events_relayed={} \
+                 events_dropped={}",
+                a.holes,
+                a.ooo_held,
+                a.ooo_dropped,
+                a.duplicates,
+                r.mysql_relayed,
+                r.mysql_dropped + r.mysql_no_copier
+            )?;
+        }
         let s = &self.server;
         write!(
             f,
@@ -154,45 +230,51 @@ impl Default for PumpConfig {
     }
 }
 
-/// Runs until `stop` is set or the source fails. `report` gets the relay and source whenever a
-/// status line is due; the caller builds and logs it (see [`status`]).
-pub fn run<S: FeedbackSource>(
+/// How often ended and idle MySQL sessions are forgotten.
+const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Runs until `stop` is set or the source fails. `report` gets the reply path and source
+/// whenever a status line is due; the caller builds and logs it (see [`status`]).
+pub fn run<S: SegmentSource>(
     source: &mut S,
-    relay: &mut Relay,
+    path: &mut ReplyPath,
     events: &Receiver<RelayEvent>,
     stop: &AtomicBool,
     config: PumpConfig,
-    mut report: impl FnMut(&Relay, &mut S),
+    mut report: impl FnMut(&ReplyPath, &mut S),
 ) -> anyhow::Result<()> {
-    let mut next_status = config.status_interval.map(|i| Instant::now() + i);
+    let clock = MonotonicClock::new();
+    let mut next_status = config.status_interval.map(|i| clock.now() + i);
+    let mut next_sweep = clock.now() + SWEEP_INTERVAL;
     let mut burst = 0u32;
     while !stop.load(Ordering::Relaxed) {
         // Before every packet, so a Claim that arrived before the reply it is for is applied.
-        drain_events(relay, events);
-        match source.poll_feedback()? {
-            Some(fb) => {
-                relay.route(fb);
-                burst = burst.wrapping_add(1);
-                // A capture that never runs dry must still report.
-                if !burst.is_multiple_of(4096) {
-                    continue;
-                }
+        drain_events(&mut path.relay, events);
+        let now = clock.now();
+        if source.poll_segment(|pkt| path.on_segment(now, pkt))? {
+            burst = burst.wrapping_add(1);
+            // A capture that never runs dry must still report and sweep.
+            if !burst.is_multiple_of(4096) {
+                continue;
             }
-            None => {
-                relay.flush();
-                source.wait(config.idle_wait)?;
-            }
+        } else {
+            path.relay.flush();
+            source.wait(config.idle_wait)?;
+        }
+        let now = clock.now();
+        if now >= next_sweep {
+            path.sweep(now);
+            next_sweep = now + SWEEP_INTERVAL;
         }
         if let (Some(due), Some(interval)) = (next_status, config.status_interval) {
-            let now = Instant::now();
             if now >= due {
-                report(relay, source);
+                report(path, source);
                 next_status = Some(now + interval);
             }
         }
     }
-    drain_events(relay, events);
-    relay.flush();
+    drain_events(&mut path.relay, events);
+    path.relay.flush();
     Ok(())
 }
 
@@ -206,51 +288,59 @@ fn drain_events(relay: &mut Relay, events: &Receiver<RelayEvent>) {
 }
 
 /// The status of a running intercept.
-pub fn status<S: FeedbackSource>(
-    relay: &Relay,
+pub fn status<S: SegmentSource>(
+    path: &ReplyPath,
     source: &mut S,
     server: ServerStatsSnapshot,
 ) -> Status {
     Status {
-        copiers: relay.copiers(),
-        claimed: relay.claimed(),
+        copiers: path.relay.copiers(),
+        claimed: path.relay.claimed(),
         source: source.stats(),
-        relay: relay.stats(),
+        relay: path.relay.stats(),
+        mysql: path.mysql_stats(),
         server,
     }
 }
 
-/// Feedback handed in through a channel: for tests and tools that produce feedback without a
-/// capture. Ends (with an error) when every sender is gone.
+/// Replies handed in through a channel as raw IPv4 packets: for tests and tools that produce
+/// replies without a capture. Ends (with an error) when every sender is gone.
 pub struct ChannelSource {
-    rx: Receiver<TestFeedback>,
-    ready: Option<TestFeedback>,
+    rx: Receiver<Vec<u8>>,
+    ready: Option<Vec<u8>>,
     received: u64,
+    parse_errors: ParseErrors,
 }
 
 impl ChannelSource {
-    pub fn new(rx: Receiver<TestFeedback>) -> Self {
+    pub fn new(rx: Receiver<Vec<u8>>) -> Self {
         ChannelSource {
             rx,
             ready: None,
             received: 0,
+            parse_errors: ParseErrors::default(),
         }
     }
 }
 
-impl FeedbackSource for ChannelSource {
-    fn poll_feedback(&mut self) -> anyhow::Result<Option<TestFeedback>> {
-        if let Some(fb) = self.ready.take() {
-            return Ok(Some(fb));
+impl SegmentSource for ChannelSource {
+    fn poll_segment(&mut self, f: impl FnOnce(&TcpPacket<'_>)) -> anyhow::Result<bool> {
+        let ip = match self.ready.take() {
+            Some(ip) => ip,
+            None => match self.rx.try_recv() {
+                Ok(ip) => {
+                    self.received += 1;
+                    ip
+                }
+                Err(TryRecvError::Empty) => return Ok(false),
+                Err(TryRecvError::Disconnected) => anyhow::bail!("reply channel closed"),
+            },
+        };
+        match parse_frame_headers(LinkType::RawIp, &ip) {
+            Ok(pkt) => f(&pkt),
+            Err(e) => self.parse_errors.count(e),
         }
-        match self.rx.try_recv() {
-            Ok(fb) => {
-                self.received += 1;
-                Ok(Some(fb))
-            }
-            Err(TryRecvError::Empty) => Ok(None),
-            Err(TryRecvError::Disconnected) => anyhow::bail!("feedback channel closed"),
-        }
+        Ok(true)
     }
 
     fn wait(&mut self, timeout: Duration) -> anyhow::Result<()> {
@@ -264,14 +354,15 @@ impl FeedbackSource for ChannelSource {
                 Ok(())
             }
             Err(RecvTimeoutError::Timeout) => Ok(()),
-            Err(RecvTimeoutError::Disconnected) => anyhow::bail!("feedback channel closed"),
+            Err(RecvTimeoutError::Disconnected) => anyhow::bail!("reply channel closed"),
         }
     }
 
     fn stats(&mut self) -> SourceStats {
         SourceStats {
             captured: self.received,
-            ..SourceStats::default()
+            parse_errors: self.parse_errors,
+            kernel: None,
         }
     }
 }

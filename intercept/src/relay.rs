@@ -4,12 +4,17 @@
 //! The relay is owned by the capture thread alone (no lock on the hot path); the control
 //! server's threads talk to it through [`RelayEvent`]s. It must never block: a copier whose
 //! queue is full loses that batch (counted), so one slow copier cannot stall capture for all.
+//!
+//! A segment's MySQL events go wherever its feedback goes, in the same [`Batch`] (the feedback
+//! frame first): a copier never learns of a MySQL packet before the segment that carried it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddrV4;
 use std::sync::mpsc::{SyncSender, TrySendError};
 
-use common::control::{TestFeedback, MAX_FEEDBACK_PER_FRAME};
+use common::control::{
+    MysqlEvent, TestFeedback, MAX_FEEDBACK_PER_FRAME, MAX_MYSQL_EVENTS_PER_FRAME,
+};
 
 /// A control connection, numbered in accept order.
 pub type CopierId = u64;
@@ -21,8 +26,23 @@ pub const MAX_CLAIMS_PER_COPIER: usize = 1 << 20;
 /// What a copier's writer thread sends.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Outgoing {
-    Feedback(Vec<TestFeedback>),
+    Batch(Batch),
     Pong(u64),
+}
+
+/// One flush for one copier, queued as a unit so that a full queue drops both parts or neither.
+/// Written as a Feedback frame, then a Mysql frame (each only when not empty).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Batch {
+    pub feedback: Vec<TestFeedback>,
+    /// Events of segments whose feedback is in `feedback` or in an earlier batch.
+    pub mysql: Vec<MysqlEvent>,
+}
+
+impl Batch {
+    fn is_empty(&self) -> bool {
+        self.feedback.is_empty() && self.mysql.is_empty()
+    }
 }
 
 /// Changes to the routing table, sent by the control server's reader threads.
@@ -59,6 +79,12 @@ pub struct RelayStats {
     pub relayed: u64,
     /// Items dropped because a copier's queue was full or its connection was closing.
     pub dropped_queue_full: u64,
+    /// MySQL events handed to copiers' queues (a broadcast counts once per copier).
+    pub mysql_relayed: u64,
+    /// MySQL events dropped with their batch (queue full, connection closing).
+    pub mysql_dropped: u64,
+    /// MySQL events of sessions with no copier connected at all.
+    pub mysql_no_copier: u64,
     /// Addresses claimed / released.
     pub claims: u64,
     pub releases: u64,
@@ -71,7 +97,7 @@ pub struct RelayStats {
 struct Link {
     name: String,
     tx: SyncSender<Outgoing>,
-    pending: Vec<TestFeedback>,
+    pending: Batch,
     owned: usize,
     /// Set while the queue overflows, so that each overflow episode is logged once.
     overflowing: bool,
@@ -111,7 +137,7 @@ impl Relay {
                     Link {
                         name,
                         tx,
-                        pending: Vec::new(),
+                        pending: Batch::default(),
                         owned: 0,
                         overflowing: false,
                     },
@@ -181,49 +207,71 @@ impl Relay {
         tracing::debug!(
             copier = %link.name,
             claims = link.owned,
-            pending = link.pending.len(),
+            pending = link.pending.feedback.len(),
             "dropped the claims of a disconnected copier"
         );
-        self.stats.dropped_queue_full += link.pending.len() as u64;
+        self.stats.dropped_queue_full += link.pending.feedback.len() as u64;
+        self.stats.mysql_dropped += link.pending.mysql.len() as u64;
     }
 
     /// Queues one feedback for its owner, or for every copier if nobody owns its address.
     pub fn route(&mut self, fb: TestFeedback) {
+        self.route_segment(fb, &mut Vec::new());
+    }
+
+    /// Queues one segment's feedback, then the MySQL events framed from it (drained from
+    /// `mysql`; all of them are about `fb.client`), for its owner or for every copier.
+    pub fn route_segment(&mut self, fb: TestFeedback, mysql: &mut Vec<MysqlEvent>) {
+        let mut ids = std::mem::take(&mut self.scratch);
+        ids.clear();
         match self.owners.get(&fb.client).copied() {
             Some(id) => {
                 self.stats.routed += 1;
-                self.push(id, fb);
+                ids.push(id);
             }
-            None if self.links.is_empty() => self.stats.no_copier += 1,
+            None if self.links.is_empty() => {
+                self.stats.no_copier += 1;
+                self.stats.mysql_no_copier += mysql.len() as u64;
+            }
             None => {
                 self.stats.unclaimed += 1;
-                let mut ids = std::mem::take(&mut self.scratch);
-                ids.clear();
                 ids.extend(self.links.keys().copied());
-                if let Some((&last, rest)) = ids.split_last() {
-                    for &id in rest {
-                        self.push(id, fb.clone());
-                    }
-                    self.push(last, fb);
-                }
-                self.scratch = ids;
             }
         }
+        if let Some((&last, rest)) = ids.split_last() {
+            for &id in rest {
+                self.push(id, fb.clone(), mysql.iter().cloned());
+            }
+            self.push(last, fb, mysql.drain(..));
+        }
+        mysql.clear();
+        self.scratch = ids;
         self.since_flush += 1;
         if self.since_flush >= self.batch_limit {
             self.flush();
         }
     }
 
-    fn push(&mut self, id: CopierId, fb: TestFeedback) {
+    fn push(&mut self, id: CopierId, fb: TestFeedback, mysql: impl Iterator<Item = MysqlEvent>) {
         let Some(link) = self.links.get_mut(&id) else {
             return;
         };
-        if link.pending.capacity() == 0 {
-            link.pending.reserve_exact(self.batch_limit);
+        let pending = &mut link.pending;
+        if pending.feedback.capacity() == 0 {
+            pending.feedback.reserve_exact(self.batch_limit);
         }
-        link.pending.push(fb);
-        if link.pending.len() >= self.batch_limit {
+        pending.feedback.push(fb);
+        // A segment can hold hundreds of small rows: its events may span several batches,
+        // the first of which carries the segment's feedback.
+        for ev in mysql {
+            link.pending.mysql.push(ev);
+            if link.pending.mysql.len() >= MAX_MYSQL_EVENTS_PER_FRAME {
+                Self::send(link, &mut self.stats);
+            }
+        }
+        // Checked after the events, so a segment's feedback and events usually share a batch
+        // and are delivered or dropped together.
+        if link.pending.feedback.len() >= self.batch_limit {
             Self::send(link, &mut self.stats);
         }
     }
@@ -241,10 +289,12 @@ impl Relay {
 
     fn send(link: &mut Link, stats: &mut RelayStats) {
         let batch = std::mem::take(&mut link.pending);
-        let n = batch.len() as u64;
-        match link.tx.try_send(Outgoing::Feedback(batch)) {
+        let n = batch.feedback.len() as u64;
+        let m = batch.mysql.len() as u64;
+        match link.tx.try_send(Outgoing::Batch(batch)) {
             Ok(()) => {
                 stats.relayed += n;
+                stats.mysql_relayed += m;
                 if link.overflowing {
                     link.overflowing = false;
                     tracing::info!(copier = %link.name, "copier keeps up again; feedback flows");
@@ -252,6 +302,7 @@ impl Relay {
             }
             Err(TrySendError::Full(_)) => {
                 stats.dropped_queue_full += n;
+                stats.mysql_dropped += m;
                 if !link.overflowing {
                     link.overflowing = true;
                     tracing::warn!(
@@ -262,7 +313,10 @@ impl Relay {
                 }
             }
             // The writer is gone; the Disconnected event is on its way.
-            Err(TrySendError::Disconnected(_)) => stats.dropped_queue_full += n,
+            Err(TrySendError::Disconnected(_)) => {
+                stats.dropped_queue_full += n;
+                stats.mysql_dropped += m;
+            }
         }
     }
 
@@ -323,7 +377,7 @@ mod tests {
     fn seqs(rx: &Receiver<Outgoing>) -> Vec<u32> {
         rx.try_iter()
             .flat_map(|m| match m {
-                Outgoing::Feedback(b) => b.into_iter().map(|f| f.seq).collect(),
+                Outgoing::Batch(b) => b.feedback.into_iter().map(|f| f.seq).collect(),
                 Outgoing::Pong(_) => Vec::new(),
             })
             .collect()
@@ -484,5 +538,80 @@ mod tests {
         // Room again: feedback flows again.
         r.route(fb(client(10), 9));
         assert_eq!(seqs(&a), [9]);
+    }
+
+    fn lost(to: SocketAddrV4, at_seq: u32) -> MysqlEvent {
+        MysqlEvent::FramingLost { client: to, at_seq }
+    }
+
+    /// Everything a copier received, flattened: feedback as `F(seq)`, events as `M(at_seq)`.
+    fn log(rx: &Receiver<Outgoing>) -> Vec<String> {
+        rx.try_iter()
+            .flat_map(|m| match m {
+                Outgoing::Batch(b) => b
+                    .feedback
+                    .iter()
+                    .map(|f| format!("F{}", f.seq))
+                    .chain(b.mysql.iter().map(|e| match e {
+                        MysqlEvent::FramingLost { at_seq, .. } => format!("M{at_seq}"),
+                        MysqlEvent::Packet { packet, .. } => format!("P{}", packet.tcp_seq),
+                    }))
+                    .collect::<Vec<_>>(),
+                Outgoing::Pong(_) => Vec::new(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn mysql_events_follow_their_segments_feedback_to_the_same_copiers() {
+        let mut r = Relay::new(16);
+        let a = connect(&mut r, 1, 8);
+        let b = connect(&mut r, 2, 8);
+        r.apply(RelayEvent::Claim {
+            id: 1,
+            addrs: vec![client(10)],
+        });
+        r.route_segment(fb(client(10), 1), &mut vec![lost(client(10), 1)]);
+        r.route_segment(fb(client(11), 2), &mut vec![lost(client(11), 2)]);
+        r.route(fb(client(10), 3));
+        r.flush();
+        assert_eq!(log(&a), ["F1", "F2", "F3", "M1", "M2"]);
+        assert_eq!(log(&b), ["F2", "M2"], "unclaimed: broadcast, events too");
+        let s = r.stats();
+        assert_eq!((s.mysql_relayed, s.mysql_dropped), (3, 0));
+    }
+
+    #[test]
+    fn a_segment_with_many_events_spans_batches_after_its_feedback() {
+        let mut r = Relay::new(4);
+        let a = connect(&mut r, 1, 64);
+        let n = MAX_MYSQL_EVENTS_PER_FRAME + 5;
+        let mut evs: Vec<_> = (0..n as u32).map(|i| lost(client(10), i)).collect();
+        r.route_segment(fb(client(10), 7), &mut evs);
+        assert!(evs.is_empty(), "drained");
+        r.flush();
+        let batches: Vec<_> = a.try_iter().collect();
+        assert_eq!(batches.len(), 2);
+        match &batches[0] {
+            Outgoing::Batch(b) => {
+                assert_eq!(b.feedback.len(), 1);
+                assert_eq!(b.mysql.len(), MAX_MYSQL_EVENTS_PER_FRAME);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(r.stats().mysql_relayed, n as u64);
+    }
+
+    #[test]
+    fn a_full_queue_drops_feedback_and_events_together() {
+        let mut r = Relay::new(1);
+        let a = connect(&mut r, 1, 1);
+        r.route_segment(fb(client(10), 1), &mut vec![lost(client(10), 1)]);
+        r.route_segment(fb(client(10), 2), &mut vec![lost(client(10), 2)]);
+        r.flush();
+        let s = r.stats();
+        assert_eq!((s.relayed, s.mysql_relayed), (1, 1));
+        assert_eq!((s.dropped_queue_full, s.mysql_dropped), (1, 1));
+        assert_eq!(log(&a), ["F1", "M1"]);
     }
 }

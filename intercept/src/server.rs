@@ -15,8 +15,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::control::{
-    encode_feedback, encode_pong, encode_reject, encode_welcome, CopierMessage, DecodeError,
-    FrameDecoder, Hello, Reject, Welcome, PROTOCOL_VERSION,
+    encode_feedback, encode_mysql, encode_pong, encode_reject, encode_welcome, CopierMessage,
+    DecodeError, FrameDecoder, Hello, Reject, Welcome, PROTOCOL_VERSION,
 };
 
 use crate::relay::{CopierId, Outgoing, RelayEvent};
@@ -30,6 +30,8 @@ pub struct ServerConfig {
     pub token: Option<Vec<u8>>,
     /// Payload bytes kept per feedback, told to copiers in the Welcome.
     pub payload_prefix: u16,
+    /// `Some(--mysql-head)` when MySQL packets are framed, told to copiers in the Welcome.
+    pub mysql_head: Option<u16>,
     /// Feedback batches queued per copier before its feedback is dropped.
     pub queue_batches: usize,
     /// How long a new connection may take to send its Hello.
@@ -46,6 +48,7 @@ impl Default for ServerConfig {
             name: "intercept".into(),
             token: None,
             payload_prefix: 64,
+            mysql_head: None,
             queue_batches: 1024,
             handshake_timeout: Duration::from_secs(5),
             idle_timeout: Duration::from_secs(30),
@@ -254,6 +257,7 @@ fn serve(
         version: PROTOCOL_VERSION,
         name: cfg.name.clone(),
         payload_prefix: cfg.payload_prefix,
+        mysql_head: cfg.mysql_head,
     };
     let mut out = Vec::new();
     if let Err(e) = encode_welcome(&welcome, &mut out) {
@@ -453,7 +457,21 @@ fn write_loop(mut stream: TcpStream, rx: Receiver<Outgoing>, stats: &ServerStats
 
 fn encode_outgoing(m: &Outgoing, out: &mut Vec<u8>, stats: &ServerStats) {
     let res = match m {
-        Outgoing::Feedback(batch) => encode_feedback(batch, out),
+        // Feedback first: the copier must know a segment before the MySQL packets framed
+        // from it. Each part is encoded on its own, so a bad one cannot take the other along.
+        Outgoing::Batch(b) => {
+            let fb = if b.feedback.is_empty() {
+                Ok(())
+            } else {
+                encode_feedback(&b.feedback, out)
+            };
+            let my = if b.mysql.is_empty() {
+                Ok(())
+            } else {
+                encode_mysql(&b.mysql, out)
+            };
+            fb.and(my)
+        }
         Outgoing::Pong(n) => encode_pong(*n, out),
     };
     if let Err(e) = res {

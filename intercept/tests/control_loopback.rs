@@ -1,6 +1,6 @@
 //! The control channel end to end on 127.0.0.1: the copier's `ControlClient` against intercept's
-//! control server and relay, with feedback injected through a channel instead of pcap (no root,
-//! no capture). Only loopback addresses are ever contacted.
+//! control server, relay and MySQL framing, with reply packets injected through a channel
+//! instead of pcap (no root, no capture). Only loopback addresses are ever contacted.
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, Shutdown, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
@@ -10,27 +10,49 @@ use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use common::control::{encode_hello, FrameDecoder, Hello, InterceptMessage, TestFeedback};
-use common::wire::{TcpFlags, TcpOptions};
-use copier::control_client::{ClientConfig, ControlClient, ControlHandle};
-use intercept::pump::{self, ChannelSource, PumpConfig};
+use common::control::{
+    encode_hello, FrameDecoder, Hello, InterceptMessage, MysqlEvent, TestFeedback,
+};
+use common::wire::{emit_ipv4_tcp, SegmentRepr, TcpFlags, TcpOptions};
+use copier::control_client::{ClientConfig, ControlClient, ControlHandle, Relayed};
+use intercept::pump::{self, ChannelSource, PumpConfig, ReplyPath};
 use intercept::relay::Relay;
 use intercept::server::{ControlServer, ServerConfig};
+use intercept::sessions::SessionConfig;
 
 const WAIT: Duration = Duration::from_secs(10);
 
 /// A control server and a running capture loop fed by `feed`.
 struct Intercept {
     server: ControlServer,
-    feed: Sender<TestFeedback>,
+    /// Raw IPv4 reply packets, as the capture would see them.
+    feed: Sender<Vec<u8>>,
     stop: Arc<AtomicBool>,
     pump: Option<JoinHandle<()>>,
 }
 
 impl Intercept {
+    /// `--protocol tcp`: feedback only.
     fn start(config: ServerConfig) -> Self {
+        Self::start_with(config, None)
+    }
+
+    /// `--protocol mysql`, with the default framing settings.
+    fn start_mysql() -> Self {
+        Self::start_with(
+            ServerConfig {
+                payload_prefix: 0,
+                mysql_head: Some(16),
+                ..ServerConfig::default()
+            },
+            Some(SessionConfig::default()),
+        )
+    }
+
+    fn start_with(config: ServerConfig, mysql: Option<SessionConfig>) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let (events_tx, events_rx) = mpsc::channel();
+        let prefix = usize::from(config.payload_prefix);
         let server = ControlServer::start(listener, config, events_tx).unwrap();
         let (feed, feed_rx) = mpsc::channel();
         let stop = Arc::new(AtomicBool::new(false));
@@ -38,19 +60,12 @@ impl Intercept {
             let stop = stop.clone();
             thread::spawn(move || {
                 let mut source = ChannelSource::new(feed_rx);
-                let mut relay = Relay::new(64);
+                let mut path = ReplyPath::new(Relay::new(64), prefix, mysql);
                 let config = PumpConfig {
                     idle_wait: Duration::from_millis(10),
                     status_interval: None,
                 };
-                let _ = pump::run(
-                    &mut source,
-                    &mut relay,
-                    &events_rx,
-                    &stop,
-                    config,
-                    |_, _| {},
-                );
+                let _ = pump::run(&mut source, &mut path, &events_rx, &stop, config, |_, _| {});
             })
         };
         Intercept {
@@ -66,7 +81,19 @@ impl Intercept {
     }
 
     fn send(&self, client: SocketAddrV4, seq: u32) {
-        self.feed.send(feedback(client, seq)).unwrap();
+        let fb = feedback(client, seq);
+        self.feed.send(packet_of(&fb, &fb.payload_prefix)).unwrap();
+    }
+
+    /// One reply segment from the test server to `client`.
+    fn reply(&self, client: SocketAddrV4, seq: u32, flags: u8, payload: &[u8]) {
+        let fb = TestFeedback {
+            seq,
+            flags: TcpFlags(flags),
+            payload_len: payload.len() as u32,
+            ..feedback(client, 0)
+        };
+        self.feed.send(packet_of(&fb, payload)).unwrap();
     }
 
     /// Waits until `n` claimed addresses have reached the relay's queue: feedback sent after
@@ -124,10 +151,31 @@ fn feedback(client: SocketAddrV4, seq: u32) -> TestFeedback {
     }
 }
 
+/// The IPv4 packet whose capture yields `fb` (with `payload` as its whole payload).
+fn packet_of(fb: &TestFeedback, payload: &[u8]) -> Vec<u8> {
+    let repr = SegmentRepr {
+        src: *fb.server.ip(),
+        dst: *fb.client.ip(),
+        src_port: fb.server.port(),
+        dst_port: fb.client.port(),
+        seq: fb.seq,
+        ack: fb.ack,
+        flags: fb.flags,
+        window: fb.window,
+        options: fb.options,
+        ip_id: 0,
+        ttl: 64,
+    };
+    let mut buf = vec![0u8; 65_536];
+    let n = emit_ipv4_tcp(&repr, payload, &mut buf).unwrap();
+    buf.truncate(n);
+    buf
+}
+
 /// A copier's control client plus what its engine would see.
 struct Copier {
     handle: ControlHandle,
-    rx: Receiver<Vec<TestFeedback>>,
+    rx: Receiver<Relayed>,
     wakes: Arc<AtomicUsize>,
 }
 
@@ -159,7 +207,8 @@ impl Copier {
         while got.len() < n {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.rx.recv_timeout(left) {
-                Ok(batch) => got.extend(batch.iter().map(|f| (f.client, f.seq))),
+                Ok(Relayed::Feedback(batch)) => got.extend(batch.iter().map(|f| (f.client, f.seq))),
+                Ok(Relayed::Mysql(_)) => {}
                 Err(_) => panic!("timed out: got {got:?}, wanted {n} items"),
             }
         }
@@ -212,7 +261,126 @@ fn the_full_feedback_survives_the_trip() {
     icpt.await_claims(1);
     icpt.send(client_addr(10), 77);
     let batch = a.rx.recv_timeout(WAIT).unwrap();
-    assert_eq!(batch, [feedback(client_addr(10), 77)]);
+    assert_eq!(
+        batch,
+        Relayed::Feedback(vec![feedback(client_addr(10), 77)])
+    );
+}
+
+/// What a copier's engine thread sees, in order.
+#[derive(Debug, PartialEq, Eq)]
+enum Seen {
+    Segment(SocketAddrV4, u32),
+    Packet(SocketAddrV4, u64, u8, Vec<u8>),
+    Lost(SocketAddrV4, u32),
+}
+
+fn seen(rx: &Receiver<Relayed>, until: impl Fn(&[Seen]) -> bool) -> Vec<Seen> {
+    let mut got = Vec::new();
+    let deadline = Instant::now() + WAIT;
+    while !until(&got) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(Relayed::Feedback(b)) => {
+                got.extend(b.iter().map(|f| Seen::Segment(f.client, f.seq)))
+            }
+            Ok(Relayed::Mysql(b)) => got.extend(b.into_iter().map(|e| match e {
+                MysqlEvent::Packet { client, packet: p } => {
+                    Seen::Packet(client, p.stream_offset, p.seq_id, p.head)
+                }
+                MysqlEvent::FramingLost { client, at_seq } => Seen::Lost(client, at_seq),
+            })),
+            Err(_) => panic!("timed out; so far: {got:#?}"),
+        }
+    }
+    got
+}
+
+fn mysql_packet(seq_id: u8, payload: &[u8]) -> Vec<u8> {
+    let mut v = (payload.len() as u32).to_le_bytes()[..3].to_vec();
+    v.push(seq_id);
+    v.extend_from_slice(payload);
+    v
+}
+
+#[test]
+fn mysql_events_reach_the_claiming_copier_after_their_segments_feedback() {
+    let icpt = Intercept::start_mysql();
+    let a = Copier::connect(icpt.addr(), "copier-a");
+    let b = Copier::connect(icpt.addr(), "copier-b");
+    let w = a.handle.welcome().unwrap();
+    assert_eq!((w.payload_prefix, w.mysql_head), (0, Some(16)));
+
+    let c = client_addr(10);
+    a.handle.claim(c);
+    icpt.await_claims(1);
+
+    const ISN: u32 = 0xffff_fff0; // the stream wraps the sequence space
+    let greeting = mysql_packet(0, &[0x0a; 90]);
+    let ok = mysql_packet(2, b"\0\0\0\x02\0\0\0");
+    let col_count = mysql_packet(1, b"\x01");
+    let row = mysql_packet(3, &[7; 40]);
+    // Segments as a busy server sends them: the second one carries the auth OK, the column
+    // count and the first two bytes of the next header, which straddles into the third.
+    let rest = [ok.as_slice(), &col_count, &row].concat();
+    let cut = ok.len() + col_count.len() + 2;
+    let segs: [(u32, u8, &[u8]); 4] = [
+        (ISN, (TcpFlags::SYN | TcpFlags::ACK), b""),
+        (
+            ISN.wrapping_add(1),
+            TcpFlags::ACK | TcpFlags::PSH,
+            &greeting,
+        ),
+        (
+            ISN.wrapping_add(1 + greeting.len() as u32),
+            TcpFlags::ACK | TcpFlags::PSH,
+            &rest[..cut],
+        ),
+        (
+            ISN.wrapping_add(1 + (greeting.len() + cut) as u32),
+            TcpFlags::ACK | TcpFlags::PSH,
+            &rest[cut..],
+        ),
+    ];
+    for (seq, flags, payload) in segs {
+        icpt.reply(c, seq, flags, payload);
+    }
+    // Data of a connection intercept never saw open (nobody claims it): broadcast to both.
+    let other = client_addr(99);
+    icpt.reply(other, 5000, TcpFlags::ACK, b"midstream");
+
+    let got = seen(&a.rx, |g| g.iter().any(|s| matches!(s, Seen::Lost(..))));
+    let off_ok = greeting.len() as u64;
+    let off_cc = off_ok + ok.len() as u64;
+    let off_row = off_cc + col_count.len() as u64;
+    let want_packets = [
+        Seen::Packet(c, 0, 0, greeting[4..].to_vec()),
+        Seen::Packet(c, off_ok, 2, ok[4..].to_vec()),
+        Seen::Packet(c, off_cc, 1, col_count[4..].to_vec()),
+        Seen::Packet(c, off_row, 3, row[4..].to_vec()),
+    ];
+    let packets: Vec<_> = got
+        .iter()
+        .filter(|s| matches!(s, Seen::Packet(..)))
+        .collect();
+    assert_eq!(packets, want_packets.iter().collect::<Vec<_>>());
+    // Each packet comes after the feedback of the segment that completed it.
+    let pos = |x: &Seen| got.iter().position(|s| s == x).unwrap();
+    let seg = |i: usize| pos(&Seen::Segment(c, segs[i].0));
+    for (packet, segment) in want_packets.iter().zip([1, 2, 2, 3]) {
+        assert!(
+            seg(segment) < pos(packet),
+            "{packet:?} before its segment: {got:#?}"
+        );
+    }
+    assert!(seg(0) < seg(1) && seg(1) < seg(2) && seg(2) < seg(3));
+    assert_eq!(pos(&Seen::Lost(other, 5000)), got.len() - 1);
+
+    // The other copier saw nothing of the claimed session, only the broadcast.
+    let got_b = seen(&b.rx, |g| g.iter().any(|s| matches!(s, Seen::Lost(..))));
+    assert_eq!(got_b, [Seen::Segment(other, 5000), Seen::Lost(other, 5000)]);
+    let s = a.handle.stats();
+    assert_eq!((s.mysql_received, s.mysql_dropped), (5, 0));
 }
 
 #[test]

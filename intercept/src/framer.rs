@@ -1,0 +1,264 @@
+//! Cuts the test server's in-order reply bytes of one connection into MySQL packets.
+//!
+//! A MySQL packet is a 4-byte header (3-byte little-endian payload length, 1-byte sequence id)
+//! and its payload. The framer keeps only what a summary needs: the header being read (which
+//! may straddle TCP segments) and the first bytes of the current payload. It must never buffer
+//! a whole payload (a result row can be 16 MiB) and never interpret one: what the bytes mean is
+//! the copier's business.
+//!
+//! It is fed bytes strictly in stream order, without gaps; the reassembly in
+//! [`crate::reassembly`] guarantees that. There is no way to find a header again after a gap
+//! (any byte may start one), so a gap ends framing for good.
+
+use common::control::{MysqlPacket, MAX_MYSQL_HEAD, MYSQL_FULL_HEAD_PACKETS, MYSQL_MAX_PAYLOAD};
+
+/// Bytes of a MySQL packet header.
+pub const HEADER_LEN: usize = 4;
+
+/// Head sizes of a connection's packets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeadSizes {
+    /// Head bytes of every packet after the first [`MYSQL_FULL_HEAD_PACKETS`].
+    pub later: usize,
+}
+
+impl HeadSizes {
+    /// How much of a packet's payload to keep. The first packets are the greeting and the auth
+    /// exchange, which the copier needs whole (scrambles, an RSA key); afterwards a few bytes
+    /// tell OK from ERR from a result set. A continuation packet's bytes are the middle of a
+    /// payload: as a head they would only mislead whoever classifies packets by their first byte.
+    fn for_packet(&self, index: u64, len: u32, continuation: bool) -> usize {
+        let want = if continuation {
+            0
+        } else if index < MYSQL_FULL_HEAD_PACKETS {
+            MAX_MYSQL_HEAD
+        } else {
+            self.later.min(MAX_MYSQL_HEAD)
+        };
+        want.min(len as usize)
+    }
+}
+
+/// The framing state of one connection's reply stream.
+#[derive(Debug)]
+pub struct PacketFramer {
+    sizes: HeadSizes,
+    /// Sequence number of stream offset 0 (the SYN-ACK's ISN + 1).
+    base_seq: u32,
+    /// Stream offset of the next byte to be fed.
+    offset: u64,
+    /// Packets whose header has been read.
+    packets: u64,
+    header: [u8; HEADER_LEN],
+    header_len: usize,
+    /// Payload bytes of the current packet still to come; 0 while reading a header.
+    body_left: u32,
+    /// The current packet while its head is incomplete.
+    current: Option<MysqlPacket>,
+    head_want: usize,
+    /// The last header said 0xFFFFFF: the next packet continues the same payload.
+    continues: bool,
+}
+
+impl PacketFramer {
+    pub fn new(base_seq: u32, sizes: HeadSizes) -> Self {
+        PacketFramer {
+            sizes,
+            base_seq,
+            offset: 0,
+            packets: 0,
+            header: [0; HEADER_LEN],
+            header_len: 0,
+            body_left: 0,
+            current: None,
+            head_want: 0,
+            continues: false,
+        }
+    }
+
+    /// Stream offset of the next byte expected.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// Packets whose header has been read so far.
+    pub fn packets(&self) -> u64 {
+        self.packets
+    }
+
+    /// Frames the next in-order bytes, calling `emit` for each packet as soon as its head is
+    /// complete (a packet whose payload is still arriving is summarised before its end).
+    pub fn feed(&mut self, mut bytes: &[u8], emit: &mut impl FnMut(MysqlPacket)) {
+        while !bytes.is_empty() {
+            if self.body_left == 0 {
+                let take = (HEADER_LEN - self.header_len).min(bytes.len());
+                self.header[self.header_len..self.header_len + take]
+                    .copy_from_slice(&bytes[..take]);
+                self.header_len += take;
+                self.offset += take as u64;
+                bytes = &bytes[take..];
+                if self.header_len == HEADER_LEN {
+                    self.header_len = 0;
+                    self.start_packet(emit);
+                }
+                continue;
+            }
+            let take = (self.body_left as usize).min(bytes.len());
+            if let Some(p) = &mut self.current {
+                let need = self.head_want - p.head.len();
+                p.head.extend_from_slice(&bytes[..need.min(take)]);
+                if p.head.len() == self.head_want {
+                    if let Some(p) = self.current.take() {
+                        emit(p);
+                    }
+                }
+            }
+            self.body_left -= take as u32;
+            self.offset += take as u64;
+            bytes = &bytes[take..];
+        }
+    }
+
+    fn start_packet(&mut self, emit: &mut impl FnMut(MysqlPacket)) {
+        let h = self.header;
+        let len = u32::from_le_bytes([h[0], h[1], h[2], 0]);
+        let stream_offset = self.offset - HEADER_LEN as u64;
+        let continuation = self.continues;
+        self.continues = len == MYSQL_MAX_PAYLOAD;
+        self.head_want = self.sizes.for_packet(self.packets, len, continuation);
+        self.packets += 1;
+        self.body_left = len;
+        let packet = MysqlPacket {
+            stream_offset,
+            // Wrapping by design: offsets grow past 4 GiB, sequence numbers wrap.
+            tcp_seq: self.base_seq.wrapping_add(stream_offset as u32),
+            seq_id: h[3],
+            len,
+            head: Vec::with_capacity(self.head_want),
+        };
+        if self.head_want == 0 {
+            emit(packet);
+        } else {
+            self.current = Some(packet);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pkt(seq_id: u8, payload: &[u8]) -> Vec<u8> {
+        let len = payload.len() as u32;
+        let mut v = len.to_le_bytes()[..3].to_vec();
+        v.push(seq_id);
+        v.extend_from_slice(payload);
+        v
+    }
+
+    fn frame_pieces(pieces: &[&[u8]], later: usize) -> Vec<MysqlPacket> {
+        let mut f = PacketFramer::new(1000, HeadSizes { later });
+        let mut out = Vec::new();
+        for p in pieces {
+            f.feed(p, &mut |p| out.push(p));
+        }
+        out
+    }
+
+    #[test]
+    fn a_header_may_straddle_segments() {
+        let stream = [pkt(0, b"hello"), pkt(1, b"")].concat();
+        for cut in 0..=stream.len() {
+            let got = frame_pieces(&[&stream[..cut], &stream[cut..]], 16);
+            assert_eq!(got.len(), 2, "cut at {cut}");
+            assert_eq!(
+                (got[0].stream_offset, got[0].tcp_seq, got[0].len),
+                (0, 1000, 5)
+            );
+            assert_eq!(got[0].head, b"hello");
+            assert_eq!(
+                (got[1].stream_offset, got[1].tcp_seq, got[1].seq_id),
+                (9, 1009, 1)
+            );
+            assert!(got[1].head.is_empty());
+        }
+    }
+
+    #[test]
+    fn many_packets_in_one_segment() {
+        let stream: Vec<u8> = (0..50u8).flat_map(|i| pkt(i, &[i; 3])).collect();
+        let got = frame_pieces(&[&stream], 16);
+        assert_eq!(got.len(), 50);
+        for (i, p) in got.iter().enumerate() {
+            assert_eq!(p.seq_id, i as u8);
+            assert_eq!(p.stream_offset, i as u64 * 7);
+            assert_eq!(p.head, [i as u8; 3]);
+        }
+    }
+
+    #[test]
+    fn first_eight_packets_are_whole_then_heads_are_cut() {
+        let big = vec![0x42; 2000];
+        let mid = vec![0x17; 600];
+        let stream: Vec<u8> = (0..10u8)
+            .flat_map(|i| pkt(i, if i == 0 { &big } else { &mid }))
+            .collect();
+        let got = frame_pieces(&[&stream], 16);
+        assert_eq!(got[0].head.len(), MAX_MYSQL_HEAD, "capped at 1024");
+        assert!(!got[0].complete());
+        for p in &got[1..8] {
+            assert_eq!(p.head.len(), 600);
+            assert!(p.complete());
+        }
+        for p in &got[8..] {
+            assert_eq!(p.head, [0x17; 16]);
+        }
+        // A configured head larger than the protocol allows is capped.
+        let got = frame_pieces(&[&stream], 5000);
+        assert_eq!(got[9].head.len(), 600);
+    }
+
+    #[test]
+    fn a_packet_is_emitted_once_its_head_is_in() {
+        let stream: Vec<u8> = (0..9u8).flat_map(|i| pkt(i, &[])).collect();
+        let mut f = PacketFramer::new(0, HeadSizes { later: 4 });
+        let mut out = Vec::new();
+        f.feed(&stream, &mut |p| out.push(p));
+        let row = pkt(9, &[1; 100]);
+        f.feed(&row[..7], &mut |p| out.push(p));
+        assert_eq!(out.len(), 9, "3 of 4 head bytes: not yet");
+        f.feed(&row[7..9], &mut |p| out.push(p));
+        assert_eq!(out.len(), 10, "head complete: out before the payload ends");
+        assert_eq!(out[9].head, [1; 4]);
+        f.feed(&row[9..], &mut |p| out.push(p));
+        assert_eq!(out.len(), 10);
+        assert_eq!(f.offset(), stream.len() as u64 + row.len() as u64);
+    }
+
+    #[test]
+    fn continuation_packets_carry_no_head() {
+        // A 16 MiB payload: one 0xFFFFFF packet, then the rest (here 3 bytes), then a new one.
+        let mut stream = vec![0xff, 0xff, 0xff, 1];
+        stream.extend(std::iter::repeat_n(0xAA, MYSQL_MAX_PAYLOAD as usize));
+        stream.extend(pkt(2, b"end"));
+        stream.extend(pkt(3, b"\xfe\0\0\x02\0"));
+        let mut f = PacketFramer::new(u32::MAX - 1, HeadSizes { later: 16 });
+        let mut out = Vec::new();
+        for chunk in stream.chunks(65_000) {
+            f.feed(chunk, &mut |p| out.push(p));
+        }
+        assert_eq!(out.len(), 3);
+        assert_eq!(out[0].len, MYSQL_MAX_PAYLOAD);
+        assert_eq!(out[0].head.len(), MAX_MYSQL_HEAD);
+        assert_eq!(
+            (out[1].stream_offset, out[1].len, out[1].head.len()),
+            (4 + u64::from(MYSQL_MAX_PAYLOAD), 3, 0)
+        );
+        assert_eq!(out[2].head, b"\xfe\0\0\x02\0");
+        // Sequence numbers wrap; stream offsets do not.
+        assert_eq!(
+            out[2].tcp_seq,
+            (u32::MAX - 1).wrapping_add(out[2].stream_offset as u32)
+        );
+    }
+}

@@ -1,0 +1,345 @@
+//! Puts one connection's captured reply segments back into stream order for the framer.
+//!
+//! Capture sees the test server's segments as they pass: retransmitted, overlapping, now and
+//! then out of order or missing (kernel drops, loss on the way to this host). This room trims
+//! what was already framed, holds a few segments that arrived early, and says when a gap can no
+//! longer be expected to fill. It must never hold more than its [`HoldLimits`], and never guess
+//! across a gap: after one, every byte could be framed wrongly.
+//!
+//! A gap that fills is the normal case: the copier only acknowledges what intercept relayed, so
+//! the test server retransmits what capture missed. A gap that does not fill shows up as a hold
+//! that overflows (the server keeps sending past it) or as bytes cut by the snap length.
+
+use std::collections::BTreeMap;
+
+use common::control::MysqlPacket;
+
+use crate::framer::{HeadSizes, PacketFramer};
+
+/// How much one connection may hold while it waits for a gap to fill.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HoldLimits {
+    pub segments: usize,
+    pub bytes: usize,
+}
+
+impl Default for HoldLimits {
+    fn default() -> Self {
+        HoldLimits {
+            segments: 8,
+            bytes: 256 * 1024,
+        }
+    }
+}
+
+/// Counters of reassembly, summed over connections.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReassemblyStats {
+    /// Segments whose bytes had all been framed already (retransmissions).
+    pub duplicates: u64,
+    /// Gaps opened: a segment arrived beyond the next expected byte.
+    pub holes: u64,
+    /// Segments put on hold until a gap before them filled.
+    pub ooo_held: u64,
+    /// Held segments thrown away because framing stopped or the connection went away.
+    pub ooo_dropped: u64,
+}
+
+/// Why framing a connection stopped for good.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LostReason {
+    /// A gap did not fill before the hold overflowed.
+    HoldFull,
+    /// The capture cut a segment short (snap length), so its tail will never be seen.
+    Snapped,
+}
+
+/// Framing stopped at sequence number `at_seq`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Lost {
+    pub at_seq: u32,
+    pub reason: LostReason,
+}
+
+/// One connection's reply stream, from the SYN-ACK on.
+#[derive(Debug)]
+pub struct ReplyStream {
+    framer: PacketFramer,
+    base_seq: u32,
+    /// Early segments by stream offset.
+    held: BTreeMap<u64, Vec<u8>>,
+    held_bytes: usize,
+    limits: HoldLimits,
+}
+
+impl ReplyStream {
+    /// A stream whose first byte has sequence number `base_seq` (the SYN-ACK's ISN + 1).
+    pub fn new(base_seq: u32, sizes: HeadSizes, limits: HoldLimits) -> Self {
+        ReplyStream {
+            framer: PacketFramer::new(base_seq, sizes),
+            base_seq,
+            held: BTreeMap::new(),
+            held_bytes: 0,
+            limits,
+        }
+    }
+
+    pub fn base_seq(&self) -> u32 {
+        self.base_seq
+    }
+
+    /// Segments held right now.
+    pub fn held(&self) -> usize {
+        self.held.len()
+    }
+
+    /// MySQL packets whose header has been read.
+    pub fn packets(&self) -> u64 {
+        self.framer.packets()
+    }
+
+    fn next_seq(&self) -> u32 {
+        self.base_seq.wrapping_add(self.framer.offset() as u32)
+    }
+
+    /// Takes one segment: `seq` numbers `data[0]`, `data` is what was captured of a payload of
+    /// `wire_len` bytes. Emits the packets whose head this segment completes (or, through held
+    /// segments it unblocks, later ones). After `Err`, the stream must be dropped.
+    pub fn on_segment(
+        &mut self,
+        seq: u32,
+        data: &[u8],
+        wire_len: u32,
+        stats: &mut ReassemblyStats,
+        emit: &mut impl FnMut(MysqlPacket),
+    ) -> Result<(), Lost> {
+        let wire_len = u64::from(wire_len);
+        let data = &data[..data.len().min(wire_len as usize)];
+        let captured = data.len() as u64;
+        if wire_len == 0 {
+            return Ok(());
+        }
+        let next = self.framer.offset();
+        // Relative to the next expected byte; a TCP window never spans 2^31, so the signed
+        // distance is unambiguous.
+        let rel = i64::from(seq.wrapping_sub(self.next_seq()) as i32);
+        if rel > 0 {
+            if captured < wire_len {
+                return Err(self.lost(LostReason::Snapped, stats));
+            }
+            return self.hold(next + rel as u64, data, stats);
+        }
+        let skip = rel.unsigned_abs();
+        if skip >= wire_len {
+            stats.duplicates += 1;
+            return Ok(());
+        }
+        if skip < captured {
+            self.framer.feed(&data[skip as usize..], emit);
+        }
+        if captured < wire_len {
+            return Err(self.lost(LostReason::Snapped, stats));
+        }
+        self.drain_held(stats, emit);
+        Ok(())
+    }
+
+    fn hold(&mut self, start: u64, data: &[u8], stats: &mut ReassemblyStats) -> Result<(), Lost> {
+        if let Some(h) = self.held.get(&start) {
+            if h.len() >= data.len() {
+                stats.duplicates += 1;
+                return Ok(());
+            }
+        }
+        let replaced = self.held.get(&start).map_or(0, Vec::len);
+        let fits = self.held.len() - usize::from(replaced > 0) < self.limits.segments
+            && self.held_bytes - replaced + data.len() <= self.limits.bytes;
+        if !fits {
+            return Err(self.lost(LostReason::HoldFull, stats));
+        }
+        if self.held.is_empty() {
+            stats.holes += 1;
+        }
+        stats.ooo_held += 1;
+        self.held_bytes = self.held_bytes - replaced + data.len();
+        self.held.insert(start, data.to_vec());
+        Ok(())
+    }
+
+    fn drain_held(&mut self, stats: &mut ReassemblyStats, emit: &mut impl FnMut(MysqlPacket)) {
+        while let Some(entry) = self.held.first_entry() {
+            let start = *entry.key();
+            let next = self.framer.offset();
+            if start > next {
+                return;
+            }
+            let data = entry.remove();
+            self.held_bytes -= data.len();
+            let skip = next - start;
+            if skip < data.len() as u64 {
+                self.framer.feed(&data[skip as usize..], emit);
+            } else {
+                stats.duplicates += 1;
+            }
+        }
+    }
+
+    fn lost(&mut self, reason: LostReason, stats: &mut ReassemblyStats) -> Lost {
+        self.discard(stats);
+        Lost {
+            at_seq: self.next_seq(),
+            reason,
+        }
+    }
+
+    /// Throws the held segments away (counted), e.g. when the connection ends.
+    pub fn discard(&mut self, stats: &mut ReassemblyStats) {
+        stats.ooo_dropped += self.held.len() as u64;
+        self.held.clear();
+        self.held_bytes = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: u32 = u32::MAX - 10;
+
+    fn pkt(seq_id: u8, payload: &[u8]) -> Vec<u8> {
+        let mut v = (payload.len() as u32).to_le_bytes()[..3].to_vec();
+        v.push(seq_id);
+        v.extend_from_slice(payload);
+        v
+    }
+
+    struct Harness {
+        s: ReplyStream,
+        stats: ReassemblyStats,
+        out: Vec<MysqlPacket>,
+    }
+
+    impl Harness {
+        fn new() -> Self {
+            Harness {
+                s: ReplyStream::new(BASE, HeadSizes { later: 16 }, HoldLimits::default()),
+                stats: ReassemblyStats::default(),
+                out: Vec::new(),
+            }
+        }
+        /// Delivers `stream[from..to]` as one segment.
+        fn seg(&mut self, stream: &[u8], from: usize, to: usize) -> Result<(), Lost> {
+            let out = &mut self.out;
+            self.s.on_segment(
+                BASE.wrapping_add(from as u32),
+                &stream[from..to],
+                (to - from) as u32,
+                &mut self.stats,
+                &mut |p| out.push(p),
+            )
+        }
+        fn ids(&self) -> Vec<u8> {
+            self.out.iter().map(|p| p.seq_id).collect()
+        }
+    }
+
+    fn three_packets() -> Vec<u8> {
+        [pkt(0, b"greeting"), pkt(1, b"ok"), pkt(2, b"more")].concat()
+    }
+
+    #[test]
+    fn retransmitted_and_overlapping_segments_are_trimmed() {
+        let st = three_packets();
+        let mut h = Harness::new();
+        h.seg(&st, 0, 10).unwrap();
+        h.seg(&st, 0, 10).unwrap(); // whole retransmission
+        h.seg(&st, 5, 15).unwrap(); // overlaps the framed part
+        h.seg(&st, 12, st.len()).unwrap();
+        assert_eq!(h.ids(), [0, 1, 2]);
+        assert_eq!(h.out[1].head, b"ok");
+        assert_eq!(h.stats.duplicates, 1);
+        assert_eq!(h.stats.holes, 0);
+    }
+
+    #[test]
+    fn out_of_order_segments_wait_for_the_gap_then_flow() {
+        let st = three_packets();
+        let mut h = Harness::new();
+        h.seg(&st, 14, st.len()).unwrap();
+        h.seg(&st, 6, 14).unwrap();
+        assert!(h.out.is_empty());
+        assert_eq!((h.stats.holes, h.stats.ooo_held, h.s.held()), (1, 2, 2));
+        h.seg(&st, 0, 6).unwrap();
+        assert_eq!(h.ids(), [0, 1, 2]);
+        assert_eq!(h.out[0].head, b"greeting");
+        assert_eq!(h.s.held(), 0);
+        assert_eq!(h.out[2].tcp_seq, BASE.wrapping_add(18));
+    }
+
+    #[test]
+    fn held_segments_overlapping_each_other_are_trimmed_too() {
+        let st = three_packets();
+        let mut h = Harness::new();
+        h.seg(&st, 4, 16).unwrap();
+        h.seg(&st, 8, st.len()).unwrap();
+        h.seg(&st, 4, 10).unwrap(); // shorter copy at a held offset: nothing new
+        h.seg(&st, 0, 5).unwrap();
+        assert_eq!(h.ids(), [0, 1, 2]);
+        assert_eq!(h.out[2].head, b"more");
+    }
+
+    #[test]
+    fn a_gap_that_does_not_fill_overflows_the_hold() {
+        let st: Vec<u8> = (0..40u8).flat_map(|i| pkt(i, &[i; 20])).collect();
+        let mut h = Harness::new();
+        h.seg(&st, 0, 24).unwrap();
+        // Segment [24, 48) is lost; the server keeps sending.
+        let mut res = Ok(());
+        for k in 2..20 {
+            res = h.seg(&st, k * 24, k * 24 + 24);
+            if res.is_err() {
+                break;
+            }
+        }
+        let lost = res.unwrap_err();
+        assert_eq!(lost.reason, LostReason::HoldFull);
+        assert_eq!(lost.at_seq, BASE.wrapping_add(24), "where framing stopped");
+        assert_eq!(h.stats.ooo_held, 8);
+        assert_eq!(h.stats.ooo_dropped, 8);
+        assert_eq!(h.s.held(), 0);
+        assert_eq!(h.ids(), [0]);
+    }
+
+    #[test]
+    fn the_byte_bound_counts_too() {
+        let st = vec![0u8; 400 * 1024];
+        let mut h = Harness::new();
+        h.seg(&st, 10, 100_010).unwrap();
+        h.seg(&st, 100_010, 200_010).unwrap();
+        let lost = h.seg(&st, 200_010, 300_010).unwrap_err();
+        assert_eq!(lost.reason, LostReason::HoldFull);
+    }
+
+    #[test]
+    fn a_snapped_segment_ends_framing_where_its_capture_ends() {
+        let st = three_packets();
+        let mut h = Harness::new();
+        let out = &mut h.out;
+        let lost =
+            h.s.on_segment(BASE, &st[..18], st.len() as u32, &mut h.stats, &mut |p| {
+                out.push(p)
+            })
+            .unwrap_err();
+        assert_eq!(lost.reason, LostReason::Snapped);
+        assert_eq!(lost.at_seq, BASE.wrapping_add(18));
+        assert_eq!(h.ids(), [0, 1]);
+        // A snapped retransmission of bytes already framed is harmless.
+        let mut h = Harness::new();
+        h.seg(&st, 0, st.len()).unwrap();
+        let out = &mut h.out;
+        h.s.on_segment(BASE, &st[..3], st.len() as u32, &mut h.stats, &mut |p| {
+            out.push(p)
+        })
+        .unwrap();
+    }
+}
