@@ -40,6 +40,26 @@ pub struct Args {
     #[arg(long, env = "TCPSHADOW_MSS", default_value_t = 1460, value_parser = clap::value_parser!(u16).range(88..=65495))]
     pub mss: u16,
 
+    /// What the port speaks: `mysql` rewrites each login with the test server's own scramble
+    /// and maps prepared-statement ids; `tcp` mirrors bytes as they are.
+    #[arg(long, env = "TCPSHADOW_PROTOCOL", value_enum, default_value_t = Protocol::Mysql)]
+    pub protocol: Protocol,
+
+    /// MySQL: the passwords valid on the test server, one `user:password` per line, in a file
+    /// only its owner can read (chmod 600). Without it, logins are forwarded unchanged and fail
+    /// on a test server that checks passwords.
+    #[arg(long, env = "TCPSHADOW_MYSQL_CREDENTIALS")]
+    pub mysql_credentials: Option<PathBuf>,
+
+    /// MySQL: the user (listed in --mysql-credentials) that logs in on the test server for
+    /// connections picked up mid-stream, whose own login the copier never saw.
+    #[arg(long, env = "TCPSHADOW_MYSQL_DEFAULT_USER")]
+    pub mysql_default_user: Option<String>,
+
+    /// MySQL: the schema selected for connections picked up mid-stream.
+    #[arg(long, env = "TCPSHADOW_MYSQL_DEFAULT_DB")]
+    pub mysql_default_db: Option<String>,
+
     /// Do not pick up connections that were already open when the copier started.
     #[arg(long, env = "TCPSHADOW_NO_PICKUP")]
     pub no_pickup: bool,
@@ -109,6 +129,13 @@ impl Args {
         }
         Ok(Some(line.as_bytes().to_vec()))
     }
+}
+
+/// The application protocol of the mirrored port.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Protocol {
+    Mysql,
+    Tcp,
 }
 
 /// Whether `ip` is assigned to an interface of this host: binding to it succeeds only then.

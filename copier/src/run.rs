@@ -13,7 +13,7 @@ use common::control::Hello;
 use crate::capture::LiveCapture;
 use crate::cli::Args;
 use crate::control_client::{ControlClient, Relayed};
-use crate::engine::{Engine, EngineConfig, EngineEvent};
+use crate::engine::{CloseReason, Engine, EngineConfig, EngineEvent};
 use crate::send::RawSender;
 use crate::signals;
 use crate::status::{Snapshot, StatusLine};
@@ -68,6 +68,7 @@ pub fn run(args: &Args) -> Result<Snapshot> {
 
     let mut stopping_since = None;
     let mut mysql_events = 0u64;
+    let mut not_mirrorable = OncePerClient::default();
     loop {
         let now = clock.now();
         if stopping_since.is_none() && signals::stop_requested() {
@@ -103,6 +104,12 @@ pub fn run(args: &Args) -> Result<Snapshot> {
             match ev {
                 EngineEvent::SessionOpened { mirrored, .. } => control.claim(mirrored),
                 EngineEvent::SessionReleased { mirrored } => control.release(mirrored),
+                EngineEvent::SessionClosed {
+                    client,
+                    reason: CloseReason::NotMirrorable,
+                    why,
+                    ..
+                } => not_mirrorable.note(client, why.unwrap_or("unknown")),
                 EngineEvent::SessionClosed { .. } => {}
             }
         }
@@ -142,6 +149,27 @@ pub fn run(args: &Args) -> Result<Snapshot> {
     );
     control.shutdown();
     Ok(snap)
+}
+
+/// Says once per client address (bounded) that its sessions cannot be mirrored, and why: the
+/// user should know, but one line per connection would flood the log.
+#[derive(Default)]
+struct OncePerClient {
+    seen: std::collections::HashSet<std::net::Ipv4Addr>,
+}
+
+impl OncePerClient {
+    const MAX: usize = 10_000;
+
+    fn note(&mut self, client: std::net::SocketAddrV4, why: &str) {
+        if self.seen.len() < Self::MAX && self.seen.insert(*client.ip()) {
+            tracing::warn!(
+                "sessions from {} cannot be mirrored ({why}); they are left alone and counted \
+                 (said once per client address)",
+                client.ip()
+            );
+        }
+    }
 }
 
 fn hostname() -> String {

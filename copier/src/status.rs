@@ -19,6 +19,8 @@ pub struct Snapshot {
     pub capture: CaptureStats,
     pub send: SendStats,
     pub control: ClientStats,
+    /// Names of the protocol layer's counters (`engine.transform`), by id.
+    pub transform_names: &'static [&'static str],
 }
 
 impl Snapshot {
@@ -33,6 +35,7 @@ impl Snapshot {
             capture: capture.stats,
             send: sender.stats,
             control: *control,
+            transform_names: engine.transform_counter_names(),
         }
     }
 
@@ -211,6 +214,16 @@ pub fn summary(s: &Snapshot, elapsed: Duration) -> String {
         "  feedback: {} from intercept ({} unknown session, {} stale); control: {}",
         e.feedback_received, e.feedback_unknown_session, e.feedback_stale, s.control
     );
+    let proto: Vec<String> = s
+        .engine
+        .transform
+        .named(s.transform_names)
+        .filter(|(_, n)| *n > 0)
+        .map(|(name, n)| format!("{name}={n}"))
+        .collect();
+    if !proto.is_empty() {
+        let _ = writeln!(out, "  protocol layer: {}", proto.join(" "));
+    }
     let losses: Vec<_> = s.losses().into_iter().filter(|(_, n)| *n > 0).collect();
     if losses.is_empty() {
         let _ = writeln!(out, "  losses: none");

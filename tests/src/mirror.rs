@@ -57,18 +57,24 @@ pub fn build() -> Result<()> {
 pub struct MirrorOptions {
     /// Production port (and the test server's port).
     pub port: u16,
+    /// `--protocol tcp` for both daemons when set (a plain TCP service).
+    pub plain_tcp: bool,
     /// `--client-ip-pool`, e.g. the lab's LAB_POOL.
     pub client_ip_pool: Option<String>,
     /// More copier arguments.
     pub copier_args: Vec<String>,
+    /// More intercept arguments.
+    pub intercept_args: Vec<String>,
 }
 
 impl Default for MirrorOptions {
     fn default() -> Self {
         Self {
             port: 3306,
+            plain_tcp: false,
             client_ip_pool: None,
             copier_args: Vec::new(),
+            intercept_args: Vec::new(),
         }
     }
 }
@@ -89,20 +95,22 @@ impl Mirror {
         let copier_bin = release_bin("copier")?;
         let port = opts.port.to_string();
         let listen = format!("{}:{CONTROL_PORT}", lab.ip(Host::Assist));
-        let mut intercept = lab.spawn(
-            Host::Assist,
-            &[
-                intercept_bin.to_str().context("path")?,
-                "--port",
-                &port,
-                "--interface",
-                lab.var("LAB_IFACE"),
-                "--listen",
-                &listen,
-                "--status-interval",
-                "5",
-            ],
-        )?;
+        let mut intercept_args = vec![
+            intercept_bin.to_str().context("path")?,
+            "--port",
+            &port,
+            "--interface",
+            lab.var("LAB_IFACE"),
+            "--listen",
+            &listen,
+            "--status-interval",
+            "5",
+        ];
+        if opts.plain_tcp {
+            intercept_args.extend(["--protocol", "tcp"]);
+        }
+        intercept_args.extend(opts.intercept_args.iter().map(String::as_str));
+        let mut intercept = lab.spawn(Host::Assist, &intercept_args)?;
         intercept.wait_for_output("waiting for copiers", Duration::from_secs(10))?;
         let target = format!("{}:{}", lab.ip(Host::Test), opts.port);
         let mut args: Vec<String> = vec![
@@ -121,6 +129,9 @@ impl Mirror {
         if let Some(pool) = &opts.client_ip_pool {
             args.push("--client-ip-pool".into());
             args.push(pool.clone());
+        }
+        if opts.plain_tcp {
+            args.extend(["--protocol".into(), "tcp".into()]);
         }
         args.extend(opts.copier_args.iter().cloned());
         let args: Vec<&str> = args.iter().map(String::as_str).collect();

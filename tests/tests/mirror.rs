@@ -160,6 +160,7 @@ fn plain_tcp_mirror(prefix: &str, open_before: bool) -> Result<()> {
     let pool = lab.var("LAB_POOL").to_string();
     let opts = MirrorOptions {
         port,
+        plain_tcp: true,
         client_ip_pool: Some(pool.clone()),
         ..Default::default()
     };

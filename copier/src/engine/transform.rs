@@ -31,7 +31,7 @@ use std::fmt;
 use std::net::SocketAddrV4;
 
 use common::clock::Instant;
-use common::control::TestFeedback;
+use common::control::{MysqlEvent, TestFeedback};
 
 /// Counters a transform can bump, per engine (ids `0..TRANSFORM_COUNTERS`).
 pub const TRANSFORM_COUNTERS: usize = 64;
@@ -161,6 +161,9 @@ impl StreamTransform for Identity {
 pub enum TestEvent<'a> {
     /// A segment of the test server, after the engine's own TCP processing of it.
     Segment(TestSegment<'a>),
+    /// A MySQL packet summary or a framing loss, from intercept's framing of the test server's
+    /// reply stream (in stream order per session).
+    Mysql(&'a MysqlEvent),
 }
 
 impl<'a> TestEvent<'a> {
@@ -169,6 +172,7 @@ impl<'a> TestEvent<'a> {
     pub fn segment(&self) -> Option<&TestSegment<'a>> {
         match self {
             TestEvent::Segment(s) => Some(s),
+            TestEvent::Mysql(_) => None,
         }
     }
 }
