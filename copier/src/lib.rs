@@ -9,6 +9,7 @@ pub mod cli;
 pub mod control_client;
 pub mod credentials;
 pub mod engine;
+pub mod mysql;
 pub mod run;
 pub mod send;
 pub mod signals;

@@ -1,0 +1,256 @@
+//! MySQL awareness for the mirror: the [`StreamTransform`] that keeps a mirrored session valid on
+//! a test server with its own accounts, nonces and statement ids.
+//!
+//! # What this room is for
+//!
+//! The engine replays a client's bytes; a MySQL test server would refuse most of them as they
+//! are. [`MysqlTransform`] rewrites exactly what ties a session to production:
+//!
+//! * the login, recomputed with the test server's greeting nonce and the password valid there
+//!   (and the auth exchange that follows: AuthSwitchRequest, caching_sha2_password fast and full
+//!   auth), while the client's own auth continuation toward production is swallowed;
+//! * COM_CHANGE_USER, recomputed the same way;
+//! * prepared-statement ids, translated from production's to the test server's by pairing both
+//!   servers' answers to each COM_STMT_PREPARE;
+//! * connections picked up mid-stream, which get a synthetic login (and, with recovered state,
+//!   their schema and prepared statements) before their captured commands.
+//!
+//! Everything else passes byte for byte, including commands of 16 MiB and more, which are
+//! streamed through without being buffered whole.
+//!
+//! # What it must never do
+//!
+//! * I/O, clocks, logging or blocking: it is a deterministic function of what the engine feeds
+//!   it (randomness for RSA padding comes from the caller's [`RandomBytes`]).
+//! * Expose a password or a scramble: nothing here prints them, `Debug` shows phases only, and
+//!   passwords are held only during an auth exchange.
+//! * Panic or grow without bound on any input: every buffer has a limit, and a session that
+//!   would exceed one is given up ([`StreamTransform`]'s `abandon`) and counted.
+//! * Parse bytes that are not a packet start as a command: continuation packets of a
+//!   0xFFFFFF-long packet, LOCAL INFILE data and auth continuations are recognised by framing
+//!   and sequence ids, never by their content.
+
+mod transform;
+
+#[cfg(test)]
+mod tests;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::clock::Instant;
+
+use crate::credentials::Credentials;
+use crate::engine::{SessionInfo, StreamTransform, TransformFactory};
+
+pub use transform::MysqlTransform;
+
+/// Fills the buffer from a cryptographically secure source; returns false if it could not.
+/// Only caching_sha2_password's full authentication (RSA-OAEP padding) uses it.
+pub type RandomBytes = Arc<dyn Fn(&mut [u8]) -> bool + Send + Sync>;
+
+/// How MySQL sessions are mirrored.
+#[derive(Clone, Debug)]
+pub struct MysqlConfig {
+    /// The user a picked-up connection logs in as on the test server (its real user is unknown
+    /// without recovered state). `None`: picked-up connections are not mirrored.
+    pub default_user: Option<String>,
+    /// The schema a picked-up connection selects at login, if any.
+    pub default_db: Option<String>,
+    /// For a picked-up connection, how long to wait for [`MysqlTransform::recover`] before
+    /// logging in with the defaults. `None`: no state will be recovered; log in at once.
+    pub recovery_wait: Option<Duration>,
+    /// Client bytes a session may hold back (commands waiting for the test server's login or a
+    /// PREPARE_OK); beyond, the session is given up. The engine's `max_session_buffer` also
+    /// counts them.
+    pub max_held_bytes: usize,
+    /// Prepared statements tracked per session (see `StatementMap::new`).
+    pub max_statements: usize,
+    /// A login (or COM_CHANGE_USER) of a user without credentials passes unchanged instead of
+    /// giving the session up: for a test server that does not check passwords
+    /// (`--skip-grant-tables`). A picked-up connection then logs in with an empty response.
+    pub forward_without_credentials: bool,
+}
+
+impl Default for MysqlConfig {
+    fn default() -> Self {
+        Self {
+            default_user: None,
+            default_db: None,
+            recovery_wait: None,
+            max_held_bytes: 4 << 20,
+            max_statements: common::mysql::stmt::DEFAULT_LIMIT,
+            forward_without_credentials: false,
+        }
+    }
+}
+
+/// What `--prod-dsn` learnt about a picked-up connection on production.
+#[derive(Clone, PartialEq, Eq)]
+pub struct RecoveredState {
+    /// The connection's user (`information_schema.PROCESSLIST.USER`).
+    pub user: String,
+    /// Its current schema (`PROCESSLIST.DB`).
+    pub db: Option<String>,
+    /// Its prepared statements: production's statement id and SQL text
+    /// (`performance_schema.prepared_statements_instances`).
+    pub statements: Vec<(u32, Vec<u8>)>,
+}
+
+impl fmt::Debug for RecoveredState {
+    // SQL text can hold literals a user would not want in a log; lengths are enough.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RecoveredState")
+            .field("user", &self.user)
+            .field("db", &self.db)
+            .field("statements", &self.statements.len())
+            .finish()
+    }
+}
+
+/// Counter ids the MySQL transform bumps (`TransformStats` index = discriminant).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(usize)]
+pub enum Counter {
+    LoginsRewritten,
+    AuthSwitches,
+    FullAuthRsa,
+    AuthFailedOnTest,
+    NoCredentials,
+    NotMirrorableTls,
+    NotMirrorableCompression,
+    ClientAuthPacketsSwallowed,
+    CommandsForwarded,
+    CommandsHeldAwaitingPrepare,
+    StatementsMapped,
+    ExecutesDroppedUnknownStatement,
+    ExecutesDroppedRejected,
+    ExecutesDroppedPreparedBeforePickup,
+    ExecutesDroppedUntracked,
+    StmtCommandsDropped,
+    ChangeUser,
+    ResetConnection,
+    PickupLogins,
+    PickupNoDefaultUser,
+    PickupUnframed,
+    FramingLost,
+    ProtocolErrors,
+    UnsupportedAuthPlugin,
+    FullAuthFailed,
+    TestRefused,
+    HeldOverflow,
+    StatementsRejectedOnTest,
+    StatementsOrphanedClosed,
+    StatementsOverLimit,
+    StatementTrackingLost,
+    RepliesUnmatched,
+    ProdResyncs,
+    ProdAnswersLost,
+    RecoveredSessions,
+    RecoveredStatements,
+    RecoveryUserMismatch,
+    RecoveryTimeouts,
+    RecoveryInitDbFailed,
+    AuthSwitchNonceAssumed,
+    AuthForwardedUnchanged,
+}
+
+/// Names of [`Counter`] ids, in id order (metrics labels and the summary).
+pub const COUNTER_NAMES: &[&str] = &[
+    "logins_rewritten",
+    "auth_switches",
+    "full_auth_rsa",
+    "auth_failed_on_test",
+    "no_credentials",
+    "not_mirrorable_tls",
+    "not_mirrorable_compression",
+    "client_auth_packets_swallowed",
+    "commands_forwarded",
+    "commands_held_awaiting_prepare",
+    "statements_mapped",
+    "executes_dropped_unknown_statement",
+    "executes_dropped_rejected",
+    "executes_dropped_prepared_before_pickup",
+    "executes_dropped_untracked",
+    "stmt_commands_dropped",
+    "change_user",
+    "reset_connection",
+    "pickup_logins",
+    "pickup_no_default_user",
+    "pickup_unframed",
+    "framing_lost",
+    "protocol_errors",
+    "unsupported_auth_plugin",
+    "full_auth_failed",
+    "test_refused",
+    "held_overflow",
+    "statements_rejected_on_test",
+    "statements_orphaned_closed",
+    "statements_over_limit",
+    "statement_tracking_lost",
+    "replies_unmatched",
+    "prod_resyncs",
+    "prod_answers_lost",
+    "recovered_sessions",
+    "recovered_statements",
+    "recovery_user_mismatch",
+    "recovery_timeouts",
+    "recovery_init_db_failed",
+    "auth_switch_nonce_assumed",
+    "auth_forwarded_unchanged",
+];
+
+const _: () = assert!(COUNTER_NAMES.len() == Counter::AuthForwardedUnchanged as usize + 1);
+const _: () = assert!(COUNTER_NAMES.len() <= crate::engine::TRANSFORM_COUNTERS);
+
+/// What every session of a factory shares (read-only).
+pub(crate) struct Shared {
+    pub(crate) config: MysqlConfig,
+    pub(crate) credentials: Arc<Credentials>,
+    pub(crate) random: RandomBytes,
+}
+
+/// Makes a [`MysqlTransform`] for every session.
+pub struct MysqlFactory {
+    shared: Arc<Shared>,
+}
+
+impl fmt::Debug for MysqlFactory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MysqlFactory")
+            .field("config", &self.shared.config)
+            .field("credentials", &self.shared.credentials)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MysqlFactory {
+    /// `credentials` are the test server's passwords (`--mysql-credentials`); `random` fills
+    /// buffers from a CSPRNG (e.g. getrandom, or `/dev/urandom`).
+    pub fn new(config: MysqlConfig, credentials: Arc<Credentials>, random: RandomBytes) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                config,
+                credentials,
+                random,
+            }),
+        }
+    }
+
+    /// The transform for one session, for callers that need its MySQL-specific methods
+    /// ([`MysqlTransform::on_test_packet`], [`MysqlTransform::recover`]) without the engine.
+    pub fn make(&self, now: Instant, session: &SessionInfo) -> MysqlTransform {
+        MysqlTransform::new(now, session, Arc::clone(&self.shared))
+    }
+}
+
+impl TransformFactory for MysqlFactory {
+    fn create(&mut self, now: Instant, session: &SessionInfo) -> Option<Box<dyn StreamTransform>> {
+        Some(Box::new(self.make(now, session)))
+    }
+
+    fn counter_names(&self) -> &'static [&'static str] {
+        COUNTER_NAMES
+    }
+}

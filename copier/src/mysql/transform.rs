@@ -1,0 +1,1760 @@
+//! One mirrored MySQL session: the client's stream in, the test server's stream out, and the
+//! knowledge of both servers' replies that decides what goes through (see `mod.rs`).
+//!
+//! Three readers of three streams:
+//!
+//! * **The client's stream, as it arrives** (`arrive`): only packet starts and command bytes,
+//!   to know which of production's replies answers which command. It never waits.
+//! * **The client's stream, as it is forwarded** (`run`/`decide`): each packet's header and
+//!   first bytes are collected (at most [`MAX_HEAD`]), a verdict is reached (forward, possibly
+//!   rewritten; drop; or hold until the test server catches up), then the rest of the packet
+//!   streams through or is skipped as it arrives. While a packet is held, later client bytes
+//!   wait in `backlog`, so the order toward the test server never changes.
+//! * **Production's replies** (`on_prod_data`) and **the test server's** (`on_test_packet`,
+//!   summaries from intercept): both are cut into replies by the same rule — a reply's first
+//!   packet has sequence id 1 and does not follow a packet with id 0 (ids wrap inside long
+//!   replies) — and matched in order with the commands each server was sent.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::mem;
+use std::sync::Arc;
+
+use common::clock::Instant;
+use common::control::{MysqlEvent, MysqlPacket};
+use common::mysql::auth::{
+    encrypt_password, rand_core, AuthPlugin, Nonce, Password, ServerPublicKey, REQUEST_PUBLIC_KEY,
+};
+use common::mysql::command::{self, com, ChangeUser};
+use common::mysql::handshake::{
+    AuthMoreData, AuthSwitchRequest, Capabilities, ClientLogin, FastAuthResult, Greeting,
+    HandshakeResponse, NotMirrorable, ReplyPhase, ServerReply,
+};
+use common::mysql::packet::{
+    write_packet, FrameScanner, PacketHeader, ScannedPacket, HEADER_LEN, MAX_PAYLOAD_LEN,
+};
+use common::mysql::stmt::{PrepareAnswer, Resolution, StatementMap, UnmappedReason, SQL_KEPT};
+
+use super::{Counter, RecoveredState, Shared};
+use crate::engine::{SessionInfo, StreamTransform, TestEvent, TransformOutput};
+
+/// Payload bytes of one client packet looked at before its verdict. Logins and COM_CHANGE_USER
+/// must fit whole (real ones are a few hundred bytes); other commands need at most a statement
+/// id or [`SQL_KEPT`] bytes of SQL.
+const MAX_HEAD: usize = 64 * 1024;
+/// Bytes kept of each of production's reply packets: PREPARE_OK is 12, an ERR code 3.
+const PROD_PREFIX: usize = 16;
+/// Commands awaiting a reply from one server, and prepare answers waiting for their partner.
+/// Real clients keep a handful in flight; far more means a side stopped answering.
+const MAX_IN_FLIGHT: usize = 4096;
+/// Buffers grown beyond this are released once empty, so one big packet does not pin memory.
+const KEEP_CAPACITY: usize = 64 * 1024;
+/// Stands in for production's answer to a prepare whose reply was never seen: the map then
+/// treats the statement as unusable (and closes it on the test server).
+const LOST_ANSWER: PrepareAnswer = PrepareAnswer::Err { code: 0 };
+/// utf8mb4_general_ci, what MariaDB Connector/C (sysbench) asks for.
+const SYNTHETIC_CHARSET: u8 = 45;
+/// What Connector/C announces as its largest packet.
+const SYNTHETIC_MAX_PACKET: u32 = 1 << 28;
+
+/// What a synthetic login asks for: the capabilities every client of a pooled connection can
+/// be assumed to have used, so its captured commands read the same on the test server.
+const SYNTHETIC_CAPS: Capabilities = Capabilities(
+    Capabilities::PROTOCOL_41.0
+        | Capabilities::SECURE_CONNECTION.0
+        | Capabilities::PLUGIN_AUTH.0
+        | Capabilities::PLUGIN_AUTH_LENENC_CLIENT_DATA.0
+        | Capabilities::MYSQL.0
+        | Capabilities::LONG_FLAG.0
+        | Capabilities::TRANSACTIONS.0
+        | Capabilities::MULTI_RESULTS.0
+        | Capabilities::PS_MULTI_RESULTS.0
+        | Capabilities::MULTI_STATEMENTS.0,
+);
+
+/// How a picked-up client's COM_CHANGE_USER is read: its real capabilities are unknown, these
+/// are what every current client negotiates with a current server.
+const PICKUP_CLIENT_CAPS: Capabilities = Capabilities(
+    Capabilities::PROTOCOL_41.0
+        | Capabilities::SECURE_CONNECTION.0
+        | Capabilities::PLUGIN_AUTH.0
+        | Capabilities::PLUGIN_AUTH_LENENC_CLIENT_DATA.0
+        | Capabilities::CONNECT_ATTRS.0
+        | Capabilities::CONNECT_WITH_DB.0,
+);
+
+/// Mirrors `Command::expects_reply` from the command byte alone: the reply queues are kept from
+/// packet heads, which may be too short for `Command::parse`.
+pub(super) fn expects_reply(code: u8) -> bool {
+    !matches!(code, com::QUIT | com::STMT_CLOSE | com::STMT_SEND_LONG_DATA)
+}
+
+/// Whether the first captured packet of a picked-up connection looks like a command a client
+/// sends (a capture that starts mid-packet almost never passes this).
+fn plausible_command(head: &[u8]) -> bool {
+    let (Some(h), Some(&code)) = (PacketHeader::parse(head), head.get(HEADER_LEN)) else {
+        return false;
+    };
+    if h.seq != 0 {
+        return false;
+    }
+    let len = h.len;
+    match code {
+        com::QUIT | com::STATISTICS | com::PING | com::RESET_CONNECTION => len == 1,
+        // COM_PROCESS_INFO, COM_DEBUG
+        0x0a | 0x0d => len == 1,
+        // COM_REFRESH
+        0x07 => len == 2,
+        com::QUERY => len >= 1,
+        com::INIT_DB | com::FIELD_LIST | com::STMT_PREPARE | com::CHANGE_USER => len >= 2,
+        com::PROCESS_KILL | com::STMT_CLOSE | com::STMT_RESET => len == 5,
+        com::SET_OPTION => len == 3,
+        com::STMT_FETCH => len == 9,
+        com::STMT_SEND_LONG_DATA | com::STMT_BULK_EXECUTE => len >= 7,
+        com::STMT_EXECUTE => len >= 10,
+        _ => false,
+    }
+}
+
+/// Why a session is given up: the counter to bump and the reason for the close event.
+#[derive(Clone, Copy, Debug)]
+struct Abandon {
+    counter: Counter,
+    why: &'static str,
+}
+
+fn abandon(counter: Counter, why: &'static str) -> Abandon {
+    Abandon { counter, why }
+}
+
+const NO_CREDENTIALS: Abandon = Abandon {
+    counter: Counter::NoCredentials,
+    why: "no_credentials",
+};
+
+fn protocol(why: &'static str) -> Abandon {
+    abandon(Counter::ProtocolErrors, why)
+}
+
+/// The caller's random source, in the shape RSA padding wants.
+struct CallerRng<'a>(&'a (dyn Fn(&mut [u8]) -> bool + Send + Sync));
+
+#[derive(Debug, thiserror::Error)]
+#[error("the random source failed")]
+struct RandomSourceFailed;
+
+impl rand_core::TryRng for CallerRng<'_> {
+    type Error = RandomSourceFailed;
+
+    fn try_next_u32(&mut self) -> Result<u32, Self::Error> {
+        let mut b = [0; 4];
+        self.try_fill_bytes(&mut b)?;
+        Ok(u32::from_le_bytes(b))
+    }
+
+    fn try_next_u64(&mut self) -> Result<u64, Self::Error> {
+        let mut b = [0; 8];
+        self.try_fill_bytes(&mut b)?;
+        Ok(u64::from_le_bytes(b))
+    }
+
+    fn try_fill_bytes(&mut self, dst: &mut [u8]) -> Result<(), Self::Error> {
+        if (self.0)(dst) {
+            Ok(())
+        } else {
+            Err(RandomSourceFailed)
+        }
+    }
+}
+
+impl rand_core::TryCryptoRng for CallerRng<'_> {}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ClientStage {
+    /// The next packet is the login (a session whose SYN we saw).
+    Login,
+    Commands,
+}
+
+/// Where the forwarding reader is in the client's stream.
+#[derive(Clone, Copy, Debug)]
+enum Fwd {
+    /// Collecting the header and first bytes of a logical packet into `head`.
+    Head,
+    /// The rest of a physical packet: `left` bytes, passed on or skipped.
+    Body {
+        left: u32,
+        more: bool,
+        forward: bool,
+    },
+    /// The header of a continuation packet (the previous one was 0xFFFFFF long).
+    ContHeader {
+        hdr: [u8; HEADER_LEN],
+        have: u8,
+        forward: bool,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Verdict {
+    Forward,
+    Drop,
+    /// Wait: the test server must answer something first.
+    Block,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum TestPhase {
+    Greeting,
+    /// Greeting known, our login not sent yet (no client login, or waiting for recovery).
+    Login,
+    /// Our login sent; following the auth exchange.
+    Auth,
+    Commands,
+    /// intercept lost framing after the login: no more replies will be seen.
+    Blind,
+}
+
+/// What the test server owes for something we sent it.
+enum TestExpect {
+    Reply,
+    /// A COM_STMT_PREPARE tracked in the statement map.
+    Prepare,
+    /// Our own COM_INIT_DB (recovered or default schema).
+    InitDb,
+    /// A COM_CHANGE_USER, whose reply is an auth exchange.
+    ChangeUser(Box<AuthExchange>),
+}
+
+/// An auth exchange with the test server in progress (login or COM_CHANGE_USER).
+struct AuthExchange {
+    /// `None`: the login passed unchanged (no credentials, and configured to allow that).
+    password: Option<Password>,
+    plugin: AuthPlugin,
+    nonce: Nonce,
+    /// We asked for the RSA key (caching_sha2_password full auth).
+    awaiting_key: bool,
+    change_user: bool,
+}
+
+/// What the test server's greeting said.
+#[derive(Clone, Copy, Debug)]
+struct TestServer {
+    caps: Capabilities,
+    plugin: AuthPlugin,
+    nonce: Nonce,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ProdPhase {
+    Greeting,
+    Auth,
+    Commands,
+    /// Production refused the login: the client will go away.
+    Failed,
+    /// A picked-up connection: replies cannot be framed until the client sends a command.
+    Unsynced,
+    /// A command went out while unsynced: the next bytes start its reply.
+    Armed,
+    /// Reading the first packet after arming; it must be a reply start.
+    Resyncing,
+}
+
+/// One of production's packets as the scanner reported it.
+#[derive(Clone, Copy)]
+struct ProdPacket {
+    seq: u8,
+    part: u32,
+    prefix: [u8; PROD_PREFIX],
+    prefix_len: u8,
+}
+
+impl ProdPacket {
+    fn new(p: &ScannedPacket<'_>) -> Self {
+        let mut prefix = [0; PROD_PREFIX];
+        let n = p.prefix.len().min(PROD_PREFIX);
+        prefix[..n].copy_from_slice(&p.prefix[..n]);
+        Self {
+            seq: p.header.seq,
+            part: p.header.part,
+            prefix,
+            prefix_len: n as u8,
+        }
+    }
+
+    fn prefix(&self) -> &[u8] {
+        &self.prefix[..usize::from(self.prefix_len)]
+    }
+}
+
+/// Bytes of our own to send before the client's next command.
+struct Injection {
+    bytes: Vec<u8>,
+    expect: Option<TestExpect>,
+    /// A recovered statement: production's id and its SQL, registered when sent.
+    register: Option<(u32, Vec<u8>)>,
+}
+
+/// The [`StreamTransform`] of one MySQL session. See the module documentation.
+pub struct MysqlTransform {
+    shared: Arc<Shared>,
+    picked_up: bool,
+    /// Given up: every later call does nothing.
+    dead: bool,
+
+    // The client's stream as it arrives.
+    arrival: FrameScanner,
+    arrival_skip_login: bool,
+    arrived: Vec<(u8, Option<u8>)>,
+
+    // The client's stream as forwarded.
+    stage: ClientStage,
+    fwd: Fwd,
+    head: Vec<u8>,
+    blocked: bool,
+    held_counted: bool,
+    backlog: Vec<u8>,
+    /// The client's own auth continuation (answers to production's auth switch) is not ours
+    /// to send: swallowed until its next command.
+    swallow_client_auth: bool,
+    first_checked: bool,
+    /// The capabilities the client's packets are encoded with.
+    client_caps: Capabilities,
+    /// The capabilities of our session on the test server (how it reads what we send).
+    session_caps: Capabilities,
+
+    // Our login on the test server.
+    login: Option<Vec<u8>>,
+    login_sent: bool,
+    login_user: Option<String>,
+    login_db: Option<Vec<u8>>,
+    /// Who a picked-up connection logs in as (defaults, or recovered).
+    pickup_user: Option<String>,
+    pickup_db: Option<String>,
+    recovery_deadline: Option<Instant>,
+    recovered: bool,
+
+    // The test server.
+    test_phase: TestPhase,
+    test_server: Option<TestServer>,
+    session_nonce: Option<Nonce>,
+    test_auth: Option<Box<AuthExchange>>,
+    change_user_in_flight: bool,
+    test_fifo: VecDeque<TestExpect>,
+    test_next_offset: u64,
+    test_prev_len: u32,
+    test_prev_seq: Option<u8>,
+
+    // Production.
+    prod_phase: ProdPhase,
+    prod_scanner: FrameScanner,
+    /// Per command awaiting production's reply: whether it is a COM_STMT_PREPARE.
+    prod_fifo: VecDeque<bool>,
+    prod_prev_seq: Option<u8>,
+    prod_scratch: Vec<ProdPacket>,
+
+    // Prepared statements.
+    map: StatementMap,
+    /// Production's answers to prepares the forwarding reader has not reached yet.
+    prod_answers: VecDeque<PrepareAnswer>,
+    /// Prepares forwarded before production's answer was seen: whether each is tracked.
+    unanswered_prepares: VecDeque<bool>,
+    /// Statement pairing gave up (too many answers in flight): every id is untranslatable.
+    tracking_lost: bool,
+    /// Statements may exist that were prepared before we saw the connection.
+    stmts_predate_us: bool,
+
+    inject: VecDeque<Injection>,
+    inject_bytes: usize,
+}
+
+impl fmt::Debug for MysqlTransform {
+    // Phases and sizes only: the state holds passwords during auth exchanges.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MysqlTransform")
+            .field("picked_up", &self.picked_up)
+            .field("dead", &self.dead)
+            .field("stage", &self.stage)
+            .field("test_phase", &self.test_phase)
+            .field("prod_phase", &self.prod_phase)
+            .field("blocked", &self.blocked)
+            .field("backlog", &self.backlog.len())
+            .field("statements", &self.map.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl MysqlTransform {
+    pub(super) fn new(_now: Instant, session: &SessionInfo, shared: Arc<Shared>) -> Self {
+        let picked_up = session.picked_up;
+        let map = StatementMap::new(shared.config.max_statements);
+        let pickup_user = shared.config.default_user.clone();
+        let pickup_db = shared.config.default_db.clone();
+        Self {
+            shared,
+            picked_up,
+            dead: false,
+            arrival: FrameScanner::new(1),
+            arrival_skip_login: !picked_up,
+            arrived: Vec::new(),
+            stage: if picked_up {
+                ClientStage::Commands
+            } else {
+                ClientStage::Login
+            },
+            fwd: Fwd::Head,
+            head: Vec::new(),
+            blocked: false,
+            held_counted: false,
+            backlog: Vec::new(),
+            swallow_client_auth: false,
+            first_checked: !picked_up,
+            client_caps: Capabilities::default(),
+            login: None,
+            login_sent: false,
+            login_user: None,
+            login_db: None,
+            pickup_user,
+            pickup_db,
+            recovery_deadline: None,
+            recovered: false,
+            test_phase: TestPhase::Greeting,
+            test_server: None,
+            session_caps: Capabilities::default(),
+            session_nonce: None,
+            test_auth: None,
+            change_user_in_flight: false,
+            test_fifo: VecDeque::new(),
+            test_next_offset: 0,
+            test_prev_len: 0,
+            test_prev_seq: None,
+            prod_phase: if picked_up {
+                ProdPhase::Unsynced
+            } else {
+                ProdPhase::Greeting
+            },
+            prod_scanner: FrameScanner::new(PROD_PREFIX),
+            prod_fifo: VecDeque::new(),
+            prod_prev_seq: None,
+            prod_scratch: Vec::new(),
+            map,
+            prod_answers: VecDeque::new(),
+            unanswered_prepares: VecDeque::new(),
+            tracking_lost: false,
+            stmts_predate_us: picked_up,
+            inject: VecDeque::new(),
+            inject_bytes: 0,
+        }
+    }
+
+    // ------------------------------------------------------------------ the test server
+
+    /// One MySQL packet of the test server's reply stream, as intercept summarised it (in
+    /// stream order; a copy of one already seen is ignored, a gap ends framing).
+    pub fn on_test_packet(
+        &mut self,
+        _now: Instant,
+        pkt: &MysqlPacket,
+        out: &mut TransformOutput<'_>,
+    ) {
+        if self.dead {
+            return;
+        }
+        if pkt.stream_offset < self.test_next_offset {
+            return;
+        }
+        if pkt.stream_offset > self.test_next_offset {
+            self.lose_framing(out);
+            self.resume(out);
+            return;
+        }
+        self.test_next_offset = pkt
+            .stream_offset
+            .saturating_add(HEADER_LEN as u64 + u64::from(pkt.len));
+        let continuation = self.test_prev_len as usize == MAX_PAYLOAD_LEN;
+        let starts_reply = !continuation && pkt.seq_id == 1 && self.test_prev_seq != Some(0);
+        self.test_prev_len = pkt.len;
+        self.test_prev_seq = Some(pkt.seq_id);
+        let r = match self.test_phase {
+            TestPhase::Greeting => self.test_greeting(pkt, continuation, out),
+            TestPhase::Login => Err(protocol("test_server_spoke_first")),
+            TestPhase::Auth if continuation => Err(protocol("auth_packet_too_long")),
+            TestPhase::Auth => self.auth_packet(pkt, out),
+            TestPhase::Commands if self.test_auth.is_some() => {
+                if continuation {
+                    Ok(())
+                } else {
+                    self.auth_packet(pkt, out)
+                }
+            }
+            TestPhase::Commands if starts_reply => self.test_reply(pkt, out),
+            TestPhase::Commands | TestPhase::Blind => Ok(()),
+        };
+        if let Err(a) = r {
+            self.give_up(a, out);
+        }
+        self.resume(out);
+    }
+
+    /// intercept can no longer frame the test server's replies of this session.
+    pub fn on_test_framing_lost(
+        &mut self,
+        _now: Instant,
+        _at_seq: u32,
+        out: &mut TransformOutput<'_>,
+    ) {
+        if self.dead {
+            return;
+        }
+        self.lose_framing(out);
+        self.resume(out);
+    }
+
+    fn lose_framing(&mut self, out: &mut TransformOutput<'_>) {
+        if self.test_phase == TestPhase::Blind {
+            return;
+        }
+        if !self.test_ready() || self.test_auth.is_some() {
+            // Without the test server's answers the login cannot be completed.
+            self.give_up(abandon(Counter::FramingLost, "framing_lost"), out);
+            return;
+        }
+        out.count(Counter::FramingLost as usize);
+        self.test_phase = TestPhase::Blind;
+        self.test_fifo.clear();
+        // Re-prepares would never be paired: not worth sending.
+        let before = self.inject.len();
+        self.inject.retain(|i| i.register.is_none());
+        if self.inject.len() != before {
+            self.inject_bytes = self.inject.iter().map(|i| i.bytes.len()).sum();
+        }
+    }
+
+    fn test_greeting(
+        &mut self,
+        pkt: &MysqlPacket,
+        continuation: bool,
+        out: &mut TransformOutput<'_>,
+    ) -> Result<(), Abandon> {
+        if pkt.head.first() == Some(&0xff) {
+            // "Too many connections", "Host is blocked": the test server refused us.
+            return Err(abandon(Counter::TestRefused, "test_refused"));
+        }
+        if continuation || pkt.seq_id != 0 || !pkt.complete() {
+            return Err(protocol("test_greeting_unreadable"));
+        }
+        let g = Greeting::parse(&pkt.head).map_err(|_| protocol("test_greeting_unreadable"))?;
+        let nonce =
+            Nonce::from_auth_data(&g.nonce()).map_err(|_| protocol("test_greeting_unreadable"))?;
+        // A plugin we cannot answer for: offer native; the server switches us if it must.
+        let plugin = g
+            .auth_plugin
+            .and_then(|p| AuthPlugin::from_name(p).ok())
+            .unwrap_or(AuthPlugin::MysqlNativePassword);
+        self.test_server = Some(TestServer {
+            caps: g.capabilities,
+            plugin,
+            nonce,
+        });
+        self.test_phase = TestPhase::Login;
+        self.try_login(out)
+    }
+
+    /// A packet of an auth exchange (login or COM_CHANGE_USER).
+    fn auth_packet(
+        &mut self,
+        pkt: &MysqlPacket,
+        out: &mut TransformOutput<'_>,
+    ) -> Result<(), Abandon> {
+        let Some(mut ex) = self.test_auth.take() else {
+            return Ok(());
+        };
+        let reply_seq = pkt.seq_id.wrapping_add(1);
+        match ServerReply::classify(&pkt.head, ReplyPhase::Auth) {
+            ServerReply::Ok => {
+                if ex.change_user {
+                    self.change_user_in_flight = false;
+                } else {
+                    self.test_phase = TestPhase::Commands;
+                    self.flush_injections(out)?;
+                }
+                Ok(())
+            }
+            ServerReply::Err => Err(abandon(Counter::AuthFailedOnTest, "auth_failed")),
+            ServerReply::AuthSwitch => {
+                let reply = self.auth_switch(&mut ex, pkt, out)?;
+                push_packet(reply_seq, reply.as_bytes(), out);
+                out.count(Counter::AuthSwitches as usize);
+                self.test_auth = Some(ex);
+                Ok(())
+            }
+            ServerReply::AuthMoreData => {
+                self.auth_more_data(&mut ex, pkt, reply_seq, out)?;
+                self.test_auth = Some(ex);
+                Ok(())
+            }
+            _ => Err(protocol("auth_exchange_unreadable")),
+        }
+    }
+
+    fn auth_switch(
+        &mut self,
+        ex: &mut AuthExchange,
+        pkt: &MysqlPacket,
+        out: &mut TransformOutput<'_>,
+    ) -> Result<common::mysql::auth::AuthResponse, Abandon> {
+        let unsupported = || abandon(Counter::UnsupportedAuthPlugin, "unsupported_auth_plugin");
+        let (plugin, data) = if pkt.complete() {
+            let sw = AuthSwitchRequest::parse(&pkt.head).map_err(|_| unsupported())?;
+            (
+                AuthPlugin::from_name(sw.plugin).map_err(|_| unsupported())?,
+                Some(sw.data),
+            )
+        } else {
+            // intercept cut the packet (its --mysql-head, after a connection's first packets):
+            // name the plugin from what is shown; MariaDB and MySQL switch with the session's
+            // nonce, so assume it.
+            let shown = pkt.head.get(1..).unwrap_or(&[]);
+            let name = shown.split(|&b| b == 0).next().unwrap_or(&[]);
+            let named_whole = name.len() < shown.len();
+            let mut candidates = [
+                AuthPlugin::MysqlNativePassword,
+                AuthPlugin::CachingSha2Password,
+            ]
+            .into_iter()
+            .filter(|p| {
+                if named_whole {
+                    p.name() == name
+                } else {
+                    p.name().starts_with(name)
+                }
+            });
+            let plugin = match (candidates.next(), candidates.next()) {
+                (Some(p), None) if !name.is_empty() => p,
+                _ => return Err(unsupported()),
+            };
+            out.count(Counter::AuthSwitchNonceAssumed as usize);
+            (plugin, None)
+        };
+        let nonce = match data {
+            Some(d) => Nonce::from_auth_data(d).map_err(|_| protocol("auth_switch_unreadable"))?,
+            None => self.session_nonce.unwrap_or(ex.nonce),
+        };
+        ex.plugin = plugin;
+        ex.nonce = nonce;
+        ex.awaiting_key = false;
+        self.session_nonce = Some(nonce);
+        let password = ex.password.as_ref().ok_or(NO_CREDENTIALS)?;
+        Ok(plugin.scramble(password.as_bytes(), &nonce))
+    }
+
+    fn auth_more_data(
+        &mut self,
+        ex: &mut AuthExchange,
+        pkt: &MysqlPacket,
+        reply_seq: u8,
+        out: &mut TransformOutput<'_>,
+    ) -> Result<(), Abandon> {
+        if ex.plugin != AuthPlugin::CachingSha2Password {
+            return Err(protocol("auth_more_data_unexpected"));
+        }
+        let more =
+            AuthMoreData::parse(&pkt.head).map_err(|_| protocol("auth_more_data_unexpected"))?;
+        if !ex.awaiting_key {
+            return match more.fast_auth_result() {
+                // An OK follows.
+                Some(FastAuthResult::Success) => Ok(()),
+                Some(FastAuthResult::FullAuthRequired) => {
+                    push_packet(reply_seq, &[REQUEST_PUBLIC_KEY], out);
+                    ex.awaiting_key = true;
+                    out.count(Counter::FullAuthRsa as usize);
+                    Ok(())
+                }
+                None => Err(protocol("auth_more_data_unexpected")),
+            };
+        }
+        let failed = |why| abandon(Counter::FullAuthFailed, why);
+        if !pkt.complete() {
+            return Err(failed("rsa_key_cut"));
+        }
+        let key = ServerPublicKey::from_pem(more.data).map_err(|_| failed("rsa_key_unreadable"))?;
+        let mut rng = CallerRng(&*self.shared.random);
+        let password = ex.password.as_ref().ok_or(NO_CREDENTIALS)?;
+        let sealed = encrypt_password(password.as_bytes(), &ex.nonce, &key, &mut rng)
+            .map_err(|_| failed("rsa_encrypt_failed"))?;
+        push_packet(reply_seq, &sealed, out);
+        ex.awaiting_key = false;
+        Ok(())
+    }
+
+    /// The first packet of the test server's reply to the oldest command it owes one.
+    fn test_reply(
+        &mut self,
+        pkt: &MysqlPacket,
+        out: &mut TransformOutput<'_>,
+    ) -> Result<(), Abandon> {
+        match self.test_fifo.pop_front() {
+            None => out.count(Counter::RepliesUnmatched as usize),
+            Some(TestExpect::Reply) => {}
+            Some(TestExpect::Prepare) => {
+                let answer = PrepareAnswer::parse(&pkt.head).unwrap_or_else(|_| {
+                    out.count(Counter::ProtocolErrors as usize);
+                    LOST_ANSWER
+                });
+                let r = self.map.test_answer(answer);
+                self.resolved(r, out);
+            }
+            Some(TestExpect::InitDb) => {
+                if pkt.head.first() == Some(&0xff) {
+                    out.count(Counter::RecoveryInitDbFailed as usize);
+                }
+            }
+            Some(TestExpect::ChangeUser(ex)) => {
+                self.test_auth = Some(ex);
+                return self.auth_packet(pkt, out);
+            }
+        }
+        Ok(())
+    }
+
+    fn test_ready(&self) -> bool {
+        matches!(self.test_phase, TestPhase::Commands | TestPhase::Blind)
+            && !self.change_user_in_flight
+    }
+
+    fn test_blind(&self) -> bool {
+        self.test_phase == TestPhase::Blind
+    }
+
+    fn expect_test(&mut self, e: TestExpect) -> Result<(), Abandon> {
+        if self.test_blind() {
+            return Ok(());
+        }
+        if self.test_fifo.len() >= MAX_IN_FLIGHT {
+            return Err(protocol("test_server_not_answering"));
+        }
+        self.test_fifo.push_back(e);
+        Ok(())
+    }
+
+    // ------------------------------------------------------------------ logins
+
+    fn password_for(&self, user: &[u8]) -> Option<Password> {
+        let user = std::str::from_utf8(user).ok()?;
+        self.shared
+            .credentials
+            .password(user)
+            .map(|p| Password::new(p.to_vec()))
+    }
+
+    /// The password `user` has on the test server. Without one the session is given up,
+    /// unless configured to let such logins pass unchanged (`Ok(None)`): a test server that
+    /// does not check passwords (`--skip-grant-tables`) accepts them anyway.
+    fn credentials(
+        &self,
+        user: &[u8],
+        out: &mut TransformOutput<'_>,
+    ) -> Result<Option<Password>, Abandon> {
+        match self.password_for(user) {
+            Some(p) => Ok(Some(p)),
+            None if self.shared.config.forward_without_credentials => {
+                out.count(Counter::AuthForwardedUnchanged as usize);
+                Ok(None)
+            }
+            None => Err(NO_CREDENTIALS),
+        }
+    }
+
+    /// Sends our login once everything it needs is known.
+    fn try_login(&mut self, out: &mut TransformOutput<'_>) -> Result<(), Abandon> {
+        if self.login_sent || self.dead {
+            return Ok(());
+        }
+        let Some(server) = self.test_server else {
+            return Ok(());
+        };
+        if self.picked_up {
+            if self.recovery_deadline.is_some() {
+                return Ok(());
+            }
+            return self.synthetic_login(server, out);
+        }
+        match self.login.take() {
+            Some(login) => self.rewrite_login(&login, server, out),
+            None => Ok(()),
+        }
+    }
+
+    /// The client's login with the auth response recomputed for the test server.
+    fn rewrite_login(
+        &mut self,
+        login: &[u8],
+        server: TestServer,
+        out: &mut TransformOutput<'_>,
+    ) -> Result<(), Abandon> {
+        let Ok(ClientLogin::Response(r)) = ClientLogin::parse(login) else {
+            return Err(protocol("login_unreadable"));
+        };
+        let password = self.credentials(r.username, out)?;
+        // Without PLUGIN_AUTH the server assumes native and cannot switch.
+        let plugin = if r.capabilities.contains(Capabilities::PLUGIN_AUTH) {
+            server.plugin
+        } else {
+            AuthPlugin::MysqlNativePassword
+        };
+        let mut payload = Vec::with_capacity(login.len() + 16);
+        match &password {
+            Some(password) => {
+                let scramble = plugin.scramble(password.as_bytes(), &server.nonce);
+                let rewritten = HandshakeResponse {
+                    auth_response: scramble.as_bytes(),
+                    auth_plugin: r.auth_plugin.map(|_| plugin.name()),
+                    ..r
+                };
+                rewritten
+                    .write(&mut payload)
+                    .map_err(|_| protocol("login_unencodable"))?;
+                out.count(Counter::LoginsRewritten as usize);
+            }
+            None => payload.extend_from_slice(login),
+        }
+        // What both sides agreed on decides how the server reads COM_CHANGE_USER.
+        self.client_caps = r.capabilities & server.caps;
+        self.session_caps = self.client_caps;
+        self.login_user = std::str::from_utf8(r.username).ok().map(str::to_owned);
+        self.login_db = r.database.map(<[u8]>::to_vec);
+        self.send_login(&payload, plugin, server.nonce, password, out);
+        Ok(())
+    }
+
+    /// A login of our own for a connection whose login we never saw.
+    fn synthetic_login(
+        &mut self,
+        server: TestServer,
+        out: &mut TransformOutput<'_>,
+    ) -> Result<(), Abandon> {
+        let Some(user) = self.pickup_user.clone() else {
+            return Err(abandon(
+                Counter::PickupNoDefaultUser,
+                "pickup_no_default_user",
+            ));
+        };
+        let password = self.credentials(user.as_bytes(), out)?;
+        let db = self.pickup_db.clone();
+        let want = if db.is_some() {
+            SYNTHETIC_CAPS | Capabilities::CONNECT_WITH_DB
+        } else {
+            SYNTHETIC_CAPS
+        };
+        let caps = want & server.caps;
+        if !caps.contains(Capabilities::PROTOCOL_41) {
+            return Err(protocol("test_server_too_old"));
+        }
+        let plugin = if caps.contains(Capabilities::PLUGIN_AUTH) {
+            server.plugin
+        } else {
+            AuthPlugin::MysqlNativePassword
+        };
+        let scramble = password
+            .as_ref()
+            .map(|p| plugin.scramble(p.as_bytes(), &server.nonce));
+        let with_db = caps.contains(Capabilities::CONNECT_WITH_DB);
+        let r = HandshakeResponse {
+            capabilities: caps,
+            max_packet: SYNTHETIC_MAX_PACKET,
+            charset: SYNTHETIC_CHARSET,
+            filler: [0; 23],
+            username: user.as_bytes(),
+            auth_response: scramble.as_ref().map_or(&[][..], |s| s.as_bytes()),
+            database: db.as_deref().filter(|_| with_db).map(str::as_bytes),
+            auth_plugin: caps
+                .contains(Capabilities::PLUGIN_AUTH)
+                .then_some(plugin.name()),
+            attributes: None,
+            trailing: &[],
+        };
+        let mut payload = Vec::new();
+        r.write(&mut payload)
+            .map_err(|_| protocol("login_unencodable"))?;
+        if let Some(db) = db.as_deref().filter(|_| !with_db) {
+            // Before any recovered re-prepare: they may name tables of this schema.
+            let inj = init_db(db.as_bytes());
+            self.inject_bytes += inj.bytes.len();
+            self.inject.push_front(inj);
+        }
+        self.session_caps = caps;
+        self.client_caps = server.caps & PICKUP_CLIENT_CAPS;
+        self.login_db = db.filter(|_| with_db).map(String::into_bytes);
+        self.login_user = Some(user);
+        self.send_login(&payload, plugin, server.nonce, password, out);
+        out.count(Counter::PickupLogins as usize);
+        Ok(())
+    }
+
+    fn send_login(
+        &mut self,
+        payload: &[u8],
+        plugin: AuthPlugin,
+        nonce: Nonce,
+        password: Option<Password>,
+        out: &mut TransformOutput<'_>,
+    ) {
+        // The login answers the greeting (seq 0).
+        push_packet(1, payload, out);
+        self.login_sent = true;
+        self.session_nonce = Some(nonce);
+        self.test_auth = Some(Box::new(AuthExchange {
+            password,
+            plugin,
+            nonce,
+            awaiting_key: false,
+            change_user: false,
+        }));
+        self.test_phase = TestPhase::Auth;
+    }
+
+    // ------------------------------------------------------------------ pickup and recovery
+
+    /// State of a picked-up connection recovered from production (`--prod-dsn`). Before our
+    /// login it decides who we log in as; after it, the schema is selected with COM_INIT_DB.
+    /// Either way each statement is prepared again on the test server before the client's next
+    /// command, and executes of it are translated once the test server answered.
+    pub fn recover(&mut self, _now: Instant, state: RecoveredState, out: &mut TransformOutput<'_>) {
+        if self.dead || !self.picked_up || self.recovered {
+            return;
+        }
+        self.recovered = true;
+        out.count(Counter::RecoveredSessions as usize);
+        let RecoveredState {
+            user,
+            db,
+            statements,
+        } = state;
+        if self.login_sent {
+            if self.login_user.as_deref() != Some(user.as_str()) {
+                // Not worth a COM_CHANGE_USER: statements the other user cannot run are
+                // rejected by the test server and counted.
+                out.count(Counter::RecoveryUserMismatch as usize);
+            }
+            if let Some(db) = db.filter(|d| self.login_db.as_deref() != Some(d.as_bytes())) {
+                self.queue_injection(init_db(db.as_bytes()), out);
+            }
+        } else {
+            self.pickup_user = Some(user);
+            self.pickup_db = db;
+            self.recovery_deadline = None;
+        }
+        if !self.test_blind() {
+            for (prod_id, sql) in statements
+                .into_iter()
+                .take(self.shared.config.max_statements)
+            {
+                let mut payload = Vec::with_capacity(1 + sql.len());
+                payload.push(com::STMT_PREPARE);
+                payload.extend_from_slice(&sql);
+                let mut bytes = Vec::with_capacity(payload.len() + HEADER_LEN);
+                write_packet(0, &payload, &mut bytes);
+                let mut kept = sql;
+                kept.truncate(SQL_KEPT);
+                self.queue_injection(
+                    Injection {
+                        bytes,
+                        expect: Some(TestExpect::Prepare),
+                        register: Some((prod_id, kept)),
+                    },
+                    out,
+                );
+                out.count(Counter::RecoveredStatements as usize);
+            }
+        }
+        if let Err(a) = self.try_login(out) {
+            self.give_up(a, out);
+        }
+        self.resume(out);
+    }
+
+    fn queue_injection(&mut self, inj: Injection, out: &mut TransformOutput<'_>) {
+        if self.inject_bytes + inj.bytes.len() > self.shared.config.max_held_bytes {
+            out.count(Counter::HeldOverflow as usize);
+            return;
+        }
+        self.inject_bytes += inj.bytes.len();
+        self.inject.push_back(inj);
+    }
+
+    /// Sends what we queued. Only between two client commands (or right after our login): in
+    /// the middle of a LOCAL INFILE transfer our bytes would be taken for file contents.
+    fn flush_injections(&mut self, out: &mut TransformOutput<'_>) -> Result<(), Abandon> {
+        while let Some(inj) = self.inject.pop_front() {
+            self.inject_bytes = self.inject_bytes.saturating_sub(inj.bytes.len());
+            if let Some((prod_id, sql)) = &inj.register {
+                if self.test_blind() || self.tracking_lost {
+                    continue;
+                }
+                self.map.register_known(*prod_id, sql);
+            }
+            if let Some(e) = inj.expect {
+                self.expect_test(e)?;
+            }
+            out.push(&inj.bytes);
+        }
+        if self.inject.capacity() > 64 {
+            self.inject = VecDeque::new();
+        }
+        Ok(())
+    }
+
+    fn close_on_test(&mut self, test_id: u32, out: &mut TransformOutput<'_>) {
+        let mut payload = [0u8; 5];
+        payload[0] = com::STMT_CLOSE;
+        payload[1..].copy_from_slice(&test_id.to_le_bytes());
+        let mut bytes = Vec::with_capacity(payload.len() + HEADER_LEN);
+        write_packet(0, &payload, &mut bytes);
+        self.queue_injection(
+            Injection {
+                bytes,
+                expect: None,
+                register: None,
+            },
+            out,
+        );
+    }
+
+    // ------------------------------------------------------------------ production
+
+    fn prod_packet(&mut self, p: &ProdPacket, out: &mut TransformOutput<'_>) {
+        let prev = self.prod_prev_seq.replace(p.seq);
+        if p.part > 0 {
+            return;
+        }
+        match self.prod_phase {
+            ProdPhase::Greeting => {
+                self.prod_phase = if p.prefix().first() == Some(&0xff) {
+                    ProdPhase::Failed
+                } else {
+                    ProdPhase::Auth
+                };
+            }
+            ProdPhase::Auth => match ServerReply::classify(p.prefix(), ReplyPhase::Auth) {
+                ServerReply::Ok => self.prod_phase = ProdPhase::Commands,
+                ServerReply::Err => self.prod_phase = ProdPhase::Failed,
+                _ => {}
+            },
+            ProdPhase::Commands => {
+                if p.seq == 1 && prev != Some(0) {
+                    self.prod_reply(p, out);
+                }
+            }
+            ProdPhase::Resyncing => {
+                if p.seq == 1 {
+                    // The reply to the latest command; the earlier ones were answered in bytes
+                    // we could not frame.
+                    while self.prod_fifo.len() > 1 {
+                        if self.prod_fifo.pop_front() == Some(true) {
+                            self.lose_prod_answer(out);
+                        }
+                    }
+                    out.count(Counter::ProdResyncs as usize);
+                    self.prod_phase = ProdPhase::Commands;
+                    self.prod_reply(p, out);
+                } else {
+                    self.lose_all_prod(out);
+                    self.prod_phase = ProdPhase::Unsynced;
+                }
+            }
+            ProdPhase::Failed | ProdPhase::Unsynced | ProdPhase::Armed => {}
+        }
+    }
+
+    fn prod_reply(&mut self, p: &ProdPacket, out: &mut TransformOutput<'_>) {
+        match self.prod_fifo.pop_front() {
+            None => out.count(Counter::RepliesUnmatched as usize),
+            Some(false) => {}
+            Some(true) => {
+                let answer = PrepareAnswer::parse(p.prefix()).unwrap_or_else(|_| {
+                    out.count(Counter::ProtocolErrors as usize);
+                    LOST_ANSWER
+                });
+                self.prod_prepare_answer(answer, out);
+            }
+        }
+    }
+
+    fn lose_prod_answer(&mut self, out: &mut TransformOutput<'_>) {
+        out.count(Counter::ProdAnswersLost as usize);
+        self.prod_prepare_answer(LOST_ANSWER, out);
+    }
+
+    fn lose_all_prod(&mut self, out: &mut TransformOutput<'_>) {
+        while let Some(is_prepare) = self.prod_fifo.pop_front() {
+            if is_prepare {
+                self.lose_prod_answer(out);
+            }
+        }
+    }
+
+    /// A client command production will answer (seen as it arrives).
+    fn prod_expects(&mut self, is_prepare: bool, out: &mut TransformOutput<'_>) {
+        if self.prod_fifo.len() >= MAX_IN_FLIGHT {
+            // Production's replies are not being seen: start over from the next command.
+            self.lose_all_prod(out);
+            self.prod_phase = ProdPhase::Unsynced;
+        }
+        self.prod_fifo.push_back(is_prepare);
+        match self.prod_phase {
+            // The client only sends commands once logged in; its OK may not have been read.
+            ProdPhase::Greeting | ProdPhase::Auth => self.prod_phase = ProdPhase::Commands,
+            ProdPhase::Unsynced => self.prod_phase = ProdPhase::Armed,
+            _ => {}
+        }
+    }
+
+    /// Production's answer to the oldest prepare it had not answered. Its partner in the map
+    /// is the oldest prepare forwarded without one, which the forwarding reader may not have
+    /// reached yet (commands held while the test server logs in).
+    fn prod_prepare_answer(&mut self, answer: PrepareAnswer, out: &mut TransformOutput<'_>) {
+        match self.unanswered_prepares.pop_front() {
+            Some(true) => {
+                let r = self.map.prod_answer(answer);
+                self.resolved(r, out);
+            }
+            Some(false) => {}
+            None if self.prod_answers.len() >= MAX_IN_FLIGHT => self.lose_tracking(out),
+            None => self.prod_answers.push_back(answer),
+        }
+    }
+
+    /// A COM_STMT_PREPARE was forwarded (and given to the map if `tracked`).
+    fn prepare_forwarded(&mut self, tracked: bool, out: &mut TransformOutput<'_>) {
+        match self.prod_answers.pop_front() {
+            Some(answer) => {
+                if tracked {
+                    let r = self.map.prod_answer(answer);
+                    self.resolved(r, out);
+                }
+            }
+            None if self.unanswered_prepares.len() >= MAX_IN_FLIGHT => self.lose_tracking(out),
+            None => self.unanswered_prepares.push_back(tracked),
+        }
+    }
+
+    fn lose_tracking(&mut self, out: &mut TransformOutput<'_>) {
+        if !self.tracking_lost {
+            out.count(Counter::StatementTrackingLost as usize);
+        }
+        self.tracking_lost = true;
+        self.prod_answers.clear();
+        self.unanswered_prepares.clear();
+    }
+
+    fn resolved(&mut self, r: Resolution, out: &mut TransformOutput<'_>) {
+        match r {
+            Resolution::Waiting | Resolution::BothRejected | Resolution::Discarded => {}
+            Resolution::Mapped { .. } => out.count(Counter::StatementsMapped as usize),
+            Resolution::TestRejected { .. } => {
+                out.count(Counter::StatementsRejectedOnTest as usize)
+            }
+            Resolution::Orphaned { test_id } => {
+                // No client command will name it; the test server would keep it until the
+                // session ends (and count it against max_prepared_stmt_count).
+                out.count(Counter::StatementsOrphanedClosed as usize);
+                self.close_on_test(test_id, out);
+            }
+            Resolution::Dropped { test_id, .. } => {
+                out.count(Counter::StatementsOverLimit as usize);
+                if let Some(t) = test_id {
+                    self.close_on_test(t, out);
+                }
+            }
+            Resolution::Unexpected => out.count(Counter::StatementTrackingLost as usize),
+        }
+    }
+
+    // ------------------------------------------------------------------ the client's stream
+
+    /// Notes the commands production will answer, as they arrive.
+    fn arrive(&mut self, data: &[u8], out: &mut TransformOutput<'_>) {
+        let mut pkts = mem::take(&mut self.arrived);
+        pkts.clear();
+        self.arrival.feed(data, |p| {
+            if p.header.part == 0 {
+                pkts.push((p.header.seq, p.prefix.first().copied()));
+            }
+        });
+        for &(seq, code) in &pkts {
+            if self.arrival_skip_login {
+                self.arrival_skip_login = false;
+                continue;
+            }
+            // Other ids are auth continuations and LOCAL INFILE data, never commands.
+            if seq != 0 {
+                continue;
+            }
+            match code {
+                Some(c) if !expects_reply(c) => {}
+                c => self.prod_expects(c == Some(com::STMT_PREPARE), out),
+            }
+        }
+        self.arrived = pkts;
+    }
+
+    fn hold(&mut self, data: &[u8], out: &mut TransformOutput<'_>) {
+        if self.dead || data.is_empty() {
+            return;
+        }
+        if self.backlog.len() + self.head.len() + data.len() > self.shared.config.max_held_bytes {
+            self.give_up(abandon(Counter::HeldOverflow, "held_overflow"), out);
+            return;
+        }
+        self.backlog.extend_from_slice(data);
+    }
+
+    /// Carries on after whatever held the current packet may have changed.
+    fn resume(&mut self, out: &mut TransformOutput<'_>) {
+        if self.dead || !self.blocked {
+            return;
+        }
+        self.blocked = false;
+        let mut backlog = mem::take(&mut self.backlog);
+        let n = self.run(&backlog, out);
+        if self.dead {
+            return;
+        }
+        backlog.drain(..n.min(backlog.len()));
+        if backlog.is_empty() && backlog.capacity() > KEEP_CAPACITY {
+            backlog = Vec::new();
+        }
+        self.backlog = backlog;
+    }
+
+    /// Total bytes of the current packet's head to collect before its verdict.
+    fn head_needed(&self) -> usize {
+        let Some(h) = PacketHeader::parse(&self.head) else {
+            return HEADER_LEN;
+        };
+        let want = if self.stage == ClientStage::Login {
+            MAX_HEAD
+        } else if h.seq != 0 {
+            0
+        } else {
+            match self.head.get(HEADER_LEN) {
+                None => 1,
+                Some(&com::CHANGE_USER) => MAX_HEAD,
+                Some(&com::STMT_PREPARE) => 1 + SQL_KEPT,
+                Some(&c) if command::carries_statement_id(c) => 5,
+                Some(_) => 1,
+            }
+        };
+        HEADER_LEN + (h.len as usize).min(want)
+    }
+
+    /// Forwards `data` as far as verdicts allow; returns the bytes consumed (fewer only when a
+    /// packet is held).
+    fn run(&mut self, data: &[u8], out: &mut TransformOutput<'_>) -> usize {
+        let mut rest = data;
+        while !self.dead {
+            match self.fwd {
+                Fwd::Head => {
+                    let need = self.head_needed();
+                    if self.head.len() < need {
+                        if rest.is_empty() {
+                            break;
+                        }
+                        let n = (need - self.head.len()).min(rest.len());
+                        self.head.extend_from_slice(&rest[..n]);
+                        rest = &rest[n..];
+                        continue;
+                    }
+                    let Some(h) = PacketHeader::parse(&self.head) else {
+                        break;
+                    };
+                    let taken = (self.head.len() - HEADER_LEN) as u32;
+                    match self.decide(h, out) {
+                        Ok(Verdict::Block) => {
+                            self.blocked = true;
+                            break;
+                        }
+                        Ok(v) => self.release_head(h.len, taken, v == Verdict::Forward, out),
+                        Err(a) => self.give_up(a, out),
+                    }
+                }
+                Fwd::Body {
+                    left,
+                    more,
+                    forward,
+                } => {
+                    if rest.is_empty() {
+                        break;
+                    }
+                    let n = (left as usize).min(rest.len());
+                    if forward {
+                        out.push(&rest[..n]);
+                    }
+                    rest = &rest[n..];
+                    self.fwd = body(left - n as u32, more, forward);
+                }
+                Fwd::ContHeader {
+                    mut hdr,
+                    have,
+                    forward,
+                } => {
+                    if rest.is_empty() {
+                        break;
+                    }
+                    let have = usize::from(have);
+                    let n = (HEADER_LEN - have).min(rest.len());
+                    hdr[have..have + n].copy_from_slice(&rest[..n]);
+                    rest = &rest[n..];
+                    if have + n < HEADER_LEN {
+                        self.fwd = Fwd::ContHeader {
+                            hdr,
+                            have: (have + n) as u8,
+                            forward,
+                        };
+                        continue;
+                    }
+                    if forward {
+                        out.push(&hdr);
+                    }
+                    let len = PacketHeader::parse(&hdr).map_or(0, |h| h.len);
+                    self.fwd = body(len, len as usize == MAX_PAYLOAD_LEN, forward);
+                }
+            }
+        }
+        if self.dead {
+            data.len()
+        } else {
+            data.len() - rest.len()
+        }
+    }
+
+    /// Sends (or not) the decided head and moves on to the rest of its packet.
+    fn release_head(&mut self, len: u32, taken: u32, forward: bool, out: &mut TransformOutput<'_>) {
+        if forward {
+            out.push(&self.head);
+        }
+        self.head.clear();
+        if self.head.capacity() > KEEP_CAPACITY {
+            self.head = Vec::new();
+        }
+        self.held_counted = false;
+        self.fwd = body(
+            len.saturating_sub(taken),
+            len as usize == MAX_PAYLOAD_LEN,
+            forward,
+        );
+    }
+
+    /// The verdict on the packet whose head is collected.
+    fn decide(
+        &mut self,
+        h: PacketHeader,
+        out: &mut TransformOutput<'_>,
+    ) -> Result<Verdict, Abandon> {
+        if !self.first_checked {
+            self.first_checked = true;
+            if !plausible_command(&self.head) {
+                return Err(abandon(Counter::PickupUnframed, "pickup_unframed"));
+            }
+        }
+        if self.stage == ClientStage::Login {
+            return self.take_login(h, out);
+        }
+        if h.seq != 0 {
+            if self.swallow_client_auth {
+                out.count(Counter::ClientAuthPacketsSwallowed as usize);
+                return Ok(Verdict::Drop);
+            }
+            // LOCAL INFILE contents: they follow their command as they are.
+            return Ok(if self.test_ready() {
+                Verdict::Forward
+            } else {
+                Verdict::Block
+            });
+        }
+        self.swallow_client_auth = false;
+        if !self.test_ready() {
+            return Ok(Verdict::Block);
+        }
+        self.flush_injections(out)?;
+        self.command(h, out)
+    }
+
+    fn take_login(
+        &mut self,
+        h: PacketHeader,
+        out: &mut TransformOutput<'_>,
+    ) -> Result<Verdict, Abandon> {
+        let payload = &self.head[HEADER_LEN..];
+        if h.seq != 1 || payload.len() < h.len as usize {
+            return Err(protocol("login_unreadable"));
+        }
+        let login = ClientLogin::parse(payload).map_err(|_| protocol("login_unreadable"))?;
+        match login.not_mirrorable() {
+            Some(NotMirrorable::Tls) => return Err(abandon(Counter::NotMirrorableTls, "tls")),
+            Some(NotMirrorable::Compression) => {
+                return Err(abandon(Counter::NotMirrorableCompression, "compression"))
+            }
+            None => {}
+        }
+        if !matches!(login, ClientLogin::Response(_)) {
+            return Err(protocol("login_unreadable"));
+        }
+        self.login = Some(payload.to_vec());
+        self.stage = ClientStage::Commands;
+        self.swallow_client_auth = true;
+        self.try_login(out)?;
+        Ok(Verdict::Drop)
+    }
+
+    /// A command (sequence id 0) while the test server is ready for one.
+    fn command(
+        &mut self,
+        h: PacketHeader,
+        out: &mut TransformOutput<'_>,
+    ) -> Result<Verdict, Abandon> {
+        let Some(&code) = self.head.get(HEADER_LEN) else {
+            // An empty packet: the servers answer it with an error.
+            out.count(Counter::ProtocolErrors as usize);
+            self.expect_test(TestExpect::Reply)?;
+            return Ok(Verdict::Forward);
+        };
+        match code {
+            com::STMT_PREPARE => {
+                let tracked = !self.test_blind() && !self.tracking_lost;
+                if tracked {
+                    self.map.prepare_sent(&self.head[HEADER_LEN + 1..]);
+                }
+                self.prepare_forwarded(tracked, out);
+                self.expect_test(if tracked {
+                    TestExpect::Prepare
+                } else {
+                    TestExpect::Reply
+                })?;
+            }
+            c if command::carries_statement_id(c) => return self.statement_command(c, out),
+            com::CHANGE_USER => return self.change_user(h, out),
+            com::RESET_CONNECTION => {
+                self.map.reset_all();
+                self.stmts_predate_us = false;
+                out.count(Counter::ResetConnection as usize);
+                self.expect_test(TestExpect::Reply)?;
+            }
+            c => {
+                if expects_reply(c) {
+                    self.expect_test(TestExpect::Reply)?;
+                }
+            }
+        }
+        out.count(Counter::CommandsForwarded as usize);
+        Ok(Verdict::Forward)
+    }
+
+    /// COM_STMT_EXECUTE, SEND_LONG_DATA, CLOSE, RESET, FETCH, BULK_EXECUTE: production's
+    /// statement id becomes the test server's.
+    fn statement_command(
+        &mut self,
+        code: u8,
+        out: &mut TransformOutput<'_>,
+    ) -> Result<Verdict, Abandon> {
+        let Some(prod_id) = command::statement_id(&self.head[HEADER_LEN..]) else {
+            // Too short to hold an id: the servers reject it alike.
+            out.count(Counter::ProtocolErrors as usize);
+            if expects_reply(code) {
+                self.expect_test(TestExpect::Reply)?;
+            }
+            out.count(Counter::CommandsForwarded as usize);
+            return Ok(Verdict::Forward);
+        };
+        if self.tracking_lost {
+            return Ok(self.drop_statement_command(code, UnmappedReason::Desynchronized, out));
+        }
+        let found = if code == com::STMT_CLOSE {
+            self.map.close(prod_id)
+        } else {
+            self.map.lookup(prod_id)
+        };
+        match found {
+            Ok(test_id) => {
+                if test_id != prod_id
+                    && command::set_statement_id(&mut self.head[HEADER_LEN..], test_id).is_err()
+                {
+                    return Err(protocol("statement_id_unwritable"));
+                }
+                if expects_reply(code) {
+                    self.expect_test(TestExpect::Reply)?;
+                }
+                out.count(Counter::CommandsForwarded as usize);
+                Ok(Verdict::Forward)
+            }
+            Err(u) if u.reason == UnmappedReason::AwaitingTest && !self.test_blind() => {
+                if !self.held_counted {
+                    self.held_counted = true;
+                    out.count(Counter::CommandsHeldAwaitingPrepare as usize);
+                }
+                Ok(Verdict::Block)
+            }
+            Err(u) => Ok(self.drop_statement_command(code, u.reason, out)),
+        }
+    }
+
+    fn drop_statement_command(
+        &mut self,
+        code: u8,
+        reason: UnmappedReason,
+        out: &mut TransformOutput<'_>,
+    ) -> Verdict {
+        let counter = if !matches!(code, com::STMT_EXECUTE | com::STMT_BULK_EXECUTE) {
+            Counter::StmtCommandsDropped
+        } else {
+            match reason {
+                UnmappedReason::Unknown if self.stmts_predate_us => {
+                    Counter::ExecutesDroppedPreparedBeforePickup
+                }
+                UnmappedReason::Unknown => Counter::ExecutesDroppedUnknownStatement,
+                UnmappedReason::TestRejected { .. } => Counter::ExecutesDroppedRejected,
+                UnmappedReason::AwaitingTest
+                | UnmappedReason::LimitReached
+                | UnmappedReason::Desynchronized => Counter::ExecutesDroppedUntracked,
+            }
+        };
+        out.count(counter as usize);
+        Verdict::Drop
+    }
+
+    /// COM_CHANGE_USER with its auth response recomputed for the test server; the test
+    /// server's answer is followed like the login's, and the client's own auth continuation
+    /// swallowed.
+    fn change_user(
+        &mut self,
+        h: PacketHeader,
+        out: &mut TransformOutput<'_>,
+    ) -> Result<Verdict, Abandon> {
+        if self.test_blind() {
+            return Err(abandon(Counter::ChangeUser, "change_user_without_framing"));
+        }
+        let server = self
+            .test_server
+            .ok_or(protocol("change_user_before_login"))?;
+        let payload = &self.head[HEADER_LEN..];
+        if payload.len() < h.len as usize {
+            return Err(protocol("change_user_too_long"));
+        }
+        let cu = ChangeUser::parse(payload, self.client_caps)
+            .map_err(|_| protocol("change_user_unreadable"))?;
+        let password = self.credentials(cu.user, out)?;
+        let caps = self.session_caps;
+        let plugin_auth = caps.contains(Capabilities::PLUGIN_AUTH);
+        let plugin = if plugin_auth {
+            cu.auth_plugin
+                .and_then(|p| AuthPlugin::from_name(p).ok())
+                .unwrap_or(server.plugin)
+        } else {
+            AuthPlugin::MysqlNativePassword
+        };
+        let nonce = self.session_nonce.unwrap_or(server.nonce);
+        let rewritten = match &password {
+            Some(password) => {
+                let scramble = plugin.scramble(password.as_bytes(), &nonce);
+                let rewritten = ChangeUser {
+                    auth_response: scramble.as_bytes(),
+                    auth_plugin: (plugin_auth && cu.charset.is_some()).then_some(plugin.name()),
+                    attributes: cu
+                        .attributes
+                        .filter(|_| caps.contains(Capabilities::CONNECT_ATTRS)),
+                    ..cu
+                };
+                let mut payload = Vec::with_capacity(h.len as usize + 40);
+                rewritten
+                    .write(caps, &mut payload)
+                    .map_err(|_| protocol("change_user_unencodable"))?;
+                let mut framed = Vec::with_capacity(payload.len() + HEADER_LEN);
+                write_packet(0, &payload, &mut framed);
+                Some(framed)
+            }
+            None => None,
+        };
+        self.expect_test(TestExpect::ChangeUser(Box::new(AuthExchange {
+            password,
+            plugin,
+            nonce,
+            awaiting_key: false,
+            change_user: true,
+        })))?;
+        if let Some(framed) = rewritten {
+            self.head = framed;
+        }
+        self.map.reset_all();
+        self.stmts_predate_us = false;
+        self.change_user_in_flight = true;
+        self.swallow_client_auth = true;
+        out.count(Counter::ChangeUser as usize);
+        out.count(Counter::CommandsForwarded as usize);
+        Ok(Verdict::Forward)
+    }
+
+    fn give_up(&mut self, a: Abandon, out: &mut TransformOutput<'_>) {
+        if self.dead {
+            return;
+        }
+        out.count(a.counter as usize);
+        out.abandon(a.why);
+        self.dead = true;
+        // Passwords and held bytes go now, not when the engine drops the session.
+        self.test_auth = None;
+        self.test_fifo.clear();
+        self.login = None;
+        self.head = Vec::new();
+        self.backlog = Vec::new();
+        self.inject.clear();
+        self.inject_bytes = 0;
+        self.blocked = false;
+    }
+}
+
+fn body(left: u32, more: bool, forward: bool) -> Fwd {
+    match (left, more) {
+        (0, false) => Fwd::Head,
+        (0, true) => Fwd::ContHeader {
+            hdr: [0; HEADER_LEN],
+            have: 0,
+            forward,
+        },
+        _ => Fwd::Body {
+            left,
+            more,
+            forward,
+        },
+    }
+}
+
+fn push_packet(seq: u8, payload: &[u8], out: &mut TransformOutput<'_>) {
+    let mut bytes = Vec::with_capacity(payload.len() + HEADER_LEN);
+    write_packet(seq, payload, &mut bytes);
+    out.push(&bytes);
+}
+
+fn init_db(db: &[u8]) -> Injection {
+    let mut payload = Vec::with_capacity(1 + db.len());
+    payload.push(com::INIT_DB);
+    payload.extend_from_slice(db);
+    let mut bytes = Vec::with_capacity(payload.len() + HEADER_LEN);
+    write_packet(0, &payload, &mut bytes);
+    Injection {
+        bytes,
+        expect: Some(TestExpect::InitDb),
+        register: None,
+    }
+}
+
+impl StreamTransform for MysqlTransform {
+    fn on_client_data(&mut self, _now: Instant, data: &[u8], out: &mut TransformOutput<'_>) {
+        if self.dead {
+            return;
+        }
+        self.arrive(data, out);
+        if self.blocked {
+            self.hold(data, out);
+        } else {
+            let n = self.run(data, out);
+            self.hold(&data[n.min(data.len())..], out);
+        }
+        self.resume(out);
+    }
+
+    fn on_pickup(&mut self, now: Instant, out: &mut TransformOutput<'_>) {
+        if self.dead || !self.picked_up {
+            return;
+        }
+        if let Some(wait) = self.shared.config.recovery_wait {
+            self.recovery_deadline = Some(now + wait);
+        } else if self.pickup_user.is_none() {
+            self.give_up(
+                abandon(Counter::PickupNoDefaultUser, "pickup_no_default_user"),
+                out,
+            );
+        }
+    }
+
+    fn wants_prod_data(&self) -> bool {
+        true
+    }
+
+    fn on_prod_data(&mut self, _now: Instant, data: &[u8], out: &mut TransformOutput<'_>) {
+        if self.dead {
+            return;
+        }
+        match self.prod_phase {
+            ProdPhase::Unsynced | ProdPhase::Failed => return,
+            ProdPhase::Armed => {
+                // Replies to earlier commands ended before this command was sent (clients
+                // wait for them), so these bytes start a packet.
+                self.prod_scanner = FrameScanner::new(PROD_PREFIX);
+                self.prod_prev_seq = None;
+                self.prod_phase = ProdPhase::Resyncing;
+            }
+            _ => {}
+        }
+        let mut pkts = mem::take(&mut self.prod_scratch);
+        pkts.clear();
+        self.prod_scanner
+            .feed(data, |p| pkts.push(ProdPacket::new(&p)));
+        for p in &pkts {
+            self.prod_packet(p, out);
+        }
+        pkts.clear();
+        if pkts.capacity() > 1024 {
+            pkts = Vec::new();
+        }
+        self.prod_scratch = pkts;
+    }
+
+    /// intercept's MySQL summaries of the test server's replies. Segments are the engine's
+    /// TCP business: everything MySQL needs is in the summaries.
+    fn on_test_event(&mut self, now: Instant, ev: &TestEvent<'_>, out: &mut TransformOutput<'_>) {
+        match ev {
+            TestEvent::Mysql(MysqlEvent::Packet { packet, .. }) => {
+                self.on_test_packet(now, packet, out)
+            }
+            TestEvent::Mysql(MysqlEvent::FramingLost { at_seq, .. }) => {
+                self.on_test_framing_lost(now, *at_seq, out)
+            }
+            _ => {}
+        }
+    }
+
+    fn pending(&self) -> bool {
+        !self.dead && (self.login.is_some() || self.blocked)
+    }
+
+    fn buffered_len(&self) -> usize {
+        self.head.len()
+            + self.backlog.len()
+            + self.login.as_ref().map_or(0, Vec::len)
+            + self.inject_bytes
+    }
+
+    fn next_deadline(&self) -> Option<Instant> {
+        if self.dead {
+            None
+        } else {
+            self.recovery_deadline
+        }
+    }
+
+    fn on_timeout(&mut self, now: Instant, out: &mut TransformOutput<'_>) {
+        if self.dead {
+            return;
+        }
+        match self.recovery_deadline {
+            Some(d) if now >= d => {}
+            _ => return,
+        }
+        self.recovery_deadline = None;
+        out.count(Counter::RecoveryTimeouts as usize);
+        if let Err(a) = self.try_login(out) {
+            self.give_up(a, out);
+        }
+        self.resume(out);
+    }
+}
