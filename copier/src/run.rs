@@ -6,14 +6,19 @@
 use std::os::fd::AsRawFd;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
 use common::clock::MonotonicClock;
 use common::control::Hello;
 
 use crate::capture::LiveCapture;
 use crate::cli::Args;
 use crate::control_client::{ControlClient, Relayed};
-use crate::engine::{CloseReason, Engine, EngineConfig, EngineEvent};
+use crate::cli::Protocol;
+use crate::credentials::Credentials;
+use crate::engine::{CloseReason, Engine, EngineConfig, EngineEvent, TestEvent};
+use crate::mysql::{MysqlConfig, MysqlFactory, RandomBytes};
 use crate::send::RawSender;
 use crate::signals;
 use crate::status::{Snapshot, StatusLine};
@@ -31,6 +36,47 @@ pub fn engine_config(args: &Args) -> EngineConfig {
     cfg.pickup_midstream = !args.no_pickup;
     cfg.max_sessions = args.max_sessions;
     cfg
+}
+
+/// The engine for `--protocol`: plain TCP, or with the MySQL layer rewriting logins and
+/// statement ids.
+pub fn build_engine(args: &Args) -> Result<Engine> {
+    let cfg = engine_config(args);
+    if args.protocol == Protocol::Tcp {
+        return Ok(Engine::new(cfg));
+    }
+    let credentials = match &args.mysql_credentials {
+        Some(path) => Credentials::load(path)?,
+        None => {
+            tracing::warn!(
+                "no --mysql-credentials: logins are forwarded unchanged, so they only succeed on a \
+                 test server that does not check passwords (--skip-grant-tables)"
+            );
+            Credentials::default()
+        }
+    };
+    if let Some(user) = &args.mysql_default_user {
+        if credentials.password(user).is_none() {
+            bail!("--mysql-default-user {user:?} has no line in --mysql-credentials");
+        }
+    }
+    let config = MysqlConfig {
+        default_user: args.mysql_default_user.clone(),
+        default_db: args.mysql_default_db.clone(),
+        forward_without_credentials: args.mysql_credentials.is_none(),
+        ..MysqlConfig::default()
+    };
+    let factory = MysqlFactory::new(config, Arc::new(credentials), urandom()?);
+    Ok(Engine::with_transform(cfg, Box::new(factory)))
+}
+
+/// Random bytes for caching_sha2 full authentication (RSA-OAEP padding), from the kernel.
+fn urandom() -> Result<RandomBytes> {
+    let file = std::fs::File::open("/dev/urandom").context("cannot open /dev/urandom")?;
+    Ok(Arc::new(move |buf: &mut [u8]| {
+        use std::io::Read;
+        (&file).read_exact(buf).is_ok()
+    }))
 }
 
 pub fn run(args: &Args) -> Result<Snapshot> {
@@ -54,7 +100,7 @@ pub fn run(args: &Args) -> Result<Snapshot> {
         )
     })?;
 
-    let mut engine = Engine::new(engine_config(args));
+    let mut engine = build_engine(args)?;
     let mut buf = vec![0u8; engine.transmit_buffer_len()];
     let target_ip = *args.target.ip();
     let mut status = StatusLine::new(clock.now(), args.status_interval());
@@ -90,8 +136,12 @@ pub fn run(args: &Args) -> Result<Snapshot> {
                         engine.on_feedback(now, fb);
                     }
                 }
-                // the MySQL layer consumes these (issue 4)
-                Relayed::Mysql(events) => mysql_events += events.len() as u64,
+                Relayed::Mysql(events) => {
+                    mysql_events += events.len() as u64;
+                    for ev in &events {
+                        engine.on_test_event(now, ev.client(), &TestEvent::Mysql(ev));
+                    }
+                }
             }
         }
         if engine.next_deadline().is_some_and(|d| d <= now) {
@@ -143,10 +193,7 @@ pub fn run(args: &Args) -> Result<Snapshot> {
     }
     capture.refresh_kernel_stats();
     let snap = Snapshot::take(&engine, &capture, &sender, &control.stats());
-    tracing::debug!(
-        mysql_events,
-        "MySQL packet summaries received (not used yet)"
-    );
+    tracing::debug!(mysql_events, "MySQL packet summaries received");
     control.shutdown();
     Ok(snap)
 }
