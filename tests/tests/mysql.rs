@@ -1,0 +1,129 @@
+//! Acceptance of MySQL awareness (issue 4): the test server keeps its normal accounts, and every
+//! mirrored session logs in there with the test server's own scramble, keeps its prepared
+//! statements valid, and executes what production executed.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{ensure, Result};
+use tcpshadow_tests::mirror::{Mirror, MirrorOptions};
+use tcpshadow_tests::{Counters, Host, Lab, Load};
+
+fn load_secs() -> u32 {
+    std::env::var("TCPSHADOW_LOAD_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(10)
+}
+
+/// Questions between two `counters` calls, less the 2 the calls themselves add.
+fn questions(after: &Counters, before: &Counters) -> u64 {
+    after.delta(before, "Questions").saturating_sub(2)
+}
+
+/// Writes the test server's credentials (the lab's normal account) to a 0600 file.
+fn credentials_file(lab: &Lab) -> Result<String> {
+    let path = Path::new(lab.var("LAB_DIR")).join("test-credentials");
+    std::fs::write(
+        &path,
+        format!("{}:{}\n", lab.var("LAB_USER"), lab.var("LAB_PASSWORD")),
+    )?;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(path.to_string_lossy().into_owned())
+}
+
+/// Runs `load` on prod and returns (prod queries, test queries after at most 10 s of drain).
+fn mirrored_load(lab: &Lab, load: &Load) -> Result<(u64, u64)> {
+    let (p0, t0) = (lab.counters(Host::Prod)?, lab.counters(Host::Test)?);
+    let report = lab.load(load)?;
+    ensure!(
+        report.errors == 0,
+        "sysbench reported errors:\n{}",
+        report.output
+    );
+    let p1 = lab.counters(Host::Prod)?;
+    let prod = questions(&p1, &p0);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut test = questions(&lab.counters(Host::Test)?, &t0);
+    while test < prod && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(250));
+        test = questions(&lab.counters(Host::Test)?, &t0);
+    }
+    Ok((prod, test))
+}
+
+#[test]
+fn sysbench_logs_in_on_a_test_server_with_normal_grants() -> Result<()> {
+    let lab = Lab::up("mysql")?;
+    let creds = credentials_file(&lab)?;
+    let opts = MirrorOptions {
+        copier_args: vec!["--mysql-credentials".into(), creds],
+        ..Default::default()
+    };
+    let mirror = Mirror::start(&lab, &opts)?;
+    let test0 = lab.counters(Host::Test)?;
+
+    // The mariadb CLI: text protocol, a schema changed with USE (COM_INIT_DB), several queries.
+    let (p0, t0) = (lab.counters(Host::Prod)?, lab.counters(Host::Test)?);
+    let out = lab.exec_ok(
+        Host::Client,
+        &[
+            "mariadb",
+            "--no-defaults",
+            "-h",
+            lab.ip(Host::Prod),
+            "-u",
+            lab.var("LAB_USER"),
+            &format!("-p{}", lab.var("LAB_PASSWORD")),
+            "-N",
+            "-e",
+            "USE sbtest; SELECT COUNT(*) FROM sbtest1; SELECT SUM(k) FROM sbtest2 WHERE id < 100; \
+             USE information_schema; SELECT 42",
+        ],
+    )?;
+    ensure!(out.contains("42"), "mariadb CLI output: {out}");
+    std::thread::sleep(Duration::from_millis(500));
+    let (p1, t1) = (lab.counters(Host::Prod)?, lab.counters(Host::Test)?);
+    for c in ["Com_select", "Com_change_db", "Questions"] {
+        ensure!(
+            t1.delta(&t0, c) == p1.delta(&p0, c),
+            "mariadb CLI session: {c} on test {} vs prod {}",
+            t1.delta(&t0, c),
+            p1.delta(&p0, c)
+        );
+    }
+
+    let secs = load_secs();
+    for test in ["oltp_read_only", "oltp_read_write"] {
+        for threads in [8u32, 32] {
+            let load = Load {
+                test: test.into(),
+                threads,
+                time_secs: secs,
+                ..Load::default()
+            };
+            let (prod, mirrored) = mirrored_load(&lab, &load)?;
+            let fidelity = mirrored as f64 / prod as f64;
+            println!("{test} {threads} threads {secs} s: prod {prod}, test {mirrored}, fidelity {fidelity:.5}");
+            ensure!(
+                fidelity >= 0.999 && mirrored <= prod,
+                "{test} {threads} threads: test executed {mirrored} of prod's {prod} queries"
+            );
+        }
+    }
+    let test1 = lab.counters(Host::Test)?;
+    let (copier, _) = mirror.stop()?;
+    println!("{}", copier.stderr);
+    ensure!(
+        test1.delta(&test0, "Aborted_connects") == 0,
+        "the test server counted {} aborted connects",
+        test1.delta(&test0, "Aborted_connects")
+    );
+    let errlog = std::fs::read_to_string(lab.var("LAB_TEST_ERRLOG")).unwrap_or_default();
+    ensure!(
+        !errlog.contains("Access denied"),
+        "the test server denied logins:\n{errlog}"
+    );
+    Ok(())
+}
