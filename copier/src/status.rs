@@ -175,6 +175,16 @@ impl StatusLine {
     }
 }
 
+/// Whether a protocol-layer counter counts commands, logins or sessions the test server did not
+/// get as production did.
+fn is_protocol_loss(name: &str) -> bool {
+    const MARKS: [&str; 10] = [
+        "dropped", "failed", "no_credentials", "not_mirrorable", "lost", "overflow",
+        "unframed", "unmatched", "no_default_user", "refused",
+    ];
+    MARKS.iter().any(|m| name.contains(m))
+}
+
 /// The end-of-run summary, several lines, for a person.
 pub fn summary(s: &Snapshot, elapsed: Duration) -> String {
     let e = &s.engine;
@@ -224,7 +234,21 @@ pub fn summary(s: &Snapshot, elapsed: Duration) -> String {
     if !proto.is_empty() {
         let _ = writeln!(out, "  protocol layer: {}", proto.join(" "));
     }
-    let losses: Vec<_> = s.losses().into_iter().filter(|(_, n)| *n > 0).collect();
+    let mut losses: Vec<(String, u64)> = s
+        .losses()
+        .into_iter()
+        .map(|(what, n)| (what.to_string(), n))
+        .collect();
+    // The protocol layer's counters that mean "the test server did not get what production
+    // did" are losses too; the names say which.
+    losses.extend(
+        s.engine
+            .transform
+            .named(s.transform_names)
+            .filter(|(name, _)| is_protocol_loss(name))
+            .map(|(name, n)| (format!("protocol layer: {}", name.replace('_', " ")), n)),
+    );
+    losses.retain(|(_, n)| *n > 0);
     if losses.is_empty() {
         let _ = writeln!(out, "  losses: none");
     } else {
