@@ -179,8 +179,16 @@ impl StatusLine {
 /// get as production did.
 fn is_protocol_loss(name: &str) -> bool {
     const MARKS: [&str; 10] = [
-        "dropped", "failed", "no_credentials", "not_mirrorable", "lost", "overflow",
-        "unframed", "unmatched", "no_default_user", "refused",
+        "dropped",
+        "failed",
+        "no_credentials",
+        "not_mirrorable",
+        "lost",
+        "overflow",
+        "unframed",
+        "unmatched",
+        "no_default_user",
+        "refused",
     ];
     MARKS.iter().any(|m| name.contains(m))
 }
@@ -258,4 +266,37 @@ pub fn summary(s: &Snapshot, elapsed: Duration) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn summary_lists_protocol_drops_as_losses() {
+        let mut s = Snapshot {
+            transform_names: &["commands_forwarded", "executes_dropped_unknown_statement"],
+            ..Snapshot::default()
+        };
+        s.engine.transform.add(0, 10);
+        s.engine.transform.add(1, 3);
+        let text = summary(&s, Duration::from_secs(1));
+        assert!(
+            text.contains(
+                "protocol layer: commands_forwarded=10 executes_dropped_unknown_statement=3"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("3  protocol layer: executes dropped unknown statement"),
+            "{text}"
+        );
+        assert!(!text.contains("losses: none"), "{text}");
+    }
+
+    #[test]
+    fn a_clean_run_says_no_losses() {
+        let text = summary(&Snapshot::default(), Duration::from_secs(1));
+        assert!(text.contains("losses: none"), "{text}");
+    }
 }
