@@ -30,7 +30,6 @@ if [[ $EUID -ne 0 ]]; then
 fi
 
 export LAB_NAME=${LAB_NAME:-bench}
-export LAB_TEST_MYSQLD_ARGS=${LAB_TEST_MYSQLD_ARGS:---skip-grant-tables}
 LAB=deploy/lab/lab.sh
 BIN=$PWD/target/release
 TICK=$(getconf CLK_TCK)
@@ -40,6 +39,10 @@ cargo build --release -p copier -p intercept >&2
 trap '"$LAB" down >&2' EXIT
 "$LAB" up >&2
 eval "$("$LAB" env)"
+# The test server keeps its accounts: the copier rewrites every login (the real path).
+CREDENTIALS=$LAB_DIR/test-credentials
+printf '%s:%s\n' "$LAB_USER" "$LAB_PASSWORD" >"$CREDENTIALS"
+chmod 600 "$CREDENTIALS"
 
 # Questions since BASE on HOST, less what our own `counters` calls added (2 each).
 declare -A CALLS
@@ -68,7 +71,7 @@ for threads in $THREADS; do
     sleep 0.5
     "$LAB" exec prod "$BIN/copier" --port "$LAB_MYSQL_PORT" --interface "$LAB_IFACE" \
         --target "$LAB_TEST_IP:$LAB_MYSQL_PORT" --intercept "$LAB_ASSIST_IP:36524" \
-        --status-interval 0 >"$LAB_DIR/copier.log" 2>&1 &
+        --mysql-credentials "$CREDENTIALS" --status-interval 0 >"$LAB_DIR/copier.log" 2>&1 &
     cpid=$!
     for _ in $(seq 50); do
         grep -q "control channel to intercept is up" "$LAB_DIR/copier.log" && break
