@@ -8,6 +8,7 @@ export DEBIAN_FRONTEND=noninteractive
 PACKAGES=(
     build-essential pkg-config libpcap-dev      # building copier/intercept (libpcap)
     mariadb-server mariadb-client sysbench      # the lab's servers and load
+    libmariadb-dev                              # Connector/C, for the lab's COM_CHANGE_USER client
     iproute2 iptables nftables ethtool tcpdump  # the lab's network and captures
     procps psmisc util-linux perl               # sysctl, setpriv, flock; used by lab.sh and tests
 )
