@@ -22,14 +22,18 @@ impl fmt::Debug for Credentials {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut users: Vec<&str> = self.by_user.keys().map(String::as_str).collect();
         users.sort_unstable();
-        f.debug_struct("Credentials").field("users", &users).field("passwords", &"<redacted>").finish()
+        f.debug_struct("Credentials")
+            .field("users", &users)
+            .field("passwords", &"<redacted>")
+            .finish()
     }
 }
 
 impl Credentials {
     /// Reads `path`. Refuses a file that group or others can read or write, as ssh does for keys.
     pub fn load(path: &Path) -> Result<Self> {
-        let meta = std::fs::metadata(path).with_context(|| format!("cannot read --mysql-credentials {}", path.display()))?;
+        let meta = std::fs::metadata(path)
+            .with_context(|| format!("cannot read --mysql-credentials {}", path.display()))?;
         let mode = meta.permissions().mode();
         if mode & 0o077 != 0 {
             bail!(
@@ -39,7 +43,8 @@ impl Credentials {
                 path.display()
             );
         }
-        let text = std::fs::read_to_string(path).with_context(|| format!("cannot read --mysql-credentials {}", path.display()))?;
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read --mysql-credentials {}", path.display()))?;
         Self::parse(&text).with_context(|| format!("in --mysql-credentials {}", path.display()))
     }
 
@@ -59,7 +64,10 @@ impl Credentials {
             if user.is_empty() {
                 bail!("line {} has an empty user name", n + 1);
             }
-            if by_user.insert(user.to_string(), password.as_bytes().to_vec()).is_some() {
+            if by_user
+                .insert(user.to_string(), password.as_bytes().to_vec())
+                .is_some()
+            {
                 bail!("user {user:?} appears twice (line {})", n + 1);
             }
         }
@@ -95,7 +103,9 @@ mod tests {
 
     #[test]
     fn bad_lines_are_errors_that_do_not_echo_them() {
-        let e = Credentials::parse("sbtest:x\nhunter2\n").unwrap_err().to_string();
+        let e = Credentials::parse("sbtest:x\nhunter2\n")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("line 2") && !e.contains("hunter2"), "{e}");
         assert!(Credentials::parse(":pw\n").is_err());
         assert!(Credentials::parse("a:1\na:2\n").is_err());
