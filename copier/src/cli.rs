@@ -60,6 +60,19 @@ pub struct Args {
     #[arg(long, env = "TCPSHADOW_MYSQL_DEFAULT_DB")]
     pub mysql_default_db: Option<String>,
 
+    /// MySQL: a read-only account on production, `mysql://user:password@host[:port]`
+    /// (percent-encode special characters). For connections picked up mid-stream, the copier
+    /// reads their user, schema and prepared statements there (needs `GRANT PROCESS, SELECT ON
+    /// *.*` and performance_schema=ON). Prefer the environment variable: a command line is
+    /// visible to other users of the host.
+    #[arg(long, env = "TCPSHADOW_PROD_DSN", value_parser = crate::prod_state::DsnArg::parse_arg)]
+    pub prod_dsn: Option<crate::prod_state::DsnArg>,
+
+    /// MySQL: how long a picked-up connection waits for --prod-dsn's answer before logging in
+    /// with --mysql-default-user (its commands are held meanwhile).
+    #[arg(long, env = "TCPSHADOW_PROD_DSN_WAIT_MS", default_value_t = 3000, value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    pub prod_dsn_wait_ms: u64,
+
     /// Do not pick up connections that were already open when the copier started.
     #[arg(long, env = "TCPSHADOW_NO_PICKUP")]
     pub no_pickup: bool,
@@ -113,6 +126,14 @@ impl Args {
                  must never mirror onto the production server itself; point --target at the test server",
                 self.target
             );
+        }
+        if let Some(dsn) = &self.prod_dsn {
+            if let Err(e) = dsn.get() {
+                bail!("--prod-dsn: {e}");
+            }
+            if self.protocol != Protocol::Mysql {
+                bail!("--prod-dsn recovers MySQL session state: it needs --protocol mysql");
+            }
         }
         Ok(())
     }
@@ -184,5 +205,39 @@ mod tests {
         ]);
         let err = a.validate().unwrap_err().to_string();
         assert!(err.contains("production server itself"), "{err}");
+    }
+
+    #[test]
+    fn prod_dsn_needs_mysql_and_hides_its_password() {
+        let a = Args::parse_from([
+            "copier",
+            "--target",
+            "198.18.0.3:3306",
+            "--intercept",
+            "198.18.0.4:36524",
+            "--protocol",
+            "tcp",
+            "--prod-dsn",
+            "mysql://tsd_ro:hunter2@198.18.0.2:3306",
+        ]);
+        assert!(!format!("{a:?}").contains("hunter2"));
+        let err = a.validate().unwrap_err().to_string();
+        assert!(err.contains("--protocol mysql"), "{err}");
+        let bad = Args::parse_from([
+            "copier",
+            "--target",
+            "198.18.0.3:3306",
+            "--intercept",
+            "198.18.0.4:36524",
+            "--prod-dsn",
+            "tsd_ro:hunter2@198.18.0.2",
+        ])
+        .validate()
+        .unwrap_err()
+        .to_string();
+        assert!(
+            bad.contains("mysql://") && !bad.contains("hunter2"),
+            "{bad}"
+        );
     }
 }

@@ -3,6 +3,7 @@
 //!
 //! This room wires the edges to the engine and reports; it holds no TCP logic.
 
+use std::net::SocketAddrV4;
 use std::os::fd::AsRawFd;
 use std::time::Duration;
 
@@ -14,11 +15,12 @@ use common::control::Hello;
 
 use crate::capture::LiveCapture;
 use crate::cli::Args;
-use crate::control_client::{ControlClient, Relayed};
 use crate::cli::Protocol;
+use crate::control_client::{ControlClient, Relayed};
 use crate::credentials::Credentials;
 use crate::engine::{CloseReason, Engine, EngineConfig, EngineEvent, TestEvent};
-use crate::mysql::{MysqlConfig, MysqlFactory, RandomBytes};
+use crate::mysql::{MysqlConfig, MysqlFactory, NotRecovered, RandomBytes};
+use crate::prod_state::StateLookup;
 use crate::send::RawSender;
 use crate::signals;
 use crate::status::{Snapshot, StatusLine};
@@ -64,6 +66,11 @@ pub fn build_engine(args: &Args) -> Result<Engine> {
         default_user: args.mysql_default_user.clone(),
         default_db: args.mysql_default_db.clone(),
         forward_without_credentials: args.mysql_credentials.is_none(),
+        // With --prod-dsn a picked-up connection waits (its commands held) for its state.
+        recovery_wait: args
+            .prod_dsn
+            .is_some()
+            .then(|| Duration::from_millis(args.prod_dsn_wait_ms)),
         ..MysqlConfig::default()
     };
     let factory = MysqlFactory::new(config, Arc::new(credentials), urandom()?);
@@ -101,6 +108,9 @@ pub fn run(args: &Args) -> Result<Snapshot> {
     })?;
 
     let mut engine = build_engine(args)?;
+    let lookup = start_lookup(args, &waker)?;
+    let own = lookup.as_ref().map(|l| l.own_address().clone());
+    let mut own_skipped = 0u64;
     let mut buf = vec![0u8; engine.transmit_buffer_len()];
     let target_ip = *args.target.ip();
     let mut status = StatusLine::new(clock.now(), args.status_interval());
@@ -126,7 +136,20 @@ pub fn run(args: &Args) -> Result<Snapshot> {
         }
         // Once stopping, nothing new is captured; what is queued still goes out.
         if stopping_since.is_none() {
-            capture.drain(CAPTURE_BUDGET, |pkt| engine.on_captured(now, pkt));
+            capture.drain(CAPTURE_BUDGET, |pkt| {
+                // Never mirror ourselves: a connection from this host to itself (with
+                // `--interface any`, our --prod-dsn connection is on `lo`, source and
+                // destination the same address), nor --prod-dsn's connection at all.
+                let (src, dst) = (
+                    SocketAddrV4::new(pkt.src, pkt.src_port),
+                    SocketAddrV4::new(pkt.dst, pkt.dst_port),
+                );
+                if pkt.src == pkt.dst || own.as_ref().is_some_and(|o| o.matches(src, dst)) {
+                    own_skipped += 1;
+                    return;
+                }
+                engine.on_captured(now, pkt)
+            });
         }
         waker.reset();
         while let Ok(relayed) = feedback.try_recv() {
@@ -144,6 +167,18 @@ pub fn run(args: &Args) -> Result<Snapshot> {
                 }
             }
         }
+        if let Some(lookup) = &lookup {
+            while let Some(answer) = lookup.try_answer() {
+                match &answer.state {
+                    Some(state) => {
+                        engine.on_test_event(now, answer.mirrored, &TestEvent::App(state))
+                    }
+                    None => {
+                        engine.on_test_event(now, answer.mirrored, &TestEvent::App(&NotRecovered))
+                    }
+                }
+            }
+        }
         if engine.next_deadline().is_some_and(|d| d <= now) {
             engine.on_timeout(now);
         }
@@ -152,7 +187,16 @@ pub fn run(args: &Args) -> Result<Snapshot> {
         }
         while let Some(ev) = engine.poll_event() {
             match ev {
-                EngineEvent::SessionOpened { mirrored, .. } => control.claim(mirrored),
+                EngineEvent::SessionOpened {
+                    client,
+                    mirrored,
+                    picked_up,
+                } => {
+                    control.claim(mirrored);
+                    if let (true, Some(lookup)) = (picked_up, &lookup) {
+                        lookup.request(client, mirrored);
+                    }
+                }
                 EngineEvent::SessionReleased { mirrored } => control.release(mirrored),
                 EngineEvent::SessionClosed {
                     client,
@@ -175,7 +219,8 @@ pub fn run(args: &Args) -> Result<Snapshot> {
         }
         if status.due(now) {
             capture.refresh_kernel_stats();
-            let snap = Snapshot::take(&engine, &capture, &sender, &control.stats());
+            let mut snap = Snapshot::take(&engine, &capture, &sender, &control.stats());
+            snap.lookup = lookup.as_ref().map(StateLookup::stats);
             status.print(now, &snap);
         }
 
@@ -192,10 +237,48 @@ pub fn run(args: &Args) -> Result<Snapshot> {
         wait_readable(&[capture.as_raw_fd(), waker.as_raw_fd()], sleep);
     }
     capture.refresh_kernel_stats();
-    let snap = Snapshot::take(&engine, &capture, &sender, &control.stats());
-    tracing::debug!(mysql_events, "MySQL packet summaries received");
+    let mut snap = Snapshot::take(&engine, &capture, &sender, &control.stats());
+    snap.lookup = lookup.as_ref().map(StateLookup::stats);
+    tracing::debug!(
+        mysql_events,
+        own_skipped,
+        "MySQL packet summaries received; own packets skipped"
+    );
+    drop(lookup);
     control.shutdown();
     Ok(snap)
+}
+
+/// `--prod-dsn`: logs in on production once now, so a wrong password or a missing grant stops
+/// the copier with the fix instead of silently recovering nothing.
+fn start_lookup(args: &Args, waker: &Waker) -> Result<Option<StateLookup>> {
+    let Some(arg) = &args.prod_dsn else {
+        return Ok(None);
+    };
+    let dsn = arg
+        .get()
+        .map_err(|e| anyhow::anyhow!("--prod-dsn: {e}"))?
+        .clone();
+    let wake = waker.clone();
+    let shown = dsn.to_string();
+    let user = dsn.user.clone();
+    match StateLookup::start(dsn, move || wake.wake()) {
+        Ok((lookup, ready)) => {
+            if ready.performance_schema_off {
+                tracing::warn!(
+                    "--prod-dsn {shown}: production runs with performance_schema=OFF, so prepared                      statements of pooled connections cannot be recovered (their executes are                      dropped and counted); users and schemas are. Fix: performance_schema=ON in                      production's my.cnf (takes a restart)"
+                );
+            }
+            tracing::info!(
+                "--prod-dsn {shown}: logged in; pooled connections' state will be recovered"
+            );
+            Ok(Some(lookup))
+        }
+        Err(e) => match e.fix(&user) {
+            Some(fix) => bail!("--prod-dsn {shown}: {e}; fix: {fix}"),
+            None => bail!("--prod-dsn {shown}: {e}"),
+        },
+    }
 }
 
 /// Says once per client address (bounded) that its sessions cannot be mirrored, and why: the

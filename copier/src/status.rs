@@ -10,6 +10,7 @@ use common::clock::Instant;
 use crate::capture::{CaptureStats, LiveCapture};
 use crate::control_client::ClientStats;
 use crate::engine::{CloseReason, Engine, EngineStats};
+use crate::prod_state::LookupStats;
 use crate::send::{RawSender, SendStats};
 
 /// All counters at one moment.
@@ -21,6 +22,8 @@ pub struct Snapshot {
     pub control: ClientStats,
     /// Names of the protocol layer's counters (`engine.transform`), by id.
     pub transform_names: &'static [&'static str],
+    /// `--prod-dsn` lookups, when enabled.
+    pub lookup: Option<LookupStats>,
 }
 
 impl Snapshot {
@@ -36,6 +39,7 @@ impl Snapshot {
             send: sender.stats,
             control: *control,
             transform_names: engine.transform_counter_names(),
+            lookup: None,
         }
     }
 
@@ -87,6 +91,12 @@ impl Snapshot {
             (
                 "bytes pushed by a transform after FIN",
                 e.transform_bytes_refused,
+            ),
+            (
+                // They log in as --mysql-default-user; executes of statements they prepared
+                // before the copier started are then dropped (counted by the protocol layer).
+                "pooled connections not recovered (--prod-dsn)",
+                self.lookup.map_or(0, |l| l.not_recovered()),
             ),
         ];
         for r in CloseReason::ALL {
@@ -242,6 +252,13 @@ pub fn summary(s: &Snapshot, elapsed: Duration) -> String {
     if !proto.is_empty() {
         let _ = writeln!(out, "  protocol layer: {}", proto.join(" "));
     }
+    if let Some(l) = &s.lookup {
+        let _ = writeln!(
+            out,
+            "  --prod-dsn lookups: {} requested, {} answered, {} not found, {} failed, {} dropped (queue full)",
+            l.requested, l.answered, l.not_found, l.failed, l.dropped
+        );
+    }
     let mut losses: Vec<(String, u64)> = s
         .losses()
         .into_iter()
@@ -292,6 +309,29 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains("losses: none"), "{text}");
+    }
+
+    #[test]
+    fn unrecovered_pooled_connections_are_losses() {
+        let s = Snapshot {
+            lookup: Some(LookupStats {
+                requested: 8,
+                answered: 5,
+                not_found: 1,
+                failed: 1,
+                dropped: 1,
+            }),
+            ..Snapshot::default()
+        };
+        let text = summary(&s, Duration::from_secs(1));
+        assert!(
+            text.contains("8 requested, 5 answered, 1 not found, 1 failed, 1 dropped"),
+            "{text}"
+        );
+        assert!(
+            text.contains("3  pooled connections not recovered (--prod-dsn)"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -127,3 +127,93 @@ fn sysbench_logs_in_on_a_test_server_with_normal_grants() -> Result<()> {
     );
     Ok(())
 }
+
+/// Issue 4's pooled-connection acceptance: sysbench's connections (prepared statements, the
+/// default) are open 10 s before the copier starts; with `--prod-dsn` the copier recovers each
+/// connection's user, schema and prepared statements from production, and the test server
+/// executes what production executed from then on.
+#[test]
+fn pooled_connections_are_recovered_with_prod_dsn() -> Result<()> {
+    tcpshadow_tests::mirror::build()?;
+    let lab = Lab::up("pooled")?;
+    let creds = credentials_file(&lab)?;
+    let dsn = format!(
+        "mysql://{}:{}@{}:3306",
+        lab.var("LAB_RO_USER"),
+        lab.var("LAB_RO_PASSWORD"),
+        lab.ip(Host::Prod)
+    );
+    let load = lab
+        .command(&[
+            "load",
+            "--test",
+            "oltp_read_only",
+            "--threads",
+            "8",
+            "--time",
+            "40",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+    std::thread::sleep(Duration::from_secs(10));
+    let (p0, t0) = (lab.counters(Host::Prod)?, lab.counters(Host::Test)?);
+    let opts = MirrorOptions {
+        copier_args: vec![
+            "--mysql-credentials".into(),
+            creds,
+            "--mysql-default-user".into(),
+            lab.var("LAB_USER").into(),
+            "--mysql-default-db".into(),
+            "sbtest".into(),
+            "--prod-dsn".into(),
+            dsn,
+        ],
+        ..Default::default()
+    };
+    let mirror = Mirror::start(&lab, &opts)?;
+    let out = load.wait_with_output()?;
+    let sysbench = String::from_utf8_lossy(&out.stdout);
+    ensure!(
+        out.status.success(),
+        "sysbench failed:\n{sysbench}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let p1 = lab.counters(Host::Prod)?;
+    let prod = questions(&p1, &p0);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut t1 = lab.counters(Host::Test)?;
+    while questions(&t1, &t0) < prod && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(250));
+        t1 = lab.counters(Host::Test)?;
+    }
+    let test = questions(&t1, &t0);
+    let (copier, _) = mirror.stop()?;
+    let share = test as f64 / prod as f64;
+    println!(
+        "pooled connections, oltp_read_only 8 threads 40 s, copier started after 10 s with \
+         --prod-dsn: prod {prod} queries after the copier started, test {test}, share {share:.5}"
+    );
+    println!("{}", copier.stderr);
+    ensure!(
+        share >= 0.99,
+        "the test server executed {test} of the {prod} queries prod executed after the copier \
+         started ({share:.5})"
+    );
+    ensure!(
+        t1.delta(&t0, "Aborted_connects") == 0,
+        "the test server counted {} aborted connects",
+        t1.delta(&t0, "Aborted_connects")
+    );
+    let errlog = std::fs::read_to_string(lab.var("LAB_TEST_ERRLOG")).unwrap_or_default();
+    ensure!(
+        !errlog.contains("Access denied"),
+        "the test server denied logins:\n{errlog}"
+    );
+    ensure!(
+        copier.stderr.contains("8 answered"),
+        "the copier did not recover the 8 pooled connections:\n{}",
+        copier.stderr
+    );
+    Ok(())
+}

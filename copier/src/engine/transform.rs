@@ -164,6 +164,10 @@ pub enum TestEvent<'a> {
     /// A MySQL packet summary or a framing loss, from intercept's framing of the test server's
     /// reply stream (in stream order per session).
     Mysql(&'a MysqlEvent),
+    /// Application data from outside the capture (e.g. session state a protocol layer
+    /// recovered from production), opaque to the engine: the transform downcasts it to the
+    /// types it knows and ignores the rest. Keeps the engine free of protocol types.
+    App(&'a (dyn std::any::Any + Send + Sync)),
 }
 
 impl<'a> TestEvent<'a> {
@@ -172,7 +176,7 @@ impl<'a> TestEvent<'a> {
     pub fn segment(&self) -> Option<&TestSegment<'a>> {
         match self {
             TestEvent::Segment(s) => Some(s),
-            TestEvent::Mysql(_) => None,
+            TestEvent::Mysql(_) | TestEvent::App(_) => None,
         }
     }
 }

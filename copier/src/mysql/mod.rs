@@ -109,6 +109,12 @@ impl fmt::Debug for RecoveredState {
     }
 }
 
+/// Sent instead of a [`RecoveredState`] when `--prod-dsn` has nothing for a picked-up
+/// connection (not found on production, lookup failed or was dropped): the session logs in with
+/// the defaults at once rather than waiting out `recovery_wait`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NotRecovered;
+
 /// Counter ids the MySQL transform bumps (`TransformStats` index = discriminant).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(usize)]

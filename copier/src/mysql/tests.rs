@@ -19,7 +19,9 @@ use common::mysql::packet::{write_packet, Oversize, PacketSplitter, MAX_PAYLOAD_
 use proptest::prelude::*;
 
 use super::transform::expects_reply;
-use super::{Counter, MysqlConfig, MysqlFactory, MysqlTransform, RandomBytes, RecoveredState};
+use super::{
+    Counter, MysqlConfig, MysqlFactory, MysqlTransform, NotRecovered, RandomBytes, RecoveredState,
+};
 use crate::credentials::Credentials;
 use crate::engine::{
     SessionInfo, StreamTransform, TestEvent, TransformFactory, TransformOutput, TransformStats,
@@ -926,6 +928,41 @@ fn recovered_state_decides_the_login_and_prepares_the_statements_again() {
     let got = h.received();
     assert_eq!(HandshakeResponse::parse(&got[0].1).unwrap().username, b"sb");
     assert_eq!(h.count(Counter::RecoveryTimeouts), 1);
+    assert_eq!(h.t.next_deadline(), None);
+}
+
+#[test]
+fn recovered_state_and_its_absence_arrive_as_opaque_app_events() {
+    let config = MysqlConfig {
+        recovery_wait: Some(Duration::from_secs(3)),
+        ..pickup_config()
+    };
+    // The engine carries the state without knowing its type.
+    let mut h = Harness::new(config.clone(), true);
+    h.test_packet(0, &test_greeting(NATIVE));
+    let state = RecoveredState {
+        user: "other".into(),
+        db: None,
+        statements: vec![(5, b"SELECT ?".to_vec())],
+    };
+    h.call(|t, now, out| t.on_test_event(now, &TestEvent::App(&state), out));
+    let got = h.received();
+    assert_eq!(
+        HandshakeResponse::parse(&got[0].1).unwrap().username,
+        b"other"
+    );
+    assert_eq!(h.count(Counter::RecoveredSessions), 1);
+
+    // Production had nothing: the defaults log in at once, not after recovery_wait.
+    let mut h = Harness::new(config, true);
+    h.test_packet(0, &test_greeting(NATIVE));
+    assert!(h.received().is_empty());
+    h.call(|t, now, out| t.on_test_event(now, &TestEvent::App(&"something else"), out));
+    assert!(h.received().is_empty(), "unknown app data is ignored");
+    h.call(|t, now, out| t.on_test_event(now, &TestEvent::App(&NotRecovered), out));
+    let got = h.received();
+    assert_eq!(HandshakeResponse::parse(&got[0].1).unwrap().username, b"sb");
+    assert_eq!(h.count(Counter::RecoveryTimeouts), 0);
     assert_eq!(h.t.next_deadline(), None);
 }
 

@@ -35,7 +35,7 @@ use common::mysql::packet::{
 };
 use common::mysql::stmt::{PrepareAnswer, Resolution, StatementMap, UnmappedReason, SQL_KEPT};
 
-use super::{Counter, RecoveredState, Shared};
+use super::{Counter, NotRecovered, RecoveredState, Shared};
 use crate::engine::{SessionInfo, StreamTransform, TestEvent, TransformOutput};
 
 /// Payload bytes of one client packet looked at before its verdict. Logins and COM_CHANGE_USER
@@ -973,6 +973,19 @@ impl MysqlTransform {
         self.resume(out);
     }
 
+    /// Production had nothing for this connection (gone already, lookup failed or refused):
+    /// log in with the defaults now instead of holding its commands until `recovery_wait`.
+    fn recovery_unavailable(&mut self, out: &mut TransformOutput<'_>) {
+        if self.dead || !self.picked_up || self.recovered || self.recovery_deadline.is_none() {
+            return;
+        }
+        self.recovery_deadline = None;
+        if let Err(a) = self.try_login(out) {
+            self.give_up(a, out);
+        }
+        self.resume(out);
+    }
+
     fn queue_injection(&mut self, inj: Injection, out: &mut TransformOutput<'_>) {
         if self.inject_bytes + inj.bytes.len() > self.shared.config.max_held_bytes {
             out.count(Counter::HeldOverflow as usize);
@@ -1718,6 +1731,13 @@ impl StreamTransform for MysqlTransform {
             }
             TestEvent::Mysql(MysqlEvent::FramingLost { at_seq, .. }) => {
                 self.on_test_framing_lost(now, *at_seq, out)
+            }
+            TestEvent::App(any) => {
+                if let Some(state) = any.downcast_ref::<RecoveredState>() {
+                    self.recover(now, state.clone(), out);
+                } else if any.is::<NotRecovered>() {
+                    self.recovery_unavailable(out);
+                }
             }
             _ => {}
         }

@@ -1,0 +1,971 @@
+//! `--prod-dsn`: recovers, from production itself, the state of MySQL connections the copier
+//! picked up mid-stream (opened before it started, typically by a connection pool).
+//!
+//! # What this room is for
+//!
+//! An I/O edge, like the capture and the control channel. A picked-up connection's login
+//! happened long ago, so the copier does not know its user, its current schema, or the
+//! statements it prepared; without them the test server would reject every execute. Production
+//! knows all three, and a read-only account can read them (MariaDB 10.11 and MySQL):
+//!
+//! * `information_schema.PROCESSLIST`: ID, USER, DB, and HOST as `ip:port`, matched against the
+//!   captured client address;
+//! * `performance_schema.prepared_statements_instances` (OWNER_THREAD_ID, STATEMENT_ID — the
+//!   protocol statement id — and SQL_TEXT), joined with `performance_schema.threads`
+//!   (THREAD_ID -> PROCESSLIST_ID). Needs `performance_schema=ON`.
+//!
+//! Session variables are not recovered: MariaDB has no `performance_schema.variables_by_thread`.
+//!
+//! # How
+//!
+//! A minimal blocking MySQL client ([`MysqlClient`], text protocol only) runs on one worker
+//! thread ([`StateLookup`]). The engine thread never blocks on it: requests go through a bounded
+//! channel (full: counted, the session logs in with the defaults), the worker batches what
+//! arrives within [`BATCH_WINDOW`] into at most two queries, and answers come back through a
+//! channel plus the engine loop's waker.
+//!
+//! # What it must never do
+//!
+//! * Log or `Debug` the password ([`ProdDsn`] redacts it).
+//! * Put anything but numbers and addresses it formatted itself into SQL: client addresses come
+//!   from captured packets, so they are formatted from `SocketAddrV4`, never passed through as text.
+//! * Panic or allocate without bound on production's bytes: a hostile or broken server is input
+//!   too; every packet and result set has a size limit.
+//! * Be mirrored: its connection is on the production port; [`OwnAddress`] lets the capture
+//!   skip it.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::io::{self, Read, Write};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream, ToSocketAddrs, UdpSocket};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use common::mysql::auth::{AuthPlugin, Nonce, Password};
+use common::mysql::handshake::{
+    AuthMoreData, AuthSwitchRequest, Capabilities, EofPacket, ErrPacket, FastAuthResult, Greeting,
+    HandshakeResponse,
+};
+use common::mysql::packet::{write_packet, PacketHeader, HEADER_LEN, MAX_PAYLOAD_LEN};
+use common::mysql::{read_lenenc_bytes, read_lenenc_int};
+
+use crate::mysql::RecoveredState;
+
+/// How long requests are gathered before one lookup runs: pools reconnect in bursts, and one
+/// query for many connections costs production less than many queries.
+pub const BATCH_WINDOW: Duration = Duration::from_millis(20);
+/// Most connections looked up in one query (bounds the query's length).
+pub const MAX_BATCH: usize = 256;
+/// Requests waiting for the worker; beyond, a request is dropped (counted).
+pub const QUEUE_CAP: usize = 4096;
+/// Connect, read and write timeout toward production.
+pub const IO_TIMEOUT: Duration = Duration::from_secs(3);
+/// Largest logical packet accepted from production.
+const MAX_PACKET: usize = 4 * MAX_PAYLOAD_LEN;
+/// Largest result set accepted (all payload bytes).
+const MAX_RESULT_BYTES: usize = 64 << 20;
+const MAX_ROWS: usize = 1_000_000;
+const MAX_COLUMNS: u64 = 4096;
+/// Auth round trips before we call the exchange broken.
+const MAX_AUTH_STEPS: usize = 4;
+
+// ------------------------------------------------------------------------------------ DSN
+
+/// `mysql://user:password@host[:port]` of a read-only account on production.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ProdDsn {
+    pub user: String,
+    password: Password,
+    pub host: String,
+    pub port: u16,
+}
+
+impl fmt::Debug for ProdDsn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "mysql://{}:***@{}:{}", self.user, self.host, self.port)
+    }
+}
+
+impl fmt::Display for ProdDsn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self, f)
+    }
+}
+
+/// Why a DSN was refused. Never quotes the password.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DsnError {
+    #[error("must start with mysql:// (e.g. mysql://tsd_ro:secret@10.0.0.5:3306)")]
+    Scheme,
+    #[error("needs user:password@ before the host (e.g. mysql://tsd_ro:secret@10.0.0.5:3306)")]
+    NoUser,
+    #[error("the user name is empty")]
+    EmptyUser,
+    #[error("bad percent-encoding in the {0} (write a literal % as %25)")]
+    BadPercent(&'static str),
+    #[error("the user name is not UTF-8")]
+    UserNotUtf8,
+    #[error("the host is empty")]
+    EmptyHost,
+    #[error("port {0:?} is not a number between 1 and 65535")]
+    BadPort(String),
+    #[error("IPv6 hosts are not supported (the mirror is IPv4 only)")]
+    Ipv6,
+    #[error("no path, query or options are accepted after host:port")]
+    Trailing,
+}
+
+impl ProdDsn {
+    pub const DEFAULT_PORT: u16 = 3306;
+
+    pub fn parse(s: &str) -> Result<Self, DsnError> {
+        let rest = s.strip_prefix("mysql://").ok_or(DsnError::Scheme)?;
+        // The last '@' ends the user info: a password may hold an unencoded '@'.
+        let (userinfo, hostport) = rest.rsplit_once('@').ok_or(DsnError::NoUser)?;
+        let hostport = hostport.strip_suffix('/').unwrap_or(hostport);
+        if hostport.contains(['/', '?', '#']) {
+            return Err(DsnError::Trailing);
+        }
+        let (user, password) = userinfo.split_once(':').unwrap_or((userinfo, ""));
+        let user = String::from_utf8(percent_decode(user, "user name")?)
+            .map_err(|_| DsnError::UserNotUtf8)?;
+        if user.is_empty() {
+            return Err(DsnError::EmptyUser);
+        }
+        let password = Password::new(percent_decode(password, "password")?);
+        if hostport.starts_with('[') {
+            return Err(DsnError::Ipv6);
+        }
+        let (host, port) = match hostport.rsplit_once(':') {
+            Some((h, p)) => (
+                h,
+                p.parse::<u16>()
+                    .ok()
+                    .filter(|&p| p != 0)
+                    .ok_or_else(|| DsnError::BadPort(p.to_string()))?,
+            ),
+            None => (hostport, Self::DEFAULT_PORT),
+        };
+        if host.is_empty() {
+            return Err(DsnError::EmptyHost);
+        }
+        if host.contains(':') {
+            return Err(DsnError::Ipv6);
+        }
+        Ok(Self {
+            user,
+            password,
+            host: host.to_string(),
+            port,
+        })
+    }
+
+    /// The server's IPv4 address (a host name is resolved).
+    pub fn resolve(&self) -> Result<SocketAddrV4, ProdError> {
+        let fail = |e: io::Error| ProdError::Connect {
+            addr: format!("{}:{}", self.host, self.port),
+            source: e,
+        };
+        let addrs = (self.host.as_str(), self.port)
+            .to_socket_addrs()
+            .map_err(fail)?;
+        addrs
+            .filter_map(|a| match a {
+                SocketAddr::V4(a) => Some(a),
+                SocketAddr::V6(_) => None,
+            })
+            .next()
+            .ok_or_else(|| fail(io::Error::other("no IPv4 address")))
+    }
+}
+
+/// `--prod-dsn` as given. Checked in `Args::validate`, not by clap: clap repeats an invalid
+/// value in its error message, and this one holds a password.
+#[derive(Clone)]
+pub struct DsnArg(Result<ProdDsn, DsnError>);
+
+impl DsnArg {
+    /// `clap` value parser: never fails (see the type's documentation).
+    pub fn parse_arg(s: &str) -> Result<Self, std::convert::Infallible> {
+        Ok(Self(ProdDsn::parse(s)))
+    }
+
+    pub fn get(&self) -> Result<&ProdDsn, &DsnError> {
+        self.0.as_ref()
+    }
+}
+
+impl fmt::Debug for DsnArg {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.0 {
+            Ok(d) => fmt::Debug::fmt(d, f),
+            Err(e) => write!(f, "invalid ({e})"),
+        }
+    }
+}
+
+fn percent_decode(s: &str, what: &'static str) -> Result<Vec<u8>, DsnError> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = b.get(i + 1..i + 3).ok_or(DsnError::BadPercent(what))?;
+            let hex = std::str::from_utf8(hex).map_err(|_| DsnError::BadPercent(what))?;
+            out.push(u8::from_str_radix(hex, 16).map_err(|_| DsnError::BadPercent(what))?);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    Ok(out)
+}
+
+// ------------------------------------------------------------------------------------ errors
+
+/// What went wrong talking to production; [`ProdError::fix`] tells the operator what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum ProdError {
+    #[error("cannot connect to {addr}: {source}")]
+    Connect { addr: String, source: io::Error },
+    #[error("connection to production failed: {0}")]
+    Io(#[from] io::Error),
+    #[error("production answered error {code}: {message}")]
+    Server { code: u16, message: String },
+    #[error("production sent something unexpected: {0}")]
+    Protocol(String),
+    #[error("cannot log in: {0}")]
+    Auth(String),
+}
+
+/// MariaDB/MySQL error codes we give advice for.
+mod code {
+    pub const ACCESS_DENIED: u16 = 1045;
+    pub const SPECIFIC_ACCESS_DENIED: u16 = 1227;
+    pub const TABLE_ACCESS_DENIED: u16 = 1142;
+    pub const COLUMN_ACCESS_DENIED: u16 = 1143;
+    pub const DB_ACCESS_DENIED: u16 = 1044;
+    pub const HOST_NOT_PRIVILEGED: u16 = 1130;
+}
+
+impl ProdError {
+    /// The operator's fix, when we know it.
+    pub fn fix(&self, user: &str) -> Option<String> {
+        match self {
+            Self::Connect { .. } | Self::Io(_) => Some(
+                "check that --prod-dsn names the production server's address and port, reachable \
+                 from this host"
+                    .into(),
+            ),
+            Self::Server { code, .. } => match *code {
+                code::ACCESS_DENIED => Some(format!(
+                    "check the user and password in --prod-dsn (account '{user}' on production)"
+                )),
+                code::HOST_NOT_PRIVILEGED => Some(format!(
+                    "create the account for this host: CREATE USER '{user}'@'<copier host>' ...; \
+                     GRANT PROCESS, SELECT ON *.* TO it"
+                )),
+                code::SPECIFIC_ACCESS_DENIED
+                | code::TABLE_ACCESS_DENIED
+                | code::COLUMN_ACCESS_DENIED
+                | code::DB_ACCESS_DENIED => Some(grant_fix(user)),
+                _ => None,
+            },
+            Self::Auth(_) => Some(format!(
+                "give '{user}' a mysql_native_password (or caching_sha2_password) password"
+            )),
+            Self::Protocol(_) => None,
+        }
+    }
+
+    /// A short, stable name of the kind of failure (to log each kind once).
+    fn kind(&self) -> String {
+        match self {
+            Self::Connect { .. } => "connect".into(),
+            Self::Io(e) => format!("io {:?}", e.kind()),
+            Self::Server { code, .. } => format!("server {code}"),
+            Self::Protocol(_) => "protocol".into(),
+            Self::Auth(_) => "auth".into(),
+        }
+    }
+}
+
+fn grant_fix(user: &str) -> String {
+    format!("on production: GRANT PROCESS, SELECT ON *.* TO '{user}'@'<copier host>'")
+}
+
+fn protocol(what: impl fmt::Display) -> ProdError {
+    ProdError::Protocol(what.to_string())
+}
+
+fn server_error(payload: &[u8]) -> ProdError {
+    match ErrPacket::parse(payload) {
+        Ok(e) => ProdError::Server {
+            code: e.code,
+            message: String::from_utf8_lossy(&e.message[..e.message.len().min(512)]).into_owned(),
+        },
+        Err(e) => protocol(e),
+    }
+}
+
+// ------------------------------------------------------------------------------------ client
+
+/// A text-protocol row: one value per column, `None` for SQL NULL.
+pub type Row = Vec<Option<Vec<u8>>>;
+
+/// A minimal blocking MySQL client: login (mysql_native_password, caching_sha2_password fast
+/// auth, AuthSwitchRequest) and COM_QUERY with text result sets. Generic over the stream so
+/// scripted bytes can stand in for a server in tests.
+pub struct MysqlClient<S> {
+    stream: S,
+    /// Bytes of the current result set, against [`MAX_RESULT_BYTES`].
+    budget: usize,
+}
+
+impl<S: Read + Write> MysqlClient<S> {
+    /// Reads the greeting and logs in.
+    pub fn login(stream: S, user: &str, password: &Password) -> Result<Self, ProdError> {
+        let mut c = Self {
+            stream,
+            budget: MAX_RESULT_BYTES,
+        };
+        let (seq, greeting) = c.read_packet()?;
+        if greeting.first() == Some(&ErrPacket::HEADER) {
+            // e.g. "Too many connections", "Host ... is blocked".
+            return Err(server_error(&greeting));
+        }
+        let g = Greeting::parse(&greeting).map_err(protocol)?;
+        let required = Capabilities::PROTOCOL_41 | Capabilities::SECURE_CONNECTION;
+        if !g.capabilities.contains(required) {
+            return Err(protocol("server without PROTOCOL_41/SECURE_CONNECTION"));
+        }
+        let nonce = Nonce::from_auth_data(&g.nonce()).map_err(protocol)?;
+        // An unknown default plugin (e.g. ed25519) gets a native answer; the server then asks
+        // for the account's plugin with an AuthSwitchRequest.
+        let plugin = g
+            .auth_plugin
+            .and_then(|n| AuthPlugin::from_name(n).ok())
+            .unwrap_or(AuthPlugin::MysqlNativePassword);
+        let scramble = plugin.scramble(password.as_bytes(), &nonce);
+        // CLIENT_MYSQL (long password) set: our filler carries no MariaDB capabilities. No
+        // DEPRECATE_EOF: result sets end with an EOF packet, which is what we parse.
+        let caps = Capabilities::MYSQL
+            | Capabilities::LONG_FLAG
+            | Capabilities::PROTOCOL_41
+            | Capabilities::SECURE_CONNECTION
+            | Capabilities::PLUGIN_AUTH
+            | Capabilities::TRANSACTIONS;
+        let login = HandshakeResponse {
+            capabilities: caps,
+            max_packet: MAX_PAYLOAD_LEN as u32,
+            charset: 45, // utf8mb4_general_ci
+            filler: [0; 23],
+            username: user.as_bytes(),
+            auth_response: scramble.as_bytes(),
+            database: None,
+            auth_plugin: Some(plugin.name()),
+            attributes: None,
+            trailing: &[],
+        };
+        let mut payload = Vec::with_capacity(64 + user.len());
+        login.write(&mut payload).map_err(protocol)?;
+        c.write_packet(seq.wrapping_add(1), &payload)?;
+        for _ in 0..MAX_AUTH_STEPS {
+            let (seq, reply) = c.read_packet()?;
+            match reply.first() {
+                Some(0x00) => return Ok(c),
+                Some(&ErrPacket::HEADER) => return Err(server_error(&reply)),
+                Some(&AuthSwitchRequest::HEADER) => {
+                    let sw = AuthSwitchRequest::parse(&reply).map_err(protocol)?;
+                    let plugin = AuthPlugin::from_name(sw.plugin).map_err(|_| {
+                        ProdError::Auth(format!(
+                            "the account uses auth plugin {:?}, which this client does not speak",
+                            String::from_utf8_lossy(&sw.plugin[..sw.plugin.len().min(64)])
+                        ))
+                    })?;
+                    let nonce = Nonce::from_auth_data(sw.data).map_err(protocol)?;
+                    let answer = plugin.scramble(password.as_bytes(), &nonce);
+                    c.write_packet(seq.wrapping_add(1), answer.as_bytes())?;
+                }
+                Some(&AuthMoreData::HEADER) => {
+                    let more = AuthMoreData::parse(&reply).map_err(protocol)?;
+                    match more.fast_auth_result() {
+                        Some(FastAuthResult::Success) => {} // an OK follows
+                        _ => {
+                            return Err(ProdError::Auth(
+                                "caching_sha2_password asks for full authentication (TLS or RSA), \
+                                 which this client does not do; log in once with the mysql client \
+                                 so the server caches the password, or use mysql_native_password"
+                                    .into(),
+                            ))
+                        }
+                    }
+                }
+                _ => return Err(protocol("unexpected packet during login")),
+            }
+        }
+        Err(protocol("login did not finish"))
+    }
+
+    /// Runs one statement; returns its rows (none for a statement without a result set).
+    pub fn query(&mut self, sql: &str) -> Result<Vec<Row>, ProdError> {
+        self.budget = MAX_RESULT_BYTES;
+        let mut payload = Vec::with_capacity(1 + sql.len());
+        payload.push(0x03); // COM_QUERY
+        payload.extend_from_slice(sql.as_bytes());
+        self.write_packet(0, &payload)?;
+        let (_, first) = self.read_packet()?;
+        let columns = match first.first() {
+            None => return Err(protocol("empty reply")),
+            Some(0x00) => return Ok(Vec::new()),
+            Some(&ErrPacket::HEADER) => return Err(server_error(&first)),
+            Some(0xfb) => return Err(protocol("LOCAL INFILE request")),
+            Some(_) => read_lenenc_int(&first).map_err(protocol)?.0,
+        };
+        if columns == 0 || columns > MAX_COLUMNS {
+            return Err(protocol(format!("{columns} columns")));
+        }
+        let columns = columns as usize;
+        for _ in 0..columns {
+            let (_, def) = self.read_packet()?;
+            if def.first() == Some(&ErrPacket::HEADER) {
+                return Err(server_error(&def));
+            }
+        }
+        let (_, eof) = self.read_packet()?;
+        if !EofPacket::is_eof(&eof) {
+            return Err(protocol("no EOF after the column definitions"));
+        }
+        let mut rows = Vec::new();
+        loop {
+            let (_, p) = self.read_packet()?;
+            if EofPacket::is_eof(&p) {
+                return Ok(rows);
+            }
+            if p.first() == Some(&ErrPacket::HEADER) {
+                return Err(server_error(&p));
+            }
+            if rows.len() >= MAX_ROWS {
+                return Err(protocol("more than a million rows"));
+            }
+            rows.push(parse_row(&p, columns)?);
+        }
+    }
+
+    /// One logical packet (physical packets of 0xFFFFFF bytes continue it).
+    fn read_packet(&mut self) -> Result<(u8, Vec<u8>), ProdError> {
+        let mut payload = Vec::new();
+        loop {
+            let mut head = [0u8; HEADER_LEN];
+            self.stream.read_exact(&mut head)?;
+            let h = PacketHeader::parse(&head).ok_or_else(|| protocol("short header"))?;
+            let len = h.len as usize;
+            if payload.len() + len > MAX_PACKET || len > self.budget {
+                return Err(protocol("packet or result set too large"));
+            }
+            self.budget -= len;
+            let at = payload.len();
+            payload.resize(at + len, 0);
+            self.stream.read_exact(&mut payload[at..])?;
+            if !h.is_continued() {
+                return Ok((h.seq, payload));
+            }
+        }
+    }
+
+    fn write_packet(&mut self, seq: u8, payload: &[u8]) -> Result<(), ProdError> {
+        let mut bytes = Vec::with_capacity(payload.len() + HEADER_LEN);
+        write_packet(seq, payload, &mut bytes);
+        self.stream.write_all(&bytes)?;
+        self.stream.flush()?;
+        Ok(())
+    }
+}
+
+/// A text-protocol row: `columns` lenenc strings, 0xFB for NULL, nothing after.
+fn parse_row(p: &[u8], columns: usize) -> Result<Row, ProdError> {
+    let mut row = Vec::with_capacity(columns);
+    let mut at = 0;
+    for _ in 0..columns {
+        let rest = p.get(at..).unwrap_or_default();
+        if rest.first() == Some(&0xfb) {
+            row.push(None);
+            at += 1;
+        } else {
+            let (v, n) = read_lenenc_bytes(rest).map_err(protocol)?;
+            row.push(Some(v.to_vec()));
+            at += n;
+        }
+    }
+    if at != p.len() {
+        return Err(protocol("row longer than its columns"));
+    }
+    Ok(row)
+}
+
+// ------------------------------------------------------------------------------------ own address
+
+/// The local address of our own connection to production, for the capture to skip: with
+/// `--interface any` (or a production address reached over the network) it is on the production
+/// port like any client's, and must never be mirrored.
+#[derive(Clone, Debug, Default)]
+pub struct OwnAddress(Arc<AtomicU64>);
+
+impl OwnAddress {
+    const SET: u64 = 1 << 48;
+
+    fn set(&self, a: SocketAddrV4) {
+        let v = Self::SET | u64::from(u32::from(*a.ip())) << 16 | u64::from(a.port());
+        self.0.store(v, Ordering::Relaxed);
+    }
+
+    /// Whether the packet from `src` to `dst` belongs to our connection.
+    pub fn matches(&self, src: SocketAddrV4, dst: SocketAddrV4) -> bool {
+        let v = self.0.load(Ordering::Relaxed);
+        if v & Self::SET == 0 {
+            return false;
+        }
+        let ours = SocketAddrV4::new(Ipv4Addr::from((v >> 16) as u32), v as u16);
+        src == ours || dst == ours
+    }
+}
+
+/// Connects to production from an address chosen *before* the SYN leaves, so the capture
+/// already knows to skip the connection's first packet.
+fn connect(addr: SocketAddrV4, own: &OwnAddress) -> Result<TcpStream, ProdError> {
+    let fail = |e: io::Error| ProdError::Connect {
+        addr: addr.to_string(),
+        source: e,
+    };
+    // The source address the kernel would pick for this destination.
+    let probe = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)).map_err(fail)?;
+    probe.connect(addr).map_err(fail)?;
+    let local = match probe.local_addr().map_err(fail)? {
+        SocketAddr::V4(a) => *a.ip(),
+        SocketAddr::V6(_) => Ipv4Addr::UNSPECIFIED,
+    };
+    let sock = socket2::Socket::new(
+        socket2::Domain::IPV4,
+        socket2::Type::STREAM,
+        Some(socket2::Protocol::TCP),
+    )
+    .map_err(fail)?;
+    sock.bind(&SocketAddr::new(IpAddr::V4(local), 0).into())
+        .map_err(fail)?;
+    if let Some(SocketAddr::V4(a)) = sock.local_addr().map_err(fail)?.as_socket() {
+        own.set(a);
+    }
+    sock.connect_timeout(&SocketAddr::V4(addr).into(), IO_TIMEOUT)
+        .map_err(fail)?;
+    let stream: TcpStream = sock.into();
+    stream.set_read_timeout(Some(IO_TIMEOUT)).map_err(fail)?;
+    stream.set_write_timeout(Some(IO_TIMEOUT)).map_err(fail)?;
+    stream.set_nodelay(true).map_err(fail)?;
+    Ok(stream)
+}
+
+fn open(dsn: &ProdDsn, own: &OwnAddress) -> Result<MysqlClient<TcpStream>, ProdError> {
+    let addr = dsn.resolve()?;
+    MysqlClient::login(connect(addr, own)?, &dsn.user, &dsn.password)
+}
+
+/// What the start-up check found that does not stop the copier.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Readiness {
+    /// `performance_schema` is off: users and schemas are recovered, prepared statements not.
+    pub performance_schema_off: bool,
+}
+
+/// Checks that the account can do its job: PROCESS (else PROCESSLIST shows only its own
+/// connections, silently) and SELECT on performance_schema.
+fn check(c: &mut MysqlClient<impl Read + Write>, user: &str) -> Result<Readiness, ProdError> {
+    let rows = c.query(
+        "SELECT @@performance_schema, (SELECT COUNT(*) FROM information_schema.USER_PRIVILEGES \
+         WHERE PRIVILEGE_TYPE = 'PROCESS')",
+    )?;
+    let (ps, process) = match rows.first().map(Vec::as_slice) {
+        Some([ps, process]) => (text(ps), text(process)),
+        _ => return Err(protocol("start-up check: unexpected result")),
+    };
+    if process.as_deref() == Some("0") {
+        return Err(ProdError::Server {
+            code: code::SPECIFIC_ACCESS_DENIED,
+            message: format!(
+                "'{user}' lacks the PROCESS privilege, so PROCESSLIST would show only its own \
+                 connection"
+            ),
+        });
+    }
+    let performance_schema_off = ps.as_deref() != Some("1");
+    if !performance_schema_off {
+        c.query("SELECT THREAD_ID FROM performance_schema.threads LIMIT 1")?;
+        c.query(
+            "SELECT STATEMENT_ID FROM performance_schema.prepared_statements_instances LIMIT 1",
+        )?;
+    }
+    Ok(Readiness {
+        performance_schema_off,
+    })
+}
+
+fn text(v: &Option<Vec<u8>>) -> Option<String> {
+    v.as_ref().map(|b| String::from_utf8_lossy(b).into_owned())
+}
+
+// ------------------------------------------------------------------------------------ queries
+
+/// One picked-up connection to look up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LookupRequest {
+    /// The client as production sees it (PROCESSLIST.HOST).
+    pub client: SocketAddrV4,
+    /// The session's address toward the test server (the engine's key).
+    pub mirrored: SocketAddrV4,
+}
+
+/// What production knew about one session; `None`: nothing (not found, or the lookup failed).
+#[derive(Clone, Debug)]
+pub struct LookupAnswer {
+    pub mirrored: SocketAddrV4,
+    pub state: Option<RecoveredState>,
+}
+
+/// The PROCESSLIST query for these clients. Only addresses we format ourselves go in.
+pub fn processlist_query(clients: &[SocketAddrV4]) -> String {
+    let mut q = String::from(
+        "SELECT ID, USER, HOST, DB FROM information_schema.PROCESSLIST WHERE HOST IN (",
+    );
+    for (i, c) in clients.iter().enumerate() {
+        if i > 0 {
+            q.push_str(", ");
+        }
+        // Digits, dots and a colon only: nothing to escape.
+        q.push_str(&format!("'{}:{}'", c.ip(), c.port()));
+    }
+    q.push(')');
+    q
+}
+
+/// The prepared-statements query for these connection ids (numbers only).
+pub fn statements_query(ids: &[u64]) -> String {
+    let list: Vec<String> = ids.iter().map(u64::to_string).collect();
+    format!(
+        "SELECT t.PROCESSLIST_ID, p.STATEMENT_ID, p.SQL_TEXT \
+         FROM performance_schema.prepared_statements_instances p \
+         JOIN performance_schema.threads t ON t.THREAD_ID = p.OWNER_THREAD_ID \
+         WHERE t.PROCESSLIST_ID IN ({}) ORDER BY t.PROCESSLIST_ID, p.STATEMENT_ID",
+        list.join(", ")
+    )
+}
+
+fn number(v: Option<&Option<Vec<u8>>>) -> Option<u64> {
+    std::str::from_utf8(v?.as_deref()?)
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// PROCESSLIST rows (ID, USER, HOST, DB) matched to the batch: client -> (id, state without
+/// statements). Rows that do not parse or match no client are ignored.
+pub fn match_processlist(
+    batch: &[LookupRequest],
+    rows: &[Row],
+) -> HashMap<SocketAddrV4, (u64, RecoveredState)> {
+    let wanted: HashMap<String, SocketAddrV4> = batch
+        .iter()
+        .map(|r| (format!("{}:{}", r.client.ip(), r.client.port()), r.client))
+        .collect();
+    let mut found = HashMap::new();
+    for row in rows {
+        let [id, user, host, db] = row.as_slice() else {
+            continue;
+        };
+        let (Some(id), Some(user), Some(host)) = (number(Some(id)), text(user), text(host)) else {
+            continue;
+        };
+        let Some(client) = wanted.get(&host) else {
+            continue;
+        };
+        let state = RecoveredState {
+            user,
+            db: text(db).filter(|d| !d.is_empty()),
+            statements: Vec::new(),
+        };
+        found.insert(*client, (id, state));
+    }
+    found
+}
+
+/// Adds statement rows (PROCESSLIST_ID, STATEMENT_ID, SQL_TEXT) to the states they belong to.
+pub fn add_statements(found: &mut HashMap<SocketAddrV4, (u64, RecoveredState)>, rows: &[Row]) {
+    let by_id: HashMap<u64, SocketAddrV4> = found.iter().map(|(c, (id, _))| (*id, *c)).collect();
+    for row in rows {
+        let [pid, sid, sql] = row.as_slice() else {
+            continue;
+        };
+        let (Some(pid), Some(sid), Some(sql)) = (number(Some(pid)), number(Some(sid)), sql) else {
+            continue;
+        };
+        let (Some(client), Ok(sid)) = (by_id.get(&pid), u32::try_from(sid)) else {
+            continue;
+        };
+        if let Some((_, state)) = found.get_mut(client) {
+            state.statements.push((sid, sql.clone()));
+        }
+    }
+}
+
+fn lookup_batch(
+    c: &mut MysqlClient<impl Read + Write>,
+    batch: &[LookupRequest],
+    with_statements: bool,
+) -> Result<HashMap<SocketAddrV4, (u64, RecoveredState)>, ProdError> {
+    let clients: Vec<SocketAddrV4> = batch
+        .iter()
+        .map(|r| r.client)
+        .collect::<HashSet<_>>()
+        .into_iter()
+        .collect();
+    let rows = c.query(&processlist_query(&clients))?;
+    let mut found = match_processlist(batch, &rows);
+    if with_statements && !found.is_empty() {
+        let ids: Vec<u64> = found.values().map(|(id, _)| *id).collect();
+        let rows = c.query(&statements_query(&ids))?;
+        add_statements(&mut found, &rows);
+    }
+    Ok(found)
+}
+
+// ------------------------------------------------------------------------------------ worker
+
+#[derive(Debug, Default)]
+struct Counters {
+    requested: AtomicU64,
+    answered: AtomicU64,
+    not_found: AtomicU64,
+    failed: AtomicU64,
+    dropped: AtomicU64,
+}
+
+/// Lookup counters, for the status and the summary.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LookupStats {
+    /// Picked-up connections asked about.
+    pub requested: u64,
+    /// Found on production (state recovered).
+    pub answered: u64,
+    /// Not in PROCESSLIST any more (or never matched).
+    pub not_found: u64,
+    /// The lookup failed (production unreachable, refused, broken reply).
+    pub failed: u64,
+    /// Not asked: the request queue was full.
+    pub dropped: u64,
+}
+
+impl LookupStats {
+    /// Picked-up connections that log in with the defaults instead of their own state.
+    pub fn not_recovered(&self) -> u64 {
+        self.not_found + self.failed + self.dropped
+    }
+}
+
+/// The lookup worker: one thread, one connection to production, fed by the engine thread.
+pub struct StateLookup {
+    requests: Option<SyncSender<LookupRequest>>,
+    answers: Receiver<LookupAnswer>,
+    counters: Arc<Counters>,
+    own: OwnAddress,
+    worker: Option<JoinHandle<()>>,
+}
+
+impl StateLookup {
+    /// Logs in once and checks the account's grants (an error here should stop the copier:
+    /// the operator asked for recovery and would silently not get it), then starts the worker.
+    /// `wake` wakes the engine loop when answers are ready.
+    pub fn start(
+        dsn: ProdDsn,
+        wake: impl Fn() + Send + 'static,
+    ) -> Result<(Self, Readiness), ProdError> {
+        let own = OwnAddress::default();
+        let mut conn = open(&dsn, &own)?;
+        let ready = check(&mut conn, &dsn.user)?;
+        let (req_tx, req_rx) = mpsc::sync_channel(QUEUE_CAP);
+        let (ans_tx, ans_rx) = mpsc::channel();
+        let counters = Arc::new(Counters::default());
+        let worker = Worker {
+            dsn,
+            conn: Some(conn),
+            own: own.clone(),
+            counters: Arc::clone(&counters),
+            with_statements: !ready.performance_schema_off,
+            logged: HashSet::new(),
+        };
+        let handle = std::thread::Builder::new()
+            .name("prod-state".into())
+            .spawn(move || worker.run(req_rx, ans_tx, wake))?;
+        Ok((
+            Self {
+                requests: Some(req_tx),
+                answers: ans_rx,
+                counters,
+                own,
+                worker: Some(handle),
+            },
+            ready,
+        ))
+    }
+
+    /// Asks about a picked-up connection. Never blocks: a full queue drops the request
+    /// (counted) and returns false; the session then logs in with the defaults.
+    pub fn request(&self, client: SocketAddrV4, mirrored: SocketAddrV4) -> bool {
+        self.counters.requested.fetch_add(1, Ordering::Relaxed);
+        let sent = self.requests.as_ref().is_some_and(|tx| {
+            match tx.try_send(LookupRequest { client, mirrored }) {
+                Ok(()) => true,
+                Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => false,
+            }
+        });
+        if !sent {
+            self.counters.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+        sent
+    }
+
+    pub fn try_answer(&self) -> Option<LookupAnswer> {
+        self.answers.try_recv().ok()
+    }
+
+    /// Our own connection's address, for the capture to skip.
+    pub fn own_address(&self) -> &OwnAddress {
+        &self.own
+    }
+
+    pub fn stats(&self) -> LookupStats {
+        let c = &self.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        LookupStats {
+            requested: get(&c.requested),
+            answered: get(&c.answered),
+            not_found: get(&c.not_found),
+            failed: get(&c.failed),
+            dropped: get(&c.dropped),
+        }
+    }
+}
+
+impl Drop for StateLookup {
+    fn drop(&mut self) {
+        // Closing the queue ends the worker after its current batch (bounded by IO_TIMEOUT).
+        self.requests = None;
+        if let Some(h) = self.worker.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+struct Worker {
+    dsn: ProdDsn,
+    conn: Option<MysqlClient<TcpStream>>,
+    own: OwnAddress,
+    counters: Arc<Counters>,
+    with_statements: bool,
+    /// Failure kinds already logged: production being down must not flood the log.
+    logged: HashSet<String>,
+}
+
+impl Worker {
+    fn run(
+        mut self,
+        requests: Receiver<LookupRequest>,
+        answers: mpsc::Sender<LookupAnswer>,
+        wake: impl Fn(),
+    ) {
+        while let Some(batch) = next_batch(&requests) {
+            let (mut found, failed) = match self.lookup(&batch) {
+                Ok(found) => (found, false),
+                Err(e) => {
+                    self.counters
+                        .failed
+                        .fetch_add(batch.len() as u64, Ordering::Relaxed);
+                    self.report(&e);
+                    // Reconnect on the next batch: the connection's state is unknown now.
+                    self.conn = None;
+                    (HashMap::new(), true)
+                }
+            };
+            for r in &batch {
+                let state = found.remove(&r.client).map(|(_, s)| s);
+                if !failed {
+                    let c = if state.is_some() {
+                        &self.counters.answered
+                    } else {
+                        &self.counters.not_found
+                    };
+                    c.fetch_add(1, Ordering::Relaxed);
+                }
+                if answers
+                    .send(LookupAnswer {
+                        mirrored: r.mirrored,
+                        state,
+                    })
+                    .is_err()
+                {
+                    return;
+                }
+            }
+            wake();
+        }
+    }
+
+    fn lookup(
+        &mut self,
+        batch: &[LookupRequest],
+    ) -> Result<HashMap<SocketAddrV4, (u64, RecoveredState)>, ProdError> {
+        let conn = match &mut self.conn {
+            Some(c) => c,
+            None => self.conn.insert(open(&self.dsn, &self.own)?),
+        };
+        lookup_batch(conn, batch, self.with_statements)
+    }
+
+    fn report(&mut self, e: &ProdError) {
+        if self.logged.len() < 64 && self.logged.insert(e.kind()) {
+            match e.fix(&self.dsn.user) {
+                Some(fix) => tracing::warn!(
+                    "--prod-dsn {}: {e}; pooled connections log in with the defaults until it \
+                     works again (fix: {fix}; said once per kind of failure)",
+                    self.dsn
+                ),
+                None => tracing::warn!(
+                    "--prod-dsn {}: {e}; pooled connections log in with the defaults until it \
+                     works again (said once per kind of failure)",
+                    self.dsn
+                ),
+            }
+        }
+    }
+}
+
+/// Waits for a request, then gathers what else arrives within [`BATCH_WINDOW`] (at most
+/// [`MAX_BATCH`]). `None` once the queue is closed and empty.
+fn next_batch(requests: &Receiver<LookupRequest>) -> Option<Vec<LookupRequest>> {
+    let first = requests.recv().ok()?;
+    let mut batch = vec![first];
+    let until = Instant::now() + BATCH_WINDOW;
+    while batch.len() < MAX_BATCH {
+        let left = until.saturating_duration_since(Instant::now());
+        match requests.recv_timeout(left) {
+            Ok(r) => batch.push(r),
+            Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => break,
+        }
+    }
+    Some(batch)
+}
+
+#[cfg(test)]
+mod tests;

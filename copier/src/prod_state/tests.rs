@@ -1,0 +1,422 @@
+use super::*;
+
+use common::mysql::auth::native_password;
+use common::mysql::write_lenenc_bytes;
+use proptest::prelude::*;
+
+// ------------------------------------------------------------------------------------ DSN
+
+#[test]
+fn dsn_with_port_and_default_port() {
+    let d = ProdDsn::parse("mysql://tsd_ro:tsd_ro@198.18.0.2:3307").unwrap();
+    assert_eq!(
+        (d.user.as_str(), d.host.as_str(), d.port),
+        ("tsd_ro", "198.18.0.2", 3307)
+    );
+    assert_eq!(d.password.as_bytes(), b"tsd_ro");
+    let d = ProdDsn::parse("mysql://u:p@db.example/").unwrap();
+    assert_eq!((d.host.as_str(), d.port), ("db.example", 3306));
+}
+
+#[test]
+fn dsn_percent_decoding_and_at_in_password() {
+    let d = ProdDsn::parse("mysql://r%40o:p%3Aa%25ss@h:1").unwrap();
+    assert_eq!(d.user, "r@o");
+    assert_eq!(d.password.as_bytes(), b"p:a%ss");
+    // An unencoded '@' in the password still works: the last '@' ends the user info.
+    let d = ProdDsn::parse("mysql://u:p@ss@h").unwrap();
+    assert_eq!(d.password.as_bytes(), b"p@ss");
+    // No password at all.
+    let d = ProdDsn::parse("mysql://u@h").unwrap();
+    assert_eq!(d.password.as_bytes(), b"");
+}
+
+#[test]
+fn dsn_errors_are_clear() {
+    let e = |s: &str| ProdDsn::parse(s).unwrap_err();
+    assert_eq!(e("postgres://u:p@h"), DsnError::Scheme);
+    assert_eq!(e("mysql://h:3306"), DsnError::NoUser);
+    assert_eq!(e("mysql://:p@h"), DsnError::EmptyUser);
+    assert_eq!(e("mysql://u:p%zz@h"), DsnError::BadPercent("password"));
+    assert_eq!(e("mysql://u:p%2@h"), DsnError::BadPercent("password"));
+    assert_eq!(e("mysql://u:p@h:0"), DsnError::BadPort("0".into()));
+    assert_eq!(e("mysql://u:p@h:99999"), DsnError::BadPort("99999".into()));
+    assert_eq!(e("mysql://u:p@:3306"), DsnError::EmptyHost);
+    assert_eq!(e("mysql://u:p@[::1]:3306"), DsnError::Ipv6);
+    assert_eq!(e("mysql://u:p@h:3306/db?x=1"), DsnError::Trailing);
+}
+
+#[test]
+fn dsn_never_shows_the_password() {
+    let d = ProdDsn::parse("mysql://tsd_ro:s3cr3t-pw@h:3306").unwrap();
+    for text in [format!("{d:?}"), format!("{d}")] {
+        assert!(!text.contains("s3cr3t"), "{text}");
+        assert!(text.contains("tsd_ro") && text.contains("h:3306"), "{text}");
+    }
+    let bad = DsnArg::parse_arg("mysql://u:s3cr3t%zz@h").unwrap();
+    let text = format!("{bad:?}");
+    assert!(
+        !text.contains("s3cr3t") && text.contains("percent"),
+        "{text}"
+    );
+}
+
+// ------------------------------------------------------------------------------------ client
+
+/// A server made of scripted bytes; what the client writes is kept.
+struct Scripted {
+    input: io::Cursor<Vec<u8>>,
+    output: Vec<u8>,
+}
+
+impl Read for Scripted {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.input.read(buf)
+    }
+}
+
+impl Write for Scripted {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.output.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+const NONCE: [u8; 20] = *b"abcdefghijklmnopqrst";
+
+fn greeting(plugin: &[u8]) -> Vec<u8> {
+    let mut part2 = NONCE[8..].to_vec();
+    part2.push(0);
+    let g = Greeting {
+        server_version: b"10.11.6-MariaDB",
+        connection_id: 7,
+        auth_data_1: NONCE[..8].try_into().unwrap(),
+        filler: 0,
+        capabilities: Capabilities::MYSQL
+            | Capabilities::PROTOCOL_41
+            | Capabilities::SECURE_CONNECTION
+            | Capabilities::PLUGIN_AUTH,
+        charset: 45,
+        status: 2,
+        auth_data_len: 21,
+        reserved: [0; 10],
+        auth_data_2: &part2,
+        auth_plugin: Some(plugin),
+    };
+    let mut p = Vec::new();
+    g.write(&mut p).unwrap();
+    p
+}
+
+const OK: &[u8] = &[0, 0, 0, 2, 0, 0, 0];
+const EOF: &[u8] = &[0xfe, 0, 0, 2, 0];
+
+fn frame(seq: u8, payload: &[u8], out: &mut Vec<u8>) {
+    write_packet(seq, payload, out);
+}
+
+fn err(code: u16, msg: &str) -> Vec<u8> {
+    let mut p = vec![0xff];
+    p.extend_from_slice(&code.to_le_bytes());
+    p.extend_from_slice(b"#28000");
+    p.extend_from_slice(msg.as_bytes());
+    p
+}
+
+/// A text result set: column count, definitions, EOF, rows, EOF.
+fn result_set(columns: usize, rows: &[Vec<Option<&[u8]>>], out: &mut Vec<u8>) {
+    let mut seq = 1;
+    let mut next = |p: &[u8], out: &mut Vec<u8>| {
+        frame(seq, p, out);
+        seq += 1;
+    };
+    next(&[columns as u8], out);
+    for _ in 0..columns {
+        next(b"\x03def\x00\x00\x00\x01c\x00\x0c\x21\x00", out);
+    }
+    next(EOF, out);
+    for row in rows {
+        let mut p = Vec::new();
+        for v in row {
+            match v {
+                Some(v) => write_lenenc_bytes(v, &mut p),
+                None => p.push(0xfb),
+            }
+        }
+        next(&p, out);
+    }
+    next(EOF, out);
+}
+
+fn server(script: Vec<u8>) -> Scripted {
+    Scripted {
+        input: io::Cursor::new(script),
+        output: Vec::new(),
+    }
+}
+
+/// The packets the client wrote, as (seq, payload).
+fn written(out: &[u8]) -> Vec<(u8, Vec<u8>)> {
+    let mut v = Vec::new();
+    let mut at = 0;
+    while let Some(h) = PacketHeader::parse(&out[at..]) {
+        let end = at + HEADER_LEN + h.len as usize;
+        v.push((h.seq, out[at + HEADER_LEN..end].to_vec()));
+        at = end;
+    }
+    v
+}
+
+#[test]
+fn native_login_then_query_with_nulls() {
+    let mut script = Vec::new();
+    frame(0, &greeting(b"mysql_native_password"), &mut script);
+    frame(2, OK, &mut script);
+    result_set(
+        4,
+        &[
+            vec![
+                Some(b"12"),
+                Some(b"sbtest"),
+                Some(b"198.18.0.10:40000"),
+                Some(b"sbtest"),
+            ],
+            vec![Some(b"13"), Some(b"app"), Some(b"198.18.0.10:40001"), None],
+        ],
+        &mut script,
+    );
+    let pw = Password::new(b"secret".to_vec());
+    let mut c = MysqlClient::login(server(script), "tsd_ro", &pw).unwrap();
+    let rows = c.query("SELECT 1").unwrap();
+    assert_eq!(rows.len(), 2);
+    assert_eq!(rows[0][1].as_deref(), Some(&b"sbtest"[..]));
+    assert_eq!(rows[1][3], None);
+
+    let sent = written(&c.stream.output);
+    assert_eq!(sent.len(), 2);
+    assert_eq!(sent[0].0, 1, "the login answers the greeting");
+    let login = HandshakeResponse::parse(&sent[0].1).unwrap();
+    assert_eq!(login.username, b"tsd_ro");
+    assert_eq!(login.auth_plugin, Some(&b"mysql_native_password"[..]));
+    assert_eq!(
+        login.auth_response,
+        native_password(b"secret", &Nonce(NONCE)).as_bytes()
+    );
+    assert_eq!(sent[1], (0, b"\x03SELECT 1".to_vec()));
+}
+
+#[test]
+fn auth_switch_is_answered_with_the_new_nonce() {
+    let new_nonce = *b"ABCDEFGHIJKLMNOPQRST";
+    let mut switch = vec![0xfe];
+    switch.extend_from_slice(b"mysql_native_password\0");
+    switch.extend_from_slice(&new_nonce);
+    switch.push(0);
+    let mut script = Vec::new();
+    frame(0, &greeting(b"client_ed25519"), &mut script);
+    frame(2, &switch, &mut script);
+    frame(4, OK, &mut script);
+    let pw = Password::new(b"pw".to_vec());
+    let c = MysqlClient::login(server(script), "u", &pw).unwrap();
+    let sent = written(&c.stream.output);
+    assert_eq!(sent[1].0, 3);
+    assert_eq!(
+        sent[1].1,
+        native_password(b"pw", &Nonce(new_nonce)).as_bytes()
+    );
+}
+
+#[test]
+fn caching_sha2_fast_auth_and_full_auth_refused() {
+    let mut script = Vec::new();
+    frame(0, &greeting(b"caching_sha2_password"), &mut script);
+    frame(2, &[0x01, 0x03], &mut script);
+    frame(3, OK, &mut script);
+    let pw = Password::new(b"pw".to_vec());
+    assert!(MysqlClient::login(server(script), "u", &pw).is_ok());
+
+    let mut script = Vec::new();
+    frame(0, &greeting(b"caching_sha2_password"), &mut script);
+    frame(2, &[0x01, 0x04], &mut script);
+    let e = MysqlClient::login(server(script), "u", &pw).err().unwrap();
+    assert!(matches!(e, ProdError::Auth(_)), "{e}");
+}
+
+#[test]
+fn access_denied_says_which_fix() {
+    let mut script = Vec::new();
+    frame(0, &greeting(b"mysql_native_password"), &mut script);
+    frame(
+        2,
+        &err(1045, "Access denied for user 'tsd_ro'"),
+        &mut script,
+    );
+    let e = MysqlClient::login(server(script), "tsd_ro", &Password::new(b"x".to_vec()))
+        .err()
+        .unwrap();
+    assert!(matches!(e, ProdError::Server { code: 1045, .. }), "{e}");
+    assert!(e.fix("tsd_ro").unwrap().contains("password"));
+    let denied = ProdError::Server {
+        code: 1142,
+        message: String::new(),
+    };
+    assert!(denied
+        .fix("tsd_ro")
+        .unwrap()
+        .contains("GRANT PROCESS, SELECT ON *.*"));
+}
+
+#[test]
+fn query_errors_and_broken_result_sets() {
+    let login = || {
+        let mut s = Vec::new();
+        frame(0, &greeting(b"mysql_native_password"), &mut s);
+        frame(2, OK, &mut s);
+        s
+    };
+    let run = |tail: Vec<u8>| {
+        let mut s = login();
+        s.extend_from_slice(&tail);
+        let mut c = MysqlClient::login(server(s), "u", &Password::new(Vec::new())).unwrap();
+        c.query("SELECT 1")
+    };
+    // ERR instead of a result set.
+    let mut t = Vec::new();
+    frame(1, &err(1142, "SELECT command denied"), &mut t);
+    assert!(matches!(run(t), Err(ProdError::Server { code: 1142, .. })));
+    // A statement without a result set.
+    let mut t = Vec::new();
+    frame(1, OK, &mut t);
+    assert_eq!(run(t).unwrap(), Vec::<Row>::new());
+    // A row with a byte too many, a row cut short, a stream that ends.
+    for bad in [&b"\x01a\x01bX"[..], b"\x01a\x05b", b"\x01a"] {
+        let mut t = Vec::new();
+        frame(1, &[2], &mut t);
+        frame(2, b"def", &mut t);
+        frame(3, b"def", &mut t);
+        frame(4, EOF, &mut t);
+        frame(5, bad, &mut t);
+        frame(6, EOF, &mut t);
+        assert!(run(t).is_err(), "{bad:?}");
+    }
+    let mut t = Vec::new();
+    frame(1, &[1], &mut t);
+    assert!(matches!(run(t), Err(ProdError::Io(_))));
+}
+
+proptest! {
+    /// Whatever production sends, the client returns an error or a value: it never panics.
+    #[test]
+    fn hostile_server_bytes_never_panic(tail in proptest::collection::vec(any::<u8>(), 0..200)) {
+        let mut s = Vec::new();
+        frame(0, &greeting(b"mysql_native_password"), &mut s);
+        frame(2, OK, &mut s);
+        s.extend_from_slice(&tail);
+        let mut c = MysqlClient::login(server(s), "u", &Password::new(Vec::new())).unwrap();
+        let _ = c.query("SELECT 1");
+        let _ = MysqlClient::login(server(tail), "u", &Password::new(Vec::new()));
+    }
+}
+
+// ------------------------------------------------------------------------------------ queries
+
+fn req(client_port: u16, mirrored_port: u16) -> LookupRequest {
+    LookupRequest {
+        client: SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 10), client_port),
+        mirrored: SocketAddrV4::new(Ipv4Addr::new(198, 19, 0, 10), mirrored_port),
+    }
+}
+
+#[test]
+fn query_text_holds_only_formatted_addresses_and_numbers() {
+    let q = processlist_query(&[req(40000, 1).client, req(40001, 2).client]);
+    assert_eq!(
+        q,
+        "SELECT ID, USER, HOST, DB FROM information_schema.PROCESSLIST WHERE HOST IN \
+         ('198.18.0.10:40000', '198.18.0.10:40001')"
+    );
+    let q = statements_query(&[12, 13]);
+    assert!(
+        q.ends_with("WHERE t.PROCESSLIST_ID IN (12, 13) ORDER BY t.PROCESSLIST_ID, p.STATEMENT_ID"),
+        "{q}"
+    );
+}
+
+fn row(v: &[Option<&str>]) -> Row {
+    v.iter().map(|s| s.map(|s| s.as_bytes().to_vec())).collect()
+}
+
+#[test]
+fn processlist_and_statement_rows_become_states() {
+    let batch = [req(40000, 1), req(40001, 2), req(40002, 3)];
+    let rows = vec![
+        row(&[
+            Some("12"),
+            Some("sbtest"),
+            Some("198.18.0.10:40000"),
+            Some("sbtest"),
+        ]),
+        row(&[Some("13"), Some("app"), Some("198.18.0.10:40001"), None]),
+        row(&[Some("14"), Some("x"), Some("198.18.0.99:40002"), None]), // not ours
+        row(&[Some("junk"), Some("x"), Some("198.18.0.10:40002"), None]), // bad id
+        row(&[Some("15"), Some("x")]),                                  // short row
+    ];
+    let mut found = match_processlist(&batch, &rows);
+    assert_eq!(found.len(), 2);
+    let stmts = vec![
+        row(&[
+            Some("12"),
+            Some("1"),
+            Some("SELECT c FROM sbtest1 WHERE id=?"),
+        ]),
+        row(&[Some("12"), Some("2"), Some("SELECT 2")]),
+        row(&[Some("13"), Some("1"), None]),
+        row(&[Some("99"), Some("1"), Some("SELECT 3")]),
+        row(&[Some("12"), Some("99999999999"), Some("SELECT 4")]),
+    ];
+    add_statements(&mut found, &stmts);
+    let (_, a) = &found[&batch[0].client];
+    assert_eq!(a.user, "sbtest");
+    assert_eq!(a.db.as_deref(), Some("sbtest"));
+    assert_eq!(
+        a.statements,
+        vec![
+            (1, b"SELECT c FROM sbtest1 WHERE id=?".to_vec()),
+            (2, b"SELECT 2".to_vec())
+        ]
+    );
+    let (_, b) = &found[&batch[1].client];
+    assert_eq!((b.user.as_str(), b.db.as_deref()), ("app", None));
+    assert!(b.statements.is_empty());
+}
+
+#[test]
+fn requests_are_batched_until_the_window_closes() {
+    let (tx, rx) = mpsc::sync_channel(16);
+    for i in 0..3 {
+        tx.send(req(40000 + i, i)).unwrap();
+    }
+    let started = Instant::now();
+    let batch = next_batch(&rx).unwrap();
+    assert_eq!(batch.len(), 3);
+    assert!(started.elapsed() >= BATCH_WINDOW);
+    drop(tx);
+    assert!(next_batch(&rx).is_none());
+}
+
+#[test]
+fn own_address_matches_either_direction() {
+    let own = OwnAddress::default();
+    let a = SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 2), 50000);
+    let prod = SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 2), 3306);
+    assert!(!own.matches(a, prod));
+    own.set(a);
+    assert!(own.matches(a, prod) && own.matches(prod, a));
+    assert!(!own.matches(
+        SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 10), 50000),
+        prod
+    ));
+}
