@@ -108,6 +108,7 @@ pub fn run(args: &Args) -> Result<Snapshot> {
     })?;
 
     let mut engine = build_engine(args)?;
+    wait_for_intercept(&control, args.intercept);
     let lookup = start_lookup(args, &waker)?;
     let own = lookup.as_ref().map(|l| l.own_address().clone());
     let mut own_skipped = 0u64;
@@ -299,6 +300,29 @@ impl OncePerClient {
                 client.ip()
             );
         }
+    }
+}
+
+/// Waits a little for the control channel before the first packet is read. Sessions started
+/// earlier lose the test server's SYN-ACK (nobody is there to relay it) and stall for a
+/// retransmission timeout; the capture meanwhile keeps what arrives in its kernel buffer.
+/// Never waits forever: an intercept that is down must not keep production unobserved, and
+/// the engine retransmits until the channel is up.
+fn wait_for_intercept(control: &crate::control_client::ControlHandle, addr: std::net::SocketAddr) {
+    const PATIENCE: Duration = Duration::from_secs(5);
+    let started = std::time::Instant::now();
+    while !control.stats().connected && started.elapsed() < PATIENCE {
+        if signals::stop_requested() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    if !control.stats().connected {
+        tracing::warn!(
+            "intercept {addr} not reachable after {} s; mirroring anyway, sessions wait for it \
+             (is intercept running, and is its --listen address reachable from here?)",
+            PATIENCE.as_secs()
+        );
     }
 }
 
