@@ -440,8 +440,13 @@ pub fn tcp_checksum_ok(ip: &[u8]) -> bool {
         return false;
     };
     let ihl = ((ip[0] & 0x0f) as usize) * 4;
-    let total = u16::from_be_bytes([ip[2], ip[3]]) as usize;
-    let tcp = &ip[ihl..total];
+    // The same length the parser used: a total of 0 (GRO/TSO super-frames) means the capture's.
+    // parse_ipv4_tcp succeeded, so the TCP header's fixed part is there.
+    let doff = ((ip[ihl + 12] >> 4) as usize) * 4;
+    let tcp_len = doff + p.payload.len();
+    let Some(tcp) = ip.get(ihl..ihl + tcp_len) else {
+        return false;
+    };
     let sum = checksum_add(pseudo_header_sum(p.src, p.dst, tcp.len() as u16), tcp);
     checksum_fold(sum) == 0
 }
@@ -567,6 +572,18 @@ mod tests {
             parse_frame_headers(LinkType::RawIp, &buf[..30]),
             Err(WireError::Truncated)
         );
+    }
+
+    #[test]
+    fn checksum_check_survives_a_zero_total_length() {
+        let mut buf = [0u8; 100];
+        let n = emit_ipv4_tcp(&repr(), b"abc", &mut buf).unwrap();
+        assert!(tcp_checksum_ok(&buf[..n]));
+        // GRO/TSO super-frames carry a total length of 0; the parser then trusts the capture.
+        buf[2] = 0;
+        buf[3] = 0;
+        assert!(tcp_checksum_ok(&buf[..n]));
+        assert!(!tcp_checksum_ok(&buf[..n - 1]));
     }
 
     #[test]

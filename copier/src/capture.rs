@@ -101,16 +101,19 @@ impl LiveCapture {
     /// Hands at most `budget` parsed packets to `f`, returning how many frames were read. Stops
     /// early when the kernel has nothing more; the budget keeps one busy capture from starving
     /// the control channel.
-    pub fn drain(&mut self, budget: usize, mut f: impl FnMut(&TcpPacket<'_>)) -> usize {
+    ///
+    /// A read error other than "nothing more now" is returned: the interface went away or
+    /// down, and a capture that keeps failing would otherwise spin (its descriptor stays
+    /// readable) while mirroring nothing.
+    pub fn drain(&mut self, budget: usize, mut f: impl FnMut(&TcpPacket<'_>)) -> Result<usize> {
         let mut n = 0;
         while n < budget {
             let packet = match self.cap.next_packet() {
                 Ok(p) => p,
                 Err(pcap::Error::TimeoutExpired) | Err(pcap::Error::NoMorePackets) => break,
-                Err(e) => {
-                    tracing::warn!("capture read error: {e}");
-                    break;
-                }
+                Err(e) => bail!(
+                    "capture failed: {e} (did the interface go down or away? restart the copier once it is back)"
+                ),
             };
             n += 1;
             self.stats.frames += 1;
@@ -126,7 +129,7 @@ impl LiveCapture {
                 Err(e) => self.stats.count(e),
             }
         }
-        n
+        Ok(n)
     }
 
     /// Refreshes the kernel's drop counters.

@@ -61,6 +61,9 @@ impl Credentials {
                 // Never echo the line: it may be a password pasted without its user.
                 bail!("line {} is not `user:password`", n + 1);
             };
+            // MySQL user names never carry edge spaces, so ` sbtest :pw` means `sbtest`; a
+            // password is kept exactly as written (it may contain spaces).
+            let user = user.trim();
             if user.is_empty() {
                 bail!("line {} has an empty user name", n + 1);
             }
@@ -93,7 +96,8 @@ mod tests {
 
     #[test]
     fn parses_users_and_keeps_colons_in_passwords() {
-        let c = Credentials::parse("# test server\nsbtest:sbtest\n\napp:a:b:c\nempty:\n").unwrap();
+        let c =
+            Credentials::parse("# test server\n sbtest :sbtest\n\napp:a:b:c\nempty:\n").unwrap();
         assert_eq!(c.password("sbtest"), Some(&b"sbtest"[..]));
         assert_eq!(c.password("app"), Some(&b"a:b:c"[..]));
         assert_eq!(c.password("empty"), Some(&b""[..]));

@@ -137,7 +137,7 @@ pub fn run(args: &Args) -> Result<Snapshot> {
         }
         // Once stopping, nothing new is captured; what is queued still goes out.
         if stopping_since.is_none() {
-            capture.drain(CAPTURE_BUDGET, |pkt| {
+            let drained = capture.drain(CAPTURE_BUDGET, |pkt| {
                 // Never mirror ourselves: a connection from this host to itself (with
                 // `--interface any`, our --prod-dsn connection is on `lo`, source and
                 // destination the same address), nor --prod-dsn's connection at all.
@@ -151,6 +151,19 @@ pub fn run(args: &Args) -> Result<Snapshot> {
                 }
                 engine.on_captured(now, pkt)
             });
+            if let Err(e) = drained {
+                // Reset what is mirrored so the test server frees it, say what we did, stop.
+                engine.shutdown(now);
+                while let Some(n) = engine.poll_transmit(now, &mut buf) {
+                    sender.send(&buf[..n], target_ip);
+                }
+                let snap = Snapshot::take(&engine, &capture, &sender, &control.stats());
+                eprint!(
+                    "{}",
+                    crate::status::summary(&snap, now.saturating_since(Default::default()))
+                );
+                return Err(e);
+            }
         }
         waker.reset();
         while let Ok(relayed) = feedback.try_recv() {
@@ -267,7 +280,10 @@ fn start_lookup(args: &Args, waker: &Waker) -> Result<Option<StateLookup>> {
         Ok((lookup, ready)) => {
             if ready.performance_schema_off {
                 tracing::warn!(
-                    "--prod-dsn {shown}: production runs with performance_schema=OFF, so prepared                      statements of pooled connections cannot be recovered (their executes are                      dropped and counted); users and schemas are. Fix: performance_schema=ON in                      production's my.cnf (takes a restart)"
+                    "--prod-dsn {shown}: production runs with performance_schema=OFF, so prepared \
+                     statements of pooled connections cannot be recovered (their executes are \
+                     dropped and counted); users and schemas are. Fix: performance_schema=ON in \
+                     production's my.cnf (takes a restart)"
                 );
             }
             tracing::info!(
