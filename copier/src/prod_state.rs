@@ -38,7 +38,7 @@ use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream, ToSocketAddrs, UdpSocket};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -110,8 +110,10 @@ pub enum DsnError {
     UserNotUtf8,
     #[error("the host is empty")]
     EmptyHost,
-    #[error("port {0:?} is not a number between 1 and 65535")]
-    BadPort(String),
+    /// The text after the last ':' is not echoed: in `mysql://u@host:s3cret` (a forgotten
+    /// user/password ':' turned around) it would be the password.
+    #[error("the port (after the last ':') is not a number between 1 and 65535")]
+    BadPort,
     #[error("IPv6 hosts are not supported (the mirror is IPv4 only)")]
     Ipv6,
     #[error("no path, query or options are accepted after host:port")]
@@ -145,7 +147,7 @@ impl ProdDsn {
                 p.parse::<u16>()
                     .ok()
                     .filter(|&p| p != 0)
-                    .ok_or_else(|| DsnError::BadPort(p.to_string()))?,
+                    .ok_or(DsnError::BadPort)?,
             ),
             None => (hostport, Self::DEFAULT_PORT),
         };
@@ -509,28 +511,45 @@ fn parse_row(p: &[u8], columns: usize) -> Result<Row, ProdError> {
 
 // ------------------------------------------------------------------------------------ own address
 
-/// The local address of our own connection to production, for the capture to skip: with
-/// `--interface any` (or a production address reached over the network) it is on the production
-/// port like any client's, and must never be mirrored.
+/// How many of our most recent connections' local addresses [`OwnAddress`] remembers: after a
+/// reconnect the old connection's last FIN/ACKs (and a TIME_WAIT retransmit) still cross the
+/// capture, and must not look like a client connection to pick up.
+pub const OWN_ADDRESSES_KEPT: usize = 8;
+
+/// The local addresses of our own connections to production (the current one and the last
+/// few before it), for the capture to skip: with `--interface any` (or a production address
+/// reached over the network) they are on the production port like any client's, and must never
+/// be mirrored.
 #[derive(Clone, Debug, Default)]
-pub struct OwnAddress(Arc<AtomicU64>);
+pub struct OwnAddress(Arc<OwnSlots>);
+
+/// A ring of addresses, lock-free for the capture thread that reads it per packet; one writer
+/// (the thread that connects).
+#[derive(Debug, Default)]
+pub struct OwnSlots {
+    slots: [AtomicU64; OWN_ADDRESSES_KEPT],
+    next: AtomicU64,
+}
 
 impl OwnAddress {
     const SET: u64 = 1 << 48;
 
     fn set(&self, a: SocketAddrV4) {
         let v = Self::SET | u64::from(u32::from(*a.ip())) << 16 | u64::from(a.port());
-        self.0.store(v, Ordering::Relaxed);
+        let i = self.0.next.fetch_add(1, Ordering::Relaxed) as usize % OWN_ADDRESSES_KEPT;
+        self.0.slots[i].store(v, Ordering::Relaxed);
     }
 
-    /// Whether the packet from `src` to `dst` belongs to our connection.
+    /// Whether the packet from `src` to `dst` belongs to one of our (recent) connections.
     pub fn matches(&self, src: SocketAddrV4, dst: SocketAddrV4) -> bool {
-        let v = self.0.load(Ordering::Relaxed);
-        if v & Self::SET == 0 {
-            return false;
-        }
-        let ours = SocketAddrV4::new(Ipv4Addr::from((v >> 16) as u32), v as u16);
-        src == ours || dst == ours
+        self.0.slots.iter().any(|slot| {
+            let v = slot.load(Ordering::Relaxed);
+            if v & Self::SET == 0 {
+                return false;
+            }
+            let ours = SocketAddrV4::new(Ipv4Addr::from((v >> 16) as u32), v as u16);
+            src == ours || dst == ours
+        })
     }
 }
 
@@ -780,6 +799,8 @@ pub struct StateLookup {
     answers: Receiver<LookupAnswer>,
     counters: Arc<Counters>,
     own: OwnAddress,
+    /// Set by `Drop`: the worker abandons what is still queued instead of looking it up.
+    stop: Arc<AtomicBool>,
     worker: Option<JoinHandle<()>>,
 }
 
@@ -797,10 +818,12 @@ impl StateLookup {
         let (req_tx, req_rx) = mpsc::sync_channel(QUEUE_CAP);
         let (ans_tx, ans_rx) = mpsc::channel();
         let counters = Arc::new(Counters::default());
+        let stop = Arc::new(AtomicBool::new(false));
         let worker = Worker {
             dsn,
             conn: Some(conn),
             own: own.clone(),
+            stop: Arc::clone(&stop),
             counters: Arc::clone(&counters),
             with_statements: !ready.performance_schema_off,
             logged: HashSet::new(),
@@ -814,6 +837,7 @@ impl StateLookup {
                 answers: ans_rx,
                 counters,
                 own,
+                stop,
                 worker: Some(handle),
             },
             ready,
@@ -860,7 +884,11 @@ impl StateLookup {
 
 impl Drop for StateLookup {
     fn drop(&mut self) {
-        // Closing the queue ends the worker after its current batch (bounded by IO_TIMEOUT).
+        // The stop flag makes the worker drop what is still queued (up to QUEUE_CAP requests:
+        // with production unreachable each batch would cost a connect and a read timeout) and
+        // skip any reconnect; closing the queue wakes it if idle. So shutdown waits at most for
+        // the batch in flight (bounded by IO_TIMEOUT per step).
+        self.stop.store(true, Ordering::SeqCst);
         self.requests = None;
         if let Some(h) = self.worker.take() {
             let _ = h.join();
@@ -872,6 +900,7 @@ struct Worker {
     dsn: ProdDsn,
     conn: Option<MysqlClient<TcpStream>>,
     own: OwnAddress,
+    stop: Arc<AtomicBool>,
     counters: Arc<Counters>,
     with_statements: bool,
     /// Failure kinds already logged: production being down must not flood the log.
@@ -886,6 +915,10 @@ impl Worker {
         wake: impl Fn(),
     ) {
         while let Some(batch) = next_batch(&requests) {
+            // Checked right before the lookup, hence before any reconnect.
+            if self.stopping() {
+                return;
+            }
             let (mut found, failed) = match self.lookup(&batch) {
                 Ok(found) => (found, false),
                 Err(e) => {
@@ -931,6 +964,10 @@ impl Worker {
             None => self.conn.insert(open(&self.dsn, &self.own)?),
         };
         lookup_batch(conn, batch, self.with_statements)
+    }
+
+    fn stopping(&self) -> bool {
+        self.stop.load(Ordering::SeqCst)
     }
 
     fn report(&mut self, e: &ProdError) {

@@ -77,6 +77,11 @@ struct Cli {
     #[arg(long, env = "TCPSHADOW_TOKEN_FILE")]
     token_file: Option<PathBuf>,
 
+    /// Most copier connections served at once; further ones are refused with a reason
+    /// (counted in the status line's `rejected`). Each costs two threads and their buffers.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
+    max_copiers: u32,
+
     /// Seconds between status lines; 0 for none (the final summary is always printed).
     #[arg(long, default_value_t = 5)]
     status_interval: u64,
@@ -161,6 +166,9 @@ impl Cli {
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     let token = cli.token_file.as_deref().map(read_token).transpose()?;
+    if let Some(warning) = open_listen_warning(cli.listen, token.is_some()) {
+        tracing::warn!("{warning}");
+    }
     if cli.interface == "lo" && matches!(cli.direction, DirectionArg::Out) {
         // libpcap drops the outgoing copy of loopback packets so they are not seen twice.
         tracing::warn!(
@@ -199,6 +207,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             payload_prefix,
             mysql_head: cli.mysql().then_some(cli.mysql_head),
             queue_batches: cli.queue_batches as usize,
+            max_copiers: cli.max_copiers as usize,
             ..ServerConfig::default()
         },
         events_tx,
@@ -234,6 +243,16 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         tracing::info!("stopped by signal");
     }
     result
+}
+
+/// Said at start when copiers' control connections are open to the network without a token.
+fn open_listen_warning(listen: SocketAddr, has_token: bool) -> Option<String> {
+    (!has_token && !listen.ip().is_loopback()).then(|| {
+        format!(
+            "--listen {listen} is not a loopback address and no --token-file is set: any host \
+             that can reach it can claim sessions; set --token-file on both sides"
+        )
+    })
 }
 
 fn read_token(path: &Path) -> anyhow::Result<Vec<u8>> {
@@ -288,6 +307,26 @@ mod tests {
     #[test]
     fn cli_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn an_open_listen_without_a_token_is_warned_about() {
+        let open: SocketAddr = "0.0.0.0:36524".parse().unwrap();
+        let lo: SocketAddr = "127.0.0.1:36524".parse().unwrap();
+        let lo6: SocketAddr = "[::1]:36524".parse().unwrap();
+        let w = open_listen_warning(open, false).unwrap();
+        assert!(
+            w.contains("--token-file") && w.contains("0.0.0.0:36524"),
+            "{w}"
+        );
+        assert!(open_listen_warning(open, true).is_none());
+        assert!(open_listen_warning(lo, false).is_none());
+        assert!(open_listen_warning(lo6, false).is_none());
+        let cli = Cli::try_parse_from(["intercept", "--port", "3306"]).unwrap();
+        assert_eq!(cli.max_copiers, 64);
+        assert!(
+            Cli::try_parse_from(["intercept", "--port", "3306", "--max-copiers", "0"]).is_err()
+        );
     }
 
     #[test]

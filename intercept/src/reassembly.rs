@@ -17,6 +17,11 @@ use common::control::MysqlPacket;
 use crate::framer::{HeadSizes, PacketFramer};
 
 /// How much one connection may hold while it waits for a gap to fill.
+///
+/// The bytes are the real bound: one segment missed mid-reply leaves everything the server
+/// had in flight behind it (a congestion window of tens of segments is common) to hold until
+/// the retransmission arrives. The segment count only bounds the bookkeeping (one map entry
+/// and allocation per segment) against floods of tiny segments.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HoldLimits {
     pub segments: usize,
@@ -26,7 +31,8 @@ pub struct HoldLimits {
 impl Default for HoldLimits {
     fn default() -> Self {
         HoldLimits {
-            segments: 8,
+            // Above what the byte bound allows at a 1460-byte MSS (about 180 segments).
+            segments: 256,
             bytes: 256 * 1024,
         }
     }
@@ -288,26 +294,73 @@ mod tests {
         assert_eq!(h.out[2].head, b"more");
     }
 
+    const MSS: usize = 1460;
+
+    /// `n` MySQL packets of exactly one MSS each (header included), ids 0, 1, ...
+    fn mss_packets(n: usize) -> Vec<u8> {
+        (0..n)
+            .flat_map(|i| pkt(i as u8, &[i as u8; MSS - 4]))
+            .collect()
+    }
+
+    #[test]
+    fn a_lost_segment_with_a_large_window_in_flight_is_recovered() {
+        // 64 full-size segments in flight behind one the capture missed (far more than the
+        // old 8-segment hold): all are held, then the retransmission unblocks them.
+        let st = mss_packets(66);
+        let mut h = Harness::new();
+        h.seg(&st, 0, MSS).unwrap();
+        for k in 2..66 {
+            h.seg(&st, k * MSS, (k + 1) * MSS).unwrap();
+        }
+        assert_eq!(h.s.held(), 64);
+        assert_eq!(h.ids(), [0]);
+        h.seg(&st, MSS, 2 * MSS).unwrap(); // the retransmission
+        assert_eq!(h.ids(), (0..66u8).collect::<Vec<_>>());
+        assert_eq!((h.s.held(), h.stats.holes, h.stats.ooo_dropped), (0, 1, 0));
+    }
+
     #[test]
     fn a_gap_that_does_not_fill_overflows_the_hold() {
-        let st: Vec<u8> = (0..40u8).flat_map(|i| pkt(i, &[i; 20])).collect();
+        let st = mss_packets(250);
         let mut h = Harness::new();
-        h.seg(&st, 0, 24).unwrap();
-        // Segment [24, 48) is lost; the server keeps sending.
+        h.seg(&st, 0, MSS).unwrap();
+        // Segment [MSS, 2 MSS) is lost; the server keeps sending.
         let mut res = Ok(());
-        for k in 2..20 {
-            res = h.seg(&st, k * 24, k * 24 + 24);
+        for k in 2..250 {
+            res = h.seg(&st, k * MSS, (k + 1) * MSS);
             if res.is_err() {
                 break;
             }
         }
         let lost = res.unwrap_err();
         assert_eq!(lost.reason, LostReason::HoldFull);
-        assert_eq!(lost.at_seq, BASE.wrapping_add(24), "where framing stopped");
-        assert_eq!(h.stats.ooo_held, 8);
-        assert_eq!(h.stats.ooo_dropped, 8);
+        assert_eq!(
+            lost.at_seq,
+            BASE.wrapping_add(MSS as u32),
+            "where framing stopped"
+        );
+        // The byte bound is what overflowed: 256 KiB of full-size segments.
+        let fit = (256 * 1024 / MSS) as u64;
+        assert_eq!(h.stats.ooo_held, fit);
+        assert_eq!(h.stats.ooo_dropped, fit);
         assert_eq!(h.s.held(), 0);
         assert_eq!(h.ids(), [0]);
+    }
+
+    #[test]
+    fn the_segment_cap_bounds_floods_of_tiny_segments() {
+        let st = vec![0u8; 1000];
+        let mut h = Harness::new();
+        let mut res = Ok(());
+        for k in 1..400 {
+            res = h.seg(&st, 2 * k, 2 * k + 1);
+            if res.is_err() {
+                break;
+            }
+        }
+        assert_eq!(res.unwrap_err().reason, LostReason::HoldFull);
+        assert_eq!(h.stats.ooo_held, HoldLimits::default().segments as u64);
     }
 
     #[test]

@@ -4,7 +4,9 @@
 //! Each copier gets a reader thread (handshake, claims, pings) and a writer thread fed by a
 //! bounded queue that only the relay fills. Nothing here may ever block the capture thread, and
 //! a misbehaving copier (garbage, wrong version, bad token, silence) costs only its own
-//! connection.
+//! connection. Connections are capped ([`ServerConfig::max_copiers`]): each costs threads and
+//! buffers, and without a token anyone who can reach the port can open them. Connections over
+//! the cap are refused, with a Reject saying why, by one shared thread.
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -40,6 +42,9 @@ pub struct ServerConfig {
     pub idle_timeout: Duration,
     /// A copier that does not read its feedback for this long is disconnected.
     pub write_timeout: Duration,
+    /// Control connections served at once (counted from accept, before the Hello); more are
+    /// refused with a Reject.
+    pub max_copiers: usize,
 }
 
 impl Default for ServerConfig {
@@ -53,6 +58,7 @@ impl Default for ServerConfig {
             handshake_timeout: Duration::from_secs(5),
             idle_timeout: Duration::from_secs(30),
             write_timeout: Duration::from_secs(5),
+            max_copiers: 64,
         }
     }
 }
@@ -65,6 +71,10 @@ pub struct ServerStats {
     /// Welcomed connections that have ended (their claims are being dropped).
     pub closed: AtomicU64,
     pub rejected: AtomicU64,
+    /// Connections refused because `max_copiers` were already open (also in `rejected`).
+    pub refused_full: AtomicU64,
+    /// Control connections open right now.
+    pub active: AtomicU64,
     /// Connections closed because they sent bytes that are not a valid frame.
     pub garbage: AtomicU64,
     /// Connections closed for silence (no Hello in time, or no frame for the idle timeout).
@@ -88,6 +98,8 @@ pub struct ServerStatsSnapshot {
     pub welcomed: u64,
     pub closed: u64,
     pub rejected: u64,
+    pub refused_full: u64,
+    pub active: u64,
     pub garbage: u64,
     pub timeouts: u64,
     pub write_failures: u64,
@@ -105,6 +117,8 @@ impl ServerStats {
             welcomed: g(&self.welcomed),
             closed: g(&self.closed),
             rejected: g(&self.rejected),
+            refused_full: g(&self.refused_full),
+            active: g(&self.active),
             garbage: g(&self.garbage),
             timeouts: g(&self.timeouts),
             write_failures: g(&self.write_failures),
@@ -177,18 +191,65 @@ struct Ctx {
     next_id: AtomicU64,
 }
 
+/// Connections over the cap waiting for the refusing thread; beyond, they are closed at once.
+const REFUSE_QUEUE: usize = 16;
+/// How long the refusing thread waits for an over-the-cap connection's Hello.
+const REFUSE_HELLO_WAIT: Duration = Duration::from_millis(500);
+
+/// One open control connection; dropping it frees its place under the cap.
+struct Slot(Arc<Ctx>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.stats.active.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 fn accept_loop(listener: TcpListener, ctx: Arc<Ctx>, events: Sender<RelayEvent>) {
     let mut last_error_log: Option<Instant> = None;
+    let mut last_full_log: Option<Instant> = None;
+    let refuse_tx = {
+        let (tx, rx) = sync_channel::<(TcpStream, SocketAddr)>(REFUSE_QUEUE);
+        let ctx = ctx.clone();
+        let spawned = thread::Builder::new()
+            .name("control-refuse".into())
+            .spawn(move || refuse_loop(rx, &ctx));
+        spawned.ok().map(|_| tx)
+    };
     loop {
         match listener.accept() {
             Ok((stream, peer)) => {
                 bump(&ctx.stats.accepted);
+                let max = ctx.config.max_copiers as u64;
+                if ctx.stats.active.load(Ordering::Relaxed) >= max {
+                    bump(&ctx.stats.refused_full);
+                    if last_full_log.is_none_or(|t| t.elapsed() > Duration::from_secs(10)) {
+                        tracing::warn!(%peer, "refused a copier connection: {max} are open already (--max-copiers; said at most every 10 s)");
+                        last_full_log = Some(Instant::now());
+                    }
+                    // Told why by the refusing thread, or (a flood) just closed.
+                    match &refuse_tx {
+                        Some(tx) => {
+                            if tx.try_send((stream, peer)).is_err() {
+                                bump(&ctx.stats.rejected);
+                            }
+                        }
+                        None => bump(&ctx.stats.rejected),
+                    }
+                    continue;
+                }
+                ctx.stats.active.fetch_add(1, Ordering::Relaxed);
+                let slot = Slot(ctx.clone());
                 let id = ctx.next_id.fetch_add(1, Ordering::Relaxed);
                 let ctx = ctx.clone();
                 let events = events.clone();
-                let spawned = thread::Builder::new()
-                    .name(format!("copier-{id}"))
-                    .spawn(move || serve(stream, peer, id, &ctx, &events));
+                let spawned =
+                    thread::Builder::new()
+                        .name(format!("copier-{id}"))
+                        .spawn(move || {
+                            let _slot = slot;
+                            serve(stream, peer, id, &ctx, &events)
+                        });
                 if let Err(e) = spawned {
                     tracing::warn!(%peer, "cannot start a thread for a copier connection: {e}");
                 }
@@ -202,6 +263,27 @@ fn accept_loop(listener: TcpListener, ctx: Arc<Ctx>, events: Sender<RelayEvent>)
                 thread::sleep(Duration::from_millis(100));
             }
         }
+    }
+}
+
+/// Refuses connections over the cap, one at a time: reads the Hello first (closing a socket
+/// with unread bytes would reset it, and the copier could lose the Reject), then says why.
+fn refuse_loop(rx: Receiver<(TcpStream, SocketAddr)>, ctx: &Ctx) {
+    let reason = format!(
+        "intercept already serves {} copier connections (its --max-copiers); retry later or \
+         raise --max-copiers",
+        ctx.config.max_copiers
+    );
+    while let Ok((stream, _peer)) = rx.recv() {
+        let _ = stream.set_read_timeout(Some(REFUSE_HELLO_WAIT));
+        let _ = stream.set_write_timeout(Some(REFUSE_HELLO_WAIT));
+        let mut conn = Conn {
+            stream,
+            dec: FrameDecoder::new(),
+            buf: vec![0; 4096],
+        };
+        let _ = conn.read_message();
+        let _ = conn.reject(ctx, &reason);
     }
 }
 
@@ -483,6 +565,71 @@ fn encode_outgoing(m: &Outgoing, out: &mut Vec<u8>, stats: &ServerStats) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use common::control::{encode_hello, InterceptMessage};
+    use std::sync::mpsc;
+
+    const WAIT: Duration = Duration::from_secs(10);
+
+    /// Connects to 127.0.0.1, sends a Hello and returns the first answer.
+    fn hello(addr: SocketAddr) -> (TcpStream, Option<InterceptMessage>) {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(WAIT)).unwrap();
+        let mut out = Vec::new();
+        encode_hello(&Hello::new("c", None), &mut out).unwrap();
+        s.write_all(&out).unwrap();
+        let mut dec = FrameDecoder::<InterceptMessage>::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            if let Some(m) = dec.next_message().unwrap() {
+                return (s, Some(m));
+            }
+            match s.read(&mut buf) {
+                Ok(0) | Err(_) => return (s, None),
+                Ok(n) => dec.feed(&buf[..n]),
+            }
+        }
+    }
+
+    fn wait_for(mut cond: impl FnMut() -> bool, what: &str) {
+        let until = Instant::now() + WAIT;
+        while !cond() {
+            assert!(Instant::now() < until, "timed out waiting for {what}");
+            thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    #[test]
+    fn connections_over_the_cap_are_refused_with_a_reason() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let (events, _events_rx) = mpsc::channel();
+        let config = ServerConfig {
+            max_copiers: 2,
+            ..ServerConfig::default()
+        };
+        let server = ControlServer::start(listener, config, events).unwrap();
+        let addr = server.local_addr();
+        let (first, m) = hello(addr);
+        assert!(matches!(m, Some(InterceptMessage::Welcome(_))), "{m:?}");
+        let (_second, m) = hello(addr);
+        assert!(matches!(m, Some(InterceptMessage::Welcome(_))), "{m:?}");
+
+        let (_third, m) = hello(addr);
+        match m {
+            Some(InterceptMessage::Reject(r)) => {
+                assert!(r.reason.contains("--max-copiers"), "{}", r.reason)
+            }
+            other => panic!("expected a Reject, got {other:?}"),
+        }
+        let st = server.stats();
+        assert_eq!((st.refused_full, st.rejected, st.active), (1, 1, 2));
+
+        // A place frees up when a copier leaves.
+        drop(first);
+        wait_for(|| server.stats().active == 1, "the first copier's place");
+        let (_fourth, m) = hello(addr);
+        assert!(matches!(m, Some(InterceptMessage::Welcome(_))), "{m:?}");
+        assert_eq!(server.stats().refused_full, 1);
+    }
 
     #[test]
     fn token_rules() {

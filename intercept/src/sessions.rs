@@ -371,7 +371,14 @@ mod tests {
 
     #[test]
     fn a_gap_that_does_not_fill_stops_framing_until_a_new_syn_ack() {
-        let mut m = MysqlSessions::new(SessionConfig::default());
+        // A small hold, so a short stream overflows it (the default holds 256 KiB).
+        let mut m = MysqlSessions::new(SessionConfig {
+            hold: HoldLimits {
+                segments: 8,
+                bytes: 256 * 1024,
+            },
+            ..SessionConfig::default()
+        });
         let mut out = Vec::new();
         m.on_segment(t(0), &seg(client(10), 99, SA, b""), &mut out);
         let stream: Vec<u8> = (0..40u8).flat_map(|i| pkt(i, &[i; 60])).collect();

@@ -39,8 +39,8 @@ fn dsn_errors_are_clear() {
     assert_eq!(e("mysql://:p@h"), DsnError::EmptyUser);
     assert_eq!(e("mysql://u:p%zz@h"), DsnError::BadPercent("password"));
     assert_eq!(e("mysql://u:p%2@h"), DsnError::BadPercent("password"));
-    assert_eq!(e("mysql://u:p@h:0"), DsnError::BadPort("0".into()));
-    assert_eq!(e("mysql://u:p@h:99999"), DsnError::BadPort("99999".into()));
+    assert_eq!(e("mysql://u:p@h:0"), DsnError::BadPort);
+    assert_eq!(e("mysql://u:p@h:99999"), DsnError::BadPort);
     assert_eq!(e("mysql://u:p@:3306"), DsnError::EmptyHost);
     assert_eq!(e("mysql://u:p@[::1]:3306"), DsnError::Ipv6);
     assert_eq!(e("mysql://u:p@h:3306/db?x=1"), DsnError::Trailing);
@@ -53,6 +53,12 @@ fn dsn_never_shows_the_password() {
         assert!(!text.contains("s3cr3t"), "{text}");
         assert!(text.contains("tsd_ro") && text.contains("h:3306"), "{text}");
     }
+    // A forgotten user name turns the password into the "port".
+    let bad = ProdDsn::parse("mysql://u@h:s3cr3t").unwrap_err();
+    for text in [format!("{bad:?}"), bad.to_string()] {
+        assert!(!text.contains("s3cr3t"), "{text}");
+    }
+    assert!(bad.to_string().contains("port"), "{bad}");
     let bad = DsnArg::parse_arg("mysql://u:s3cr3t%zz@h").unwrap();
     let text = format!("{bad:?}");
     assert!(
@@ -419,4 +425,63 @@ fn own_address_matches_either_direction() {
         SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 10), 50000),
         prod
     ));
+}
+
+#[test]
+fn own_address_remembers_the_last_few_connections() {
+    let own = OwnAddress::default();
+    let prod = SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 5), 3306);
+    let local = |p: u16| SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 2), p);
+    for p in 0..OWN_ADDRESSES_KEPT as u16 + 2 {
+        own.set(local(50000 + p));
+    }
+    // The two oldest were overwritten; the last OWN_ADDRESSES_KEPT still match.
+    assert!(!own.matches(local(50000), prod) && !own.matches(local(50001), prod));
+    for p in 2..OWN_ADDRESSES_KEPT as u16 + 2 {
+        assert!(own.matches(local(50000 + p), prod) && own.matches(prod, local(50000 + p)));
+    }
+}
+
+#[test]
+fn drop_abandons_queued_requests_promptly() {
+    // A "production" that accepts the first login's TCP connection and then never answers;
+    // the worker is built directly (StateLookup::start would need a real login).
+    use std::net::TcpListener;
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let dsn = ProdDsn::parse(&format!("mysql://u:p@{addr}")).unwrap();
+    let (req_tx, req_rx) = mpsc::sync_channel(QUEUE_CAP);
+    let (ans_tx, ans_rx) = mpsc::channel();
+    let stop = Arc::new(AtomicBool::new(false));
+    let worker = Worker {
+        dsn,
+        conn: None,
+        own: OwnAddress::default(),
+        stop: Arc::clone(&stop),
+        counters: Arc::new(Counters::default()),
+        with_statements: false,
+        logged: HashSet::new(),
+    };
+    let handle = std::thread::spawn(move || worker.run(req_rx, ans_tx, || {}));
+    let lookup = StateLookup {
+        requests: Some(req_tx),
+        answers: ans_rx,
+        counters: Arc::new(Counters::default()),
+        own: OwnAddress::default(),
+        stop,
+        worker: Some(handle),
+    };
+    // Many batches' worth: each would otherwise wait for a read timeout.
+    for i in 0..(4 * MAX_BATCH) as u16 {
+        assert!(lookup.request(req(40000 + i, i).client, req(40000 + i, i).mirrored));
+    }
+    let started = Instant::now();
+    drop(lookup);
+    // At most the batch in flight (login read timeout), never the whole queue.
+    assert!(
+        started.elapsed() < IO_TIMEOUT * 2,
+        "{:?}",
+        started.elapsed()
+    );
+    drop(listener);
 }
