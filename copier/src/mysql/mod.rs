@@ -160,6 +160,8 @@ pub enum Counter {
     RecoveryInitDbFailed,
     AuthSwitchNonceAssumed,
     AuthForwardedUnchanged,
+    /// A command held for the test server's PREPARE_OK waited too long (summary lost).
+    HeldTimeouts,
 }
 
 /// Names of [`Counter`] ids, in id order (metrics labels and the summary).
@@ -205,9 +207,10 @@ pub const COUNTER_NAMES: &[&str] = &[
     "recovery_init_db_failed",
     "auth_switch_nonce_assumed",
     "auth_forwarded_unchanged",
+    "held_timeouts",
 ];
 
-const _: () = assert!(COUNTER_NAMES.len() == Counter::AuthForwardedUnchanged as usize + 1);
+const _: () = assert!(COUNTER_NAMES.len() == Counter::HeldTimeouts as usize + 1);
 const _: () = assert!(COUNTER_NAMES.len() <= crate::engine::TRANSFORM_COUNTERS);
 
 /// What every session of a factory shares (read-only).

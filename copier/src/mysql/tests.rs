@@ -1318,3 +1318,49 @@ proptest! {
         let _ = format!("{:?}", h.t);
     }
 }
+
+#[test]
+fn a_command_held_for_a_lost_prepare_ok_is_released_after_a_deadline() {
+    let mut h = Harness::new(MysqlConfig::default(), false);
+    h.login(&hex(CAPI_RESPONSE));
+    assert_eq!(h.t.next_deadline(), None);
+    h.client_packet(0, &prepare("SELECT ?"));
+    h.prod_reply(&prepare_reply(1, 1));
+    h.client_packet(0, &execute(1));
+    h.client_packet(0, &query("SELECT 1"));
+    assert!(h.t.pending(), "held until the test server's PREPARE_OK");
+    let deadline = h.t.next_deadline().expect("a held command has a deadline");
+    assert!(deadline > h.now);
+    // Nothing from the test server: intercept dropped its PREPARE_OK summary.
+    h.now = deadline;
+    h.call(|t, now, out| t.on_timeout(now, out));
+    assert_eq!(h.count(Counter::HeldTimeouts), 1);
+    assert_eq!(h.count(Counter::FramingLost), 1);
+    assert_eq!(h.count(Counter::ExecutesDroppedUntracked), 1);
+    assert!(!h.t.pending());
+    assert_eq!(h.t.next_deadline(), None);
+    let got: Vec<_> = h.received().into_iter().map(|g| g.1).collect();
+    assert_eq!(got, vec![prepare("SELECT ?"), query("SELECT 1")]);
+    assert_eq!(h.abandoned, None);
+}
+
+#[test]
+fn the_held_deadline_moves_while_the_test_server_is_answering() {
+    let mut h = Harness::new(MysqlConfig::default(), false);
+    h.login(&hex(CAPI_RESPONSE));
+    h.client_packet(0, &query("SELECT slow"));
+    h.client_packet(0, &prepare("SELECT ?"));
+    h.prod_packet(1, OK);
+    h.prod_reply(&prepare_reply(1, 0));
+    h.client_packet(0, &execute(1));
+    let first = h.t.next_deadline().unwrap();
+    h.now = first + Duration::from_millis(500);
+    h.test_packet(1, OK);
+    let moved = h.t.next_deadline().unwrap();
+    assert!(moved > first);
+    h.test_reply(&prepare_reply(7, 0));
+    assert_eq!(h.t.next_deadline(), None);
+    let got: Vec<_> = h.received().into_iter().map(|g| g.1).collect();
+    assert_eq!(got.last(), Some(&execute(7)));
+    assert_eq!(h.count(Counter::HeldTimeouts), 0);
+}

@@ -19,6 +19,7 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::mem;
 use std::sync::Arc;
+use std::time::Duration;
 
 use common::clock::Instant;
 use common::control::{MysqlEvent, MysqlPacket};
@@ -54,6 +55,10 @@ const KEEP_CAPACITY: usize = 64 * 1024;
 const LOST_ANSWER: PrepareAnswer = PrepareAnswer::Err { code: 0 };
 /// utf8mb4_general_ci, what MariaDB Connector/C (sysbench) asks for.
 const SYNTHETIC_CHARSET: u8 = 45;
+/// How long a command may wait for the test server's PREPARE_OK without a word from the test
+/// server. intercept drops summaries when its relay queue is full; a lost PREPARE_OK would
+/// otherwise hold the session (and its FIN) until the backlog overflows or the session idles out.
+const HELD_TIMEOUT: Duration = Duration::from_secs(2);
 /// What Connector/C announces as its largest packet.
 const SYNTHETIC_MAX_PACKET: u32 = 1 << 28;
 
@@ -313,6 +318,10 @@ pub struct MysqlTransform {
     head: Vec<u8>,
     blocked: bool,
     held_counted: bool,
+    /// When a command held for the test server's PREPARE_OK stops waiting ([`HELD_TIMEOUT`]).
+    held_deadline: Option<Instant>,
+    /// The latest time the engine gave us (deadlines are set where no `now` is passed).
+    now: Instant,
     backlog: Vec<u8>,
     /// The client's own auth continuation (answers to production's auth switch) is not ours
     /// to send: swallowed until its next command.
@@ -385,7 +394,7 @@ impl fmt::Debug for MysqlTransform {
 }
 
 impl MysqlTransform {
-    pub(super) fn new(_now: Instant, session: &SessionInfo, shared: Arc<Shared>) -> Self {
+    pub(super) fn new(now: Instant, session: &SessionInfo, shared: Arc<Shared>) -> Self {
         let picked_up = session.picked_up;
         let map = StatementMap::new(shared.config.max_statements);
         let pickup_user = shared.config.default_user.clone();
@@ -406,6 +415,8 @@ impl MysqlTransform {
             head: Vec::new(),
             blocked: false,
             held_counted: false,
+            held_deadline: None,
+            now,
             backlog: Vec::new(),
             swallow_client_auth: false,
             first_checked: !picked_up,
@@ -453,12 +464,17 @@ impl MysqlTransform {
     /// stream order; a copy of one already seen is ignored, a gap ends framing).
     pub fn on_test_packet(
         &mut self,
-        _now: Instant,
+        now: Instant,
         pkt: &MysqlPacket,
         out: &mut TransformOutput<'_>,
     ) {
         if self.dead {
             return;
+        }
+        self.now = now;
+        if self.held_deadline.is_some() {
+            // The test server is making progress (slow commands before the prepare).
+            self.held_deadline = Some(now + HELD_TIMEOUT);
         }
         if pkt.stream_offset < self.test_next_offset {
             return;
@@ -499,13 +515,14 @@ impl MysqlTransform {
     /// intercept can no longer frame the test server's replies of this session.
     pub fn on_test_framing_lost(
         &mut self,
-        _now: Instant,
+        now: Instant,
         _at_seq: u32,
         out: &mut TransformOutput<'_>,
     ) {
         if self.dead {
             return;
         }
+        self.now = now;
         self.lose_framing(out);
         self.resume(out);
     }
@@ -919,10 +936,11 @@ impl MysqlTransform {
     /// login it decides who we log in as; after it, the schema is selected with COM_INIT_DB.
     /// Either way each statement is prepared again on the test server before the client's next
     /// command, and executes of it are translated once the test server answered.
-    pub fn recover(&mut self, _now: Instant, state: RecoveredState, out: &mut TransformOutput<'_>) {
+    pub fn recover(&mut self, now: Instant, state: RecoveredState, out: &mut TransformOutput<'_>) {
         if self.dead || !self.picked_up || self.recovered {
             return;
         }
+        self.now = now;
         self.recovered = true;
         out.count(Counter::RecoveredSessions as usize);
         let RecoveredState {
@@ -1351,6 +1369,7 @@ impl MysqlTransform {
             self.head = Vec::new();
         }
         self.held_counted = false;
+        self.held_deadline = None;
         self.fwd = body(
             len.saturating_sub(taken),
             len as usize == MAX_PAYLOAD_LEN,
@@ -1505,6 +1524,9 @@ impl MysqlTransform {
                     self.held_counted = true;
                     out.count(Counter::CommandsHeldAwaitingPrepare as usize);
                 }
+                if self.held_deadline.is_none() {
+                    self.held_deadline = Some(self.now + HELD_TIMEOUT);
+                }
                 Ok(Verdict::Block)
             }
             Err(u) => Ok(self.drop_statement_command(code, u.reason, out)),
@@ -1622,6 +1644,7 @@ impl MysqlTransform {
         self.inject.clear();
         self.inject_bytes = 0;
         self.blocked = false;
+        self.held_deadline = None;
     }
 }
 
@@ -1661,10 +1684,11 @@ fn init_db(db: &[u8]) -> Injection {
 }
 
 impl StreamTransform for MysqlTransform {
-    fn on_client_data(&mut self, _now: Instant, data: &[u8], out: &mut TransformOutput<'_>) {
+    fn on_client_data(&mut self, now: Instant, data: &[u8], out: &mut TransformOutput<'_>) {
         if self.dead {
             return;
         }
+        self.now = now;
         self.arrive(data, out);
         if self.blocked {
             self.hold(data, out);
@@ -1693,10 +1717,11 @@ impl StreamTransform for MysqlTransform {
         true
     }
 
-    fn on_prod_data(&mut self, _now: Instant, data: &[u8], out: &mut TransformOutput<'_>) {
+    fn on_prod_data(&mut self, now: Instant, data: &[u8], out: &mut TransformOutput<'_>) {
         if self.dead {
             return;
         }
+        self.now = now;
         match self.prod_phase {
             ProdPhase::Unsynced | ProdPhase::Failed => return,
             ProdPhase::Armed => {
@@ -1756,15 +1781,29 @@ impl StreamTransform for MysqlTransform {
 
     fn next_deadline(&self) -> Option<Instant> {
         if self.dead {
-            None
-        } else {
-            self.recovery_deadline
+            return None;
+        }
+        match (self.recovery_deadline, self.held_deadline) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
         }
     }
 
     fn on_timeout(&mut self, now: Instant, out: &mut TransformOutput<'_>) {
         if self.dead {
             return;
+        }
+        self.now = now;
+        if self.held_deadline.is_some_and(|d| now >= d) {
+            // The PREPARE_OK was most likely dropped by intercept: nothing more will come (the
+            // test server gets no new command), so stop following its replies.
+            self.held_deadline = None;
+            out.count(Counter::HeldTimeouts as usize);
+            self.lose_framing(out);
+            self.resume(out);
+            if self.dead {
+                return;
+            }
         }
         match self.recovery_deadline {
             Some(d) if now >= d => {}
