@@ -30,6 +30,7 @@
 //!   0xFFFFFF-long packet, LOCAL INFILE data and auth continuations are recognised by framing
 //!   and sequence ids, never by their content.
 
+mod replies;
 mod transform;
 
 #[cfg(test)]
@@ -162,6 +163,10 @@ pub enum Counter {
     AuthForwardedUnchanged,
     /// A command held for the test server's PREPARE_OK waited too long (summary lost).
     HeldTimeouts,
+    /// A reply's sequence ids disagreed with its structure (the ids were followed).
+    ReplySeqMismatches,
+    /// A reply whose structure could not be followed: cut by sequence ids alone.
+    ReplyStructureLost,
 }
 
 /// Names of [`Counter`] ids, in id order (metrics labels and the summary).
@@ -208,9 +213,11 @@ pub const COUNTER_NAMES: &[&str] = &[
     "auth_switch_nonce_assumed",
     "auth_forwarded_unchanged",
     "held_timeouts",
+    "reply_seq_mismatches",
+    "reply_structure_lost",
 ];
 
-const _: () = assert!(COUNTER_NAMES.len() == Counter::HeldTimeouts as usize + 1);
+const _: () = assert!(COUNTER_NAMES.len() == Counter::ReplyStructureLost as usize + 1);
 const _: () = assert!(COUNTER_NAMES.len() <= crate::engine::TRANSFORM_COUNTERS);
 
 /// What every session of a factory shares (read-only).

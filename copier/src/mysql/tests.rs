@@ -168,6 +168,64 @@ fn prepare_reply(id: u32, params: u16) -> Vec<(u8, Vec<u8>)> {
     r
 }
 
+/// Sequence ids of a reply's packets: 1, 2, … wrapping after 255.
+fn numbered(packets: Vec<Vec<u8>>) -> Vec<(u8, Vec<u8>)> {
+    packets
+        .into_iter()
+        .enumerate()
+        .map(|(i, p)| ((i + 1) as u8, p))
+        .collect()
+}
+
+/// An OK with a 0xFE header, as DEPRECATE_EOF ends rows.
+fn ok_eof(status: u16) -> Vec<u8> {
+    let mut p = vec![0xfe, 0x00, 0x00];
+    p.extend_from_slice(&status.to_le_bytes());
+    p.extend_from_slice(&[0, 0]);
+    p
+}
+
+fn eof(status: u16) -> Vec<u8> {
+    let mut p = vec![0xfe, 0x00, 0x00];
+    p.extend_from_slice(&status.to_le_bytes());
+    p
+}
+
+fn ok(status: u16) -> Vec<u8> {
+    let mut p = vec![0x00, 0x00, 0x00];
+    p.extend_from_slice(&status.to_le_bytes());
+    p.extend_from_slice(&[0, 0]);
+    p
+}
+
+const COLUMN_DEF: &[u8] = b"\x03def\x00\x00\x00\x01c\x00\x0c\x3f\x00";
+
+/// One result set's packets (not numbered): count, definitions, EOF unless `deprecate_eof`,
+/// rows, then EOF or OK carrying `status`.
+fn result_set_packets(columns: u8, rows: u32, deprecate_eof: bool, status: u16) -> Vec<Vec<u8>> {
+    let mut r = vec![vec![columns]];
+    r.extend((0..columns).map(|_| COLUMN_DEF.to_vec()));
+    if !deprecate_eof {
+        r.push(eof(0x0002));
+    }
+    r.extend((0..rows).map(|i| vec![0x03, b'r', b'o', (i % 200) as u8 + b'0']));
+    r.push(if deprecate_eof {
+        ok_eof(status)
+    } else {
+        eof(status)
+    });
+    r
+}
+
+fn result_set(columns: u8, rows: u32, deprecate_eof: bool, status: u16) -> Vec<(u8, Vec<u8>)> {
+    numbered(result_set_packets(
+        columns,
+        rows,
+        deprecate_eof,
+        status | 0x0002,
+    ))
+}
+
 fn execute(id: u32) -> Vec<u8> {
     let mut p = vec![com::STMT_EXECUTE];
     p.extend_from_slice(&id.to_le_bytes());
@@ -1139,13 +1197,11 @@ impl FakeServer {
                     let id = self.ids.pop_front().unwrap();
                     self.replies.extend(prepare_reply(id, 1));
                 }
-                com::QUERY if payload.starts_with(b"\x03BIG") => {
-                    self.replies.push_back((1, vec![0x01]));
-                    for i in 0..300u32 {
-                        self.replies
-                            .push_back(((2 + i) as u8, vec![0x03, b'r', b'o', b'w']));
-                    }
-                    self.replies.push_back((46, EOF.to_vec()));
+                com::QUERY if payload.starts_with(b"\x03BIG ") => {
+                    let spec = std::str::from_utf8(&payload[5..]).unwrap();
+                    let (rows, deprecate_eof) = spec.split_once(' ').unwrap();
+                    let reply = result_set(1, rows.parse().unwrap(), deprecate_eof == "1", 0);
+                    self.replies.extend(reply);
                 }
                 c if expects_reply(c) => self.replies.push_back((1, OK.to_vec())),
                 _ => {}
@@ -1158,7 +1214,8 @@ impl FakeServer {
 #[derive(Clone, Debug)]
 enum Op {
     Query,
-    BigQuery,
+    /// A result set of that many rows, with DEPRECATE_EOF's framing or not.
+    BigQuery(u32, bool),
     Prepare,
     Execute(usize),
     Close(usize),
@@ -1167,7 +1224,15 @@ enum Op {
 fn arb_op() -> impl Strategy<Value = Op> {
     prop_oneof![
         2 => Just(Op::Query),
-        1 => Just(Op::BigQuery),
+        1 => (
+            prop_oneof![
+                // Replies of exactly 256 and 512 packets (and one either side).
+                Just(251u32), Just(252), Just(253), Just(254), Just(507), Just(508), Just(509),
+                0u32..700,
+            ],
+            any::<bool>(),
+        )
+            .prop_map(|(rows, d)| Op::BigQuery(rows, d)),
         3 => Just(Op::Prepare),
         4 => any::<usize>().prop_map(Op::Execute),
         1 => any::<usize>().prop_map(Op::Close),
@@ -1242,7 +1307,10 @@ proptest! {
         for (i, op) in ops.iter().enumerate() {
             let (payload, want) = match op {
                 Op::Query => (query("SELECT 1"), query("SELECT 1")),
-                Op::BigQuery => (query("BIG"), query("BIG")),
+                Op::BigQuery(rows, d) => {
+                    let q = query(&format!("BIG {rows} {}", u8::from(*d)));
+                    (q.clone(), q)
+                }
                 Op::Prepare => {
                     live.push(prepares);
                     prepares += 1;
@@ -1284,6 +1352,8 @@ proptest! {
         prop_assert_eq!(login.auth_response, want.as_bytes());
         prop_assert_eq!(h.count(Counter::RepliesUnmatched), 0);
         prop_assert_eq!(h.count(Counter::ProtocolErrors), 0);
+        prop_assert_eq!(h.count(Counter::ReplySeqMismatches), 0);
+        prop_assert_eq!(h.count(Counter::ReplyStructureLost), 0);
         prop_assert_eq!(h.count(Counter::StatementsMapped), prepares as u64);
     }
 
@@ -1363,4 +1433,196 @@ fn the_held_deadline_moves_while_the_test_server_is_answering() {
     let got: Vec<_> = h.received().into_iter().map(|g| g.1).collect();
     assert_eq!(got.last(), Some(&execute(7)));
     assert_eq!(h.count(Counter::HeldTimeouts), 0);
+}
+
+/// The reviewer's scenario: 1 column → count, definition, EOF, 252 rows, EOF = 256 packets,
+/// whose last id is 0; the next reply (a PREPARE_OK, id 1) must not be taken for a row.
+fn replies_of_256_packets_end_where_their_structure_ends(reply: Vec<(u8, Vec<u8>)>) {
+    assert_eq!(reply.len() % 256, 0);
+    assert_eq!(reply.last().unwrap().0, 0);
+    let mut h = Harness::new(MysqlConfig::default(), false);
+    h.login(&hex(CAPI_RESPONSE));
+    h.client_packet(0, &prepare("SELECT a"));
+    h.prod_reply(&prepare_reply(1, 0));
+    h.test_reply(&prepare_reply(11, 0));
+    h.client_packet(0, &query("CALL many_rows()"));
+    h.client_packet(0, &prepare("SELECT b"));
+    h.prod_reply(&reply);
+    h.test_reply(&reply);
+    h.prod_reply(&prepare_reply(2, 0));
+    h.test_reply(&prepare_reply(12, 0));
+    h.client_packet(0, &execute(2));
+    h.client_packet(0, &execute(1));
+    let got: Vec<_> = h.received().into_iter().map(|g| g.1).collect();
+    assert_eq!(
+        got,
+        vec![
+            prepare("SELECT a"),
+            query("CALL many_rows()"),
+            prepare("SELECT b"),
+            execute(12),
+            execute(11),
+        ]
+    );
+    assert!(!h.t.pending());
+    assert_eq!(h.count(Counter::StatementsMapped), 2);
+    assert_eq!(h.count(Counter::RepliesUnmatched), 0);
+    assert_eq!(h.count(Counter::ReplySeqMismatches), 0);
+    assert_eq!(h.count(Counter::ReplyStructureLost), 0);
+}
+
+#[test]
+fn a_reply_of_exactly_256_packets_is_followed_by_the_next_reply() {
+    replies_of_256_packets_end_where_their_structure_ends(result_set(1, 252, false, 0));
+    replies_of_256_packets_end_where_their_structure_ends(result_set(1, 508, false, 0));
+}
+
+#[test]
+fn a_reply_of_exactly_256_packets_with_deprecate_eof() {
+    // count, definition, 253 rows, OK (0xFE).
+    replies_of_256_packets_end_where_their_structure_ends(result_set(1, 253, true, 0));
+    replies_of_256_packets_end_where_their_structure_ends(result_set(2, 252, true, 0));
+}
+
+#[test]
+fn multi_result_sets_end_with_the_result_without_more_results() {
+    const MORE: u16 = 0x0008 | 0x0002;
+    for deprecate_eof in [false, true] {
+        // A procedure: two result sets, then its own OK (256 packets in all).
+        let mut packets = result_set_packets(1, 100, deprecate_eof, MORE);
+        let second_rows = 256 - packets.len() as u32 - 1 - if deprecate_eof { 3 } else { 4 };
+        packets.extend(result_set_packets(1, second_rows, deprecate_eof, MORE));
+        packets.push(ok(0x0002));
+        replies_of_256_packets_end_where_their_structure_ends(numbered(packets));
+        // Two statements: an OK with MORE_RESULTS_EXISTS, then a result set.
+        let mut packets = vec![ok(MORE)];
+        packets.extend(result_set_packets(
+            1,
+            256 - 1 - if deprecate_eof { 3 } else { 4 },
+            deprecate_eof,
+            0x0002,
+        ));
+        replies_of_256_packets_end_where_their_structure_ends(numbered(packets));
+    }
+}
+
+#[test]
+fn prepare_answers_with_definitions_with_and_without_eofs() {
+    // PREPARE_OK with 1 column and 2 params: params then columns, each closed by an EOF unless
+    // DEPRECATE_EOF, then a reply of 256 packets, then the next PREPARE_OK.
+    for deprecate_eof in [false, true] {
+        let mut h = Harness::new(MysqlConfig::default(), false);
+        h.login(&hex(CAPI_RESPONSE));
+        let answer = |id: u32| {
+            let mut ok = Vec::new();
+            PrepareOk {
+                statement_id: id,
+                num_columns: 1,
+                num_params: 2,
+                warnings: 0,
+            }
+            .write(&mut ok);
+            let mut p = vec![ok, COLUMN_DEF.to_vec(), COLUMN_DEF.to_vec()];
+            if !deprecate_eof {
+                p.push(EOF.to_vec());
+            }
+            p.push(COLUMN_DEF.to_vec());
+            if !deprecate_eof {
+                p.push(EOF.to_vec());
+            }
+            numbered(p)
+        };
+        h.client_packet(0, &prepare("SELECT c FROM t WHERE a = ? AND b = ?"));
+        h.client_packet(0, &query("SELECT many"));
+        h.client_packet(0, &prepare("SELECT d"));
+        let big = result_set(1, if deprecate_eof { 253 } else { 252 }, deprecate_eof, 0);
+        for (p, t) in [(1, 11), (2, 12)] {
+            h.prod_reply(&answer(p));
+            h.test_reply(&answer(t));
+            if p == 1 {
+                h.prod_reply(&big);
+                h.test_reply(&big);
+            }
+        }
+        h.client_packet(0, &execute(2));
+        h.client_packet(0, &execute(1));
+        let got: Vec<_> = h.received().into_iter().map(|g| g.1).collect();
+        assert_eq!(&got[3..], &[execute(12), execute(11)]);
+        assert_eq!(h.count(Counter::ReplySeqMismatches), 0);
+        assert_eq!(h.count(Counter::ReplyStructureLost), 0);
+    }
+}
+
+#[test]
+fn mariadb_execute_replies_without_metadata_and_fetches_are_followed() {
+    // MariaDB CACHE_METADATA: the column count's flag byte 0 says no definitions follow.
+    let mut packets = vec![vec![0x01, 0x00]];
+    packets.extend((0..254).map(|_| vec![0x00, 0x00, 0x01, 0x02]));
+    packets.push(ok_eof(0x0002));
+    let reply = numbered(packets);
+    assert_eq!(reply.len(), 256);
+    let mut h = Harness::new(MysqlConfig::default(), false);
+    h.login(&hex(CAPI_RESPONSE));
+    h.client_packet(0, &prepare("SELECT a"));
+    h.prod_reply(&prepare_reply(1, 0));
+    h.test_reply(&prepare_reply(11, 0));
+    h.client_packet(0, &execute(1));
+    h.client_packet(0, &prepare("SELECT b"));
+    h.prod_reply(&reply);
+    h.test_reply(&reply);
+    h.prod_reply(&prepare_reply(2, 0));
+    h.test_reply(&prepare_reply(12, 0));
+    // A cursor: execute answers with the definitions only, COM_STMT_FETCH with rows + EOF.
+    let mut fetch = vec![com::STMT_FETCH];
+    fetch.extend_from_slice(&2u32.to_le_bytes());
+    fetch.extend_from_slice(&300u32.to_le_bytes());
+    h.client_packet(0, &execute(2));
+    h.client_packet(0, &fetch);
+    h.client_packet(0, &prepare("SELECT c"));
+    let cursor = numbered(vec![vec![0x01], COLUMN_DEF.to_vec(), eof(0x0042)]);
+    let mut rows: Vec<Vec<u8>> = (0..255).map(|_| vec![0x00, 0x00, 0x07]).collect();
+    rows.push(eof(0x0042 | 0x0080));
+    let rows = numbered(rows);
+    for r in [&cursor, &rows, &prepare_reply(3, 0)] {
+        h.prod_reply(r);
+    }
+    for r in [&cursor, &rows, &prepare_reply(13, 0)] {
+        h.test_reply(r);
+    }
+    h.client_packet(0, &execute(3));
+    let got: Vec<_> = h.received().into_iter().map(|g| g.1).collect();
+    let mut fetch12 = fetch.clone();
+    fetch12[1..5].copy_from_slice(&12u32.to_le_bytes());
+    assert_eq!(
+        &got[3..],
+        &[execute(12), fetch12, prepare("SELECT c"), execute(13)]
+    );
+    assert_eq!(h.count(Counter::StatementsMapped), 3);
+    assert_eq!(h.count(Counter::ReplySeqMismatches), 0);
+    assert_eq!(h.count(Counter::ReplyStructureLost), 0);
+}
+
+#[test]
+fn a_reply_whose_structure_is_lost_is_cut_by_sequence_ids() {
+    let mut h = Harness::new(MysqlConfig::default(), false);
+    h.login(&hex(CAPI_RESPONSE));
+    h.client_packet(0, &query("SELECT odd"));
+    h.client_packet(0, &prepare("SELECT ?"));
+    // An OK whose affected-rows and insert-id take 18 bytes: its status is past the 16 shown.
+    let mut big_ok = vec![0x00, 0xfe];
+    big_ok.extend_from_slice(&u64::MAX.to_le_bytes());
+    big_ok.push(0xfe);
+    big_ok.extend_from_slice(&u64::MAX.to_le_bytes());
+    big_ok.extend_from_slice(&[0x02, 0x00, 0x00, 0x00]);
+    // Past the packets intercept shows whole.
+    h.test.index = MYSQL_FULL_HEAD_PACKETS;
+    h.prod_reply(&[(1, big_ok.clone())]);
+    h.prod_reply(&prepare_reply(1, 0));
+    h.test_packet(1, &big_ok);
+    h.test_reply(&prepare_reply(2, 0));
+    h.client_packet(0, &execute(1));
+    let got: Vec<_> = h.received().into_iter().map(|g| g.1).collect();
+    assert_eq!(got.last(), Some(&execute(2)));
+    assert_eq!(h.count(Counter::ReplyStructureLost), 2);
+    assert_eq!(h.count(Counter::ReplySeqMismatches), 0);
 }

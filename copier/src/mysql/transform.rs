@@ -11,9 +11,10 @@
 //!   streams through or is skipped as it arrives. While a packet is held, later client bytes
 //!   wait in `backlog`, so the order toward the test server never changes.
 //! * **Production's replies** (`on_prod_data`) and **the test server's** (`on_test_packet`,
-//!   summaries from intercept): both are cut into replies by the same rule — a reply's first
-//!   packet has sequence id 1 and does not follow a packet with id 0 (ids wrap inside long
-//!   replies) — and matched in order with the commands each server was sent.
+//!   summaries from intercept): both are cut into replies the same way, by following each
+//!   reply's structure to its end ([`ReplyTracker`]: sequence ids alone cannot tell a reply of
+//!   256·k packets, which ends on id 0, from a longer one), and matched in order with the
+//!   commands each server was sent.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -36,6 +37,7 @@ use common::mysql::packet::{
 };
 use common::mysql::stmt::{PrepareAnswer, Resolution, StatementMap, UnmappedReason, SQL_KEPT};
 
+use super::replies::{ReplyKind, ReplyTracker, Seen};
 use super::{Counter, NotRecovered, RecoveredState, Shared};
 use crate::engine::{SessionInfo, StreamTransform, TestEvent, TransformOutput};
 
@@ -222,13 +224,24 @@ enum TestPhase {
 
 /// What the test server owes for something we sent it.
 enum TestExpect {
-    Reply,
+    Reply(ReplyKind),
     /// A COM_STMT_PREPARE tracked in the statement map.
     Prepare,
     /// Our own COM_INIT_DB (recovered or default schema).
     InitDb,
     /// A COM_CHANGE_USER, whose reply is an auth exchange.
     ChangeUser(Box<AuthExchange>),
+}
+
+impl TestExpect {
+    fn kind(&self) -> ReplyKind {
+        match self {
+            Self::Reply(k) => *k,
+            Self::Prepare => ReplyKind::Prepare,
+            Self::InitDb => ReplyKind::Generic,
+            Self::ChangeUser(_) => ReplyKind::Auth,
+        }
+    }
 }
 
 /// An auth exchange with the test server in progress (login or COM_CHANGE_USER).
@@ -270,6 +283,7 @@ enum ProdPhase {
 struct ProdPacket {
     seq: u8,
     part: u32,
+    len: u32,
     prefix: [u8; PROD_PREFIX],
     prefix_len: u8,
 }
@@ -282,6 +296,7 @@ impl ProdPacket {
         Self {
             seq: p.header.seq,
             part: p.header.part,
+            len: p.header.len,
             prefix,
             prefix_len: n as u8,
         }
@@ -353,13 +368,15 @@ pub struct MysqlTransform {
     test_next_offset: u64,
     test_prev_len: u32,
     test_prev_seq: Option<u8>,
+    test_replies: ReplyTracker,
 
     // Production.
     prod_phase: ProdPhase,
     prod_scanner: FrameScanner,
-    /// Per command awaiting production's reply: whether it is a COM_STMT_PREPARE.
-    prod_fifo: VecDeque<bool>,
+    /// Per command awaiting production's reply: how the reply is built.
+    prod_fifo: VecDeque<ReplyKind>,
     prod_prev_seq: Option<u8>,
+    prod_replies: ReplyTracker,
     prod_scratch: Vec<ProdPacket>,
 
     // Prepared statements.
@@ -439,6 +456,7 @@ impl MysqlTransform {
             test_next_offset: 0,
             test_prev_len: 0,
             test_prev_seq: None,
+            test_replies: ReplyTracker::new(),
             prod_phase: if picked_up {
                 ProdPhase::Unsynced
             } else {
@@ -447,6 +465,7 @@ impl MysqlTransform {
             prod_scanner: FrameScanner::new(PROD_PREFIX),
             prod_fifo: VecDeque::new(),
             prod_prev_seq: None,
+            prod_replies: ReplyTracker::new(),
             prod_scratch: Vec::new(),
             map,
             prod_answers: VecDeque::new(),
@@ -488,9 +507,19 @@ impl MysqlTransform {
             .stream_offset
             .saturating_add(HEADER_LEN as u64 + u64::from(pkt.len));
         let continuation = self.test_prev_len as usize == MAX_PAYLOAD_LEN;
-        let starts_reply = !continuation && pkt.seq_id == 1 && self.test_prev_seq != Some(0);
+        let prev = self.test_prev_seq.replace(pkt.seq_id);
         self.test_prev_len = pkt.len;
-        self.test_prev_seq = Some(pkt.seq_id);
+        let starts_reply = self.test_phase == TestPhase::Commands && {
+            let next = self
+                .test_fifo
+                .front()
+                .map_or(ReplyKind::Generic, TestExpect::kind);
+            let seen =
+                self.test_replies
+                    .packet(pkt.seq_id, prev, pkt.len, &pkt.head, continuation, next);
+            count_seen(seen, out);
+            seen.start
+        };
         let r = match self.test_phase {
             TestPhase::Greeting => self.test_greeting(pkt, continuation, out),
             TestPhase::Login => Err(protocol("test_server_spoke_first")),
@@ -712,7 +741,7 @@ impl MysqlTransform {
     ) -> Result<(), Abandon> {
         match self.test_fifo.pop_front() {
             None => out.count(Counter::RepliesUnmatched as usize),
-            Some(TestExpect::Reply) => {}
+            Some(TestExpect::Reply(_)) => {}
             Some(TestExpect::Prepare) => {
                 let answer = PrepareAnswer::parse(&pkt.head).unwrap_or_else(|_| {
                     out.count(Counter::ProtocolErrors as usize);
@@ -1072,7 +1101,16 @@ impl MysqlTransform {
                 _ => {}
             },
             ProdPhase::Commands => {
-                if p.seq == 1 && prev != Some(0) {
+                let next = self
+                    .prod_fifo
+                    .front()
+                    .copied()
+                    .unwrap_or(ReplyKind::Generic);
+                let seen = self
+                    .prod_replies
+                    .packet(p.seq, prev, p.len, p.prefix(), false, next);
+                count_seen(seen, out);
+                if seen.start {
                     self.prod_reply(p, out);
                 }
             }
@@ -1081,12 +1119,22 @@ impl MysqlTransform {
                     // The reply to the latest command; the earlier ones were answered in bytes
                     // we could not frame.
                     while self.prod_fifo.len() > 1 {
-                        if self.prod_fifo.pop_front() == Some(true) {
+                        if self.prod_fifo.pop_front() == Some(ReplyKind::Prepare) {
                             self.lose_prod_answer(out);
                         }
                     }
                     out.count(Counter::ProdResyncs as usize);
                     self.prod_phase = ProdPhase::Commands;
+                    self.prod_replies.reset();
+                    let next = self
+                        .prod_fifo
+                        .front()
+                        .copied()
+                        .unwrap_or(ReplyKind::Generic);
+                    let seen =
+                        self.prod_replies
+                            .packet(p.seq, None, p.len, p.prefix(), false, next);
+                    count_seen(seen, out);
                     self.prod_reply(p, out);
                 } else {
                     self.lose_all_prod(out);
@@ -1100,14 +1148,14 @@ impl MysqlTransform {
     fn prod_reply(&mut self, p: &ProdPacket, out: &mut TransformOutput<'_>) {
         match self.prod_fifo.pop_front() {
             None => out.count(Counter::RepliesUnmatched as usize),
-            Some(false) => {}
-            Some(true) => {
+            Some(ReplyKind::Prepare) => {
                 let answer = PrepareAnswer::parse(p.prefix()).unwrap_or_else(|_| {
                     out.count(Counter::ProtocolErrors as usize);
                     LOST_ANSWER
                 });
                 self.prod_prepare_answer(answer, out);
             }
+            Some(_) => {}
         }
     }
 
@@ -1117,24 +1165,29 @@ impl MysqlTransform {
     }
 
     fn lose_all_prod(&mut self, out: &mut TransformOutput<'_>) {
-        while let Some(is_prepare) = self.prod_fifo.pop_front() {
-            if is_prepare {
+        self.prod_replies.reset();
+        while let Some(kind) = self.prod_fifo.pop_front() {
+            if kind == ReplyKind::Prepare {
                 self.lose_prod_answer(out);
             }
         }
     }
 
     /// A client command production will answer (seen as it arrives).
-    fn prod_expects(&mut self, is_prepare: bool, out: &mut TransformOutput<'_>) {
+    fn prod_expects(&mut self, kind: ReplyKind, out: &mut TransformOutput<'_>) {
         if self.prod_fifo.len() >= MAX_IN_FLIGHT {
             // Production's replies are not being seen: start over from the next command.
             self.lose_all_prod(out);
             self.prod_phase = ProdPhase::Unsynced;
         }
-        self.prod_fifo.push_back(is_prepare);
+        self.prod_fifo.push_back(kind);
         match self.prod_phase {
             // The client only sends commands once logged in; its OK may not have been read.
-            ProdPhase::Greeting | ProdPhase::Auth => self.prod_phase = ProdPhase::Commands,
+            ProdPhase::Greeting | ProdPhase::Auth => {
+                self.prod_phase = ProdPhase::Commands;
+                // The rest of the auth exchange, if any, ends before the reply (id 1).
+                self.prod_replies.skip_to_next_reply();
+            }
             ProdPhase::Unsynced => self.prod_phase = ProdPhase::Armed,
             _ => {}
         }
@@ -1223,7 +1276,7 @@ impl MysqlTransform {
             }
             match code {
                 Some(c) if !expects_reply(c) => {}
-                c => self.prod_expects(c == Some(com::STMT_PREPARE), out),
+                c => self.prod_expects(ReplyKind::of_command(c), out),
             }
         }
         self.arrived = pkts;
@@ -1448,7 +1501,7 @@ impl MysqlTransform {
         let Some(&code) = self.head.get(HEADER_LEN) else {
             // An empty packet: the servers answer it with an error.
             out.count(Counter::ProtocolErrors as usize);
-            self.expect_test(TestExpect::Reply)?;
+            self.expect_test(TestExpect::Reply(ReplyKind::Generic))?;
             return Ok(Verdict::Forward);
         };
         match code {
@@ -1461,7 +1514,7 @@ impl MysqlTransform {
                 self.expect_test(if tracked {
                     TestExpect::Prepare
                 } else {
-                    TestExpect::Reply
+                    TestExpect::Reply(ReplyKind::Prepare)
                 })?;
             }
             c if command::carries_statement_id(c) => return self.statement_command(c, out),
@@ -1470,11 +1523,11 @@ impl MysqlTransform {
                 self.map.reset_all();
                 self.stmts_predate_us = false;
                 out.count(Counter::ResetConnection as usize);
-                self.expect_test(TestExpect::Reply)?;
+                self.expect_test(TestExpect::Reply(ReplyKind::Generic))?;
             }
             c => {
                 if expects_reply(c) {
-                    self.expect_test(TestExpect::Reply)?;
+                    self.expect_test(TestExpect::Reply(ReplyKind::of_command(Some(c))))?;
                 }
             }
         }
@@ -1493,7 +1546,7 @@ impl MysqlTransform {
             // Too short to hold an id: the servers reject it alike.
             out.count(Counter::ProtocolErrors as usize);
             if expects_reply(code) {
-                self.expect_test(TestExpect::Reply)?;
+                self.expect_test(TestExpect::Reply(ReplyKind::of_command(Some(code))))?;
             }
             out.count(Counter::CommandsForwarded as usize);
             return Ok(Verdict::Forward);
@@ -1514,7 +1567,7 @@ impl MysqlTransform {
                     return Err(protocol("statement_id_unwritable"));
                 }
                 if expects_reply(code) {
-                    self.expect_test(TestExpect::Reply)?;
+                    self.expect_test(TestExpect::Reply(ReplyKind::of_command(Some(code))))?;
                 }
                 out.count(Counter::CommandsForwarded as usize);
                 Ok(Verdict::Forward)
@@ -1661,6 +1714,15 @@ fn body(left: u32, more: bool, forward: bool) -> Fwd {
             more,
             forward,
         },
+    }
+}
+
+fn count_seen(seen: Seen, out: &mut TransformOutput<'_>) {
+    if seen.mismatch {
+        out.count(Counter::ReplySeqMismatches as usize);
+    }
+    if seen.lost {
+        out.count(Counter::ReplyStructureLost as usize);
     }
 }
 
