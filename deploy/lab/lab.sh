@@ -1070,19 +1070,32 @@ cmd_logs() {
 # ---------------------------------------------------------------------------------------------------
 # main
 
-LAB_ARGV=("$@")
-LAB_NAME=${LAB_NAME:-tsd}
-while (($# > 0)); do
-    case $1 in
+# name_option ARGS...: if ARGS start with --name VALUE or --name=VALUE, sets LAB_NAME and NSHIFT
+# (how many arguments it took); otherwise NSHIFT=0.
+name_option() {
+    NSHIFT=0
+    case ${1-} in
     --name)
         (($# >= 2)) || die "--name needs a value"
         LAB_NAME=$2
-        shift 2
+        NSHIFT=2
         ;;
     --name=*)
         LAB_NAME=${1#--name=}
-        shift
+        NSHIFT=1
         ;;
+    esac
+}
+
+LAB_ARGV=("$@")
+LAB_NAME=${LAB_NAME:-tsd}
+while (($# > 0)); do
+    name_option "$@"
+    if ((NSHIFT > 0)); then
+        shift "$NSHIFT"
+        continue
+    fi
+    case $1 in
     -h | --help)
         usage
         exit 0
@@ -1101,18 +1114,9 @@ shift
 case $CMD in
 up | down | status | env)
     while (($# > 0)); do
-        case $1 in
-        --name)
-            (($# >= 2)) || die "--name needs a value"
-            LAB_NAME=$2
-            shift 2
-            ;;
-        --name=*)
-            LAB_NAME=${1#--name=}
-            shift
-            ;;
-        *) die "$CMD: unexpected argument '$1'" ;;
-        esac
+        name_option "$@"
+        ((NSHIFT > 0)) || die "$CMD: unexpected argument '$1'"
+        shift "$NSHIFT"
     done
     ;;
 esac
