@@ -20,8 +20,10 @@ use crate::pump::{KernelStats, ParseErrors, SegmentSource, SourceStats};
 pub struct CaptureOptions {
     /// Interface name, or "any".
     pub interface: String,
-    /// The test server's port: replies come from it.
-    pub port: u16,
+    /// The test servers' ports: replies come from them. Sessions are told apart by the
+    /// mirrored client address alone (each copier engine has its own addresses), so any
+    /// number of ports share one capture.
+    pub ports: Vec<u16>,
     /// Only replies from this address, when set.
     pub server: Option<Ipv4Addr>,
     /// What of each reply's payload must be captured.
@@ -33,9 +35,16 @@ pub struct CaptureOptions {
 
 /// The BPF filter for `opts`.
 pub fn bpf_filter(opts: &CaptureOptions) -> String {
+    let ports = match opts.ports.as_slice() {
+        [one] => format!("src port {one}"),
+        many => {
+            let any: Vec<String> = many.iter().map(|p| format!("src port {p}")).collect();
+            format!("({})", any.join(" or "))
+        }
+    };
     match opts.server {
-        Some(ip) => format!("tcp and src port {} and src host {ip}", opts.port),
-        None => format!("tcp and src port {}", opts.port),
+        Some(ip) => format!("tcp and {ports} and src host {ip}"),
+        None => format!("tcp and {ports}"),
     }
 }
 
@@ -192,7 +201,7 @@ mod tests {
     fn opts(server: Option<Ipv4Addr>) -> CaptureOptions {
         CaptureOptions {
             interface: "any".into(),
-            port: 3306,
+            ports: vec![3306],
             server,
             payload: CapturedPayload::Prefix(64),
             direction: Direction::In,
@@ -207,6 +216,21 @@ mod tests {
             bpf_filter(&opts(Some(Ipv4Addr::new(198, 18, 0, 3)))),
             "tcp and src port 3306 and src host 198.18.0.3"
         );
+    }
+
+    #[test]
+    fn several_ports_are_one_bracketed_alternative() {
+        let o = CaptureOptions {
+            ports: vec![3306, 3307],
+            ..opts(Some(Ipv4Addr::new(198, 18, 0, 3)))
+        };
+        let f = bpf_filter(&o);
+        assert_eq!(
+            f,
+            "tcp and (src port 3306 or src port 3307) and src host 198.18.0.3"
+        );
+        let dead = Capture::dead(pcap::Linktype::ETHERNET).unwrap();
+        dead.compile(&f, true).unwrap();
     }
 
     #[test]

@@ -25,9 +25,10 @@ use intercept::signals;
 #[derive(Parser, Debug)]
 #[command(name = "intercept", version)]
 struct Cli {
-    /// The test server's MySQL port: replies are captured by this source port.
-    #[arg(long, env = "TCPSHADOW_PORT")]
-    port: u16,
+    /// The test server's port: replies are captured by this source port. Several (one per
+    /// copier `--map` target port): repeat the flag or separate them with commas.
+    #[arg(long, env = "TCPSHADOW_PORT", required = true, value_delimiter = ',', value_parser = clap::value_parser!(u16).range(1..))]
+    port: Vec<u16>,
 
     /// Address the copiers connect to.
     #[arg(
@@ -145,6 +146,19 @@ fn main() {
 }
 
 impl Cli {
+    /// The ports, each once, in order.
+    fn ports(&self) -> Vec<u16> {
+        let mut ports = self.port.clone();
+        ports.sort_unstable();
+        ports.dedup();
+        ports
+    }
+
+    fn ports_label(&self) -> String {
+        let ports: Vec<String> = self.ports().iter().map(u16::to_string).collect();
+        ports.join(",")
+    }
+
     fn mysql(&self) -> bool {
         self.protocol == ProtocolArg::Mysql
     }
@@ -181,7 +195,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     // listening for copiers when it happens.
     let mut source = PcapSource::open(&CaptureOptions {
         interface: cli.interface.clone(),
-        port: cli.port,
+        ports: cli.ports(),
         server: cli.server,
         payload: if cli.mysql() {
             CapturedPayload::Whole
@@ -202,7 +216,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     let server = ControlServer::start(
         listener,
         ServerConfig {
-            name: format!("intercept@{} port {}", hostname(), cli.port),
+            name: format!("intercept@{} port {}", hostname(), cli.ports_label()),
             token,
             payload_prefix,
             mysql_head: cli.mysql().then_some(cli.mysql_head),
@@ -327,6 +341,16 @@ mod tests {
         assert!(
             Cli::try_parse_from(["intercept", "--port", "3306", "--max-copiers", "0"]).is_err()
         );
+    }
+
+    #[test]
+    fn several_ports_repeated_or_comma_separated() {
+        let cli =
+            Cli::try_parse_from(["intercept", "--port", "3307,3306", "--port", "3307"]).unwrap();
+        assert_eq!(cli.ports(), vec![3306, 3307]);
+        assert_eq!(cli.ports_label(), "3306,3307");
+        assert!(Cli::try_parse_from(["intercept"]).is_err());
+        assert!(Cli::try_parse_from(["intercept", "--port", "0"]).is_err());
     }
 
     #[test]
