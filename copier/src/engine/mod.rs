@@ -82,10 +82,12 @@
 //! * **Sessions** live in a slab with generation-checked ids, indexed by captured flow and by
 //!   mirrored address; sessions with something to send wait in a round-robin ready queue.
 
+mod fleet;
 mod pool;
 mod ranges;
 mod reassembly;
 mod rtt;
+mod sample;
 mod session;
 mod stats;
 mod transform;
@@ -106,7 +108,9 @@ use common::clock::Instant;
 use common::control::TestFeedback;
 use common::wire::{emit_ipv4_tcp, SegmentRepr, TcpPacket};
 
+pub use fleet::{Fleet, FleetError};
 use pool::AddressPool;
+pub use sample::Sample;
 use session::{Outcome, Session, Start};
 pub use stats::EngineStats;
 pub use transform::{
@@ -132,6 +136,11 @@ pub struct EngineConfig {
     /// If set (network, prefix length), clients are mirrored from pool addresses: same port,
     /// address probed so no two live sessions share a 4-tuple toward the target.
     pub client_ip_pool: Option<(Ipv4Addr, u8)>,
+    /// `(index, count)`: this engine uses only the index-th of `count` equal slices of the
+    /// pool, so engines sharing a pool (a [`Fleet`]) never pick the same address.
+    pub pool_slice: (u32, u32),
+    /// Mirror only this share of client connections (see `sample.rs`); `None`: all.
+    pub sample: Option<Sample>,
     /// Our largest segment payload toward the target (path MTU - 40). Clamped to 64..=65495.
     pub mss: u16,
     pub min_rto: Duration,
@@ -171,6 +180,8 @@ impl EngineConfig {
             prod_port,
             target,
             client_ip_pool: None,
+            pool_slice: (0, 1),
+            sample: None,
             mss: 1460,
             min_rto: Duration::from_millis(200),
             max_rto: Duration::from_secs(60),
@@ -352,9 +363,11 @@ impl Engine {
     /// An engine whose sessions each get a transform from `factory` (see [`StreamTransform`]).
     pub fn with_transform(cfg: EngineConfig, factory: Box<dyn TransformFactory>) -> Self {
         let cfg = cfg.normalized();
+        let (slice, slices) = cfg.pool_slice;
         let pool = cfg
             .client_ip_pool
-            .and_then(|(net, prefix)| AddressPool::new(net, prefix, *cfg.target.ip()));
+            .and_then(|(net, prefix)| AddressPool::new(net, prefix, *cfg.target.ip()))
+            .and_then(|p| p.slice(slice, slices));
         let presize = cfg.max_sessions.min(1 << 16);
         Self {
             pool,
@@ -416,12 +429,36 @@ impl Engine {
             self.stats.captured_target += 1;
         } else if pkt.dst_port == self.cfg.prod_port {
             self.stats.captured_client_to_prod += 1;
+            if self.sampled_out(SocketAddrV4::new(pkt.src, pkt.src_port)) {
+                // A new connection is counted once, at its SYN (a retransmitted SYN counts
+                // again); one picked up mid-stream has no first packet to count.
+                let f = pkt.flags;
+                if f.syn() && !f.ack() && !f.rst() {
+                    self.stats.sessions_not_sampled += 1;
+                }
+                return;
+            }
             self.on_client_packet(now, pkt);
         } else if pkt.src_port == self.cfg.prod_port {
             self.stats.captured_prod_to_client += 1;
+            if self.sampled_out(SocketAddrV4::new(pkt.dst, pkt.dst_port)) {
+                return;
+            }
             self.on_prod_packet(now, pkt);
         } else {
             self.stats.captured_ignored += 1;
+        }
+    }
+
+    /// `--sample`: the connection of `client` is not mirrored. Checked before any lookup so
+    /// its packets cost one hash and never create state.
+    fn sampled_out(&mut self, client: SocketAddrV4) -> bool {
+        match self.cfg.sample {
+            Some(s) if !s.admits(client) => {
+                self.stats.packets_not_sampled += 1;
+                true
+            }
+            _ => false,
         }
     }
 

@@ -43,6 +43,34 @@ impl AddressPool {
         (len > 0 && !only_excluded).then_some(pool)
     }
 
+    /// The `index`-th of `count` equal slices (the remainder of the division is left unused);
+    /// `None` if a slice would be empty. Engines given different slices never share an address.
+    pub(crate) fn slice(self, index: u32, count: u32) -> Option<Self> {
+        let each = self.len / count.max(1);
+        if each == 0 || index >= count {
+            return None;
+        }
+        Some(Self {
+            first: self.first + index * each,
+            len: each,
+            exclude: self.exclude,
+        })
+    }
+
+    /// Which of `count` slices (see [`AddressPool::slice`]) holds `ip`, if any.
+    pub(crate) fn slice_of(&self, ip: Ipv4Addr, count: u32) -> Option<u32> {
+        let each = self.len / count.max(1);
+        let offset = u32::from(ip).checked_sub(self.first)?;
+        let index = offset.checked_div(each)?;
+        (index < count).then_some(index)
+    }
+
+    /// Usable addresses (the target's, when inside, does not count).
+    pub(crate) fn usable(&self) -> u32 {
+        let hit = self.exclude >= self.first && self.exclude - self.first < self.len;
+        self.len - u32::from(hit)
+    }
+
     /// A pool address with the client's port whose (address, port) `taken` does not claim.
     /// Probing stops at the first free address, so it costs at most one step per live session
     /// using that port.
@@ -111,6 +139,32 @@ mod tests {
             None,
             "6 usable addresses in a /29"
         );
+    }
+
+    #[test]
+    fn slices_are_disjoint_and_found_again() {
+        let p = AddressPool::new(Ipv4Addr::new(198, 19, 0, 0), 24, Ipv4Addr::UNSPECIFIED).unwrap();
+        let mut seen = HashSet::new();
+        for i in 0..3 {
+            let s = p.slice(i, 3).unwrap();
+            assert_eq!(s.len, 84);
+            let mut used = HashSet::new();
+            for n in 0..84u8 {
+                let c = SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, n), 4000);
+                let a = s.pick(c, |x| used.contains(&x)).unwrap();
+                used.insert(a);
+                assert!(seen.insert(a), "{a} in two slices");
+                assert_eq!(p.slice_of(*a.ip(), 3), Some(i));
+            }
+        }
+        assert_eq!(p.slice_of(Ipv4Addr::new(198, 19, 0, 0), 3), None);
+        assert_eq!(
+            p.slice_of(Ipv4Addr::new(198, 19, 0, 254), 3),
+            None,
+            "remainder"
+        );
+        assert_eq!(p.slice_of(Ipv4Addr::new(10, 0, 0, 1), 3), None);
+        assert!(p.slice(0, 255).is_none());
     }
 
     #[test]

@@ -27,6 +27,10 @@ pub struct EngineStats {
     pub sessions_collided: u64,
     /// New connections not mirrored because every pool address was in use with that port.
     pub pool_exhausted: u64,
+    /// New connections (client SYNs) left out by `sample`.
+    pub sessions_not_sampled: u64,
+    /// Captured packets (both directions) of connections left out by `sample`.
+    pub packets_not_sampled: u64,
 
     // --- capture ---
     pub captured_client_to_prod: u64,
@@ -128,6 +132,29 @@ impl EngineStats {
         self.sessions_closed.iter().sum()
     }
 
+    /// Adds the counters of another copy of the same captured traffic (`--multiply`): its
+    /// sessions, bytes and losses are its own, but the packets it was handed are not more
+    /// captured packets, so the capture-side counters stay ours.
+    pub fn merge_copy(&mut self, o: &EngineStats) {
+        let keep = (
+            self.captured_client_to_prod,
+            self.captured_prod_to_client,
+            self.captured_ignored,
+            self.captured_target,
+            self.sessions_not_sampled,
+            self.packets_not_sampled,
+        );
+        self.merge(o);
+        (
+            self.captured_client_to_prod,
+            self.captured_prod_to_client,
+            self.captured_ignored,
+            self.captured_target,
+            self.sessions_not_sampled,
+            self.packets_not_sampled,
+        ) = keep;
+    }
+
     /// Adds another engine's counters (one engine per capture thread).
     pub fn merge(&mut self, o: &EngineStats) {
         macro_rules! add {
@@ -141,6 +168,8 @@ impl EngineStats {
             sessions_shed,
             sessions_collided,
             pool_exhausted,
+            sessions_not_sampled,
+            packets_not_sampled,
             captured_client_to_prod,
             captured_prod_to_client,
             captured_ignored,

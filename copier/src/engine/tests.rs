@@ -1350,3 +1350,108 @@ fn queued_bytes_counts_what_the_test_server_has_not_acknowledged() {
     h.fb(T + 1, s.wrapping_add(600), ACK, 65535, 0);
     assert_eq!(h.e.queued_bytes(), 400 + 1010);
 }
+
+// ---------------------------------------------------------------------------- sampling
+
+mod sampling {
+    use super::*;
+    use crate::engine::Sample;
+    use proptest::prelude::*;
+
+    fn sampled_cfg(percent: f64) -> EngineConfig {
+        let mut c = cfg();
+        c.sample = Sample::from_percent(percent);
+        c.pickup_midstream = true;
+        c
+    }
+
+    /// The first client port (from 40000) that the sample leaves out, and the first it takes.
+    fn ports(s: Sample) -> (SocketAddrV4, SocketAddrV4) {
+        let find = |want: bool| {
+            (40000..=u16::MAX)
+                .map(|p| SocketAddrV4::new(*CLIENT.ip(), p))
+                .find(|c| s.admits(*c) == want)
+                .unwrap()
+        };
+        (find(false), find(true))
+    }
+
+    #[test]
+    fn a_connection_left_out_creates_no_state_whatever_arrives() {
+        let c = sampled_cfg(50.0);
+        let (out, inn) = ports(c.sample.unwrap());
+        let mut h = H::new(c);
+        h.client_from(out, C, SYN, b"", TcpOptions::default());
+        h.client_from(
+            out,
+            C.wrapping_add(1),
+            ACK | PSH,
+            b"select 1",
+            TcpOptions::default(),
+        );
+        let reply = packet(
+            PROD,
+            out,
+            9,
+            C.wrapping_add(9),
+            ACK,
+            b"x",
+            TcpOptions::default(),
+        );
+        h.capture(&reply);
+        assert!(h.drain().is_empty());
+        assert!(h.events().is_empty());
+        let st = h.e.stats().clone();
+        assert_eq!((st.sessions_active, st.sessions_picked_up), (0, 0));
+        assert_eq!(
+            st.sessions_not_sampled, 1,
+            "one connection, counted at its SYN"
+        );
+        assert_eq!(st.packets_not_sampled, 3);
+        assert_eq!(
+            st.captured_unknown_session + st.captured_prod_unknown_session,
+            0
+        );
+        assert_eq!(h.e.next_deadline(), None);
+
+        // Its neighbour is taken, from SYN or picked up mid-stream.
+        h.client_from(inn, C, ACK | PSH, b"select 2", TcpOptions::default());
+        assert_eq!(h.e.stats().sessions_picked_up, 1);
+    }
+
+    proptest! {
+        /// Any interleaving of packets (SYN, data, replies) of many connections: a connection's
+        /// session exists after any of its packets exactly when the sample takes it.
+        #[test]
+        fn all_or_nothing_per_connection(
+            pct in 1u32..100,
+            script in proptest::collection::vec((0u16..40, 0u8..3), 1..200),
+        ) {
+            let c = sampled_cfg(f64::from(pct));
+            let s = c.sample.unwrap();
+            let mut h = H::new(c);
+            let mut seen = std::collections::HashSet::new();
+            for (conn, kind) in script {
+                let client = SocketAddrV4::new(*CLIENT.ip(), 50000 + conn * 2);
+                match kind {
+                    0 => h.client_from(client, C, SYN, b"", TcpOptions::default()),
+                    1 => h.client_from(client, C.wrapping_add(1), ACK | PSH, b"q", TcpOptions::default()),
+                    _ => {
+                        let b = packet(PROD, client, 9, C.wrapping_add(2), ACK, b"r", TcpOptions::default());
+                        h.capture(&b);
+                    }
+                }
+                h.drain();
+                for ev in h.events() {
+                    if let EngineEvent::SessionOpened { client, .. } = ev {
+                        prop_assert!(s.admits(client), "{client} opened but sampled out");
+                        seen.insert(client);
+                    }
+                }
+                if kind < 2 {
+                    prop_assert_eq!(seen.contains(&client), s.admits(client));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,527 @@
+//! Several engines driven as one: `--map` (several production ports or targets) and
+//! `--multiply` (each captured connection mirrored N times).
+//!
+//! # What this room is for
+//!
+//! One [`Engine`] per route (production port -> target) and copy. A captured packet goes to
+//! every engine of its production port; each copy opens its own session for it, from its own
+//! mirrored address, with its own transform (so a MySQL copy logs in by itself and keeps its
+//! own statement ids). What intercept relays, and `--prod-dsn` answers, are keyed by mirrored
+//! address, so each engine gets its own equal slice of `--client-ip-pool` and everything
+//! relayed goes to the engine whose slice holds the address: copies can never share a 4-tuple
+//! with each other (nor with real clients, who are not in the pool), however many short
+//! connections come and go, and no lookup table has to follow them.
+//!
+//! # What it must never do
+//!
+//! * Anything an [`Engine`] must not: no I/O, clocks, logging or randomness; never panic on
+//!   untrusted input (what no engine owns is counted and dropped).
+//! * Let two engines share a pool address, or run several engines without a pool (their
+//!   sessions would all send from the real client's address): [`Fleet::new`] refuses.
+//!
+//! `max_sessions` and `sample` apply per engine; since sampling depends only on the client's
+//! address and port, every copy of a connection makes the same choice.
+
+use std::net::{Ipv4Addr, SocketAddrV4};
+
+use common::clock::Instant;
+use common::control::TestFeedback;
+use common::wire::TcpPacket;
+
+use super::pool::AddressPool;
+use super::{Engine, EngineConfig, EngineEvent, EngineStats, TestEvent};
+
+/// Why a fleet cannot be built; the messages say how to fix the command line.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum FleetError {
+    #[error("nothing to mirror: give a production port and a target")]
+    NoRoutes,
+    #[error(
+        "{engines} mirrored copies of each connection (routes x --multiply) need distinct client \
+         addresses: add --client-ip-pool CIDR, a range the test servers route to the intercept \
+         host (e.g. 198.19.0.0/16)"
+    )]
+    NeedPool { engines: usize },
+    #[error(
+        "--client-ip-pool holds {usable} usable addresses, too few for {engines} mirrored copies \
+         (routes x --multiply; each needs its own slice): use a larger pool, e.g. a /16"
+    )]
+    PoolTooSmall { usable: u32, engines: usize },
+    #[error(
+        "target {target} is inside --client-ip-pool: with several targets, choose a pool that \
+         holds none of them"
+    )]
+    TargetInPool { target: SocketAddrV4 },
+}
+
+/// One production port mirrored to one target, `copies` times.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Route {
+    prod_port: u16,
+    /// Its engines are `first..first + copies`.
+    first: usize,
+    /// Whether an earlier route has the same production port (its packets are then already
+    /// counted as captured there).
+    port_seen_before: bool,
+}
+
+/// See the module documentation.
+#[derive(Debug)]
+pub struct Fleet {
+    engines: Vec<Engine>,
+    routes: Vec<Route>,
+    copies: usize,
+    /// The whole pool, to find which engine's slice holds a mirrored address.
+    pool: Option<AddressPool>,
+    /// Round-robin start of `poll_transmit`, so one busy engine cannot starve the others.
+    next_tx: usize,
+    /// Captured packets of no route's port.
+    captured_ignored: u64,
+    /// Relayed feedback and events for an address in no engine's slice.
+    feedback_unrouted: u64,
+    test_events_unrouted: u64,
+}
+
+impl Fleet {
+    /// `routes` (production port, target), each mirrored `copies` times (at least 1). Every
+    /// engine is made by `make` from `template` with its port, target and pool slice set.
+    pub fn new(
+        template: &EngineConfig,
+        routes: &[(u16, SocketAddrV4)],
+        copies: u32,
+        mut make: impl FnMut(EngineConfig) -> Engine,
+    ) -> Result<Self, FleetError> {
+        Self::check(template, routes, copies)?;
+        let copies = copies.max(1) as usize;
+        let count = routes.len() * copies;
+        let pool = template
+            .client_ip_pool
+            .and_then(|(net, prefix)| AddressPool::new(net, prefix, Ipv4Addr::UNSPECIFIED));
+        let mut engines = Vec::with_capacity(count);
+        let mut table = Vec::with_capacity(routes.len());
+        for (r, &(prod_port, target)) in routes.iter().enumerate() {
+            table.push(Route {
+                prod_port,
+                first: engines.len(),
+                port_seen_before: routes[..r].iter().any(|(p, _)| *p == prod_port),
+            });
+            for _ in 0..copies {
+                let mut cfg = template.clone();
+                cfg.prod_port = prod_port;
+                cfg.target = target;
+                cfg.pool_slice = (engines.len() as u32, count as u32);
+                engines.push(make(cfg));
+            }
+        }
+        Ok(Self {
+            engines,
+            routes: table,
+            copies,
+            pool,
+            next_tx: 0,
+            captured_ignored: 0,
+            feedback_unrouted: 0,
+            test_events_unrouted: 0,
+        })
+    }
+
+    /// Whether [`Fleet::new`] would accept these arguments (without building any engine), so a
+    /// command line can be refused before anything is opened.
+    pub fn check(
+        template: &EngineConfig,
+        routes: &[(u16, SocketAddrV4)],
+        copies: u32,
+    ) -> Result<(), FleetError> {
+        if routes.is_empty() {
+            return Err(FleetError::NoRoutes);
+        }
+        let copies = copies.max(1) as usize;
+        let count = routes.len() * copies;
+        let pool = template
+            .client_ip_pool
+            .and_then(|(net, prefix)| AddressPool::new(net, prefix, Ipv4Addr::UNSPECIFIED));
+        if count > 1 {
+            let (Some(pool), Some((net, prefix))) = (pool, template.client_ip_pool) else {
+                return Err(FleetError::NeedPool { engines: count });
+            };
+            let slices = u32::try_from(count).unwrap_or(u32::MAX);
+            let distinct_targets = {
+                let mut t: Vec<Ipv4Addr> = routes.iter().map(|(_, t)| *t.ip()).collect();
+                t.sort_unstable();
+                t.dedup();
+                t.len()
+            };
+            for (_, target) in routes {
+                // One target inside the pool is excluded by its engines; another engine's
+                // slice could still hand its address out.
+                if distinct_targets > 1 && pool.slice_of(*target.ip(), 1).is_some() {
+                    return Err(FleetError::TargetInPool { target: *target });
+                }
+                let with_target = AddressPool::new(net, prefix, *target.ip());
+                let too_small = (0..slices).any(|i| {
+                    with_target
+                        .and_then(|p| p.slice(i, slices))
+                        .is_none_or(|s| s.usable() == 0)
+                });
+                if too_small {
+                    return Err(FleetError::PoolTooSmall {
+                        usable: pool.usable(),
+                        engines: count,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The engines, route by route, copies of a route next to each other.
+    pub fn engines(&self) -> &[Engine] {
+        &self.engines
+    }
+
+    /// Sessions mirrored per captured connection (`--multiply`).
+    pub fn copies(&self) -> usize {
+        self.copies
+    }
+
+    /// A captured packet: handed to every engine of its production port.
+    pub fn on_captured(&mut self, now: Instant, pkt: &TcpPacket<'_>) {
+        let mut taken = false;
+        for r in &self.routes {
+            if r.prod_port == pkt.dst_port || r.prod_port == pkt.src_port {
+                taken = true;
+                for e in &mut self.engines[r.first..r.first + self.copies] {
+                    e.on_captured(now, pkt);
+                }
+            }
+        }
+        if !taken {
+            self.captured_ignored += 1;
+        }
+    }
+
+    /// A test-server segment relayed by intercept, for the engine mirroring from `fb.client`.
+    pub fn on_feedback(&mut self, now: Instant, fb: &TestFeedback) {
+        match self.owner(fb.client) {
+            Some(i) => self.engines[i].on_feedback(now, fb),
+            None => self.feedback_unrouted += 1,
+        }
+    }
+
+    /// Other relayed knowledge (MySQL summaries, `--prod-dsn` answers) about `mirrored`.
+    pub fn on_test_event(&mut self, now: Instant, mirrored: SocketAddrV4, ev: &TestEvent<'_>) {
+        match self.owner(mirrored) {
+            Some(i) => self.engines[i].on_test_event(now, mirrored, ev),
+            None => self.test_events_unrouted += 1,
+        }
+    }
+
+    /// Runs the timers due at `now`.
+    pub fn on_timeout(&mut self, now: Instant) {
+        for e in &mut self.engines {
+            if e.next_deadline().is_some_and(|d| d <= now) {
+                e.on_timeout(now);
+            }
+        }
+    }
+
+    /// The earliest instant at which `on_timeout` has work.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.engines.iter().filter_map(Engine::next_deadline).min()
+    }
+
+    /// The next packet to send, and the target it goes to (its destination address).
+    pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<(usize, Ipv4Addr)> {
+        let n = self.engines.len();
+        for k in 0..n {
+            let i = (self.next_tx + k) % n;
+            if let Some(len) = self.engines[i].poll_transmit(now, buf) {
+                self.next_tx = (i + 1) % n;
+                return Some((len, *self.engines[i].config().target.ip()));
+            }
+        }
+        None
+    }
+
+    /// The next session event of any engine.
+    pub fn poll_event(&mut self) -> Option<EngineEvent> {
+        self.engines.iter_mut().find_map(Engine::poll_event)
+    }
+
+    /// Resets and forgets every session of every engine; drain `poll_transmit` afterwards.
+    pub fn shutdown(&mut self, now: Instant) {
+        for e in &mut self.engines {
+            e.shutdown(now);
+        }
+    }
+
+    /// Bytes queued toward the targets, over all engines. O(sessions).
+    pub fn queued_bytes(&self) -> usize {
+        self.engines.iter().map(Engine::queued_bytes).sum()
+    }
+
+    /// The `buf` size `poll_transmit` needs.
+    pub fn transmit_buffer_len(&self) -> usize {
+        self.engines
+            .iter()
+            .map(Engine::transmit_buffer_len)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Names of the transform counters (every engine has the same kind of transform).
+    pub fn transform_counter_names(&self) -> &'static [&'static str] {
+        self.engines
+            .first()
+            .map_or(&[], Engine::transform_counter_names)
+    }
+
+    /// All engines' counters summed; packets captured once count once, however many copies
+    /// (and routes of the same port) were handed them.
+    pub fn stats(&self) -> EngineStats {
+        let mut total = EngineStats::default();
+        for r in &self.routes {
+            for (k, e) in self.engines[r.first..r.first + self.copies]
+                .iter()
+                .enumerate()
+            {
+                if k == 0 && !r.port_seen_before {
+                    total.merge(e.stats());
+                } else {
+                    total.merge_copy(e.stats());
+                }
+            }
+        }
+        total.captured_ignored += self.captured_ignored;
+        total.feedback_received += self.feedback_unrouted;
+        total.feedback_unknown_session += self.feedback_unrouted;
+        total.test_events_unknown_session += self.test_events_unrouted;
+        total
+    }
+
+    fn owner(&self, mirrored: SocketAddrV4) -> Option<usize> {
+        if self.engines.len() == 1 {
+            return Some(0);
+        }
+        let slices = self.engines.len() as u32;
+        self.pool?
+            .slice_of(*mirrored.ip(), slices)
+            .map(|i| i as usize)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{HashMap, HashSet};
+
+    use common::wire::{parse_ipv4_tcp, TcpFlags, TcpOptions};
+
+    use super::super::tests::{packet, parse_sent, Sent, C, CLIENT, PROD, T, TARGET};
+    use super::super::Sample;
+    use super::*;
+
+    const SYN: u8 = TcpFlags::SYN;
+    const ACK: u8 = TcpFlags::ACK;
+    const PSH: u8 = TcpFlags::PSH;
+    const POOL: (Ipv4Addr, u8) = (Ipv4Addr::new(198, 19, 0, 0), 24);
+    const TARGET2: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 5), 5002);
+
+    fn template() -> EngineConfig {
+        let mut cfg = EngineConfig::new(3306, TARGET);
+        cfg.client_ip_pool = Some(POOL);
+        cfg
+    }
+
+    fn fleet(routes: &[(u16, SocketAddrV4)], copies: u32) -> Fleet {
+        Fleet::new(&template(), routes, copies, Engine::new).unwrap()
+    }
+
+    fn now() -> Instant {
+        Instant::from_nanos(1_000_000_000)
+    }
+
+    fn capture(f: &mut Fleet, bytes: &[u8]) {
+        f.on_captured(now(), &parse_ipv4_tcp(bytes).unwrap());
+    }
+
+    fn drain(f: &mut Fleet) -> Vec<(Sent, Ipv4Addr)> {
+        let mut buf = vec![0u8; f.transmit_buffer_len()];
+        let mut out = Vec::new();
+        while let Some((n, to)) = f.poll_transmit(now(), &mut buf) {
+            out.push((parse_sent(&buf[..n]), to));
+        }
+        out
+    }
+
+    fn syn_ack(f: &mut Fleet, mirrored: SocketAddrV4, server: SocketAddrV4) {
+        f.on_feedback(
+            now(),
+            &TestFeedback {
+                client: mirrored,
+                server,
+                seq: T,
+                ack: C.wrapping_add(1),
+                flags: TcpFlags(SYN | ACK),
+                window: 65535,
+                options: TcpOptions {
+                    mss: Some(1460),
+                    ..Default::default()
+                },
+                payload_len: 0,
+                payload_prefix: Vec::new(),
+            },
+        );
+    }
+
+    #[test]
+    fn each_connection_is_mirrored_once_per_copy_from_its_own_slice() {
+        let mut f = fleet(&[(3306, TARGET)], 3);
+        capture(
+            &mut f,
+            &packet(CLIENT, PROD, C, 0, SYN, b"", Default::default()),
+        );
+        let syns = drain(&mut f);
+        assert_eq!(syns.len(), 3);
+        let mirrored: HashSet<SocketAddrV4> = syns.iter().map(|(s, _)| s.src).collect();
+        assert_eq!(mirrored.len(), 3, "three distinct client addresses");
+        let pool = AddressPool::new(POOL.0, POOL.1, Ipv4Addr::UNSPECIFIED).unwrap();
+        let slices: HashSet<u32> = mirrored
+            .iter()
+            .map(|a| pool.slice_of(*a.ip(), 3).unwrap())
+            .collect();
+        assert_eq!(slices.len(), 3, "one per slice");
+        for (s, to) in &syns {
+            assert_eq!((s.seq, s.dst, s.src.port()), (C, TARGET, CLIENT.port()));
+            assert_eq!(*to, *TARGET.ip());
+        }
+        let opened: Vec<_> = std::iter::from_fn(|| f.poll_event()).collect();
+        assert_eq!(opened.len(), 3);
+
+        // Each copy completes its own handshake and gets the client's bytes.
+        for m in &mirrored {
+            syn_ack(&mut f, *m, TARGET);
+        }
+        let acks = drain(&mut f);
+        assert_eq!(acks.len(), 3);
+        capture(
+            &mut f,
+            &packet(CLIENT, PROD, C + 1, 1, ACK, b"", Default::default()),
+        );
+        capture(
+            &mut f,
+            &packet(
+                CLIENT,
+                PROD,
+                C + 1,
+                1,
+                ACK | PSH,
+                b"select 1",
+                Default::default(),
+            ),
+        );
+        let data = drain(&mut f);
+        let mut per: HashMap<SocketAddrV4, Vec<u8>> = HashMap::new();
+        for (s, _) in data {
+            per.entry(s.src).or_default().extend(s.payload);
+        }
+        assert_eq!(per.len(), 3);
+        assert!(per.values().all(|p| p == b"select 1"));
+
+        let st = f.stats();
+        assert_eq!(st.sessions_opened, 3);
+        assert_eq!(st.sessions_active, 3);
+        assert_eq!(st.captured_client_to_prod, 3, "captured packets count once");
+        assert_eq!(f.copies(), 3);
+    }
+
+    #[test]
+    fn routes_send_their_own_port_to_their_own_target() {
+        let mut f = fleet(&[(3306, TARGET), (5002, TARGET2)], 1);
+        let prod2 = SocketAddrV4::new(*PROD.ip(), 5002);
+        capture(
+            &mut f,
+            &packet(CLIENT, prod2, C, 0, SYN, b"", Default::default()),
+        );
+        let sent = drain(&mut f);
+        assert_eq!(sent.len(), 1);
+        assert_eq!(sent[0].0.dst, TARGET2);
+        assert_eq!(sent[0].1, *TARGET2.ip());
+        let m = sent[0].0.src;
+        // Feedback reaches the engine that owns the address, and only it.
+        syn_ack(&mut f, m, TARGET2);
+        assert_eq!(drain(&mut f).len(), 1);
+        assert_eq!(f.engines()[1].stats().feedback_received, 1);
+        assert_eq!(f.engines()[0].stats().feedback_received, 0);
+        // A port nobody mirrors, and feedback for an address outside every slice.
+        let other = SocketAddrV4::new(*PROD.ip(), 9999);
+        capture(
+            &mut f,
+            &packet(CLIENT, other, C, 0, SYN, b"", Default::default()),
+        );
+        syn_ack(&mut f, CLIENT, TARGET);
+        let st = f.stats();
+        assert_eq!(st.captured_ignored, 1);
+        assert_eq!(st.feedback_unknown_session, 1);
+        assert_eq!(st.sessions_opened, 1);
+    }
+
+    #[test]
+    fn set_ups_that_would_collide_are_refused() {
+        let mut no_pool = template();
+        no_pool.client_ip_pool = None;
+        let one = [(3306, TARGET)];
+        assert!(Fleet::check(&no_pool, &one, 1).is_ok());
+        assert_eq!(
+            Fleet::check(&no_pool, &one, 2),
+            Err(FleetError::NeedPool { engines: 2 })
+        );
+        assert_eq!(
+            Fleet::check(&no_pool, &[(3306, TARGET), (5002, TARGET2)], 1),
+            Err(FleetError::NeedPool { engines: 2 })
+        );
+        let mut tiny = template();
+        tiny.client_ip_pool = Some((Ipv4Addr::new(198, 19, 0, 0), 30));
+        assert!(
+            Fleet::check(&tiny, &one, 2).is_ok(),
+            "2 addresses, 2 copies"
+        );
+        assert!(matches!(
+            Fleet::check(&tiny, &one, 3),
+            Err(FleetError::PoolTooSmall { usable: 2, .. })
+        ));
+        let inside = SocketAddrV4::new(Ipv4Addr::new(198, 19, 0, 7), 3306);
+        assert_eq!(
+            Fleet::check(&template(), &[(3306, TARGET), (3307, inside)], 1),
+            Err(FleetError::TargetInPool { target: inside })
+        );
+        assert_eq!(Fleet::check(&template(), &[], 1), Err(FleetError::NoRoutes));
+        assert!(FleetError::NeedPool { engines: 3 }
+            .to_string()
+            .contains("--client-ip-pool"));
+    }
+
+    #[test]
+    fn copies_of_a_sampled_out_connection_all_stay_out() {
+        let mut t = template();
+        t.sample = Sample::from_percent(50.0);
+        t.pickup_midstream = true;
+        let mut f = Fleet::new(&t, &[(3306, TARGET)], 2, Engine::new).unwrap();
+        let s = t.sample.unwrap();
+        let mut opened = 0;
+        let mut out = 0;
+        for port in 40000..40100u16 {
+            let c = SocketAddrV4::new(*CLIENT.ip(), port);
+            capture(&mut f, &packet(c, PROD, C, 0, SYN, b"", Default::default()));
+            if s.admits(c) {
+                opened += 1;
+            } else {
+                out += 1;
+            }
+        }
+        let st = f.stats();
+        assert_eq!(st.sessions_opened, 2 * opened, "both copies of each one in");
+        assert_eq!(st.sessions_not_sampled, out, "counted once, not per copy");
+        assert_eq!(opened + out, 100);
+        assert!((45..=55).contains(&opened), "{opened}");
+    }
+}
