@@ -7,17 +7,32 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 
+use crate::engine::{Fleet, FleetError, Sample};
+
 /// Mirrors the client connections of a production port onto a test server, packet by packet.
 ///
 /// Runs on the production host. Captures client traffic of --port, plays the client side of each
 /// connection toward --target, and learns the test server's replies from the intercept daemon
 /// (which runs on the host the test server routes the client addresses to).
+///
+/// Several ports or servers: `--map PORT=HOST:PORT` (repeatable) mirrors each production PORT
+/// to HOST:PORT, in addition to --port/--target if --target is given.
 #[derive(Parser, Debug, Clone)]
 #[command(name = "copier", version, about, long_about)]
 pub struct Args {
-    /// Production port whose client connections are mirrored (to --target).
-    #[arg(long, env = "TCPSHADOW_PORT", default_value_t = 3306)]
-    pub port: u16,
+    /// Production port whose client connections are mirrored to --target [default: 3306].
+    #[arg(long, env = "TCPSHADOW_PORT")]
+    pub port: Option<u16>,
+
+    #[command(flatten)]
+    pub mirror: MirrorArgs,
+
+    /// Also mirror production port PORT to the test server HOST:PORT (an IPv4 address);
+    /// repeatable, or comma-separated. Adds to --port/--target when --target is given, else
+    /// replaces them. Several routes need --client-ip-pool (each gets its own slice), and the
+    /// intercept daemon must capture every target port (`intercept --port A,B`).
+    #[arg(long = "map", value_name = "PORT=HOST:PORT", env = "TCPSHADOW_MAP", value_delimiter = ',', value_parser = parse_map)]
+    pub map: Vec<Route>,
 
     /// Capture interface ("any" captures on all interfaces of this host).
     #[arg(long, env = "TCPSHADOW_INTERFACE", default_value = "any")]
@@ -43,9 +58,6 @@ pub struct Args {
     /// Kernel capture buffer, in MiB.
     #[arg(long, env = "TCPSHADOW_CAPTURE_BUFFER_MB", default_value_t = 64)]
     pub capture_buffer_mb: u32,
-
-    #[command(flatten)]
-    pub mirror: MirrorArgs,
 }
 
 /// How sessions are mirrored, wherever the packets come from (a live capture or a file).
@@ -96,9 +108,22 @@ pub struct MirrorArgs {
     #[arg(long, env = "TCPSHADOW_STATUS_INTERVAL", default_value_t = 5)]
     pub status_interval: u64,
 
-    /// Most sessions mirrored at once; further connections are not mirrored (counted).
+    /// Most sessions mirrored at once, per route and copy (see --map, --multiply); further
+    /// connections are not mirrored (counted).
     #[arg(long, env = "TCPSHADOW_MAX_SESSIONS", default_value_t = 100_000)]
     pub max_sessions: usize,
+
+    /// Mirror each captured connection N times (1 to 16), as N distinct connections: each
+    /// copy logs in and prepares its statements by itself, so the test server gets N times the
+    /// load. N > 1 needs --client-ip-pool: the copies send from disjoint slices of it.
+    #[arg(long, env = "TCPSHADOW_MULTIPLY", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=16))]
+    pub multiply: u32,
+
+    /// Mirror only this share of the client connections, in percent (0 < PERCENT <= 100,
+    /// decimals allowed). Chosen by a fixed hash of the client's address and port, so a
+    /// connection is mirrored whole or not at all, also after a copier restart.
+    #[arg(long, env = "TCPSHADOW_SAMPLE", value_name = "PERCENT", value_parser = parse_sample)]
+    pub sample: Option<Sample>,
 
     /// On SIGINT/SIGTERM, wait up to this many seconds for queued data to reach the target
     /// before resetting what is left.
@@ -133,7 +158,29 @@ impl MirrorArgs {
     /// Refuses set-ups that would hurt production or cannot work.
     pub fn validate(&self) -> Result<()> {
         if let Some(target) = self.target {
-            validate_target("--target", target)?;
+            validate_target("--target", &format!("--target {target}"), target)?;
+        }
+        Ok(())
+    }
+
+    /// Refuses `routes` x `--multiply` that the pool cannot give distinct addresses.
+    pub fn validate_routes(&self, routes: &[Route]) -> Result<()> {
+        let Some(first) = routes.first() else {
+            bail!("nothing to mirror: give --target (or --map)");
+        };
+        let template = crate::driver::engine_config(self, *first, false);
+        let routes: Vec<_> = routes.iter().map(|r| (r.prod_port, r.target)).collect();
+        if let Err(e) = Fleet::check(&template, &routes, self.multiply) {
+            let e = match e {
+                FleetError::NeedPool { .. } if routes.len() == 1 => format!(
+                    "--multiply {} mirrors each connection {} times, from distinct client \
+                     addresses: add --client-ip-pool CIDR, a range the test server routes to the \
+                     intercept host (e.g. 198.19.0.0/16)",
+                    self.multiply, self.multiply
+                ),
+                e => e.to_string(),
+            };
+            bail!("{e}");
         }
         Ok(())
     }
@@ -154,14 +201,15 @@ impl MirrorArgs {
 
 /// A test server must be a unicast address that is not this host's: the copier runs on the
 /// production host, and mirroring onto itself would double production's load.
-pub fn validate_target(flag: &str, target: SocketAddrV4) -> Result<()> {
+/// `shown` is the argument as the user wrote it (e.g. `--map 3307=10.0.0.1:3307`).
+pub fn validate_target(flag: &str, shown: &str, target: SocketAddrV4) -> Result<()> {
     let ip = *target.ip();
     if ip.is_unspecified() || ip.is_broadcast() || ip.is_multicast() {
-        bail!("{flag} {target} is not a unicast address");
+        bail!("{shown}: {ip} is not a unicast address");
     }
     if ip.is_loopback() || is_local_address(ip) {
         bail!(
-            "{flag} {target} is an address of this host: the copier runs on the production host and \
+            "{shown}: {ip} is an address of this host: the copier runs on the production host and \
              must never mirror onto the production server itself; point {flag} at the test server"
         );
     }
@@ -169,9 +217,39 @@ pub fn validate_target(flag: &str, target: SocketAddrV4) -> Result<()> {
 }
 
 impl Args {
-    /// Where each production port goes.
+    /// The production port of --target.
+    pub fn port(&self) -> u16 {
+        self.port.unwrap_or(3306)
+    }
+
+    /// Where each production port goes: --port to --target (if --target is given), then
+    /// every --map.
     pub fn routes(&self) -> Result<Vec<Route>> {
-        Ok(vec![self.mirror.route(self.port)?])
+        let mut routes = Vec::with_capacity(1 + self.map.len());
+        match (self.mirror.target, self.port) {
+            (Some(_), _) => routes.push(self.mirror.route(self.port())?),
+            (None, _) if self.map.is_empty() => {
+                bail!("--target HOST:PORT is required (the test server to mirror to), or --map PORT=HOST:PORT")
+            }
+            (None, Some(p)) => bail!(
+                "--port {p} has no --target: add --target HOST:PORT, or write it as --map {p}=HOST:PORT"
+            ),
+            (None, None) => {}
+        }
+        for m in &self.map {
+            let shown = format!("--map {}={}", m.prod_port, m.target);
+            validate_target("--map", &shown, m.target)?;
+            if routes.contains(m) {
+                bail!(
+                    "port {} to {} is given twice; to mirror each connection several times use \
+                     --multiply",
+                    m.prod_port,
+                    m.target
+                );
+            }
+            routes.push(*m);
+        }
+        Ok(routes)
     }
 
     /// The capture filter: the production ports' traffic in both directions, excluding what we
@@ -183,7 +261,7 @@ impl Args {
     /// Refuses set-ups that would hurt production.
     pub fn validate(&self) -> Result<()> {
         self.mirror.validate()?;
-        self.routes()?;
+        self.mirror.validate_routes(&self.routes()?)?;
         if let Some(dsn) = &self.prod_dsn {
             if let Err(e) = dsn.get() {
                 bail!("--prod-dsn: {e}");
@@ -228,6 +306,34 @@ pub fn capture_filter(routes: &[Route]) -> String {
         any("src port", ports),
         any("src host", hosts),
     )
+}
+
+fn parse_sample(s: &str) -> Result<Sample, String> {
+    let p: f64 = s
+        .trim_end_matches('%')
+        .parse()
+        .map_err(|_| format!("{s:?} is not a percentage (expected e.g. 60 or 12.5)"))?;
+    Sample::from_percent(p).ok_or_else(|| {
+        format!("{s}: the share must be above 0 and at most 100 (percent of connections)")
+    })
+}
+
+/// `PORT=HOST:PORT`.
+pub fn parse_map(s: &str) -> Result<Route, String> {
+    let (port, target) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?} is not PORT=HOST:PORT (e.g. 3307=198.18.0.3:3307)"))?;
+    let prod_port: u16 = port
+        .trim()
+        .parse()
+        .map_err(|_| format!("{port:?} in {s:?} is not a port number"))?;
+    let target: SocketAddrV4 = target.trim().parse().map_err(|_| {
+        format!("{target:?} in {s:?} is not IPv4-ADDRESS:PORT (e.g. 198.18.0.3:3307)")
+    })?;
+    if prod_port == 0 || target.port() == 0 {
+        return Err(format!("{s:?}: port 0 is not a port"));
+    }
+    Ok(Route { prod_port, target })
 }
 
 /// The application protocol of the mirrored port.
@@ -317,5 +423,151 @@ mod tests {
             bad.contains("mysql://") && !bad.contains("hunter2"),
             "{bad}"
         );
+    }
+
+    fn args(extra: &[&str]) -> Args {
+        let mut v = vec!["copier", "--intercept", "198.18.0.4:36524"];
+        v.extend(extra);
+        Args::try_parse_from(v).unwrap()
+    }
+
+    fn route(port: u16, target: &str) -> Route {
+        Route {
+            prod_port: port,
+            target: target.parse().unwrap(),
+        }
+    }
+
+    #[test]
+    fn map_adds_to_or_replaces_port_and_target() {
+        let a = args(&["--port", "3306", "--target", "198.18.0.3:3306"]);
+        assert_eq!(a.routes().unwrap(), vec![route(3306, "198.18.0.3:3306")]);
+        let a = args(&[
+            "--port",
+            "5001",
+            "--target",
+            "198.18.0.3:5001",
+            "--map",
+            "5002=198.18.0.3:5002,5003=198.18.0.5:6000",
+        ]);
+        assert_eq!(
+            a.routes().unwrap(),
+            vec![
+                route(5001, "198.18.0.3:5001"),
+                route(5002, "198.18.0.3:5002"),
+                route(5003, "198.18.0.5:6000")
+            ]
+        );
+        let a = args(&[
+            "--map",
+            "3307=198.18.0.3:3307",
+            "--map",
+            "3308=198.18.0.3:3308",
+        ]);
+        assert_eq!(a.routes().unwrap().len(), 2);
+        let f = capture_filter(&a.routes().unwrap());
+        assert_eq!(
+            f,
+            "tcp and (((dst port 3307 or dst port 3308) and not (dst host 198.18.0.3)) or \
+             ((src port 3307 or src port 3308) and not (src host 198.18.0.3)))"
+        );
+        let err = args(&["--port", "3307", "--map", "3308=198.18.0.3:3308"])
+            .routes()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--map 3307=HOST:PORT"), "{err}");
+        let err = args(&[]).routes().unwrap_err().to_string();
+        assert!(err.contains("--target"), "{err}");
+        let err = args(&[
+            "--target",
+            "198.18.0.3:3306",
+            "--map",
+            "3306=198.18.0.3:3306",
+        ])
+        .routes()
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("--multiply"), "{err}");
+        let err = args(&["--map", "3306=127.0.0.1:3306"])
+            .routes()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("production server itself"), "{err}");
+    }
+
+    #[test]
+    fn bad_maps_say_what_is_expected() {
+        for bad in [
+            "3306",
+            "x=198.18.0.3:1",
+            "3306=host:1",
+            "3306=198.18.0.3",
+            "0=1.2.3.4:5",
+        ] {
+            let e = parse_map(bad).unwrap_err();
+            assert!(e.contains(bad) || e.contains("port 0"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn single_capture_filter_is_unchanged() {
+        let a = args(&["--target", "198.18.0.3:3306"]);
+        assert_eq!(
+            a.capture_filter().unwrap(),
+            "tcp and ((dst port 3306 and not dst host 198.18.0.3) or (src port 3306 and not src host 198.18.0.3))"
+        );
+    }
+
+    #[test]
+    fn multiply_and_several_routes_need_a_pool() {
+        let err = args(&["--target", "198.18.0.3:3306", "--multiply", "3"])
+            .mirror
+            .validate_routes(&[route(3306, "198.18.0.3:3306")])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("--multiply 3") && err.contains("--client-ip-pool"),
+            "{err}"
+        );
+        let a = args(&[
+            "--target",
+            "198.18.0.3:3306",
+            "--multiply",
+            "3",
+            "--client-ip-pool",
+            "198.19.0.0/24",
+        ]);
+        a.mirror.validate_routes(&a.routes().unwrap()).unwrap();
+        let a = args(&[
+            "--target",
+            "198.18.0.3:3306",
+            "--map",
+            "3307=198.18.0.3:3307",
+        ]);
+        let err = a
+            .mirror
+            .validate_routes(&a.routes().unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--client-ip-pool"), "{err}");
+        assert!(
+            Args::try_parse_from(["copier", "--intercept", "1.2.3.4:5", "--multiply", "17"])
+                .is_err()
+        );
+        assert!(
+            Args::try_parse_from(["copier", "--intercept", "1.2.3.4:5", "--multiply", "0"])
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn sample_takes_a_share_in_percent() {
+        let a = args(&["--target", "198.18.0.3:3306", "--sample", "12.5"]);
+        assert!((a.mirror.sample.unwrap().percent() - 12.5).abs() < 1e-6);
+        assert!(parse_sample("60%").is_ok());
+        for bad in ["0", "100.5", "-3", "abc", "NaN"] {
+            assert!(parse_sample(bad).is_err(), "{bad}");
+        }
+        assert!(parse_sample("0").unwrap_err().contains("above 0"));
     }
 }

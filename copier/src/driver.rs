@@ -61,7 +61,7 @@ use crate::capture::CaptureStats;
 use crate::cli::{MirrorArgs, Protocol, Route};
 use crate::control_client::{ControlClient, ControlHandle, Relayed};
 use crate::credentials::Credentials;
-use crate::engine::{CloseReason, Engine, EngineConfig, EngineEvent, TestEvent};
+use crate::engine::{CloseReason, Engine, EngineConfig, EngineEvent, Fleet, TestEvent};
 use crate::mysql::{MysqlConfig, MysqlFactory, NotRecovered, RandomBytes};
 use crate::prod_state::{OwnAddress, ProdDsn, StateLookup};
 use crate::send::RawSender;
@@ -78,7 +78,8 @@ const DRAIN_SLEEP: Duration = Duration::from_millis(10);
 /// differently.
 #[derive(Clone, Debug)]
 pub struct Plan {
-    /// Production ports and their test servers (one today; `--map` adds more).
+    /// Production ports and their test servers (`--port`/`--target`, `--map`), each mirrored
+    /// `--multiply` times.
     pub routes: Vec<Route>,
     /// Mirror connections whose SYN was not seen (open before the capture started).
     pub pickup_midstream: bool,
@@ -99,8 +100,8 @@ pub enum Pump {
 
 /// See the module documentation.
 pub struct Driver {
-    engine: Engine,
-    target_ip: std::net::Ipv4Addr,
+    fleet: Fleet,
+    sample_percent: Option<f64>,
     sender: RawSender,
     control: ControlHandle,
     relayed: Receiver<Relayed>,
@@ -121,16 +122,8 @@ impl Driver {
     /// Opens the raw sender, starts the control client and waits up to 5 s for intercept, then
     /// logs in on production if `plan.prod_dsn` is set. `now` starts the status interval.
     pub fn start(args: &MirrorArgs, plan: Plan, now: Instant) -> Result<Self> {
-        let route = match plan.routes.as_slice() {
-            [r] => *r,
-            _ => bail!("exactly one production port and target are supported"),
-        };
         let recovery_wait = plan.prod_dsn.is_some().then_some(plan.prod_dsn_wait);
-        let engine = build_engine(
-            args,
-            engine_config(args, route, plan.pickup_midstream),
-            recovery_wait,
-        )?;
+        let fleet = build_fleet(args, &plan, recovery_wait)?;
         let sender = RawSender::open()?;
         let waker = Waker::new().context("cannot create an eventfd")?;
         let name = format!("copier@{}", hostname());
@@ -149,10 +142,10 @@ impl Driver {
         wait_for_intercept(&control, args.intercept);
         let lookup = start_lookup(plan.prod_dsn, &waker)?;
         let own = lookup.as_ref().map(|l| l.own_address().clone());
-        let buf = vec![0u8; engine.transmit_buffer_len()];
+        let buf = vec![0u8; fleet.transmit_buffer_len()];
         Ok(Self {
-            engine,
-            target_ip: *route.target.ip(),
+            fleet,
+            sample_percent: args.sample.map(|s| s.percent()),
             sender,
             control,
             relayed,
@@ -182,7 +175,7 @@ impl Driver {
             self.own_skipped += 1;
             return;
         }
-        self.engine.on_captured(now, pkt);
+        self.fleet.on_captured(now, pkt);
     }
 
     /// Checks for SIGINT/SIGTERM and starts draining on the first; true while draining. A
@@ -216,13 +209,13 @@ impl Driver {
             match relayed {
                 Relayed::Feedback(batch) => {
                     for fb in &batch {
-                        self.engine.on_feedback(now, fb);
+                        self.fleet.on_feedback(now, fb);
                     }
                 }
                 Relayed::Mysql(events) => {
                     self.mysql_events += events.len() as u64;
                     for ev in &events {
-                        self.engine
+                        self.fleet
                             .on_test_event(now, ev.client(), &TestEvent::Mysql(ev));
                     }
                 }
@@ -234,16 +227,16 @@ impl Driver {
                     Some(state) => TestEvent::App(state),
                     None => TestEvent::App(&NotRecovered),
                 };
-                self.engine.on_test_event(now, answer.mirrored, &ev);
+                self.fleet.on_test_event(now, answer.mirrored, &ev);
             }
         }
-        if self.engine.next_deadline().is_some_and(|d| d <= now) {
-            self.engine.on_timeout(now);
+        if self.fleet.next_deadline().is_some_and(|d| d <= now) {
+            self.fleet.on_timeout(now);
         }
         self.transmit(now);
         self.handle_events();
         if let Some(since) = self.stopping_since {
-            let drained = self.engine.queued_bytes() == 0;
+            let drained = self.fleet.queued_bytes() == 0;
             if drained || now.saturating_since(since) >= Duration::from_secs(self.drain_secs) {
                 self.reset_all(now);
                 return Pump::Done;
@@ -255,7 +248,7 @@ impl Driver {
     /// How long the caller may sleep before the driver has work.
     pub fn next_wake(&self, now: Instant) -> Duration {
         let mut sleep = MAX_SLEEP;
-        if let Some(d) = self.engine.next_deadline() {
+        if let Some(d) = self.fleet.next_deadline() {
             sleep = sleep.min(d.saturating_since(now));
         }
         if let Some(d) = self.status.next_due() {
@@ -289,12 +282,14 @@ impl Driver {
     /// All counters now.
     pub fn snapshot(&self, capture: &CaptureStats) -> Snapshot {
         Snapshot {
-            engine: self.engine.stats().clone(),
+            engine: self.fleet.stats(),
             capture: *capture,
             send: self.sender.stats,
             control: self.control.stats(),
-            transform_names: self.engine.transform_counter_names(),
+            transform_names: self.fleet.transform_counter_names(),
             lookup: self.lookup.as_ref().map(StateLookup::stats),
+            copies: self.fleet.copies(),
+            sample_percent: self.sample_percent,
         }
     }
 
@@ -334,18 +329,18 @@ impl Driver {
     }
 
     fn reset_all(&mut self, now: Instant) {
-        self.engine.shutdown(now);
+        self.fleet.shutdown(now);
         self.transmit(now);
     }
 
     fn transmit(&mut self, now: Instant) {
-        while let Some(n) = self.engine.poll_transmit(now, &mut self.buf) {
-            self.sender.send(&self.buf[..n], self.target_ip);
+        while let Some((n, target)) = self.fleet.poll_transmit(now, &mut self.buf) {
+            self.sender.send(&self.buf[..n], target);
         }
     }
 
     fn handle_events(&mut self) {
-        while let Some(ev) = self.engine.poll_event() {
+        while let Some(ev) = self.fleet.poll_event() {
             match ev {
                 EngineEvent::SessionOpened {
                     client,
@@ -370,10 +365,38 @@ impl Driver {
     }
 }
 
+/// Every engine of `plan`: one per route and `--multiply` copy, each with its own slice of
+/// `--client-ip-pool`.
+pub fn build_fleet(
+    args: &MirrorArgs,
+    plan: &Plan,
+    recovery_wait: Option<Duration>,
+) -> Result<Fleet> {
+    let Some(first) = plan.routes.first() else {
+        bail!("nothing to mirror: give --port and --target (or --map)");
+    };
+    let template = engine_config(args, *first, plan.pickup_midstream);
+    let routes: Vec<_> = plan
+        .routes
+        .iter()
+        .map(|r| (r.prod_port, r.target))
+        .collect();
+    let mysql = match args.protocol {
+        Protocol::Tcp => None,
+        Protocol::Mysql => Some(mysql_factory(args, recovery_wait)?),
+    };
+    let fleet = Fleet::new(&template, &routes, args.multiply, |cfg| match &mysql {
+        Some(f) => Engine::with_transform(cfg, Box::new(f.clone())),
+        None => Engine::new(cfg),
+    })?;
+    Ok(fleet)
+}
+
 /// The engine configuration of one route.
 pub fn engine_config(args: &MirrorArgs, route: Route, pickup_midstream: bool) -> EngineConfig {
     let mut cfg = EngineConfig::new(route.prod_port, route.target);
     cfg.client_ip_pool = args.client_ip_pool;
+    cfg.sample = args.sample;
     cfg.mss = args.mss;
     cfg.pickup_midstream = pickup_midstream;
     cfg.max_sessions = args.max_sessions;

@@ -24,6 +24,10 @@ pub struct Snapshot {
     pub transform_names: &'static [&'static str],
     /// `--prod-dsn` lookups, when enabled.
     pub lookup: Option<LookupStats>,
+    /// Sessions per captured connection (`--multiply`; 0 or 1: one).
+    pub copies: usize,
+    /// `--sample`, in percent.
+    pub sample_percent: Option<f64>,
 }
 
 impl Snapshot {
@@ -145,9 +149,20 @@ impl StatusLine {
         let e = &s.engine;
         let l = &self.last.engine;
         let rate = |a: u64, b: u64| (a.saturating_sub(b)) as f64 / secs;
+        let shaping = if s.copies > 1 || s.sample_percent.is_some() {
+            format!(
+                " | multiply={} sample={} not_sampled={}",
+                s.copies.max(1),
+                s.sample_percent
+                    .map_or_else(|| "off".to_string(), |p| format!("{p:.1}%")),
+                e.sessions_not_sampled,
+            )
+        } else {
+            String::new()
+        };
         tracing::info!(
             "sessions active={} new={} picked_up={} closed={} abandoned={} | captured {:.0}/s (client {} prod {}) \
-             | sent {:.0}/s retrans={} rst={} | feedback {:.0}/s | kernel_drops={} | {}",
+             | sent {:.0}/s retrans={} rst={} | feedback {:.0}/s | kernel_drops={} | {}{shaping}",
             e.sessions_active,
             e.sessions_opened - l.sessions_opened,
             e.sessions_picked_up - l.sessions_picked_up,
@@ -201,6 +216,18 @@ pub fn summary(s: &Snapshot, elapsed: Duration) -> String {
         e.closed(CloseReason::ClientReset) + e.closed(CloseReason::ProdReset),
         s.abandoned()
     );
+    if s.copies > 1 || s.sample_percent.is_some() {
+        let _ = writeln!(
+            out,
+            "  shaping: multiply={} (sessions above count every copy), sample={}: {} connections \
+             not sampled ({} packets)",
+            s.copies.max(1),
+            s.sample_percent
+                .map_or_else(|| "off".to_string(), |p| format!("{p:.1}%")),
+            e.sessions_not_sampled,
+            e.packets_not_sampled,
+        );
+    }
     let _ = writeln!(
         out,
         "  captured: {} frames ({} client->prod, {} prod->client packets); {} kernel drops",

@@ -227,7 +227,9 @@ pub(crate) struct Shared {
     pub(crate) random: RandomBytes,
 }
 
-/// Makes a [`MysqlTransform`] for every session.
+/// Makes a [`MysqlTransform`] for every session. Clones share the configuration and
+/// credentials (engines of one fleet).
+#[derive(Clone)]
 pub struct MysqlFactory {
     shared: Arc<Shared>,
 }
