@@ -3,7 +3,8 @@
 //!
 //! # What this room is for
 //!
-//! [`Driver`] owns the session engine(s), the raw sender, the control channel to intercept
+//! [`Driver`] owns the session engines (a [`Fleet`]: one per `--map` route and `--multiply`
+//! copy), the raw sender, the control channel to intercept
 //! (and the eventfd its thread wakes us with), the optional `--prod-dsn` state lookup, the
 //! status line and the counters of the edges. It feeds the engine, sends what the engine
 //! transmits, tells intercept which addresses to relay (claims/releases), asks production for
@@ -19,8 +20,9 @@
 //! # API
 //!
 //! ```text
-//! let mut d = Driver::start(&mirror_args, plan)?;   // spawns the control client, waits up to
-//!                                                   // 5 s for intercept, starts --prod-dsn
+//! let mut d = Driver::start(&mirror_args, plan, clock.now())?;
+//!                          // builds the fleet, opens the raw socket, spawns the control client,
+//!                          // waits up to 5 s for intercept, logs in for --prod-dsn
 //! loop {
 //!     let now = clock.now();
 //!     if d.poll_stop(now) { /* stop reading the source; keep pumping */ }

@@ -346,6 +346,29 @@ mod tests {
     }
 
     #[test]
+    fn shaping_is_shown_only_when_used() {
+        let mut s = Snapshot {
+            copies: 3,
+            sample_percent: Some(60.0),
+            ..Snapshot::default()
+        };
+        s.engine.sessions_not_sampled = 79;
+        s.engine.packets_not_sampled = 1422;
+        let text = summary(&s, Duration::from_secs(1));
+        assert!(
+            text.contains("multiply=3")
+                && text.contains("sample=60.0%: 79 connections not sampled (1422 packets)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("losses: none"),
+            "sampled out is not a loss: {text}"
+        );
+        let plain = summary(&Snapshot::default(), Duration::from_secs(1));
+        assert!(!plain.contains("shaping"), "{plain}");
+    }
+
+    #[test]
     fn a_clean_run_says_no_losses() {
         let text = summary(&Snapshot::default(), Duration::from_secs(1));
         assert!(text.contains("losses: none"), "{text}");
