@@ -17,7 +17,7 @@
 //!   (locking reads, which the issue asks to keep off), `INTO OUTFILE|DUMPFILE` (writes a file on
 //!   the test host). `SELECT … INTO @var` only sets a session variable and stays a read.
 //! * Sequences: `NEXTVAL(…)`, `SETVAL(…)`, `NEXT VALUE FOR` advance a MariaDB sequence.
-//! * CALL (stored procedures may write; the transform can be told to allow them).
+//! * CALL (stored procedures may write), unless [`Rules::allow_calls`].
 //! * Administration: GRANT, REVOKE, FLUSH, KILL (a thread id means another connection on the test
 //!   server), LOCK TABLES, OPTIMIZE/ANALYZE/REPAIR/CHECK TABLE, INSTALL/UNINSTALL, RESET, PURGE,
 //!   CHANGE MASTER, START/STOP SLAVE, SHUTDOWN, `SET GLOBAL|PERSIST|PASSWORD|DEFAULT ROLE`, ….
@@ -161,18 +161,48 @@ pub struct Classified {
 /// deeper than this are not followed.
 const MAX_DEPTH: u8 = 8;
 
-/// Classifies `sql` when no SQL-level statement name was kept off the test server.
+/// What the caller allows and remembers.
+#[derive(Clone, Copy)]
+pub struct Rules<'a> {
+    /// CALL is a read: the operator vouches that the procedures do not write.
+    pub allow_calls: bool,
+    /// For a (lowercased) SQL-level prepared statement name: the kind of its PREPARE if that was
+    /// not mirrored, so `EXECUTE name` is not either.
+    pub skipped: &'a dyn Fn(&[u8]) -> Option<WriteKind>,
+}
+
+fn nothing_skipped(_: &[u8]) -> Option<WriteKind> {
+    None
+}
+
+impl Default for Rules<'_> {
+    fn default() -> Self {
+        Self {
+            allow_calls: false,
+            skipped: &nothing_skipped,
+        }
+    }
+}
+
+impl fmt::Debug for Rules<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Rules")
+            .field("allow_calls", &self.allow_calls)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Classifies `sql` with the default [`Rules`] (CALL writes, no name was kept off).
 pub fn classify(sql: &[u8]) -> Classified {
-    classify_with(sql, &|_| None)
+    classify_with(sql, &Rules::default())
 }
 
-/// Classifies `sql`. `skipped(name)` tells, for a (lowercased) prepared statement name, the kind
-/// of its PREPARE if that was not mirrored, so `EXECUTE name` is not either.
-pub fn classify_with(sql: &[u8], skipped: &dyn Fn(&[u8]) -> Option<WriteKind>) -> Classified {
-    classify_at(sql, skipped, 0)
+/// Classifies `sql`.
+pub fn classify_with(sql: &[u8], rules: &Rules<'_>) -> Classified {
+    classify_at(sql, rules, 0)
 }
 
-fn classify_at(sql: &[u8], skipped: &dyn Fn(&[u8]) -> Option<WriteKind>, depth: u8) -> Classified {
+fn classify_at(sql: &[u8], rules: &Rules<'_>, depth: u8) -> Classified {
     if depth > MAX_DEPTH {
         return Classified {
             effect: Effect::Write(WriteKind::Other),
@@ -183,7 +213,7 @@ fn classify_at(sql: &[u8], skipped: &dyn Fn(&[u8]) -> Option<WriteKind>, depth: 
         exec_comments: true,
         backslash_escapes: true,
     };
-    let (mut out, seen) = classify_once(sql, first, skipped, depth);
+    let (mut out, seen) = classify_once(sql, first, rules, depth);
     if !out.effect.is_read() {
         return out;
     }
@@ -200,7 +230,7 @@ fn classify_at(sql: &[u8], skipped: &dyn Fn(&[u8]) -> Option<WriteKind>, depth: 
             {
                 continue;
             }
-            let (other, _) = classify_once(sql, r, skipped, depth);
+            let (other, _) = classify_once(sql, r, rules, depth);
             if !other.effect.is_read() {
                 out.effect = other.effect;
                 return out;
@@ -210,20 +240,16 @@ fn classify_at(sql: &[u8], skipped: &dyn Fn(&[u8]) -> Option<WriteKind>, depth: 
     out
 }
 
-fn classify_once(
-    sql: &[u8],
-    reading: Reading,
-    skipped: &dyn Fn(&[u8]) -> Option<WriteKind>,
-    depth: u8,
-) -> (Classified, Seen) {
+fn classify_once(sql: &[u8], reading: Reading, rules: &Rules<'_>, depth: u8) -> (Classified, Seen) {
     let mut c = Classifier {
         lx: Lexer::new(sql, reading),
-        skipped,
+        rules,
         names: Vec::new(),
         depth,
     };
     let mut effect = Effect::Read;
     while !c.lx.at_end() {
+        c.lx.next_statement();
         effect = effect.and(c.statement(0));
     }
     (
@@ -271,6 +297,10 @@ struct Lexer<'a> {
     reading: Reading,
     /// Inside `/*! … */` read as code: its `*/` is skipped.
     in_exec: bool,
+    /// The current statement's end was returned: every later [`Lexer::next`] returns
+    /// [`Tok::End`] again until [`Lexer::next_statement`], so no reader can run into the next
+    /// statement by reading one token too many.
+    ended: bool,
     seen: Seen,
 }
 
@@ -285,12 +315,18 @@ impl<'a> Lexer<'a> {
             pos: 0,
             reading,
             in_exec: false,
+            ended: false,
             seen: Seen::default(),
         }
     }
 
     fn byte(&self, at: usize) -> Option<u8> {
         self.sql.get(at).copied()
+    }
+
+    /// Moves on to the statement after the current one's end.
+    fn next_statement(&mut self) {
+        self.ended = false;
     }
 
     fn at_end(&mut self) -> bool {
@@ -365,14 +401,21 @@ impl<'a> Lexer<'a> {
 
     /// The next token; [`Tok::End`] at `;` (consumed) and at the end of the text.
     fn next(&mut self) -> Tok<'a> {
+        if self.ended {
+            return Tok::End;
+        }
         self.skip_space();
         let start = self.pos;
         let Some(b) = self.byte(start) else {
+            self.ended = true;
             return Tok::End;
         };
         self.pos += 1;
         match b {
-            b';' => Tok::End,
+            b';' => {
+                self.ended = true;
+                Tok::End
+            }
             b'\'' | b'"' => {
                 let end = self.string_end(b);
                 let body = self.sql.get(start + 1..end).unwrap_or(&[]);
@@ -458,9 +501,9 @@ fn is_any(tok: Tok<'_>, kws: &[&str]) -> bool {
 
 // ------------------------------------------------------------------ statements
 
-struct Classifier<'a, 's> {
+struct Classifier<'a, 'r> {
     lx: Lexer<'a>,
-    skipped: &'s dyn Fn(&[u8]) -> Option<WriteKind>,
+    rules: &'r Rules<'r>,
     names: Vec<NameUse>,
     depth: u8,
 }
@@ -612,7 +655,11 @@ impl<'a> Classifier<'a, '_> {
         } else if k(&["REPLACE"]) {
             Some(WRITE(WriteKind::Replace))
         } else if k(&["CALL"]) {
-            Some(WRITE(WriteKind::Call))
+            Some(if self.rules.allow_calls {
+                Effect::Read
+            } else {
+                WRITE(WriteKind::Call)
+            })
         } else if k(&["CREATE", "ALTER", "RENAME", "TRUNCATE"]) {
             Some(WRITE(WriteKind::Ddl))
         } else if k(&[
@@ -870,7 +917,7 @@ impl<'a> Classifier<'a, '_> {
                 _ => {}
             }
         }
-        match (self.skipped)(name) {
+        match (self.rules.skipped)(name) {
             Some(kind) => WRITE(kind),
             None => Effect::Read,
         }
@@ -879,7 +926,7 @@ impl<'a> Classifier<'a, '_> {
     /// A string literal holding SQL, judged as a text of its own.
     fn literal(&self, body: &[u8], quote: u8) -> Effect {
         let sql = unescape(body, quote, self.lx.reading.backslash_escapes);
-        let inner = classify_at(&sql, self.skipped, self.depth + 1);
+        let inner = classify_at(&sql, self.rules, self.depth + 1);
         inner.effect
     }
 }
@@ -986,6 +1033,17 @@ mod tests {
             write(Ddl, sql);
         }
         write(Call, "CALL p(1, @x)");
+        let calls = Rules {
+            allow_calls: true,
+            ..Rules::default()
+        };
+        let e = |sql: &str| classify_with(sql.as_bytes(), &calls).effect;
+        assert_eq!(e("CALL p(1, @x)"), Effect::Read);
+        assert_eq!(
+            e("CALL p(); INSERT INTO t VALUES (1)"),
+            Effect::Write(Insert)
+        );
+        assert_eq!(e("EXECUTE IMMEDIATE 'CALL p()'"), Effect::Read);
         write(Update, "WITH x AS (SELECT 1) UPDATE t JOIN x SET t.a = 1");
         write(
             Delete,
@@ -1166,6 +1224,40 @@ mod tests {
         read("SELECT 1 /* ; DELETE FROM t */");
         read("SELECT `a;DELETE FROM t` FROM t");
         read("SELECT 1 -- ; DELETE FROM t");
+        // Statements whose readers look ahead must not swallow the next statement.
+        write(
+            Insert,
+            "PREPARE r FROM 'SELECT 1'; INSERT INTO t VALUES (1)",
+        );
+        for first in [
+            "PREPARE",
+            "PREPARE s FROM",
+            "EXECUTE",
+            "EXECUTE IMMEDIATE",
+            "LOAD",
+        ] {
+            // A write already; the statement after it is still read.
+            let c = classify(format!("{first};DEALLOCATE PREPARE n").as_bytes());
+            assert!(!c.effect.is_read(), "{first}");
+            assert_eq!(
+                c.names.last(),
+                Some(&NameUse::Deallocate {
+                    name: b"n".to_vec()
+                }),
+                "{first}"
+            );
+        }
+        write(
+            Insert,
+            "EXECUTE IMMEDIATE 'SELECT 1';INSERT INTO t VALUES (1)",
+        );
+        write(Insert, "DEALLOCATE PREPARE;INSERT INTO t VALUES (1)");
+        write(Insert, "DEALLOCATE;INSERT INTO t VALUES (1)");
+        write(Insert, "EXPLAIN FORMAT;INSERT INTO t VALUES (1)");
+        write(Insert, "EXPLAIN FORMAT=;INSERT INTO t VALUES (1)");
+        write(Insert, "ANALYZE FORMAT=;INSERT INTO t VALUES (1)");
+        write(Insert, "SET STATEMENT x=1 FOR;INSERT INTO t VALUES (1)");
+        write(Insert, "BEGIN;INSERT INTO t VALUES (1)");
         write(Delete, "SELECT 1 --; DELETE FROM t");
         write(Delete, "SELECT 1 #\n; DELETE FROM t");
     }
@@ -1247,7 +1339,11 @@ mod tests {
 
         // EXECUTE follows what the caller kept off, and PREPAREs earlier in the same text.
         let skipped = |n: &[u8]| (n == b"w").then_some(Update);
-        let e = |sql: &str| classify_with(sql.as_bytes(), &skipped).effect;
+        let rules = Rules {
+            skipped: &skipped,
+            ..Rules::default()
+        };
+        let e = |sql: &str| classify_with(sql.as_bytes(), &rules).effect;
         assert_eq!(e("EXECUTE r USING @a"), Effect::Read);
         assert_eq!(e("EXECUTE W USING @a"), Effect::Write(Update));
         assert_eq!(
@@ -1259,7 +1355,7 @@ mod tests {
             e("PREPARE r FROM 'DELETE FROM t'; SELECT 1; EXECUTE r"),
             Effect::Write(Delete)
         );
-        let c = classify_with(b"DEALLOCATE PREPARE w; DROP PREPARE `x`", &skipped);
+        let c = classify_with(b"DEALLOCATE PREPARE w; DROP PREPARE `x`", &rules);
         assert_eq!(c.effect, Effect::Read);
         assert_eq!(
             c.names,
@@ -1328,7 +1424,9 @@ mod tests {
     proptest! {
         #[test]
         fn never_panics_on_any_bytes(sql in proptest::collection::vec(any::<u8>(), 0..512)) {
-            let c = classify_with(&sql, &|n| (n.len() == 1).then_some(Other));
+            let skipped = |n: &[u8]| (n.len() == 1).then_some(Other);
+            let rules = Rules { allow_calls: sql.len() % 2 == 0, skipped: &skipped };
+            let c = classify_with(&sql, &rules);
             // A prefix that writes stays a write when more statements follow.
             if !c.effect.is_read() {
                 let mut more = sql.clone();
