@@ -71,8 +71,20 @@ pub fn build_engine(args: &Args) -> Result<Engine> {
             .prod_dsn
             .is_some()
             .then(|| Duration::from_millis(args.prod_dsn_wait_ms)),
+        read_only: args.read_only,
+        allow_calls: args.read_only_allow_calls,
         ..MysqlConfig::default()
     };
+    if args.read_only {
+        tracing::info!(
+            "--read-only: commands that write are not mirrored (CALL {})",
+            if args.read_only_allow_calls {
+                "is"
+            } else {
+                "neither"
+            }
+        );
+    }
     let factory = MysqlFactory::new(config, Arc::new(credentials), urandom()?);
     Ok(Engine::with_transform(cfg, Box::new(factory)))
 }
