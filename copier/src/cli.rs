@@ -129,6 +129,17 @@ pub struct MirrorArgs {
     /// before resetting what is left.
     #[arg(long, env = "TCPSHADOW_DRAIN_SECS", default_value_t = 2)]
     pub drain_secs: u64,
+
+    /// MySQL: do not mirror commands that write (INSERT, UPDATE, DELETE, REPLACE, DDL, LOAD
+    /// DATA, SELECT ... FOR UPDATE, CALL, administration, and whatever is not recognised as a
+    /// read), nor executes of statements prepared from them; the sessions' reads still run on the
+    /// test server. Counted per kind in the summary.
+    #[arg(long, env = "TCPSHADOW_READ_ONLY")]
+    pub read_only: bool,
+
+    /// With --read-only: mirror CALL of stored procedures (vouch that they only read).
+    #[arg(long, env = "TCPSHADOW_READ_ONLY_ALLOW_CALLS")]
+    pub read_only_allow_calls: bool,
 }
 
 /// One production port mirrored to one test server.
@@ -159,6 +170,14 @@ impl MirrorArgs {
     pub fn validate(&self) -> Result<()> {
         if let Some(target) = self.target {
             validate_target("--target", &format!("--target {target}"), target)?;
+        }
+        if self.read_only && self.protocol != Protocol::Mysql {
+            bail!(
+                "--read-only tells writes from reads in MySQL commands: it needs --protocol mysql"
+            );
+        }
+        if self.read_only_allow_calls && !self.read_only {
+            bail!("--read-only-allow-calls only applies with --read-only");
         }
         Ok(())
     }
@@ -389,6 +408,31 @@ mod tests {
         ]);
         let err = a.validate().unwrap_err().to_string();
         assert!(err.contains("production server itself"), "{err}");
+    }
+
+    #[test]
+    fn read_only_needs_mysql() {
+        let base = [
+            "copier",
+            "--target",
+            "198.18.0.3:3306",
+            "--intercept",
+            "198.18.0.4:36524",
+        ];
+        let parse = |more: &[&str]| Args::parse_from(base.iter().chain(more));
+        let a = parse(&["--read-only", "--read-only-allow-calls"]);
+        assert!(a.mirror.read_only && a.mirror.read_only_allow_calls);
+        a.validate().unwrap();
+        let err = parse(&["--read-only", "--protocol", "tcp"])
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--protocol mysql"), "{err}");
+        let err = parse(&["--read-only-allow-calls"])
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("with --read-only"), "{err}");
     }
 
     #[test]

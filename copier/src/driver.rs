@@ -387,6 +387,16 @@ pub fn build_fleet(
         Protocol::Tcp => None,
         Protocol::Mysql => Some(mysql_factory(args, recovery_wait)?),
     };
+    if args.read_only {
+        tracing::info!(
+            "--read-only: commands that write are not mirrored (CALL {})",
+            if args.read_only_allow_calls {
+                "is"
+            } else {
+                "neither"
+            }
+        );
+    }
     let fleet = Fleet::new(&template, &routes, args.multiply, |cfg| match &mysql {
         Some(f) => Engine::with_transform(cfg, Box::new(f.clone())),
         None => Engine::new(cfg),
@@ -441,6 +451,8 @@ fn mysql_factory(args: &MirrorArgs, recovery_wait: Option<Duration>) -> Result<M
         default_db: args.mysql_default_db.clone(),
         forward_without_credentials: args.mysql_credentials.is_none(),
         recovery_wait,
+        read_only: args.read_only,
+        allow_calls: args.read_only_allow_calls,
         ..MysqlConfig::default()
     };
     Ok(MysqlFactory::new(config, Arc::new(credentials), urandom()?))

@@ -184,9 +184,15 @@ impl StatusLine {
     }
 }
 
+/// Prefix of the protocol-layer counters of commands `--read-only` keeps off the test server.
+const READ_ONLY_PREFIX: &str = "read_only_skipped_";
+
 /// Whether a protocol-layer counter counts commands, logins or sessions the test server did not
-/// get as production did.
+/// get as production did. What `--read-only` skips was asked for: not a loss.
 fn is_protocol_loss(name: &str) -> bool {
+    if name.starts_with(READ_ONLY_PREFIX) {
+        return false;
+    }
     const MARKS: [&str; 10] = [
         "dropped",
         "failed",
@@ -257,11 +263,27 @@ pub fn summary(s: &Snapshot, elapsed: Duration) -> String {
         .engine
         .transform
         .named(s.transform_names)
-        .filter(|(_, n)| *n > 0)
+        .filter(|(name, n)| *n > 0 && !name.starts_with(READ_ONLY_PREFIX))
         .map(|(name, n)| format!("{name}={n}"))
         .collect();
     if !proto.is_empty() {
         let _ = writeln!(out, "  protocol layer: {}", proto.join(" "));
+    }
+    let skipped: Vec<(&str, u64)> = s
+        .engine
+        .transform
+        .named(s.transform_names)
+        .filter_map(|(name, n)| Some((name.strip_prefix(READ_ONLY_PREFIX)?, n)))
+        .filter(|(_, n)| *n > 0)
+        .collect();
+    if !skipped.is_empty() {
+        let total: u64 = skipped.iter().map(|(_, n)| n).sum();
+        let each: Vec<String> = skipped.iter().map(|(k, n)| format!("{k}={n}")).collect();
+        let _ = writeln!(
+            out,
+            "  read-only: {total} commands not mirrored (writes, by design): {}",
+            each.join(" ")
+        );
     }
     if let Some(l) = &s.lookup {
         let _ = writeln!(
@@ -366,6 +388,36 @@ mod tests {
         );
         let plain = summary(&Snapshot::default(), Duration::from_secs(1));
         assert!(!plain.contains("shaping"), "{plain}");
+    }
+
+    #[test]
+    fn read_only_skips_are_shown_but_are_not_losses() {
+        let mut s = Snapshot {
+            transform_names: &[
+                "commands_forwarded",
+                "read_only_skipped_insert",
+                "read_only_skipped_update",
+                "read_only_skipped_other",
+                "read_only_skipped_stmt_execute",
+            ],
+            ..Snapshot::default()
+        };
+        s.engine.transform.add(0, 10);
+        s.engine.transform.add(1, 3);
+        s.engine.transform.add(2, 6);
+        s.engine.transform.add(4, 40);
+        let text = summary(&s, Duration::from_secs(1));
+        assert!(
+            text.contains(
+                "read-only: 49 commands not mirrored (writes, by design): insert=3 update=6 stmt_execute=40"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("protocol layer: commands_forwarded=10\n"),
+            "{text}"
+        );
+        assert!(text.contains("losses: none"), "{text}");
     }
 
     #[test]

@@ -28,6 +28,7 @@
 //! nothing was changed, so a rewrite touches only the fields it means to.
 
 pub mod auth;
+pub mod classify;
 mod codec;
 pub mod command;
 pub mod handshake;

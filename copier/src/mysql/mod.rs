@@ -13,10 +13,17 @@
 //! * prepared-statement ids, translated from production's to the test server's by pairing both
 //!   servers' answers to each COM_STMT_PREPARE;
 //! * connections picked up mid-stream, which get a synthetic login (and, with recovered state,
-//!   their schema and prepared statements) before their captured commands.
+//!   their schema and prepared statements) before their captured commands;
+//! * with `read_only`, commands that write (judged by `common::mysql::classify`; a COM_QUERY or
+//!   COM_STMT_PREPARE is collected whole, up to 1 MiB, to be judged) and every statement command
+//!   naming a statement prepared from one: they are neither sent nor awaited, LOCAL INFILE
+//!   contents and 16 MiB continuations included. Our stream is the client's minus those
+//!   commands (the engine numbers it in our own sequence space), and each server's replies
+//!   stay matched because each side awaits only what it was sent. The test server so only ever
+//!   holds read statements, whatever ids the client names.
 //!
 //! Everything else passes byte for byte, including commands of 16 MiB and more, which are
-//! streamed through without being buffered whole.
+//! streamed through without being buffered whole (under `read_only`, once judged).
 //!
 //! # What it must never do
 //!
@@ -41,6 +48,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::clock::Instant;
+use common::mysql::classify::WriteKind;
 
 use crate::credentials::Credentials;
 use crate::engine::{SessionInfo, StreamTransform, TransformFactory};
@@ -72,6 +80,12 @@ pub struct MysqlConfig {
     /// giving the session up: for a test server that does not check passwords
     /// (`--skip-grant-tables`). A picked-up connection then logs in with an empty response.
     pub forward_without_credentials: bool,
+    /// `--read-only`: commands that write (see `common::mysql::classify`) are not sent to the
+    /// test server, nor awaited from it; executes of statements prepared from them neither.
+    /// Counted per kind (`read_only_skipped_*`).
+    pub read_only: bool,
+    /// With `read_only`: CALL is mirrored (the operator vouches that the procedures only read).
+    pub allow_calls: bool,
 }
 
 impl Default for MysqlConfig {
@@ -83,6 +97,8 @@ impl Default for MysqlConfig {
             max_held_bytes: 4 << 20,
             max_statements: common::mysql::stmt::DEFAULT_LIMIT,
             forward_without_credentials: false,
+            read_only: false,
+            allow_calls: false,
         }
     }
 }
@@ -167,6 +183,21 @@ pub enum Counter {
     ReplySeqMismatches,
     /// A reply whose structure could not be followed: cut by sequence ids alone.
     ReplyStructureLost,
+    // `--read-only`: commands not sent to the test server, by the kind of write they carry
+    // (`common::mysql::classify::WriteKind`, same order). By design, not losses.
+    ReadOnlySkippedInsert,
+    ReadOnlySkippedUpdate,
+    ReadOnlySkippedDelete,
+    ReadOnlySkippedReplace,
+    ReadOnlySkippedDdl,
+    ReadOnlySkippedLoadData,
+    ReadOnlySkippedLockingRead,
+    ReadOnlySkippedCall,
+    ReadOnlySkippedSelectInto,
+    ReadOnlySkippedAdmin,
+    ReadOnlySkippedOther,
+    /// COM_STMT_EXECUTE / BULK_EXECUTE of a statement whose prepare was not sent.
+    ReadOnlySkippedStmtExecute,
 }
 
 /// Names of [`Counter`] ids, in id order (metrics labels and the summary).
@@ -215,9 +246,38 @@ pub const COUNTER_NAMES: &[&str] = &[
     "held_timeouts",
     "reply_seq_mismatches",
     "reply_structure_lost",
+    "read_only_skipped_insert",
+    "read_only_skipped_update",
+    "read_only_skipped_delete",
+    "read_only_skipped_replace",
+    "read_only_skipped_ddl",
+    "read_only_skipped_load_data",
+    "read_only_skipped_locking_read",
+    "read_only_skipped_call",
+    "read_only_skipped_select_into",
+    "read_only_skipped_admin",
+    "read_only_skipped_other",
+    "read_only_skipped_stmt_execute",
 ];
 
-const _: () = assert!(COUNTER_NAMES.len() == Counter::ReplyStructureLost as usize + 1);
+/// What `--read-only` counts a command under.
+pub(crate) fn read_only_counter(kind: WriteKind) -> Counter {
+    match kind {
+        WriteKind::Insert => Counter::ReadOnlySkippedInsert,
+        WriteKind::Update => Counter::ReadOnlySkippedUpdate,
+        WriteKind::Delete => Counter::ReadOnlySkippedDelete,
+        WriteKind::Replace => Counter::ReadOnlySkippedReplace,
+        WriteKind::Ddl => Counter::ReadOnlySkippedDdl,
+        WriteKind::LoadData => Counter::ReadOnlySkippedLoadData,
+        WriteKind::LockingRead => Counter::ReadOnlySkippedLockingRead,
+        WriteKind::Call => Counter::ReadOnlySkippedCall,
+        WriteKind::SelectInto => Counter::ReadOnlySkippedSelectInto,
+        WriteKind::Admin => Counter::ReadOnlySkippedAdmin,
+        WriteKind::Other => Counter::ReadOnlySkippedOther,
+    }
+}
+
+const _: () = assert!(COUNTER_NAMES.len() == Counter::ReadOnlySkippedStmtExecute as usize + 1);
 const _: () = assert!(COUNTER_NAMES.len() <= crate::engine::TRANSFORM_COUNTERS);
 
 /// What every session of a factory shares (read-only).

@@ -27,6 +27,8 @@ use crate::engine::{
     SessionInfo, StreamTransform, TestEvent, TransformFactory, TransformOutput, TransformStats,
 };
 
+mod read_only;
+
 // ------------------------------------------------------------------ fixtures
 // Real payloads from common/src/mysql/fixtures.rs (MariaDB 10.11.19, Connector/C 3.3.20,
 // sysbench 1.0.20; accounts sb/sbpass and other/otherpw): that module is test-only there.
@@ -1197,8 +1199,8 @@ impl FakeServer {
                     let id = self.ids.pop_front().unwrap();
                     self.replies.extend(prepare_reply(id, 1));
                 }
-                com::QUERY if payload.starts_with(b"\x03BIG ") => {
-                    let spec = std::str::from_utf8(&payload[5..]).unwrap();
+                com::QUERY if big_query(&payload).is_some() => {
+                    let spec = big_query(&payload).unwrap();
                     let (rows, deprecate_eof) = spec.split_once(' ').unwrap();
                     let reply = result_set(1, rows.parse().unwrap(), deprecate_eof == "1", 0);
                     self.replies.extend(reply);
@@ -1209,6 +1211,14 @@ impl FakeServer {
             self.commands.push(payload);
         }
     }
+}
+
+/// `BIG rows deprecate_eof` (or `SELECT BIG …`, a read for `--read-only`): the spec of a
+/// long result set the fake server answers with.
+fn big_query(payload: &[u8]) -> Option<&str> {
+    let q = payload.strip_prefix(&[com::QUERY])?;
+    let q = q.strip_prefix(b"SELECT ").unwrap_or(q);
+    std::str::from_utf8(q.strip_prefix(b"BIG ")?).ok()
 }
 
 #[derive(Clone, Debug)]
@@ -1365,9 +1375,11 @@ proptest! {
             0..60,
         ),
         picked_up in any::<bool>(),
+        read_only in any::<bool>(),
     ) {
         let config = MysqlConfig {
             max_held_bytes: 2000,
+            read_only,
             ..pickup_config()
         };
         let mut h = Harness::new(config, picked_up);

@@ -16,7 +16,7 @@
 //!   256·k packets, which ends on id 0, from a longer one), and matched in order with the
 //!   commands each server was sent.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
 use std::mem;
 use std::sync::Arc;
@@ -27,6 +27,7 @@ use common::control::{MysqlEvent, MysqlPacket};
 use common::mysql::auth::{
     encrypt_password, rand_core, AuthPlugin, Nonce, Password, ServerPublicKey, REQUEST_PUBLIC_KEY,
 };
+use common::mysql::classify::{self, Effect, NameUse, Rules, WriteKind};
 use common::mysql::command::{self, com, ChangeUser};
 use common::mysql::handshake::{
     AuthMoreData, AuthSwitchRequest, Capabilities, ClientLogin, FastAuthResult, Greeting,
@@ -35,10 +36,12 @@ use common::mysql::handshake::{
 use common::mysql::packet::{
     write_packet, FrameScanner, PacketHeader, ScannedPacket, HEADER_LEN, MAX_PAYLOAD_LEN,
 };
-use common::mysql::stmt::{PrepareAnswer, Resolution, StatementMap, UnmappedReason, SQL_KEPT};
+use common::mysql::stmt::{
+    PrepareAnswer, Resolution, StatementMap, UnmappedReason, LAST_PREPARED, SQL_KEPT,
+};
 
 use super::replies::{ReplyKind, ReplyTracker, Seen};
-use super::{Counter, NotRecovered, RecoveredState, Shared};
+use super::{read_only_counter, Counter, NotRecovered, RecoveredState, Shared};
 use crate::engine::{SessionInfo, StreamTransform, TestEvent, TransformOutput};
 
 /// Payload bytes of one client packet looked at before its verdict. Logins and COM_CHANGE_USER
@@ -61,6 +64,10 @@ const SYNTHETIC_CHARSET: u8 = 45;
 /// server. intercept drops summaries when its relay queue is full; a lost PREPARE_OK would
 /// otherwise hold the session (and its FIN) until the backlog overflows or the session idles out.
 const HELD_TIMEOUT: Duration = Duration::from_secs(2);
+/// SQL bytes of a COM_QUERY or COM_STMT_PREPARE collected to classify it under `--read-only`
+/// (at most `max_held_bytes`). A longer text is judged by this prefix, and is not mirrored unless
+/// the prefix already shows a write (its unseen rest could hold `FOR UPDATE` or `; DELETE`).
+const MAX_SQL_HEAD: usize = 1 << 20;
 /// What Connector/C announces as its largest packet.
 const SYNTHETIC_MAX_PACKET: u32 = 1 << 28;
 
@@ -208,6 +215,17 @@ enum Verdict {
     Drop,
     /// Wait: the test server must answer something first.
     Block,
+}
+
+/// What became of a client's COM_STMT_PREPARE, for pairing production's answer with it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fate {
+    /// Sent to the test server and given to the statement map.
+    Tracked,
+    /// Sent, not tracked (framing or tracking lost): production's answer is not needed.
+    Untracked,
+    /// Not sent (`--read-only`): production's id is remembered so its executes are not sent.
+    Skipped,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -383,8 +401,8 @@ pub struct MysqlTransform {
     map: StatementMap,
     /// Production's answers to prepares the forwarding reader has not reached yet.
     prod_answers: VecDeque<PrepareAnswer>,
-    /// Prepares forwarded before production's answer was seen: whether each is tracked.
-    unanswered_prepares: VecDeque<bool>,
+    /// Prepares passed (forwarded or skipped) before production's answer was seen.
+    unanswered_prepares: VecDeque<Fate>,
     /// Statement pairing gave up (too many answers in flight): every id is untranslatable.
     tracking_lost: bool,
     /// Statements may exist that were prepared before we saw the connection.
@@ -392,6 +410,17 @@ pub struct MysqlTransform {
 
     inject: VecDeque<Injection>,
     inject_bytes: usize,
+
+    // `--read-only`.
+    /// Production's ids of statements whose prepare was not sent to the test server.
+    skipped_statements: HashSet<u32>,
+    /// The client's latest COM_STMT_PREPARE was not sent: MariaDB's "last prepared" id
+    /// ([`LAST_PREPARED`]) names it.
+    last_prepare_skipped: bool,
+    /// SQL-level prepared statement names whose PREPARE was not sent, with its kind.
+    skipped_names: HashMap<Box<[u8]>, WriteKind>,
+    /// The packets after a command that was not sent (LOCAL INFILE contents) are not sent either.
+    skip_data: bool,
 }
 
 impl fmt::Debug for MysqlTransform {
@@ -474,6 +503,10 @@ impl MysqlTransform {
             stmts_predate_us: picked_up,
             inject: VecDeque::new(),
             inject_bytes: 0,
+            skipped_statements: HashSet::new(),
+            last_prepare_skipped: false,
+            skipped_names: HashMap::new(),
+            skip_data: false,
         }
     }
 
@@ -996,6 +1029,11 @@ impl MysqlTransform {
                 .into_iter()
                 .take(self.shared.config.max_statements)
             {
+                if self.read_only_write(&sql).is_some() {
+                    // Its executes are not sent either, and counted as such.
+                    self.skip_statement(prod_id, out);
+                    continue;
+                }
                 let mut payload = Vec::with_capacity(1 + sql.len());
                 payload.push(com::STMT_PREPARE);
                 payload.extend_from_slice(&sql);
@@ -1198,28 +1236,48 @@ impl MysqlTransform {
     /// reached yet (commands held while the test server logs in).
     fn prod_prepare_answer(&mut self, answer: PrepareAnswer, out: &mut TransformOutput<'_>) {
         match self.unanswered_prepares.pop_front() {
-            Some(true) => {
-                let r = self.map.prod_answer(answer);
-                self.resolved(r, out);
-            }
-            Some(false) => {}
+            Some(fate) => self.prepare_answered(fate, answer, out),
             None if self.prod_answers.len() >= MAX_IN_FLIGHT => self.lose_tracking(out),
             None => self.prod_answers.push_back(answer),
         }
     }
 
-    /// A COM_STMT_PREPARE was forwarded (and given to the map if `tracked`).
-    fn prepare_forwarded(&mut self, tracked: bool, out: &mut TransformOutput<'_>) {
+    /// A client's COM_STMT_PREPARE was forwarded (and given to the map if tracked) or skipped.
+    fn prepare_passed(&mut self, fate: Fate, out: &mut TransformOutput<'_>) {
         match self.prod_answers.pop_front() {
-            Some(answer) => {
-                if tracked {
-                    let r = self.map.prod_answer(answer);
-                    self.resolved(r, out);
-                }
-            }
+            Some(answer) => self.prepare_answered(fate, answer, out),
             None if self.unanswered_prepares.len() >= MAX_IN_FLIGHT => self.lose_tracking(out),
-            None => self.unanswered_prepares.push_back(tracked),
+            None => self.unanswered_prepares.push_back(fate),
         }
+    }
+
+    /// Production's answer paired with the prepare it answers.
+    fn prepare_answered(
+        &mut self,
+        fate: Fate,
+        answer: PrepareAnswer,
+        out: &mut TransformOutput<'_>,
+    ) {
+        match (fate, answer) {
+            (Fate::Tracked, _) => {
+                let r = self.map.prod_answer(answer);
+                self.resolved(r, out);
+            }
+            (Fate::Skipped, PrepareAnswer::Ok { statement_id }) => {
+                self.skip_statement(statement_id, out)
+            }
+            (Fate::Skipped, PrepareAnswer::Err { .. }) | (Fate::Untracked, _) => {}
+        }
+    }
+
+    /// Production's statement `prod_id` was not prepared on the test server (`--read-only`).
+    fn skip_statement(&mut self, prod_id: u32, out: &mut TransformOutput<'_>) {
+        if self.skipped_statements.len() >= self.shared.config.max_statements {
+            // Its executes then find no statement and are dropped as unknown ones.
+            out.count(Counter::StatementsOverLimit as usize);
+            return;
+        }
+        self.skipped_statements.insert(prod_id);
     }
 
     fn lose_tracking(&mut self, out: &mut TransformOutput<'_>) {
@@ -1234,7 +1292,11 @@ impl MysqlTransform {
     fn resolved(&mut self, r: Resolution, out: &mut TransformOutput<'_>) {
         match r {
             Resolution::Waiting | Resolution::BothRejected | Resolution::Discarded => {}
-            Resolution::Mapped { .. } => out.count(Counter::StatementsMapped as usize),
+            Resolution::Mapped { prod_id, .. } => {
+                // A reused id names the new statement.
+                self.skipped_statements.remove(&prod_id);
+                out.count(Counter::StatementsMapped as usize)
+            }
             Resolution::TestRejected { .. } => {
                 out.count(Counter::StatementsRejectedOnTest as usize)
             }
@@ -1324,6 +1386,9 @@ impl MysqlTransform {
             match self.head.get(HEADER_LEN) {
                 None => 1,
                 Some(&com::CHANGE_USER) => MAX_HEAD,
+                Some(&(com::QUERY | com::STMT_PREPARE)) if self.shared.config.read_only => {
+                    1 + MAX_SQL_HEAD.min(self.shared.config.max_held_bytes)
+                }
                 Some(&com::STMT_PREPARE) => 1 + SQL_KEPT,
                 Some(&c) if command::carries_statement_id(c) => 5,
                 Some(_) => 1,
@@ -1450,6 +1515,9 @@ impl MysqlTransform {
                 out.count(Counter::ClientAuthPacketsSwallowed as usize);
                 return Ok(Verdict::Drop);
             }
+            if self.skip_data {
+                return Ok(Verdict::Drop);
+            }
             // LOCAL INFILE contents: they follow their command as they are.
             return Ok(if self.test_ready() {
                 Verdict::Forward
@@ -1458,6 +1526,7 @@ impl MysqlTransform {
             });
         }
         self.swallow_client_auth = false;
+        self.skip_data = false;
         if !self.test_ready() {
             return Ok(Verdict::Block);
         }
@@ -1504,13 +1573,32 @@ impl MysqlTransform {
             self.expect_test(TestExpect::Reply(ReplyKind::Generic))?;
             return Ok(Verdict::Forward);
         };
+        if self.shared.config.read_only {
+            if let Some(kind) = self.read_only_skip(code, h) {
+                out.count(read_only_counter(kind) as usize);
+                self.skip_data = true;
+                if code == com::STMT_PREPARE {
+                    self.last_prepare_skipped = true;
+                    self.prepare_passed(Fate::Skipped, out);
+                }
+                return Ok(Verdict::Drop);
+            }
+        }
         match code {
             com::STMT_PREPARE => {
                 let tracked = !self.test_blind() && !self.tracking_lost;
                 if tracked {
                     self.map.prepare_sent(&self.head[HEADER_LEN + 1..]);
                 }
-                self.prepare_forwarded(tracked, out);
+                self.last_prepare_skipped = false;
+                self.prepare_passed(
+                    if tracked {
+                        Fate::Tracked
+                    } else {
+                        Fate::Untracked
+                    },
+                    out,
+                );
                 self.expect_test(if tracked {
                     TestExpect::Prepare
                 } else {
@@ -1521,6 +1609,7 @@ impl MysqlTransform {
             com::CHANGE_USER => return self.change_user(h, out),
             com::RESET_CONNECTION => {
                 self.map.reset_all();
+                self.forget_skipped();
                 self.stmts_predate_us = false;
                 out.count(Counter::ResetConnection as usize);
                 self.expect_test(TestExpect::Reply(ReplyKind::Generic))?;
@@ -1551,6 +1640,21 @@ impl MysqlTransform {
             out.count(Counter::CommandsForwarded as usize);
             return Ok(Verdict::Forward);
         };
+        if self.shared.config.read_only
+            && (self.skipped_statements.contains(&prod_id)
+                || (prod_id == LAST_PREPARED && self.last_prepare_skipped))
+        {
+            match code {
+                com::STMT_EXECUTE | com::STMT_BULK_EXECUTE => {
+                    out.count(Counter::ReadOnlySkippedStmtExecute as usize)
+                }
+                com::STMT_CLOSE if prod_id != LAST_PREPARED => {
+                    self.skipped_statements.remove(&prod_id);
+                }
+                _ => {}
+            }
+            return Ok(Verdict::Drop);
+        }
         if self.tracking_lost {
             return Ok(self.drop_statement_command(code, UnmappedReason::Desynchronized, out));
         }
@@ -1673,12 +1777,117 @@ impl MysqlTransform {
             self.head = framed;
         }
         self.map.reset_all();
+        self.forget_skipped();
         self.stmts_predate_us = false;
         self.change_user_in_flight = true;
         self.swallow_client_auth = true;
         out.count(Counter::ChangeUser as usize);
         out.count(Counter::CommandsForwarded as usize);
         Ok(Verdict::Forward)
+    }
+
+    // ------------------------------------------------------------------ --read-only
+
+    /// The kind of write the command whose head is collected carries, if it must not reach the
+    /// test server. Statement commands are judged by their statement ([`Self::statement_command`]).
+    fn read_only_skip(&mut self, code: u8, h: PacketHeader) -> Option<WriteKind> {
+        match code {
+            com::QUERY | com::STMT_PREPARE => {
+                let head = mem::take(&mut self.head);
+                let sql = head.get(HEADER_LEN + 1..).unwrap_or(&[]);
+                let seen = head.len().saturating_sub(HEADER_LEN);
+                let complete = seen == h.len as usize && (h.len as usize) < MAX_PAYLOAD_LEN;
+                let kind = self.read_only_write_named(sql, complete, code == com::QUERY);
+                self.head = head;
+                kind
+            }
+            com::QUIT
+            | com::INIT_DB
+            | com::FIELD_LIST
+            | com::STATISTICS
+            | com::PING
+            | com::CHANGE_USER
+            | com::SET_OPTION
+            | com::RESET_CONNECTION => None,
+            c if command::carries_statement_id(c) => None,
+            // COM_PROCESS_INFO: the process list.
+            0x0a => None,
+            // COM_CREATE_DB, COM_DROP_DB
+            0x05 | 0x06 => Some(WriteKind::Ddl),
+            // COM_REFRESH, COM_SHUTDOWN, COM_PROCESS_KILL (another connection's id on the test
+            // server), COM_DEBUG, COM_BINLOG_DUMP, COM_REGISTER_SLAVE, COM_BINLOG_DUMP_GTID
+            0x07 | 0x08 | com::PROCESS_KILL | 0x0d | com::BINLOG_DUMP | 0x15 | 0x1e => {
+                Some(WriteKind::Admin)
+            }
+            // COM_MULTI and anything unknown: their content is not judged.
+            _ => Some(WriteKind::Other),
+        }
+    }
+
+    /// The kind of write a recovered statement's (whole) SQL text carries, if any.
+    fn read_only_write(&self, sql: &[u8]) -> Option<WriteKind> {
+        if !self.shared.config.read_only {
+            return None;
+        }
+        let rules = Rules {
+            allow_calls: self.shared.config.allow_calls,
+            ..Rules::default()
+        };
+        verdict(classify::classify_with(sql, &rules).effect, true)
+    }
+
+    /// The kind of write `sql` carries, if any; a COM_QUERY's (`query`) SQL-level PREPAREs and
+    /// DEALLOCATEs update the record of names that were not sent.
+    fn read_only_write_named(
+        &mut self,
+        sql: &[u8],
+        complete: bool,
+        query: bool,
+    ) -> Option<WriteKind> {
+        let names = &self.skipped_names;
+        let skipped = |n: &[u8]| names.get(n).copied();
+        let rules = Rules {
+            allow_calls: self.shared.config.allow_calls,
+            skipped: &skipped,
+        };
+        let c = classify::classify_with(sql, &rules);
+        let kind = verdict(c.effect, complete);
+        if query {
+            for u in c.names {
+                match u {
+                    NameUse::Prepare { name, effect } => match (kind, effect) {
+                        (None, _) => {
+                            self.skipped_names.remove(&name[..]);
+                        }
+                        (Some(k), e) => {
+                            let k = match e {
+                                Effect::Write(w) => w,
+                                Effect::Read => k,
+                            };
+                            if self.skipped_names.len() < self.shared.config.max_statements {
+                                self.skipped_names.insert(name.into_boxed_slice(), k);
+                            }
+                        }
+                    },
+                    NameUse::Deallocate { name } => {
+                        self.skipped_names.remove(&name[..]);
+                    }
+                }
+            }
+        }
+        kind
+    }
+
+    /// COM_RESET_CONNECTION and COM_CHANGE_USER drop every statement on both servers.
+    fn forget_skipped(&mut self) {
+        self.skipped_statements.clear();
+        self.skipped_names.clear();
+        self.last_prepare_skipped = false;
+        for f in &mut self.unanswered_prepares {
+            if *f == Fate::Skipped {
+                *f = Fate::Untracked;
+            }
+        }
     }
 
     fn give_up(&mut self, a: Abandon, out: &mut TransformOutput<'_>) {
@@ -1714,6 +1923,16 @@ fn body(left: u32, more: bool, forward: bool) -> Fwd {
             more,
             forward,
         },
+    }
+}
+
+/// `--read-only`'s verdict on a classified text: the kind of write, if it is not to be sent. A
+/// text seen only in part is a write unless its seen part already is one.
+fn verdict(effect: Effect, complete: bool) -> Option<WriteKind> {
+    match effect {
+        Effect::Write(k) => Some(k),
+        Effect::Read if complete => None,
+        Effect::Read => Some(WriteKind::Other),
     }
 }
 
