@@ -10,6 +10,7 @@ pub mod control_client;
 pub mod credentials;
 pub mod engine;
 pub mod mysql;
+pub mod pcapfile;
 pub mod prod_state;
 pub mod run;
 pub mod send;
