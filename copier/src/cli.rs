@@ -15,21 +15,49 @@ use clap::Parser;
 #[derive(Parser, Debug, Clone)]
 #[command(name = "copier", version, about, long_about)]
 pub struct Args {
-    /// Production port whose client connections are mirrored.
+    /// Production port whose client connections are mirrored (to --target).
     #[arg(long, env = "TCPSHADOW_PORT", default_value_t = 3306)]
     pub port: u16,
-
-    /// Test server to mirror to, IP:PORT. Must not be this host's own production server.
-    #[arg(long, env = "TCPSHADOW_TARGET")]
-    pub target: SocketAddrV4,
-
-    /// Intercept daemon's control address, HOST:PORT (it relays the test server's replies).
-    #[arg(long, env = "TCPSHADOW_INTERCEPT")]
-    pub intercept: SocketAddr,
 
     /// Capture interface ("any" captures on all interfaces of this host).
     #[arg(long, env = "TCPSHADOW_INTERFACE", default_value = "any")]
     pub interface: String,
+
+    /// MySQL: a read-only account on production, `mysql://user:password@host[:port]`
+    /// (percent-encode special characters). For connections picked up mid-stream, the copier
+    /// reads their user, schema and prepared statements there (needs `GRANT PROCESS, SELECT ON
+    /// *.*` and performance_schema=ON). Prefer the environment variable: a command line is
+    /// visible to other users of the host.
+    #[arg(long, env = "TCPSHADOW_PROD_DSN", value_parser = crate::prod_state::DsnArg::parse_arg)]
+    pub prod_dsn: Option<crate::prod_state::DsnArg>,
+
+    /// MySQL: how long a picked-up connection waits for --prod-dsn's answer before logging in
+    /// with --mysql-default-user (its commands are held meanwhile).
+    #[arg(long, env = "TCPSHADOW_PROD_DSN_WAIT_MS", default_value_t = 3000, value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    pub prod_dsn_wait_ms: u64,
+
+    /// Do not pick up connections that were already open when the copier started.
+    #[arg(long, env = "TCPSHADOW_NO_PICKUP")]
+    pub no_pickup: bool,
+
+    /// Kernel capture buffer, in MiB.
+    #[arg(long, env = "TCPSHADOW_CAPTURE_BUFFER_MB", default_value_t = 64)]
+    pub capture_buffer_mb: u32,
+
+    #[command(flatten)]
+    pub mirror: MirrorArgs,
+}
+
+/// How sessions are mirrored, wherever the packets come from (a live capture or a file).
+#[derive(clap::Args, Debug, Clone)]
+pub struct MirrorArgs {
+    /// Test server to mirror to, IP:PORT. Must not be this host's own production server.
+    #[arg(long, env = "TCPSHADOW_TARGET")]
+    pub target: Option<SocketAddrV4>,
+
+    /// Intercept daemon's control address, HOST:PORT (it relays the test server's replies).
+    #[arg(long, env = "TCPSHADOW_INTERCEPT")]
+    pub intercept: SocketAddr,
 
     /// Rewrite mirrored client addresses into this range (CIDR), e.g. 198.19.0.0/16, so the test
     /// server's routes need not cover the real clients. The client port is kept.
@@ -60,23 +88,6 @@ pub struct Args {
     #[arg(long, env = "TCPSHADOW_MYSQL_DEFAULT_DB")]
     pub mysql_default_db: Option<String>,
 
-    /// MySQL: a read-only account on production, `mysql://user:password@host[:port]`
-    /// (percent-encode special characters). For connections picked up mid-stream, the copier
-    /// reads their user, schema and prepared statements there (needs `GRANT PROCESS, SELECT ON
-    /// *.*` and performance_schema=ON). Prefer the environment variable: a command line is
-    /// visible to other users of the host.
-    #[arg(long, env = "TCPSHADOW_PROD_DSN", value_parser = crate::prod_state::DsnArg::parse_arg)]
-    pub prod_dsn: Option<crate::prod_state::DsnArg>,
-
-    /// MySQL: how long a picked-up connection waits for --prod-dsn's answer before logging in
-    /// with --mysql-default-user (its commands are held meanwhile).
-    #[arg(long, env = "TCPSHADOW_PROD_DSN_WAIT_MS", default_value_t = 3000, value_parser = clap::value_parser!(u64).range(1..=60_000))]
-    pub prod_dsn_wait_ms: u64,
-
-    /// Do not pick up connections that were already open when the copier started.
-    #[arg(long, env = "TCPSHADOW_NO_PICKUP")]
-    pub no_pickup: bool,
-
     /// Shared token sent in the hello to intercept (first line of the file).
     #[arg(long, env = "TCPSHADOW_TOKEN_FILE")]
     pub token_file: Option<PathBuf>,
@@ -84,10 +95,6 @@ pub struct Args {
     /// Seconds between status lines (0: none).
     #[arg(long, env = "TCPSHADOW_STATUS_INTERVAL", default_value_t = 5)]
     pub status_interval: u64,
-
-    /// Kernel capture buffer, in MiB.
-    #[arg(long, env = "TCPSHADOW_CAPTURE_BUFFER_MB", default_value_t = 64)]
-    pub capture_buffer_mb: u32,
 
     /// Most sessions mirrored at once; further connections are not mirrored (counted).
     #[arg(long, env = "TCPSHADOW_MAX_SESSIONS", default_value_t = 100_000)]
@@ -99,41 +106,34 @@ pub struct Args {
     pub drain_secs: u64,
 }
 
-impl Args {
+/// One production port mirrored to one test server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Route {
+    pub prod_port: u16,
+    pub target: SocketAddrV4,
+}
+
+impl MirrorArgs {
     pub fn status_interval(&self) -> Option<Duration> {
         (self.status_interval > 0).then(|| Duration::from_secs(self.status_interval))
     }
 
-    /// The capture filter: the production port's traffic in both directions, excluding what we
-    /// send ourselves (it leaves this host toward the target with the same port numbers).
-    pub fn capture_filter(&self) -> String {
-        let t = self.target.ip();
-        format!(
-            "tcp and ((dst port {p} and not dst host {t}) or (src port {p} and not src host {t}))",
-            p = self.port
-        )
+    /// The routes for production port `port`: `--target` is required here (a live copier with
+    /// `--map` builds its routes in [`Args::routes`]).
+    pub fn route(&self, port: u16) -> Result<Route> {
+        match self.target {
+            Some(target) => Ok(Route {
+                prod_port: port,
+                target,
+            }),
+            None => bail!("--target HOST:PORT is required (the test server to mirror to)"),
+        }
     }
 
-    /// Refuses set-ups that would hurt production.
+    /// Refuses set-ups that would hurt production or cannot work.
     pub fn validate(&self) -> Result<()> {
-        let ip = *self.target.ip();
-        if ip.is_unspecified() || ip.is_broadcast() || ip.is_multicast() {
-            bail!("--target {} is not a unicast address", self.target);
-        }
-        if ip.is_loopback() || is_local_address(ip) {
-            bail!(
-                "--target {} is an address of this host: the copier runs on the production host and \
-                 must never mirror onto the production server itself; point --target at the test server",
-                self.target
-            );
-        }
-        if let Some(dsn) = &self.prod_dsn {
-            if let Err(e) = dsn.get() {
-                bail!("--prod-dsn: {e}");
-            }
-            if self.protocol != Protocol::Mysql {
-                bail!("--prod-dsn recovers MySQL session state: it needs --protocol mysql");
-            }
+        if let Some(target) = self.target {
+            validate_target("--target", target)?;
         }
         Ok(())
     }
@@ -150,6 +150,84 @@ impl Args {
         }
         Ok(Some(line.as_bytes().to_vec()))
     }
+}
+
+/// A test server must be a unicast address that is not this host's: the copier runs on the
+/// production host, and mirroring onto itself would double production's load.
+pub fn validate_target(flag: &str, target: SocketAddrV4) -> Result<()> {
+    let ip = *target.ip();
+    if ip.is_unspecified() || ip.is_broadcast() || ip.is_multicast() {
+        bail!("{flag} {target} is not a unicast address");
+    }
+    if ip.is_loopback() || is_local_address(ip) {
+        bail!(
+            "{flag} {target} is an address of this host: the copier runs on the production host and \
+             must never mirror onto the production server itself; point {flag} at the test server"
+        );
+    }
+    Ok(())
+}
+
+impl Args {
+    /// Where each production port goes.
+    pub fn routes(&self) -> Result<Vec<Route>> {
+        Ok(vec![self.mirror.route(self.port)?])
+    }
+
+    /// The capture filter: the production ports' traffic in both directions, excluding what we
+    /// send ourselves (it leaves this host toward the targets with the same port numbers).
+    pub fn capture_filter(&self) -> Result<String> {
+        Ok(capture_filter(&self.routes()?))
+    }
+
+    /// Refuses set-ups that would hurt production.
+    pub fn validate(&self) -> Result<()> {
+        self.mirror.validate()?;
+        self.routes()?;
+        if let Some(dsn) = &self.prod_dsn {
+            if let Err(e) = dsn.get() {
+                bail!("--prod-dsn: {e}");
+            }
+            if self.mirror.protocol != Protocol::Mysql {
+                bail!("--prod-dsn recovers MySQL session state: it needs --protocol mysql");
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Both directions of every route's production port, minus packets to or from a target host
+/// (our own output, should a target port equal a production port).
+pub fn capture_filter(routes: &[Route]) -> String {
+    let mut ports: Vec<u16> = routes.iter().map(|r| r.prod_port).collect();
+    ports.sort_unstable();
+    ports.dedup();
+    let mut hosts: Vec<Ipv4Addr> = routes.iter().map(|r| *r.target.ip()).collect();
+    hosts.sort_unstable();
+    hosts.dedup();
+    let any = |dir: &str, items: Vec<String>| {
+        items
+            .iter()
+            .map(|i| format!("{dir} {i}"))
+            .collect::<Vec<_>>()
+            .join(" or ")
+    };
+    let ports: Vec<String> = ports.iter().map(u16::to_string).collect();
+    let hosts: Vec<String> = hosts.iter().map(Ipv4Addr::to_string).collect();
+    if ports.len() == 1 && hosts.len() == 1 {
+        let (p, t) = (&ports[0], &hosts[0]);
+        return format!(
+            "tcp and ((dst port {p} and not dst host {t}) or (src port {p} and not src host {t}))"
+        );
+    }
+    format!(
+        // libpcap gives `and` and `or` the same precedence: every group is bracketed.
+        "tcp and ((({}) and not ({})) or (({}) and not ({})))",
+        any("dst port", ports.clone()),
+        any("dst host", hosts.clone()),
+        any("src port", ports),
+        any("src host", hosts),
+    )
 }
 
 /// The application protocol of the mirrored port.

@@ -2,12 +2,14 @@
 //! the client side of each connection toward a test server.
 //!
 //! `engine` is the sans-IO heart; everything else is an edge (capture, raw send, control
-//! channel, signals, status) or the loop that wires them together (`run`).
+//! channel, signals, status), the driver that wires them to the engine (`driver`), or a loop
+//! that feeds the driver (`run`: the live capture).
 
 pub mod capture;
 pub mod cli;
 pub mod control_client;
 pub mod credentials;
+pub mod driver;
 pub mod engine;
 pub mod mysql;
 pub mod pcapfile;

@@ -7,11 +7,11 @@ use std::time::Duration;
 
 use common::clock::Instant;
 
-use crate::capture::{CaptureStats, LiveCapture};
+use crate::capture::CaptureStats;
 use crate::control_client::ClientStats;
-use crate::engine::{CloseReason, Engine, EngineStats};
+use crate::engine::{CloseReason, EngineStats};
 use crate::prod_state::LookupStats;
-use crate::send::{RawSender, SendStats};
+use crate::send::SendStats;
 
 /// All counters at one moment.
 #[derive(Clone, Debug, Default)]
@@ -27,22 +27,6 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
-    pub fn take(
-        engine: &Engine,
-        capture: &LiveCapture,
-        sender: &RawSender,
-        control: &ClientStats,
-    ) -> Self {
-        Self {
-            engine: engine.stats().clone(),
-            capture: capture.stats,
-            send: sender.stats,
-            control: *control,
-            transform_names: engine.transform_counter_names(),
-            lookup: None,
-        }
-    }
-
     fn abandoned(&self) -> u64 {
         CloseReason::ALL
             .iter()
