@@ -14,6 +14,7 @@ pub mod engine;
 pub mod mysql;
 pub mod pcapfile;
 pub mod prod_state;
+pub mod record;
 pub mod run;
 pub mod send;
 pub mod signals;
