@@ -35,7 +35,8 @@ impl CaptureStats {
             + self.fragments
             + self.snapped
     }
-    fn count(&mut self, e: WireError) {
+    /// Counts a frame skipped for `e`.
+    pub fn count(&mut self, e: WireError) {
         match e {
             WireError::Truncated => self.truncated += 1,
             WireError::NotIpv4 => self.not_ipv4 += 1,

@@ -15,6 +15,7 @@ pub mod mysql;
 pub mod pcapfile;
 pub mod prod_state;
 pub mod record;
+pub mod replay;
 pub mod run;
 pub mod send;
 pub mod signals;

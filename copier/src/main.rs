@@ -4,7 +4,8 @@ use std::process::ExitCode;
 use clap::{CommandFactory, FromArgMatches, Parser};
 use copier::cli::Args;
 use copier::record::RecordArgs;
-use copier::{record, run, signals, status};
+use copier::replay::ReplayArgs;
+use copier::{record, replay, run, signals, status};
 use tracing_subscriber::EnvFilter;
 
 /// Told after the live daemon's options: the subcommands are parsed apart (see `main`).
@@ -25,6 +26,11 @@ fn main() -> ExitCode {
             let args = RecordArgs::parse_from(named("copier record", rest()));
             init_logging();
             main_record(&args)
+        }
+        Some("replay") => {
+            let args = ReplayArgs::parse_from(named("copier replay", rest()));
+            init_logging();
+            main_replay(&args)
         }
         _ => {
             let mut matches = Args::command().after_help(SUBCOMMANDS).get_matches();
@@ -85,6 +91,35 @@ fn main_record(args: &RecordArgs) -> ExitCode {
         }
         Err(e) => {
             eprintln!("copier record: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn main_replay(args: &ReplayArgs) -> ExitCode {
+    if let Err(e) = args.validate() {
+        eprintln!("copier replay: {e:#}");
+        return ExitCode::from(2);
+    }
+    signals::install();
+    let started = std::time::Instant::now();
+    match replay::run(args) {
+        Ok((snap, report)) => {
+            eprint!("{}", status::summary(&snap, started.elapsed()));
+            eprint!("{}", report.render());
+            if report.interrupted {
+                return ExitCode::from(130);
+            }
+            match replay::damage_error(&report) {
+                Some(e) => {
+                    eprintln!("copier replay: {e:#}");
+                    ExitCode::FAILURE
+                }
+                None => ExitCode::SUCCESS,
+            }
+        }
+        Err(e) => {
+            eprintln!("copier replay: {e:#}");
             ExitCode::FAILURE
         }
     }
