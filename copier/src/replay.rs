@@ -50,6 +50,10 @@ use crate::record::human;
 /// already open when the recording started are picked up and log in as --mysql-default-user.
 /// Needs intercept running for --target, like the live copier, and root (raw socket).
 ///
+/// After the last packet, replay waits until every connection has closed as it did in the
+/// recording, or the test server has been silent for a second (at most --drain-secs), then
+/// resets the connections the recording left open.
+///
 /// Exit status: 0 when every file was replayed to its end, 1 when a file was damaged (what was
 /// readable before the damage was replayed; the error names the file and offset) or replay
 /// failed, 2 for bad arguments, 130 when stopped by SIGINT/SIGTERM.
@@ -458,6 +462,45 @@ pub fn due_at(start: Instant, first: u64, pos: u64, speed: f64) -> Instant {
 
 /// Packets fed before the driver pumps (relayed feedback, transmission) again.
 const FEED_BUDGET: usize = 512;
+/// After the last packet: the test server silent this long has executed all it received.
+const QUIET: Duration = Duration::from_secs(1);
+/// Sleep while settling, to see sessions close promptly.
+const SETTLE_SLEEP: Duration = Duration::from_millis(10);
+
+/// The wait between the last packet and the driver's drain.
+///
+/// The driver's drain ends once the test server has *acknowledged* every byte, then resets what
+/// is still open. Acknowledged is not executed: under load the test server's socket can hold
+/// queries MySQL has not read yet, and a reset throws them away. So replay first waits until
+/// every session has closed as it did in the recording, or the test server has been silent
+/// for [`QUIET`] (done with what it got; sessions the recording cut off stay open), at most
+/// `--drain-secs`; the drain then only resets what the recording left open.
+struct Settle {
+    since: Instant,
+    feedback: u64,
+    changed: Instant,
+}
+
+impl Settle {
+    fn new(now: Instant) -> Self {
+        Self {
+            since: now,
+            feedback: 0,
+            changed: now,
+        }
+    }
+
+    /// Whether the drain may start.
+    fn done(&mut self, now: Instant, sessions_active: u64, feedback: u64, limit: Duration) -> bool {
+        if feedback != self.feedback {
+            self.feedback = feedback;
+            self.changed = now;
+        }
+        sessions_active == 0
+            || now.saturating_since(self.changed) >= QUIET
+            || now.saturating_since(self.since) >= limit
+    }
+}
 /// Progress bar refresh on a terminal.
 const BAR_EVERY: Duration = Duration::from_millis(250);
 
@@ -680,6 +723,8 @@ pub fn run(args: &ReplayArgs) -> Result<(crate::status::Snapshot, ReplayReport)>
     let mut last_fed: Option<Instant> = None;
     let mut lateness = Duration::ZERO;
     let mut interrupted = false;
+    let mut settle: Option<Settle> = None;
+    let drain_limit = Duration::from_secs(args.mirror.drain_secs);
 
     loop {
         let now = clock.now();
@@ -700,7 +745,11 @@ pub fn run(args: &ReplayArgs) -> Result<(crate::status::Snapshot, ReplayReport)>
                 }
             }
             if source.next.is_none() {
-                driver.begin_drain(now);
+                let e = driver.snapshot(&source.stats).engine;
+                let settle = settle.get_or_insert_with(|| Settle::new(now));
+                if settle.done(now, e.sessions_active, e.feedback_received, drain_limit) {
+                    driver.begin_drain(now);
+                }
             }
         } else if source.next.is_some() && !interrupted {
             interrupted = true;
@@ -723,6 +772,9 @@ pub fn run(args: &ReplayArgs) -> Result<(crate::status::Snapshot, ReplayReport)>
         }
         if let (false, Some(next), Some((t0, first))) = (driver.is_draining(), source.next, start) {
             sleep = sleep.min(due_at(t0, first, next.pos, args.speed).saturating_since(later));
+        }
+        if settle.is_some() {
+            sleep = sleep.min(SETTLE_SLEEP);
         }
         driver.wait(&[], sleep);
     }

@@ -303,3 +303,19 @@ fn loop_needs_a_pool_and_speed_must_be_positive() {
     assert_eq!(with(&["--speed", "2.5"]).unwrap().speed, 2.5);
     assert!(with(&["--loop", "0"]).is_err());
 }
+
+#[test]
+fn settling_ends_when_sessions_closed_the_server_fell_silent_or_time_ran_out() {
+    let t = |ms: u64| Instant::from_nanos(ms * 1_000_000);
+    let limit = Duration::from_secs(2);
+    let mut s = Settle::new(t(0));
+    assert!(!s.done(t(0), 3, 10, limit));
+    assert!(!s.done(t(900), 3, 20, limit), "feedback still flowing");
+    assert!(!s.done(t(1800), 3, 30, limit));
+    assert!(s.done(t(2000), 3, 40, limit), "--drain-secs caps the wait");
+    let mut s = Settle::new(t(0));
+    assert!(!s.done(t(100), 1, 5, limit));
+    assert!(s.done(t(1100), 1, 5, limit), "silent for a second");
+    let mut s = Settle::new(t(0));
+    assert!(s.done(t(1), 0, 5, limit), "every session closed");
+}
