@@ -159,7 +159,9 @@ pub enum StopReason {
 /// What a recording did, for the summary.
 #[derive(Debug, Default)]
 pub struct RecordSummary {
+    /// Frames in the files written (kept or since deleted).
     pub frames: u64,
+    /// Bytes of the files written (kept or since deleted).
     pub bytes: u64,
     pub capture: CaptureStats,
     /// Files kept, oldest first, with their size and frame count.
@@ -186,7 +188,8 @@ impl RecordSummary {
         );
         let _ = writeln!(
             out,
-            "  captured: {} frames, {} bytes written; {} kernel drops; {} frames longer than the snap length",
+            "  captured: {} frames, {} written ({}); {} kernel drops; {} frames longer than the snap length",
+            self.capture.frames,
             self.frames,
             human(self.bytes),
             self.capture.kernel_dropped + self.capture.if_dropped,
@@ -256,6 +259,10 @@ struct Files {
     /// Closed files of this run, oldest first: (path, size, frames).
     closed: VecDeque<(PathBuf, u64, u64)>,
     deleted: u64,
+    /// Frames and bytes of the files deleted.
+    deleted_frames: u64,
+    deleted_bytes: u64,
+    /// Frames handed to the writer, for the status line.
     frames: u64,
     bytes: u64,
 }
@@ -278,6 +285,8 @@ impl Files {
             current: None,
             closed: VecDeque::new(),
             deleted: 0,
+            deleted_frames: 0,
+            deleted_bytes: 0,
             frames: 0,
             bytes: 0,
         }
@@ -324,12 +333,14 @@ impl Files {
             if !(too_many || too_big) {
                 return Ok(());
             }
-            let Some((path, _, _)) = self.closed.pop_front() else {
+            let Some((path, size, frames)) = self.closed.pop_front() else {
                 return Ok(());
             };
             std::fs::remove_file(&path)
                 .with_context(|| format!("cannot delete the oldest file {}", path.display()))?;
             self.deleted += 1;
+            self.deleted_frames += frames;
+            self.deleted_bytes += size;
             tracing::info!("deleted {} (beyond --max-files/--max-disk)", path.display());
         }
     }
@@ -557,8 +568,8 @@ fn summary(
         kept.push((p.clone(), w.committed(), w.frames()));
     }
     RecordSummary {
-        frames: files.frames,
-        bytes: files.bytes,
+        frames: files.deleted_frames + kept.iter().map(|k| k.2).sum::<u64>(),
+        bytes: files.deleted_bytes + kept.iter().map(|k| k.1).sum::<u64>(),
         capture: capture.stats,
         files: kept,
         files_deleted: files.deleted,

@@ -181,7 +181,8 @@ fn record_then_replay_at_double_speed_looped_and_damaged() -> Result<()> {
         recorded_run.stderr
     );
     let recorded = questions(&p1, &p0);
-    let frames = number_after(&recorded_run.stderr, "captured:").unwrap_or(0.0) as u64;
+    // "captured: N frames, W written (...)": W frames are in the file.
+    let frames = number_after(&recorded_run.stderr, "frames,").unwrap_or(0.0) as u64;
     println!(
         "recorded: {secs} s of sysbench oltp_read_only, 8 threads, --rate={rate}: {recorded} queries on prod, {frames} frames\n{}",
         recorded_run.stderr

@@ -32,8 +32,9 @@ pub struct PcapngWriter<W: Write> {
     frames: u64,
 }
 
-/// Flush by itself once this much is pending, bounding memory between flushes.
-const FLUSH_AT: usize = 1 << 20;
+/// Flush by itself once this much is pending: bounds memory between flushes, and what a failed
+/// flush (a full disk) loses.
+const FLUSH_AT: usize = 256 << 10;
 
 const APPLICATION: &str = concat!("tcpshadow copier ", env!("CARGO_PKG_VERSION"));
 
