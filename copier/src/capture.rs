@@ -35,7 +35,8 @@ impl CaptureStats {
             + self.fragments
             + self.snapped
     }
-    fn count(&mut self, e: WireError) {
+    /// Counts a frame skipped for `e`.
+    pub fn count(&mut self, e: WireError) {
         match e {
             WireError::Truncated => self.truncated += 1,
             WireError::NotIpv4 => self.not_ipv4 += 1,
@@ -51,7 +52,21 @@ impl CaptureStats {
 pub struct LiveCapture {
     cap: pcap::Capture<pcap::Active>,
     link: LinkType,
+    /// The interface's LINKTYPE number, as capture files store it.
+    dlt: u16,
+    /// Timestamps in nanoseconds (else microseconds). Linux libpcap honours the request.
+    nanos: bool,
     pub stats: CaptureStats,
+}
+
+/// One frame as captured, for `copier record`: written to a file as is.
+#[derive(Clone, Copy, Debug)]
+pub struct RawFrame<'a> {
+    /// Nanoseconds since the Unix epoch.
+    pub ts_ns: u64,
+    pub data: &'a [u8],
+    /// Length on the wire (more than `data.len()` when the snap length cut it).
+    pub orig_len: u32,
 }
 
 /// Large enough for GRO/TSO super-frames, which the kernel hands to the capture unsplit.
@@ -61,9 +76,25 @@ impl LiveCapture {
     /// Opens `interface` with `filter` (BPF). `buffer_bytes` is the kernel ring size: the larger,
     /// the fewer drops during bursts.
     pub fn open(interface: &str, filter: &str, buffer_bytes: i32) -> Result<Self> {
+        Self::open_with(interface, filter, buffer_bytes, pcap::Precision::Micro)
+    }
+
+    /// Like [`LiveCapture::open`], with nanosecond timestamps for [`LiveCapture::drain_frames`]:
+    /// a recording keeps the kernel's full timestamp resolution.
+    pub fn open_nanos(interface: &str, filter: &str, buffer_bytes: i32) -> Result<Self> {
+        Self::open_with(interface, filter, buffer_bytes, pcap::Precision::Nano)
+    }
+
+    fn open_with(
+        interface: &str,
+        filter: &str,
+        buffer_bytes: i32,
+        precision: pcap::Precision,
+    ) -> Result<Self> {
         let cap = pcap::Capture::from_device(interface)
             .with_context(|| format!("no capture device {interface:?} (see `ip link`)"))?
             .immediate_mode(true)
+            .precision(precision)
             .snaplen(SNAPLEN)
             .buffer_size(buffer_bytes)
             .promisc(false)
@@ -94,6 +125,8 @@ impl LiveCapture {
         Ok(Self {
             cap,
             link,
+            dlt: dlt.0 as u16,
+            nanos: matches!(precision, pcap::Precision::Nano),
             stats: CaptureStats::default(),
         })
     }
@@ -128,6 +161,54 @@ impl LiveCapture {
                 }
                 Err(e) => self.stats.count(e),
             }
+        }
+        Ok(n)
+    }
+
+    /// The interface's LINKTYPE number (1 Ethernet, 113 Linux cooked for "any", ...).
+    pub fn link_type_number(&self) -> u16 {
+        self.dlt
+    }
+
+    /// Hands at most `budget` frames to `f` as captured, unparsed (for `copier record`);
+    /// returns how many. Errors as [`LiveCapture::drain`]. Timestamps are nanoseconds only if
+    /// the capture was opened with [`LiveCapture::open_nanos`].
+    pub fn drain_frames(
+        &mut self,
+        budget: usize,
+        mut f: impl FnMut(RawFrame<'_>) -> Result<()>,
+    ) -> Result<usize> {
+        let nanos = self.nanos;
+        let mut n = 0;
+        while n < budget {
+            let packet = match self.cap.next_packet() {
+                Ok(p) => p,
+                Err(pcap::Error::TimeoutExpired) | Err(pcap::Error::NoMorePackets) => break,
+                Err(e) => bail!(
+                    "capture failed: {e} (did the interface go down or away? start again once it is back)"
+                ),
+            };
+            n += 1;
+            self.stats.frames += 1;
+            if packet.header.caplen < packet.header.len {
+                self.stats.snapped += 1;
+            }
+            let ts = packet.header.ts;
+            let frac = u64::try_from(ts.tv_usec).unwrap_or(0);
+            let frac_ns = if nanos {
+                frac
+            } else {
+                frac.saturating_mul(1000)
+            };
+            let ts_ns = u64::try_from(ts.tv_sec)
+                .unwrap_or(0)
+                .saturating_mul(1_000_000_000)
+                .saturating_add(frac_ns);
+            f(RawFrame {
+                ts_ns,
+                data: packet.data,
+                orig_len: packet.header.len,
+            })?;
         }
         Ok(n)
     }

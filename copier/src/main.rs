@@ -1,12 +1,54 @@
+use std::ffi::OsString;
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches, Parser};
 use copier::cli::Args;
-use copier::{run, signals, status};
+use copier::record::RecordArgs;
+use copier::replay::ReplayArgs;
+use copier::{record, replay, run, signals, status};
 use tracing_subscriber::EnvFilter;
 
+/// Told after the live daemon's options: the subcommands are parsed apart (see `main`).
+const SUBCOMMANDS: &str = "\
+Subcommands (each has its own --help):
+  copier record --port 3306 --output FILE.pcapng [--rotate-size 1G] ...
+      write the production port's traffic to pcapng files
+  copier replay FILE... --target HOST:PORT --intercept HOST:PORT [--speed 2] [--loop N] ...
+      replay recorded traffic (pcap or pcapng) onto a test server";
+
 fn main() -> ExitCode {
-    let args = Args::parse();
+    // The live daemon keeps its flat command line (`copier --port ... --target ...`, as in
+    // existing units and scripts); `record` and `replay` as the first word select a subcommand.
+    let sub = std::env::args_os().nth(1);
+    let rest = || std::env::args_os().skip(2);
+    match sub.as_ref().and_then(|s| s.to_str()) {
+        Some("record") => {
+            let args = RecordArgs::parse_from(named("copier record", rest()));
+            init_logging();
+            main_record(&args)
+        }
+        Some("replay") => {
+            let args = ReplayArgs::parse_from(named("copier replay", rest()));
+            init_logging();
+            main_replay(&args)
+        }
+        _ => {
+            let mut matches = Args::command().after_help(SUBCOMMANDS).get_matches();
+            let args = match Args::from_arg_matches_mut(&mut matches) {
+                Ok(a) => a,
+                Err(e) => e.exit(),
+            };
+            init_logging();
+            main_live(&args)
+        }
+    }
+}
+
+fn named(name: &str, rest: impl Iterator<Item = OsString>) -> Vec<OsString> {
+    std::iter::once(OsString::from(name)).chain(rest).collect()
+}
+
+fn init_logging() {
     tracing_subscriber::fmt()
         .with_env_filter(
             EnvFilter::try_from_env("TCPSHADOW_LOG").unwrap_or_else(|_| EnvFilter::new("info")),
@@ -15,19 +57,69 @@ fn main() -> ExitCode {
         .with_target(false)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+}
+
+fn main_live(args: &Args) -> ExitCode {
     if let Err(e) = args.validate() {
         eprintln!("copier: {e:#}");
         return ExitCode::from(2);
     }
     signals::install();
     let started = std::time::Instant::now();
-    match run::run(&args) {
+    match run::run(args) {
         Ok(snap) => {
             eprint!("{}", status::summary(&snap, started.elapsed()));
             ExitCode::SUCCESS
         }
         Err(e) => {
             eprintln!("copier: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn main_record(args: &RecordArgs) -> ExitCode {
+    if let Err(e) = args.validate() {
+        eprintln!("copier record: {e:#}");
+        return ExitCode::from(2);
+    }
+    signals::install();
+    match record::run(args) {
+        Ok(summary) => {
+            eprint!("{}", summary.render());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("copier record: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn main_replay(args: &ReplayArgs) -> ExitCode {
+    if let Err(e) = args.validate() {
+        eprintln!("copier replay: {e:#}");
+        return ExitCode::from(2);
+    }
+    signals::install();
+    let started = std::time::Instant::now();
+    match replay::run(args) {
+        Ok((snap, report)) => {
+            eprint!("{}", status::summary(&snap, started.elapsed()));
+            eprint!("{}", report.render());
+            if report.interrupted {
+                return ExitCode::from(130);
+            }
+            match replay::damage_error(&report) {
+                Some(e) => {
+                    eprintln!("copier replay: {e:#}");
+                    ExitCode::FAILURE
+                }
+                None => ExitCode::SUCCESS,
+            }
+        }
+        Err(e) => {
+            eprintln!("copier replay: {e:#}");
             ExitCode::FAILURE
         }
     }

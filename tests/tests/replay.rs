@@ -1,0 +1,304 @@
+//! Acceptance of `copier record` and `copier replay` (issue 5): record sysbench on production,
+//! replay the file onto the test server (real grants) at twice the speed and looped, and replay
+//! a damaged copy of it.
+//!
+//! `TCPSHADOW_LOAD_SECS` (default 10) is the recorded load's length, `TCPSHADOW_REPLAY_RATE`
+//! (default 60) its sysbench `--rate` in transactions per second: the test server shares the
+//! machine's two cores with the assistant host (and the copier), so the recording is paced to a
+//! rate it can execute twice as fast.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{ensure, Context, Result};
+use tcpshadow_tests::mirror::{build, release_bin, CONTROL_PORT};
+use tcpshadow_tests::{Background, Counters, Host, Lab, Load, Run};
+
+fn env_u32(name: &str, default: u32) -> u32 {
+    std::env::var(name)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Questions between two `counters` calls, less the 2 the calls themselves add.
+fn questions(after: &Counters, before: &Counters) -> u64 {
+    after.delta(before, "Questions").saturating_sub(2)
+}
+
+/// Writes the test server's credentials (the lab's normal account) to a 0600 file.
+fn credentials_file(lab: &Lab) -> Result<String> {
+    let path = Path::new(lab.var("LAB_DIR")).join("test-credentials");
+    std::fs::write(
+        &path,
+        format!("{}:{}\n", lab.var("LAB_USER"), lab.var("LAB_PASSWORD")),
+    )?;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(path.to_string_lossy().into_owned())
+}
+
+/// The number after `label` in `text` (e.g. "took 15.02 s" -> 15.02).
+fn number_after(text: &str, label: &str) -> Option<f64> {
+    let rest = &text[text.find(label)? + label.len()..];
+    let token: String = rest
+        .trim_start()
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.')
+        .collect();
+    token.parse().ok()
+}
+
+fn start_intercept(lab: &Lab) -> Result<Background> {
+    let bin = release_bin("intercept")?;
+    let listen = format!("{}:{CONTROL_PORT}", lab.ip(Host::Assist));
+    let mut intercept = lab.spawn(
+        Host::Assist,
+        &[
+            bin.to_str().context("path")?,
+            "--port",
+            "3306",
+            "--interface",
+            lab.var("LAB_IFACE"),
+            "--listen",
+            &listen,
+            "--status-interval",
+            "5",
+        ],
+    )?;
+    intercept.wait_for_output("waiting for copiers", Duration::from_secs(10))?;
+    Ok(intercept)
+}
+
+/// Runs `copier replay FILE ARGS...` on prod and waits for it; returns it and its wall time.
+fn replay(lab: &Lab, file: &str, creds: &str, args: &[&str]) -> Result<(Run, Duration)> {
+    let copier = release_bin("copier")?;
+    let target = format!("{}:3306", lab.ip(Host::Test));
+    let intercept = format!("{}:{CONTROL_PORT}", lab.ip(Host::Assist));
+    let mut argv = vec![
+        copier.to_str().context("path")?,
+        "replay",
+        file,
+        "--target",
+        &target,
+        "--intercept",
+        &intercept,
+        "--mysql-credentials",
+        creds,
+        "--mysql-default-user",
+        lab.var("LAB_USER"),
+        "--status-interval",
+        "5",
+    ];
+    argv.extend(args);
+    let started = Instant::now();
+    let run = lab.exec(Host::Prod, &argv)?;
+    Ok((run, started.elapsed()))
+}
+
+/// Test-server Questions since `before` once they reach `expected` or stop growing (at most
+/// 10 s): the last queries may still be executing when replay exits. Each `counters` call adds
+/// 2 Questions of its own; those of the calls made here are taken off.
+fn settled_questions(lab: &Lab, before: &Counters, expected: u64) -> Result<u64> {
+    let started = Instant::now();
+    let mut calls = 0u64;
+    let mut last = None;
+    loop {
+        let now = lab.counters(Host::Test)?;
+        calls += 1;
+        let n = now.delta(before, "Questions").saturating_sub(2 * calls);
+        let stable = last == Some(n) && started.elapsed() >= Duration::from_secs(1);
+        if n >= expected || stable || started.elapsed() >= Duration::from_secs(10) {
+            return Ok(n);
+        }
+        last = Some(n);
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// The replay's own time, first packet to the end of the drain, from its summary line
+/// "took A s from the first packet to the last (...), B s with the drain; ...".
+fn replay_secs(stderr: &str) -> Option<f64> {
+    let line = stderr.lines().find(|l| l.contains("s with the drain"))?;
+    let (_, tail) = line.split_once("), ")?;
+    number_after(tail, "")
+}
+
+/// Frames `tcpdump -r` reads from `file`, and what it said on stderr.
+fn tcpdump_count(file: &str) -> Result<(u64, String)> {
+    let out = Command::new("tcpdump")
+        .args(["-r", file, "-nn", "-q"])
+        .output()
+        .context("cannot run tcpdump (scripts/install-deps.sh installs it)")?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    Ok((
+        stdout.lines().count() as u64,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    ))
+}
+
+#[test]
+fn record_then_replay_at_double_speed_looped_and_damaged() -> Result<()> {
+    build()?;
+    let lab = Lab::up("rp")?;
+    let creds = credentials_file(&lab)?;
+    let secs = env_u32("TCPSHADOW_LOAD_SECS", 10);
+    let rate = env_u32("TCPSHADOW_REPLAY_RATE", 60);
+    let file = format!("{}/peak.pcapng", lab.var("LAB_DIR"));
+    let copier = release_bin("copier")?;
+
+    // --- record: sysbench's logins, queries and logouts all inside the file.
+    let mut recorder = lab.spawn(
+        Host::Prod,
+        &[
+            copier.to_str().context("path")?,
+            "record",
+            "--port",
+            "3306",
+            "--output",
+            &file,
+            "--status-interval",
+            "5",
+        ],
+    )?;
+    recorder.wait_for_output("recording port 3306", Duration::from_secs(10))?;
+    let p0 = lab.counters(Host::Prod)?;
+    let load = lab.load(&Load {
+        threads: 8,
+        time_secs: secs,
+        extra: vec![format!("--rate={rate}")],
+        ..Load::default()
+    })?;
+    ensure!(load.errors == 0, "sysbench errors:\n{}", load.output);
+    let p1 = lab.counters(Host::Prod)?;
+    // The last FIN/ACKs reach the capture within a moment.
+    std::thread::sleep(Duration::from_millis(500));
+    let recorded_run = recorder.stop()?;
+    ensure!(
+        recorded_run.success(),
+        "copier record failed:\n{}",
+        recorded_run.stderr
+    );
+    let recorded = questions(&p1, &p0);
+    // "captured: N frames, W written (...)": W frames are in the file.
+    let frames = number_after(&recorded_run.stderr, "frames,").unwrap_or(0.0) as u64;
+    println!(
+        "recorded: {secs} s of sysbench oltp_read_only, 8 threads, --rate={rate}: {recorded} queries on prod, {frames} frames\n{}",
+        recorded_run.stderr
+    );
+    ensure!(recorded > 0, "nothing recorded");
+
+    // tcpdump reads every frame of the file.
+    let (dumped, dump_err) = tcpdump_count(&file)?;
+    ensure!(
+        dumped == frames && !dump_err.contains("truncated"),
+        "tcpdump read {dumped} of {frames} frames: {dump_err}"
+    );
+
+    let _intercept = start_intercept(&lab)?;
+
+    // --- speed 2: half the recorded time, every query executed.
+    let t0 = lab.counters(Host::Test)?;
+    let (run, wall) = replay(&lab, &file, &creds, &["--speed", "2"])?;
+    println!(
+        "replay --speed 2 (wall {:.2} s):\n{}",
+        wall.as_secs_f64(),
+        run.stderr
+    );
+    ensure!(run.success(), "replay --speed 2 failed:\n{}", run.stderr);
+    let executed = settled_questions(&lab, &t0, recorded)?;
+    let took = replay_secs(&run.stderr).context("no replay time in the summary")?;
+    let file_time = number_after(&run.stderr, "file time").context("no file time")?;
+    let goal = f64::from(secs) / 2.0;
+    let fidelity = executed as f64 / recorded as f64;
+    println!(
+        "FIGURE speed 2: recorded {recorded} queries over {secs} s (file time {file_time:.2} s); replay took {took:.2} s \
+         (goal {goal:.1} s, {:+.1}%), wall {:.2} s; test executed {executed}, fidelity {fidelity:.5}",
+        (took / goal - 1.0) * 100.0,
+        wall.as_secs_f64()
+    );
+    ensure!(
+        (took - goal).abs() <= goal * 0.10,
+        "replay --speed 2 took {took:.2} s, not {goal:.1} s +- 10%"
+    );
+    ensure!(
+        fidelity >= 0.999 && executed <= recorded,
+        "replay --speed 2: test executed {executed} of {recorded} recorded queries"
+    );
+
+    // --- speed 1, two loops: every query twice, as distinct connections.
+    let t0 = lab.counters(Host::Test)?;
+    let c0 = t0.get("Connections");
+    let (run, wall) = replay(
+        &lab,
+        &file,
+        &creds,
+        &["--loop", "2", "--client-ip-pool", lab.var("LAB_POOL")],
+    )?;
+    println!(
+        "replay --loop 2 (wall {:.2} s):\n{}",
+        wall.as_secs_f64(),
+        run.stderr
+    );
+    ensure!(run.success(), "replay --loop 2 failed:\n{}", run.stderr);
+    let executed = settled_questions(&lab, &t0, 2 * recorded)?;
+    let connections = lab.counters(Host::Test)?.get("Connections") - c0;
+    let fidelity = executed as f64 / (2 * recorded) as f64;
+    println!(
+        "FIGURE loop 2: test executed {executed} = {:.5} x recorded {recorded} (fidelity {fidelity:.5} against 2x), \
+         {connections} connections (counters calls included), wall {:.2} s",
+        executed as f64 / recorded as f64,
+        wall.as_secs_f64()
+    );
+    ensure!(
+        fidelity >= 0.999 && executed <= 2 * recorded,
+        "replay --loop 2: test executed {executed} of 2 x {recorded}"
+    );
+    ensure!(
+        run.stderr.contains("16 opened from SYN"),
+        "8 sysbench connections x 2 loops: {}",
+        run.stderr
+    );
+
+    // --- a damaged copy: cut in the middle of a block.
+    let bytes = std::fs::read(&file)?;
+    let cut_file = format!("{}/cut.pcapng", lab.var("LAB_DIR"));
+    std::fs::write(&cut_file, &bytes[..bytes.len() / 2 + 1])?;
+    let (readable, _) = tcpdump_count(&cut_file)?;
+    let t0 = lab.counters(Host::Test)?;
+    let (run, _) = replay(&lab, &cut_file, &creds, &["--speed", "2"])?;
+    println!("replay of a damaged copy:\n{}", run.stderr);
+    ensure!(
+        !run.success() && run.status.code() == Some(1),
+        "a damaged file must give exit status 1: {}",
+        run.status
+    );
+    let error = run
+        .stderr
+        .lines()
+        .find(|l| l.starts_with("copier replay: "))
+        .context("no error line")?;
+    ensure!(
+        error.contains(&cut_file) && error.contains("truncated enhanced packet block at offset "),
+        "{error}"
+    );
+    let offset = number_after(error, "at offset").context("no offset")? as usize;
+    ensure!(
+        offset <= bytes.len() / 2 + 1 && bytes.len() / 2 + 1 - offset < 300_000,
+        "offset {offset} is not the block cut at {}",
+        bytes.len() / 2 + 1
+    );
+    let replayed = number_after(&run.stderr, "\nreplay:").context("no packet count")? as u64;
+    ensure!(
+        replayed == readable,
+        "replayed {replayed} packets, tcpdump reads {readable} before the damage"
+    );
+    let executed = settled_questions(&lab, &t0, recorded)?;
+    println!("FIGURE damaged copy: {replayed} packets replayed (tcpdump reads {readable}), test executed {executed} of {recorded}; {error}");
+    ensure!(
+        executed > recorded / 4 && executed < recorded,
+        "the first half of the file was replayed: test executed {executed} of {recorded}"
+    );
+    Ok(())
+}
