@@ -31,6 +31,7 @@ pub mod auth;
 pub mod classify;
 mod codec;
 pub mod command;
+pub mod digest;
 pub mod handshake;
 pub mod packet;
 pub mod stmt;
