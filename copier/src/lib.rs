@@ -16,6 +16,7 @@ pub mod pcapfile;
 pub mod prod_state;
 pub mod record;
 pub mod replay;
+pub mod report;
 pub mod run;
 pub mod send;
 pub mod signals;
