@@ -19,8 +19,16 @@ use crate::wire::{TcpFlags, TcpOptions, TcpPacket};
 /// client pointed at the wrong port) fails on them instead of being half-understood.
 pub const MAGIC: [u8; 4] = *b"TSHD";
 /// Bumped on any change to the layout of any message. Peers require equality.
-/// Version 2 added the Mysql message and the Welcome's framing fields.
-pub const PROTOCOL_VERSION: u16 = 2;
+/// Version 2 added the Mysql message and the Welcome's framing fields. Version 3 added feature
+/// bits to Hello and Welcome and MySQL packet summaries carrying a payload hash.
+pub const PROTOCOL_VERSION: u16 = 3;
+/// Feature bit of [`Hello::features`] / [`Welcome::features`]: intercept hashes each MySQL
+/// packet's whole payload ([`MysqlPacket::hash`], with `common::mysql::digest::PayloadHasher`)
+/// so the copier can compare result checksums (`--compare-results`). Summaries are then sent
+/// when a packet ends rather than when its head is in.
+pub const FEATURE_PAYLOAD_HASHES: u32 = 1;
+/// Every feature bit this build knows; a peer's other bits are ignored.
+pub const KNOWN_FEATURES: u32 = FEATURE_PAYLOAD_HASHES;
 /// Bytes of the frame header (the big-endian length of type + body).
 pub const FRAME_HEADER_LEN: usize = 4;
 /// Largest accepted value of the length field (type byte + body).
@@ -64,6 +72,8 @@ mod ty {
 // Kinds of a Mysql item.
 const MYSQL_PACKET: u8 = 0x01;
 const MYSQL_FRAMING_LOST: u8 = 0x02;
+/// A packet followed by its payload hash (8 bytes).
+const MYSQL_PACKET_HASHED: u8 = 0x03;
 
 // Framing announced in a Welcome.
 const FRAMING_NONE: u8 = 0;
@@ -73,7 +83,7 @@ const FRAMING_MYSQL: u8 = 1;
 const MYSQL_PACKET_FIXED_LEN: usize = 26;
 /// kind(1) client(6) at_seq(4)
 const MYSQL_LOST_LEN: usize = 11;
-const MAX_MYSQL_ITEM_LEN: usize = MYSQL_PACKET_FIXED_LEN + MAX_MYSQL_HEAD;
+const MAX_MYSQL_ITEM_LEN: usize = MYSQL_PACKET_FIXED_LEN + MAX_MYSQL_HEAD + 8;
 
 // Option-presence bits of a feedback item.
 const OPT_MSS: u8 = 0x01;
@@ -158,6 +168,9 @@ pub struct MysqlPacket {
     /// [`MYSQL_FULL_HEAD_PACKETS`] packets, then intercept's `--mysql-head`; none for a packet
     /// that continues a [`MYSQL_MAX_PAYLOAD`]-long one.
     pub head: Vec<u8>,
+    /// The hash of the whole payload of this physical packet, when the copier asked for
+    /// [`FEATURE_PAYLOAD_HASHES`]; `None` otherwise.
+    pub hash: Option<u64>,
 }
 
 impl MysqlPacket {
@@ -192,7 +205,11 @@ impl MysqlEvent {
     /// Bytes this item takes inside a Mysql frame.
     pub fn encoded_len(&self) -> usize {
         match self {
-            MysqlEvent::Packet { packet, .. } => MYSQL_PACKET_FIXED_LEN + packet.head.len(),
+            MysqlEvent::Packet { packet, .. } => {
+                MYSQL_PACKET_FIXED_LEN
+                    + packet.head.len()
+                    + if packet.hash.is_some() { 8 } else { 0 }
+            }
             MysqlEvent::FramingLost { .. } => MYSQL_LOST_LEN,
         }
     }
@@ -206,6 +223,9 @@ pub struct Hello {
     pub name: String,
     /// Shared secret, checked when intercept was started with a token.
     pub token: Option<Vec<u8>>,
+    /// Feature bits the copier asks for (`FEATURE_*`); intercept grants a subset in its
+    /// Welcome.
+    pub features: u32,
 }
 
 impl Hello {
@@ -215,7 +235,14 @@ impl Hello {
             version: PROTOCOL_VERSION,
             name: truncate_utf8(name, MAX_NAME_LEN).to_owned(),
             token,
+            features: 0,
         }
+    }
+
+    /// The same Hello asking for `features` too.
+    pub fn with_features(mut self, features: u32) -> Self {
+        self.features |= features;
+        self
     }
 }
 
@@ -226,6 +253,7 @@ impl fmt::Debug for Hello {
             .field("version", &self.version)
             .field("name", &self.name)
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("features", &self.features)
             .finish()
     }
 }
@@ -243,6 +271,8 @@ pub struct Welcome {
     /// messages, `head` being its `--mysql-head` (≤ [`MAX_MYSQL_HEAD`]); `None` when it relays
     /// TCP segments only, so mirrored sessions cannot learn the test server's greeting.
     pub mysql_head: Option<u16>,
+    /// The features of the Hello that intercept grants (`FEATURE_*`).
+    pub features: u32,
 }
 
 /// Intercept's answer to a refused Hello, just before it closes the connection.
@@ -369,10 +399,12 @@ impl WireMessage for CopierMessage {
                     }
                     _ => return Err(r.invalid("token presence flag is not 0 or 1")),
                 };
+                let features = r.u32()?;
                 CopierMessage::Hello(Hello {
                     version,
                     name,
                     token,
+                    features,
                 })
             }
             ty::CLAIM => CopierMessage::Claim(read_addrs(&mut r)?),
@@ -415,11 +447,13 @@ impl WireMessage for InterceptMessage {
                     }
                     _ => return Err(r.invalid("unknown framing")),
                 };
+                let features = r.u32()?;
                 InterceptMessage::Welcome(Welcome {
                     version: PROTOCOL_VERSION,
                     name,
                     payload_prefix,
                     mysql_head,
+                    features,
                 })
             }
             ty::REJECT => {
@@ -476,6 +510,7 @@ pub fn encode_hello(h: &Hello, out: &mut Vec<u8>) -> Result<(), EncodeError> {
                 o.extend_from_slice(t);
             }
         }
+        o.extend_from_slice(&h.features.to_be_bytes());
         Ok(())
     })
 }
@@ -499,6 +534,7 @@ pub fn encode_welcome(w: &Welcome, out: &mut Vec<u8>) -> Result<(), EncodeError>
                 o.extend_from_slice(&head.to_be_bytes());
             }
         }
+        o.extend_from_slice(&w.features.to_be_bytes());
         Ok(())
     })
 }
@@ -651,7 +687,11 @@ fn write_mysql(ev: &MysqlEvent, o: &mut Vec<u8>) -> Result<(), EncodeError> {
                     len: p.len,
                 });
             }
-            o.push(MYSQL_PACKET);
+            o.push(if p.hash.is_some() {
+                MYSQL_PACKET_HASHED
+            } else {
+                MYSQL_PACKET
+            });
             write_addr(client, o);
             o.extend_from_slice(&p.stream_offset.to_be_bytes());
             o.extend_from_slice(&p.tcp_seq.to_be_bytes());
@@ -659,6 +699,9 @@ fn write_mysql(ev: &MysqlEvent, o: &mut Vec<u8>) -> Result<(), EncodeError> {
             o.extend_from_slice(&p.len.to_be_bytes());
             o.extend_from_slice(&(p.head.len() as u16).to_be_bytes());
             o.extend_from_slice(&p.head);
+            if let Some(h) = p.hash {
+                o.extend_from_slice(&h.to_be_bytes());
+            }
         }
         MysqlEvent::FramingLost { client, at_seq } => {
             o.push(MYSQL_FRAMING_LOST);
@@ -848,7 +891,7 @@ fn read_mysql(r: &mut Reader<'_>) -> Result<MysqlEvent, DecodeError> {
     let kind = r.u8()?;
     let client = r.addr()?;
     match kind {
-        MYSQL_PACKET => {
+        MYSQL_PACKET | MYSQL_PACKET_HASHED => {
             let stream_offset = r.u64()?;
             let tcp_seq = r.u32()?;
             let seq_id = r.u8()?;
@@ -864,6 +907,11 @@ fn read_mysql(r: &mut Reader<'_>) -> Result<MysqlEvent, DecodeError> {
                 return Err(r.invalid("MySQL packet head longer than its payload"));
             }
             let head = r.bytes(head_len)?.to_vec();
+            let hash = if kind == MYSQL_PACKET_HASHED {
+                Some(r.u64()?)
+            } else {
+                None
+            };
             Ok(MysqlEvent::Packet {
                 client,
                 packet: MysqlPacket {
@@ -872,6 +920,7 @@ fn read_mysql(r: &mut Reader<'_>) -> Result<MysqlEvent, DecodeError> {
                     seq_id,
                     len,
                     head,
+                    hash,
                 },
             })
         }
@@ -1010,14 +1059,19 @@ mod tests {
     #[test]
     fn hello_layout_is_as_documented() {
         let mut out = Vec::new();
-        encode_hello(&Hello::new("c1", Some(b"k".to_vec())), &mut out).unwrap();
+        encode_hello(
+            &Hello::new("c1", Some(b"k".to_vec())).with_features(FEATURE_PAYLOAD_HASHES),
+            &mut out,
+        )
+        .unwrap();
         assert_eq!(
             out,
             [
-                0, 0, 0, 14, // length: type + 13-byte body
-                0x01, b'T', b'S', b'H', b'D', 0, 2, // type, magic, version
+                0, 0, 0, 18, // length: type + 17-byte body
+                0x01, b'T', b'S', b'H', b'D', 0, 3, // type, magic, version
                 2, b'c', b'1', // name
                 1, 0, 1, b'k', // token
+                0, 0, 0, 1, // features
             ]
         );
     }
@@ -1190,30 +1244,41 @@ mod tests {
                 seq_id: 3,
                 len,
                 head: head.to_vec(),
+                hash: None,
             },
         }
     }
 
     #[test]
     fn mysql_layout_is_as_documented() {
+        let mut hashed = mysql_packet(&[], 0);
+        if let MysqlEvent::Packet { packet, .. } = &mut hashed {
+            packet.hash = Some(0x1122_3344_5566_7788);
+        }
         let batch = [
             mysql_packet(&[0x00, 0x01], 7),
             MysqlEvent::FramingLost {
                 client: addr(11, 2),
                 at_seq: 9,
             },
+            hashed,
         ];
         let mut out = Vec::new();
         encode_mysql(&batch, &mut out).unwrap();
         #[rustfmt::skip]
         let want = [
-            0, 0, 0, 1 + 4 + 28 + 11, // length
-            0x85, 0, 0, 0, 2, // type, count
+            0, 0, 0, 1 + 4 + 28 + 11 + 34, // length
+            0x85, 0, 0, 0, 3, // type, count
             0x01, 198, 18, 0, 10, 0x9c, 0x40, // kind, client
             1, 2, 3, 4, 5, 6, 7, 8, // stream_offset
             0x0a, 0x0b, 0x0c, 0x0d, // tcp_seq
             3, 0, 0, 0, 7, 0, 2, 0x00, 0x01, // seq_id, len, head_len, head
             0x02, 198, 18, 0, 11, 0, 2, 0, 0, 0, 9, // kind, client, at_seq
+            0x03, 198, 18, 0, 10, 0x9c, 0x40, // kind (hashed), client
+            1, 2, 3, 4, 5, 6, 7, 8, // stream_offset
+            0x0a, 0x0b, 0x0c, 0x0d, // tcp_seq
+            3, 0, 0, 0, 0, 0, 0, // seq_id, len, head_len
+            0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88, // hash
         ];
         assert_eq!(out, want);
         assert_eq!(
@@ -1228,8 +1293,11 @@ mod tests {
 
     #[test]
     fn a_full_batch_of_maximal_mysql_events_fits_one_frame() {
-        let batch =
-            vec![mysql_packet(&[7; MAX_MYSQL_HEAD], MYSQL_MAX_PAYLOAD); MAX_MYSQL_EVENTS_PER_FRAME];
+        let mut ev = mysql_packet(&[7; MAX_MYSQL_HEAD], MYSQL_MAX_PAYLOAD);
+        if let MysqlEvent::Packet { packet, .. } = &mut ev {
+            packet.hash = Some(u64::MAX);
+        }
+        let batch = vec![ev; MAX_MYSQL_EVENTS_PER_FRAME];
         let mut out = Vec::new();
         encode_mysql(&batch, &mut out).unwrap();
         assert_eq!(
@@ -1306,6 +1374,7 @@ mod tests {
                 name: "i".into(),
                 payload_prefix: 0,
                 mysql_head,
+                features: FEATURE_PAYLOAD_HASHES,
             };
             let mut out = Vec::new();
             encode_welcome(&w, &mut out).unwrap();
@@ -1319,6 +1388,7 @@ mod tests {
             name: "i".into(),
             payload_prefix: 0,
             mysql_head: Some(MAX_MYSQL_HEAD as u16 + 1),
+            features: 0,
         };
         assert!(encode_welcome(&too_long, &mut Vec::new()).is_err());
     }
@@ -1380,20 +1450,23 @@ mod tests {
                 arb_addr(),
                 (any::<u64>(), any::<u32>(), any::<u8>()),
                 proptest::collection::vec(any::<u8>(), 0..80),
-                0u32..100_000,
+                (0u32..100_000, any::<Option<u64>>()),
             )
-                .prop_map(|(client, (stream_offset, tcp_seq, seq_id), head, extra)| {
-                    MysqlEvent::Packet {
-                        client,
-                        packet: MysqlPacket {
-                            stream_offset,
-                            tcp_seq,
-                            seq_id,
-                            len: head.len() as u32 + extra,
-                            head,
-                        },
+                .prop_map(
+                    |(client, (stream_offset, tcp_seq, seq_id), head, (extra, hash))| {
+                        MysqlEvent::Packet {
+                            client,
+                            packet: MysqlPacket {
+                                stream_offset,
+                                tcp_seq,
+                                seq_id,
+                                len: head.len() as u32 + extra,
+                                head,
+                                hash,
+                            },
+                        }
                     }
-                }),
+                ),
             (arb_addr(), any::<u32>())
                 .prop_map(|(client, at_seq)| MysqlEvent::FramingLost { client, at_seq }),
         ]
@@ -1404,9 +1477,12 @@ mod tests {
         prop_oneof![
             (
                 "\\PC{0,40}",
-                proptest::option::of(proptest::collection::vec(any::<u8>(), 0..64))
+                proptest::option::of(proptest::collection::vec(any::<u8>(), 0..64)),
+                any::<u32>(),
             )
-                .prop_map(|(name, token)| CopierMessage::Hello(Hello::new(&name, token))),
+                .prop_map(|(name, token, features)| {
+                    CopierMessage::Hello(Hello::new(&name, token).with_features(features))
+                }),
             addrs().prop_map(CopierMessage::Claim),
             addrs().prop_map(CopierMessage::Release),
             any::<u64>().prop_map(CopierMessage::Ping),
@@ -1418,14 +1494,16 @@ mod tests {
             (
                 "\\PC{0,40}",
                 any::<u16>(),
-                proptest::option::of(0..=MAX_MYSQL_HEAD as u16)
+                proptest::option::of(0..=MAX_MYSQL_HEAD as u16),
+                any::<u32>(),
             )
-                .prop_map(|(name, payload_prefix, mysql_head)| {
+                .prop_map(|(name, payload_prefix, mysql_head, features)| {
                     InterceptMessage::Welcome(Welcome {
                         version: PROTOCOL_VERSION,
                         name: truncate_utf8(&name, MAX_NAME_LEN).to_owned(),
                         payload_prefix,
                         mysql_head,
+                        features,
                     })
                 }),
             ("\\PC{0,80}", any::<u16>()).prop_map(|(reason, version)| {

@@ -727,6 +727,7 @@ mod tests {
             name: "fake".into(),
             payload_prefix: 64,
             mysql_head: Some(16),
+            features: 0,
         };
         encode_welcome(&welcome, &mut out).unwrap();
         s.write_all(&out).unwrap();

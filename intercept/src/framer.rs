@@ -6,11 +6,17 @@
 //! a whole payload (a result row can be 16 MiB) and never interpret one: what the bytes mean is
 //! the copier's business.
 //!
+//! With payload hashes on (a copier asked for them, `--compare-results`), every payload byte
+//! also goes through a [`PayloadHasher`] and each packet is emitted when it *ends*, with its
+//! hash, instead of when its head is in: the copier compares the rows' hashes with
+//! production's. Still nothing of the payload is kept.
+//!
 //! It is fed bytes strictly in stream order, without gaps; the reassembly in
 //! [`crate::reassembly`] guarantees that. There is no way to find a header again after a gap
 //! (any byte may start one), so a gap ends framing for good.
 
 use common::control::{MysqlPacket, MAX_MYSQL_HEAD, MYSQL_FULL_HEAD_PACKETS, MYSQL_MAX_PAYLOAD};
+use common::mysql::digest::PayloadHasher;
 
 /// Bytes of a MySQL packet header.
 pub const HEADER_LEN: usize = 4;
@@ -58,6 +64,10 @@ pub struct PacketFramer {
     head_want: usize,
     /// The last header said 0xFFFFFF: the next packet continues the same payload.
     continues: bool,
+    /// Hash the payloads of packets that start from now on.
+    hashing: bool,
+    /// The current packet's hash, when it is hashed.
+    hasher: Option<PayloadHasher>,
 }
 
 impl PacketFramer {
@@ -73,7 +83,14 @@ impl PacketFramer {
             current: None,
             head_want: 0,
             continues: false,
+            hashing: false,
+            hasher: None,
         }
+    }
+
+    /// Turns payload hashes on or off, from the next packet on.
+    pub fn set_hashing(&mut self, on: bool) {
+        self.hashing = on;
     }
 
     /// Stream offset of the next byte expected.
@@ -104,16 +121,28 @@ impl PacketFramer {
                 continue;
             }
             let take = (self.body_left as usize).min(bytes.len());
+            if let Some(h) = &mut self.hasher {
+                h.update(&bytes[..take]);
+            }
+            self.body_left -= take as u32;
             if let Some(p) = &mut self.current {
                 let need = self.head_want - p.head.len();
                 p.head.extend_from_slice(&bytes[..need.min(take)]);
-                if p.head.len() == self.head_want {
+                let done = match &self.hasher {
+                    Some(h) if self.body_left == 0 => {
+                        p.hash = Some(h.finish());
+                        true
+                    }
+                    Some(_) => false,
+                    None => p.head.len() == self.head_want,
+                };
+                if done {
+                    self.hasher = None;
                     if let Some(p) = self.current.take() {
                         emit(p);
                     }
                 }
             }
-            self.body_left -= take as u32;
             self.offset += take as u64;
             bytes = &bytes[take..];
         }
@@ -135,8 +164,17 @@ impl PacketFramer {
             seq_id: h[3],
             len,
             head: Vec::with_capacity(self.head_want),
+            hash: None,
         };
-        if self.head_want == 0 {
+        if self.hashing && len > 0 {
+            self.hasher = Some(PayloadHasher::new());
+            self.current = Some(packet);
+        } else if self.hashing {
+            emit(MysqlPacket {
+                hash: Some(PayloadHasher::new().finish()),
+                ..packet
+            });
+        } else if self.head_want == 0 {
             emit(packet);
         } else {
             self.current = Some(packet);
@@ -233,6 +271,38 @@ mod tests {
         f.feed(&row[9..], &mut |p| out.push(p));
         assert_eq!(out.len(), 10);
         assert_eq!(f.offset(), stream.len() as u64 + row.len() as u64);
+    }
+
+    #[test]
+    fn hashed_packets_are_emitted_at_their_end_with_their_hash() {
+        let stream: Vec<u8> = [pkt(1, b"\x01"), pkt(2, b""), pkt(3, &[7; 300])].concat();
+        for cut in 0..stream.len() {
+            let mut f = PacketFramer::new(0, HeadSizes { later: 16 });
+            f.set_hashing(true);
+            let mut out = Vec::new();
+            f.feed(&stream[..cut], &mut |p| out.push(p));
+            let before = out.len();
+            f.feed(&stream[cut..], &mut |p| out.push(p));
+            assert_eq!(out.len(), 3);
+            assert_eq!(out[0].hash, Some(PayloadHasher::hash(b"\x01")));
+            assert_eq!(out[1].hash, Some(PayloadHasher::hash(b"")));
+            assert_eq!(out[2].hash, Some(PayloadHasher::hash(&[7; 300])));
+            assert_eq!(
+                out[2].head.len(),
+                300,
+                "one of the first packets: whole head"
+            );
+            if cut < stream.len() {
+                assert!(before < 3, "the last packet ends in the second piece");
+            }
+        }
+        // Off again: heads only, emitted early.
+        let mut f = PacketFramer::new(0, HeadSizes { later: 16 });
+        f.set_hashing(true);
+        f.set_hashing(false);
+        let mut out = Vec::new();
+        f.feed(&pkt(0, b"abc"), &mut |p| out.push(p));
+        assert_eq!(out[0].hash, None);
     }
 
     #[test]

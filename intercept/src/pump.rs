@@ -54,6 +54,7 @@ impl ReplyPath {
     pub fn on_segment(&mut self, now: Instant, pkt: &TcpPacket<'_>) {
         let fb = TestFeedback::from_packet(pkt, self.prefix);
         if let Some(m) = &mut self.mysql {
+            m.set_hashing(self.relay.wants_payload_hashes());
             m.on_segment(now, pkt, &mut self.events);
         }
         // One call for both, so the events go to exactly the copiers the feedback goes to.

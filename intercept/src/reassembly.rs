@@ -100,6 +100,11 @@ impl ReplyStream {
     }
 
     /// MySQL packets whose header has been read.
+    /// Payload hashes on or off from the next packet (see [`PacketFramer::set_hashing`]).
+    pub fn set_hashing(&mut self, on: bool) {
+        self.framer.set_hashing(on);
+    }
+
     pub fn packets(&self) -> u64 {
         self.framer.packets()
     }

@@ -13,7 +13,8 @@ use std::net::SocketAddrV4;
 use std::sync::mpsc::{SyncSender, TrySendError};
 
 use common::control::{
-    MysqlEvent, TestFeedback, MAX_FEEDBACK_PER_FRAME, MAX_MYSQL_EVENTS_PER_FRAME,
+    MysqlEvent, TestFeedback, FEATURE_PAYLOAD_HASHES, MAX_FEEDBACK_PER_FRAME,
+    MAX_MYSQL_EVENTS_PER_FRAME,
 };
 
 /// A control connection, numbered in accept order.
@@ -53,6 +54,8 @@ pub enum RelayEvent {
         id: CopierId,
         name: String,
         tx: SyncSender<Outgoing>,
+        /// The features granted in its Welcome (`common::control::FEATURE_*`).
+        features: u32,
     },
     Claim {
         id: CopierId,
@@ -96,6 +99,7 @@ pub struct RelayStats {
 
 struct Link {
     name: String,
+    features: u32,
     tx: SyncSender<Outgoing>,
     pending: Batch,
     owned: usize,
@@ -114,6 +118,8 @@ pub struct Relay {
     /// Reused list of copier ids for broadcasts (which push while iterating the links).
     scratch: Vec<CopierId>,
     stats: RelayStats,
+    /// Connected copiers that asked for payload hashes.
+    hashing_links: usize,
 }
 
 impl Relay {
@@ -126,22 +132,42 @@ impl Relay {
             since_flush: 0,
             scratch: Vec::new(),
             stats: RelayStats::default(),
+            hashing_links: 0,
         }
+    }
+
+    /// Whether any connected copier asked for MySQL payload hashes (`--compare-results`): the
+    /// framer then hashes for everyone (a copier that did not ask ignores them; 8 bytes a
+    /// packet).
+    pub fn wants_payload_hashes(&self) -> bool {
+        self.hashing_links > 0
     }
 
     pub fn apply(&mut self, ev: RelayEvent) {
         match ev {
-            RelayEvent::Connected { id, name, tx } => {
-                self.links.insert(
+            RelayEvent::Connected {
+                id,
+                name,
+                tx,
+                features,
+            } => {
+                if features & FEATURE_PAYLOAD_HASHES != 0 {
+                    self.hashing_links += 1;
+                }
+                let old = self.links.insert(
                     id,
                     Link {
                         name,
+                        features,
                         tx,
                         pending: Batch::default(),
                         owned: 0,
                         overflowing: false,
                     },
                 );
+                if old.is_some_and(|l| l.features & FEATURE_PAYLOAD_HASHES != 0) {
+                    self.hashing_links -= 1;
+                }
             }
             RelayEvent::Claim { id, addrs } => self.claim(id, &addrs),
             RelayEvent::Release { id, addrs } => self.release(id, &addrs),
@@ -201,6 +227,9 @@ impl Relay {
         let Some(link) = self.links.remove(&id) else {
             return;
         };
+        if link.features & FEATURE_PAYLOAD_HASHES != 0 {
+            self.hashing_links -= 1;
+        }
         if link.owned > 0 {
             self.owners.retain(|_, o| *o != id);
         }
@@ -364,12 +393,33 @@ mod tests {
         }
     }
 
+    #[test]
+    fn payload_hashes_are_on_while_a_copier_that_asked_is_connected() {
+        let mut r = Relay::new(16);
+        let _a = connect(&mut r, 1, 4);
+        assert!(!r.wants_payload_hashes());
+        let (tx, _b) = sync_channel(4);
+        r.apply(RelayEvent::Connected {
+            id: 2,
+            name: "hashing".into(),
+            tx,
+            features: FEATURE_PAYLOAD_HASHES,
+        });
+        assert!(r.wants_payload_hashes());
+        r.apply(RelayEvent::Disconnected { id: 1 });
+        assert!(r.wants_payload_hashes());
+        r.apply(RelayEvent::Disconnected { id: 2 });
+        r.apply(RelayEvent::Disconnected { id: 2 });
+        assert!(!r.wants_payload_hashes());
+    }
+
     fn connect(r: &mut Relay, id: CopierId, cap: usize) -> Receiver<Outgoing> {
         let (tx, rx) = sync_channel(cap);
         r.apply(RelayEvent::Connected {
             id,
             name: format!("c{id}"),
             tx,
+            features: 0,
         });
         rx
     }

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use common::control::{
     encode_feedback, encode_mysql, encode_pong, encode_reject, encode_welcome, CopierMessage,
-    DecodeError, FrameDecoder, Hello, Reject, Welcome, PROTOCOL_VERSION,
+    DecodeError, FrameDecoder, Hello, Reject, Welcome, FEATURE_PAYLOAD_HASHES, PROTOCOL_VERSION,
 };
 
 use crate::relay::{CopierId, Outgoing, RelayEvent};
@@ -340,6 +340,12 @@ fn serve(
         name: cfg.name.clone(),
         payload_prefix: cfg.payload_prefix,
         mysql_head: cfg.mysql_head,
+        // Payload hashes come from the MySQL framer: granted only when there is one.
+        features: if cfg.mysql_head.is_some() {
+            hello.features & FEATURE_PAYLOAD_HASHES
+        } else {
+            0
+        },
     };
     let mut out = Vec::new();
     if let Err(e) = encode_welcome(&welcome, &mut out) {
@@ -373,6 +379,7 @@ fn serve(
             id,
             name: hello.name.clone(),
             tx: tx.clone(),
+            features: welcome.features,
         })
         .is_err()
     {

@@ -88,6 +88,8 @@ pub struct MysqlSessions {
     config: SessionConfig,
     sessions: HashMap<SocketAddrV4, Session>,
     stats: MysqlStats,
+    /// Hash every payload (a copier asked for `--compare-results`).
+    hashing: bool,
 }
 
 impl MysqlSessions {
@@ -96,7 +98,14 @@ impl MysqlSessions {
             config,
             sessions: HashMap::new(),
             stats: MysqlStats::default(),
+            hashing: false,
         }
+    }
+
+    /// Payload hashes on or off, for every session from its next packet on: on while any
+    /// connected copier asked for them (`FEATURE_PAYLOAD_HASHES`).
+    pub fn set_hashing(&mut self, on: bool) {
+        self.hashing = on;
     }
 
     /// Frames one captured reply, appending what it teaches to `out` in stream order.
@@ -142,6 +151,7 @@ impl MysqlSessions {
         };
         s.last_seen = now;
         if let Framing::Stream(stream) = &mut s.framing {
+            stream.set_hashing(self.hashing);
             let mut emit = |packet: MysqlPacket| {
                 stats.packets += 1;
                 out.push(MysqlEvent::Packet { client, packet });
@@ -588,6 +598,7 @@ mod tests {
                             seq_id: *id,
                             len: p.len() as u32,
                             head: p[..p.len().min(head)].to_vec(),
+                            hash: None,
                         },
                     });
                     offset += 4 + p.len() as u64;

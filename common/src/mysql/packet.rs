@@ -218,6 +218,10 @@ pub struct ScannedPacket<'a> {
     /// The first `min(prefix_len, len)` payload bytes when `header.part == 0`; empty for
     /// continuation packets, whose payload is the middle of a larger one.
     pub prefix: &'a [u8],
+    /// The hash of this physical packet's whole payload
+    /// ([`PayloadHasher`](super::digest::PayloadHasher)), from a scanner made with
+    /// [`FrameScanner::with_hashes`]; `None` otherwise.
+    pub hash: Option<u64>,
 }
 
 /// Finds packet boundaries in a byte stream without keeping payloads.
@@ -232,6 +236,10 @@ pub struct FrameScanner {
     prefix: Vec<u8>,
     /// A header reported once its prefix is complete, with the prefix length wanted.
     waiting: Option<(FrameHeader, usize)>,
+    /// Hashing every payload: packets are reported at their end, with their hash.
+    hasher: Option<super::digest::PayloadHasher>,
+    /// The header of the packet being hashed.
+    current: Option<(FrameHeader, usize)>,
 }
 
 impl FrameScanner {
@@ -251,7 +259,18 @@ impl FrameScanner {
             prefix_len,
             prefix: Vec::new(),
             waiting: None,
+            hasher: None,
+            current: None,
         }
+    }
+
+    /// A scanner that also hashes each physical packet's whole payload and therefore reports
+    /// each packet when it ends (not when its prefix is in), with [`ScannedPacket::hash`]. The
+    /// prefix is copied (at most `prefix_len` bytes per packet), the payload never kept.
+    pub fn with_hashes(prefix_len: usize) -> Self {
+        let mut s = Self::new(prefix_len);
+        s.hasher = Some(super::digest::PayloadHasher::new());
+        s
     }
 
     /// Stream bytes fed so far.
@@ -267,6 +286,9 @@ impl FrameScanner {
     /// Feeds the next chunk of the stream; `on_packet` is called for each physical packet whose
     /// header (and prefix) completed within it.
     pub fn feed(&mut self, chunk: &[u8], mut on_packet: impl FnMut(ScannedPacket<'_>)) {
+        if self.hasher.is_some() {
+            return self.feed_hashing(chunk, on_packet);
+        }
         let mut input = chunk;
         while let Some(piece) = self.walker.next(&mut input) {
             match piece {
@@ -279,6 +301,7 @@ impl FrameScanner {
                         on_packet(ScannedPacket {
                             header,
                             prefix: &[],
+                            hash: None,
                         });
                     }
                 }
@@ -291,6 +314,7 @@ impl FrameScanner {
                         on_packet(ScannedPacket {
                             header,
                             prefix: &data[..want],
+                            hash: None,
                         });
                         continue;
                     }
@@ -301,6 +325,7 @@ impl FrameScanner {
                         on_packet(ScannedPacket {
                             header,
                             prefix: &self.prefix,
+                            hash: None,
                         });
                         if self.prefix.capacity() > KEEP_CAPACITY {
                             self.prefix = Vec::new();
@@ -308,6 +333,46 @@ impl FrameScanner {
                     }
                 }
                 Piece::End { .. } => {}
+            }
+        }
+    }
+
+    fn feed_hashing(&mut self, chunk: &[u8], mut on_packet: impl FnMut(ScannedPacket<'_>)) {
+        let mut input = chunk;
+        while let Some(piece) = self.walker.next(&mut input) {
+            match piece {
+                Piece::Header(header) => {
+                    let want = if header.part == 0 {
+                        (header.len as usize).min(self.prefix_len)
+                    } else {
+                        0
+                    };
+                    self.current = Some((header, want));
+                    self.prefix.clear();
+                    self.hasher = Some(super::digest::PayloadHasher::new());
+                }
+                Piece::Payload(data) => {
+                    if let Some(h) = &mut self.hasher {
+                        h.update(data);
+                    }
+                    if let Some((_, want)) = self.current {
+                        let take = want.saturating_sub(self.prefix.len()).min(data.len());
+                        self.prefix.extend_from_slice(&data[..take]);
+                    }
+                }
+                Piece::End { .. } => {
+                    let Some((header, _)) = self.current.take() else {
+                        continue;
+                    };
+                    on_packet(ScannedPacket {
+                        header,
+                        prefix: &self.prefix,
+                        hash: self.hasher.map(|h| h.finish()),
+                    });
+                    if self.prefix.capacity() > KEEP_CAPACITY {
+                        self.prefix = Vec::new();
+                    }
+                }
             }
         }
     }
@@ -711,6 +776,35 @@ mod tests {
             prop_assert_eq!(collect(&mut sp, &refs), want);
             prop_assert!(sp.at_boundary());
             prop_assert_eq!(sp.position(), stream.len() as u64);
+        }
+
+        #[test]
+        fn hashing_scanner_reports_the_same_packets_with_their_hashes(
+            payloads in arb_payloads(),
+            cuts in proptest::collection::vec(any::<usize>(), 0..20),
+            prefix_len in 0usize..20,
+        ) {
+            let mut stream = Vec::new();
+            for p in &payloads {
+                write_packet_split(0, p, 16, &mut stream);
+            }
+            let mut plain = FrameScanner::with_split(prefix_len, 16);
+            let mut hashing = FrameScanner::with_split(prefix_len, 16);
+            hashing.hasher = Some(crate::mysql::digest::PayloadHasher::new());
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            for c in chunked(&stream, &cuts) {
+                plain.feed(&c, |p| a.push((p.header, p.prefix.to_vec())));
+                hashing.feed(&c, |p| b.push((p.header, p.prefix.to_vec(), p.hash)));
+            }
+            prop_assert_eq!(a.len(), b.len());
+            for ((ha, pa), (hb, pb, hash)) in a.iter().zip(&b) {
+                prop_assert_eq!(ha, hb);
+                prop_assert_eq!(pa, pb);
+                let at = hb.payload_offset() as usize;
+                let payload = &stream[at..at + hb.len as usize];
+                prop_assert_eq!(*hash, Some(crate::mysql::digest::PayloadHasher::hash(payload)));
+            }
+            prop_assert_eq!(hashing.position(), stream.len() as u64);
         }
 
         #[test]

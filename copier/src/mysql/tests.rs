@@ -275,6 +275,8 @@ struct TestStream {
     index: u64,
     prev_len: u32,
     later: usize,
+    /// Summaries carry payload hashes (a copier that asked for `--compare-results`).
+    hashes: bool,
 }
 
 impl TestStream {
@@ -284,6 +286,7 @@ impl TestStream {
             index: 0,
             prev_len: 0,
             later,
+            hashes: false,
         }
     }
 
@@ -302,6 +305,9 @@ impl TestStream {
             seq_id: seq,
             len,
             head: payload[..payload.len().min(keep)].to_vec(),
+            hash: self
+                .hashes
+                .then(|| common::mysql::digest::PayloadHasher::hash(payload)),
         };
         self.offset += 4 + u64::from(len);
         self.index += 1;
