@@ -71,7 +71,8 @@ pub struct MysqlStats {
 
 #[derive(Debug)]
 enum Framing {
-    Stream(ReplyStream),
+    // Boxed: a framed stream is large, a lost one is nothing.
+    Stream(Box<ReplyStream>),
     /// Told the copier once; nothing more until a new SYN-ACK.
     Lost,
 }
@@ -222,7 +223,11 @@ impl MysqlSessions {
         self.sessions.insert(
             client,
             Session {
-                framing: Framing::Stream(ReplyStream::new(base_seq, sizes, self.config.hold)),
+                framing: Framing::Stream(Box::new(ReplyStream::new(
+                    base_seq,
+                    sizes,
+                    self.config.hold,
+                ))),
                 last_seen: now,
                 closing_since: None,
             },

@@ -857,6 +857,13 @@ impl RowChecksum {
         self.unordered = self.unordered.wrapping_add(fmix64(h));
     }
 
+    /// A further piece of the last row (a row longer than one 16 MiB packet): it changes the
+    /// checksums, not the row count.
+    pub fn add_piece(&mut self, h: u64) {
+        self.ordered = fmix64(self.ordered.wrapping_mul(HASH_K) ^ h);
+        self.unordered = self.unordered.wrapping_add(fmix64(h ^ HASH_K));
+    }
+
     /// Whether two results are the same: in order when `ordered`, else as multisets.
     pub fn same(&self, other: &RowChecksum, ordered: bool) -> bool {
         self.rows == other.rows

@@ -37,6 +37,7 @@
 //!   0xFFFFFF-long packet, LOCAL INFILE data and auth continuations are recognised by framing
 //!   and sequence ids, never by their content.
 
+mod observe;
 mod replies;
 mod transform;
 
@@ -53,6 +54,7 @@ use common::mysql::classify::WriteKind;
 use crate::credentials::Credentials;
 use crate::engine::{SessionInfo, StreamTransform, TransformFactory};
 
+pub use observe::ReportHooks;
 pub use transform::MysqlTransform;
 
 /// Fills the buffer from a cryptographically secure source; returns false if it could not.
@@ -86,6 +88,8 @@ pub struct MysqlConfig {
     pub read_only: bool,
     /// With `read_only`: CALL is mirrored (the operator vouches that the procedures only read).
     pub allow_calls: bool,
+    /// `--report`: every client command and both servers' answers go to this sink.
+    pub report: Option<ReportHooks>,
 }
 
 impl Default for MysqlConfig {
@@ -99,6 +103,7 @@ impl Default for MysqlConfig {
             forward_without_credentials: false,
             read_only: false,
             allow_calls: false,
+            report: None,
         }
     }
 }
@@ -292,6 +297,8 @@ pub(crate) struct Shared {
 #[derive(Clone)]
 pub struct MysqlFactory {
     shared: Arc<Shared>,
+    /// The `--multiply` copy this factory's engine plays (reported with each observation).
+    copy: u32,
 }
 
 impl fmt::Debug for MysqlFactory {
@@ -299,6 +306,7 @@ impl fmt::Debug for MysqlFactory {
         f.debug_struct("MysqlFactory")
             .field("config", &self.shared.config)
             .field("credentials", &self.shared.credentials)
+            .field("copy", &self.copy)
             .finish_non_exhaustive()
     }
 }
@@ -313,13 +321,20 @@ impl MysqlFactory {
                 credentials,
                 random,
             }),
+            copy: 0,
         }
+    }
+
+    /// The same factory for `--multiply` copy `copy` (0 is the first).
+    pub fn for_copy(mut self, copy: u32) -> Self {
+        self.copy = copy;
+        self
     }
 
     /// The transform for one session, for callers that need its MySQL-specific methods
     /// ([`MysqlTransform::on_test_packet`], [`MysqlTransform::recover`]) without the engine.
     pub fn make(&self, now: Instant, session: &SessionInfo) -> MysqlTransform {
-        MysqlTransform::new(now, session, Arc::clone(&self.shared))
+        MysqlTransform::new(now, session, Arc::clone(&self.shared), self.copy)
     }
 }
 

@@ -12,6 +12,10 @@
 //! the structure says starts must have id 1. A reply whose structure cannot be followed (a head
 //! too short for an OK's status, a packet that fits no state) is cut by the ids alone, as before.
 //!
+//! Each packet is also given its [`Role`] in the reply (OK, ERR, column count, row, ...) and
+//! the packet that ends a reply is marked, which is what the comparison report counts rows,
+//! kinds and latencies from.
+//!
 //! The structure is read without the negotiated capabilities: an EOF is exactly 5 bytes, while
 //! the OK that replaces it under CLIENT_DEPRECATE_EOF is at least 7, and a definition or a row
 //! never starts with 0xFE unless it is a 16 MiB packet.
@@ -74,6 +78,28 @@ enum State {
     Unknown,
 }
 
+/// What a packet is within its reply.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) enum Role {
+    /// Not known (structure lost, a continuation packet, outside any reply).
+    #[default]
+    Unknown,
+    /// An OK (or PREPARE_OK) that is the whole answer of a result.
+    Ok,
+    /// An ERR: the answer (or the end of a result set cut by an error).
+    Err,
+    /// The column count opening a result set.
+    ColumnCount,
+    /// A column or parameter definition, or the EOF after them.
+    Definition,
+    /// A row of a result set (text or binary), or a COM_FIELD_LIST definition.
+    Row,
+    /// The EOF or OK ending a result set's rows.
+    RowsEnd,
+    /// Anything else: a progress report, a LOCAL INFILE request, auth packets, statistics.
+    Other,
+}
+
 /// What one packet meant.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(super) struct Seen {
@@ -83,6 +109,10 @@ pub(super) struct Seen {
     pub(super) mismatch: bool,
     /// The structure could not be followed: this reply is cut by ids alone.
     pub(super) lost: bool,
+    /// Its role in the reply.
+    pub(super) role: Role,
+    /// It is the last packet of its reply (known from the structure).
+    pub(super) end: bool,
 }
 
 /// Follows one server's replies. See the module documentation.
@@ -91,6 +121,10 @@ pub(super) struct ReplyTracker {
     state: State,
     /// The kind of the reply in progress.
     kind: ReplyKind,
+    /// CLIENT_DEPRECATE_EOF is known to be negotiated: a PREPARE_OK's definitions end without
+    /// an EOF, so the reply is known to end with its last definition (otherwise that is only
+    /// learnt from the next packet).
+    deprecate_eof: bool,
 }
 
 impl ReplyTracker {
@@ -98,7 +132,13 @@ impl ReplyTracker {
         Self {
             state: State::Idle,
             kind: ReplyKind::Generic,
+            deprecate_eof: false,
         }
+    }
+
+    /// Whether CLIENT_DEPRECATE_EOF is known to be negotiated (see the field).
+    pub(super) fn set_deprecate_eof(&mut self, on: bool) {
+        self.deprecate_eof = on;
     }
 
     /// Packets of unknown structure come first: the next with id 1 starts a reply.
@@ -157,9 +197,18 @@ impl ReplyTracker {
             }
             _ => {}
         }
-        if !self.step(len, head) {
-            seen.lost = true;
-            self.state = State::Unknown;
+        match self.step(len, head) {
+            Some(role) => {
+                seen.role = role;
+                if self.deprecate_eof && self.state == (State::GroupEof { columns: 0 }) {
+                    self.state = State::Idle;
+                }
+                seen.end = self.state == State::Idle;
+            }
+            None => {
+                seen.lost = true;
+                self.state = State::Unknown;
+            }
         }
         seen
     }
@@ -174,15 +223,17 @@ impl ReplyTracker {
         self.kind = kind;
     }
 
-    /// Moves past one packet of the current reply; false if it fits no state.
-    fn step(&mut self, len: u32, head: &[u8]) -> bool {
+    /// Moves past one packet of the current reply and says what it was; `None` if it fits no
+    /// state.
+    fn step(&mut self, len: u32, head: &[u8]) -> Option<Role> {
         let first = head.first().copied();
+        let mut role = Role::Definition;
         self.state = match self.state {
-            State::Idle | State::Unknown => return true,
+            State::Idle | State::Unknown => return Some(Role::Unknown),
             State::First => return self.first(len, head),
             State::Columns(n) => {
                 if is_eof(len, head) || first == Some(0xff) {
-                    return false;
+                    return None;
                 }
                 if n <= 1 {
                     State::AfterColumns
@@ -191,9 +242,7 @@ impl ReplyTracker {
                 }
             }
             State::AfterColumns if is_eof(len, head) => {
-                let Some(st) = eof_status(head) else {
-                    return false;
-                };
+                let st = eof_status(head)?;
                 if st & status::CURSOR_EXISTS != 0 {
                     // COM_STMT_EXECUTE opened a cursor: rows come with COM_STMT_FETCH.
                     State::Idle
@@ -204,7 +253,7 @@ impl ReplyTracker {
             State::AfterColumns | State::Rows => return self.row(len, head),
             State::Params { left, columns } => {
                 if is_terminator(len, head) || first == Some(0xff) {
-                    return false;
+                    return None;
                 }
                 if left <= 1 {
                     State::GroupEof { columns }
@@ -217,7 +266,7 @@ impl ReplyTracker {
             }
             State::PrepareColumns(n) => {
                 if is_terminator(len, head) || first == Some(0xff) {
-                    return false;
+                    return None;
                 }
                 if n <= 1 {
                     State::GroupEof { columns: 0 }
@@ -237,25 +286,34 @@ impl ReplyTracker {
                 self.state = State::PrepareColumns(columns);
                 return self.step(len, head);
             }
-            State::Auth => match first {
-                Some(0x00) | Some(0xff) => State::Idle,
-                _ => State::Auth,
-            },
+            State::Auth => {
+                role = match first {
+                    Some(0x00) => Role::Ok,
+                    Some(0xff) => Role::Err,
+                    _ => Role::Other,
+                };
+                match first {
+                    Some(0x00) | Some(0xff) => State::Idle,
+                    _ => State::Auth,
+                }
+            }
         };
-        true
+        Some(role)
     }
 
     /// The first packet of a result (of a command, or after MORE_RESULTS_EXISTS).
-    fn first(&mut self, len: u32, head: &[u8]) -> bool {
-        let Some(&b0) = head.first() else {
-            return false;
-        };
+    fn first(&mut self, len: u32, head: &[u8]) -> Option<Role> {
+        let &b0 = head.first()?;
+        let mut role = Role::Ok;
         self.state = match b0 {
-            _ if self.kind == ReplyKind::Single => State::Idle,
+            _ if self.kind == ReplyKind::Single => {
+                role = Role::Other;
+                State::Idle
+            }
             0x00 if self.kind == ReplyKind::Prepare => {
                 // PREPARE_OK: 0x00, statement id (4), columns (2), params (2).
                 let (Some(c), Some(p)) = (head.get(5..7), head.get(7..9)) else {
-                    return false;
+                    return None;
                 };
                 let columns = u64::from(u16::from_le_bytes([c[0], c[1]]));
                 let params = u64::from(u16::from_le_bytes([p[0], p[1]]));
@@ -270,20 +328,26 @@ impl ReplyTracker {
                     State::Idle
                 }
             }
-            0x00 | 0xfe => match ok_status(len, head) {
-                Some(st) => after_result(st),
-                None => return false,
-            },
-            0xff if head.get(1..3) == Some(&[0xff, 0xff]) => State::First,
-            0xff => State::Idle,
+            0x00 | 0xfe => after_result(ok_status(len, head)?),
+            0xff if head.get(1..3) == Some(&[0xff, 0xff]) => {
+                // A progress report; the result follows.
+                role = Role::Other;
+                State::First
+            }
+            0xff => {
+                role = Role::Err;
+                State::Idle
+            }
             // LOCAL INFILE: the client sends the file, then the server's OK or ERR.
-            0xfb => State::First,
+            0xfb => {
+                role = Role::Other;
+                State::First
+            }
             _ => {
-                let Ok((n, used)) = read_lenenc_int(head) else {
-                    return false;
-                };
+                role = Role::ColumnCount;
+                let (n, used) = read_lenenc_int(head).ok()?;
                 if n == 0 {
-                    return false;
+                    return None;
                 }
                 // MariaDB CACHE_METADATA: a flag byte after the count, 0 when the definitions
                 // are omitted (COM_STMT_EXECUTE of a statement whose metadata the client has).
@@ -294,20 +358,25 @@ impl ReplyTracker {
                 }
             }
         };
-        true
+        Some(role)
     }
 
     /// A row, or the packet that ends the rows.
-    fn row(&mut self, len: u32, head: &[u8]) -> bool {
-        match head.first() {
-            Some(0xfe) if is_terminator(len, head) => match ok_status(len, head) {
-                Some(st) => self.state = after_result(st),
-                None => return false,
-            },
-            Some(0xff) => self.state = State::Idle,
-            _ => self.state = State::Rows,
-        }
-        true
+    fn row(&mut self, len: u32, head: &[u8]) -> Option<Role> {
+        Some(match head.first() {
+            Some(0xfe) if is_terminator(len, head) => {
+                self.state = after_result(ok_status(len, head)?);
+                Role::RowsEnd
+            }
+            Some(0xff) => {
+                self.state = State::Idle;
+                Role::Err
+            }
+            _ => {
+                self.state = State::Rows;
+                Role::Row
+            }
+        })
     }
 }
 

@@ -28,6 +28,7 @@ use crate::engine::{
 };
 
 mod read_only;
+mod report;
 
 // ------------------------------------------------------------------ fixtures
 // Real payloads from common/src/mysql/fixtures.rs (MariaDB 10.11.19, Connector/C 3.3.20,
@@ -1276,7 +1277,17 @@ proptest! {
         test_first in proptest::collection::vec(any::<bool>(), 30),
         greeting_early in any::<bool>(),
     ) {
-        let mut h = Harness::new(MysqlConfig::default(), false);
+        let sink = crate::report::observe::ObservationSink::new(10_000);
+        let config = MysqlConfig {
+            report: Some(super::ReportHooks {
+                sink: Arc::clone(&sink),
+                compare_results: true,
+                literals: false,
+            }),
+            ..MysqlConfig::default()
+        };
+        let mut h = Harness::new(config, false);
+        h.test.hashes = true;
         let mut prod = FakeServer::new(prod_ids.clone());
         let mut test = FakeServer::new(test_ids.clone());
         let feed_client = |h: &mut Harness, bytes: &[u8]| {
@@ -1371,6 +1382,22 @@ proptest! {
         prop_assert_eq!(h.count(Counter::ReplySeqMismatches), 0);
         prop_assert_eq!(h.count(Counter::ReplyStructureLost), 0);
         prop_assert_eq!(h.count(Counter::StatementsMapped), prepares as u64);
+
+        // The report: one observation per command with a reply, both answers seen and equal.
+        drop(h);
+        let mut got = Vec::new();
+        sink.drain_into(&mut got);
+        let answered = expected.iter().filter(|c| c[0] != command::com::STMT_CLOSE).count();
+        prop_assert_eq!(got.len(), answered);
+        for o in &got {
+            let p = o.prod.expect("production's answer");
+            let crate::report::observe::TestOutcome::Answered(t) = o.test else {
+                return Err(TestCaseError::fail(format!("no test answer: {o:?}")));
+            };
+            prop_assert_eq!((p.kind, p.rows, p.bytes), (t.kind, t.rows, t.bytes));
+            let (pc, tc) = (p.checksum.unwrap(), t.checksum.unwrap());
+            prop_assert!(pc.same(&tc, true));
+        }
     }
 
     /// Any bytes on any of the three streams, in any order: no panic, buffers within bounds.
@@ -1383,9 +1410,15 @@ proptest! {
         picked_up in any::<bool>(),
         read_only in any::<bool>(),
     ) {
+        let sink = crate::report::observe::ObservationSink::new(100);
         let config = MysqlConfig {
             max_held_bytes: 2000,
             read_only,
+            report: Some(super::ReportHooks {
+                sink,
+                compare_results: picked_up,
+                literals: read_only,
+            }),
             ..pickup_config()
         };
         let mut h = Harness::new(config, picked_up);

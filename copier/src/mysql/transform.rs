@@ -40,6 +40,7 @@ use common::mysql::stmt::{
     PrepareAnswer, Resolution, StatementMap, UnmappedReason, LAST_PREPARED, SQL_KEPT,
 };
 
+use super::observe::{Decision, Observer, SQL_LOOKED_AT};
 use super::replies::{ReplyKind, ReplyTracker, Seen};
 use super::{read_only_counter, Counter, NotRecovered, RecoveredState, Shared};
 use crate::engine::{SessionInfo, StreamTransform, TestEvent, TransformOutput};
@@ -304,6 +305,8 @@ struct ProdPacket {
     len: u32,
     prefix: [u8; PROD_PREFIX],
     prefix_len: u8,
+    /// The payload's hash (`--compare-results`).
+    hash: Option<u64>,
 }
 
 impl ProdPacket {
@@ -317,6 +320,7 @@ impl ProdPacket {
             len: p.header.len,
             prefix,
             prefix_len: n as u8,
+            hash: p.hash,
         }
     }
 
@@ -343,7 +347,19 @@ pub struct MysqlTransform {
     // The client's stream as it arrives.
     arrival: FrameScanner,
     arrival_skip_login: bool,
-    arrived: Vec<(u8, Option<u8>)>,
+    /// Commands that arrived in the last chunk: command byte and serial number.
+    arrived: Vec<(Option<u8>, u64)>,
+    /// Serial number of the next client command awaiting a reply, as it arrives. Both
+    /// readers number the same commands the same way (packets with id 0 after the login,
+    /// except those without a reply): the serial ties production's reply, the forwarding
+    /// decision and the test server's reply to one command.
+    arrival_serial: u64,
+    /// Serial of the next client command the forwarding reader decides.
+    fwd_serial: u64,
+    /// The command just dropped was kept off by `--read-only` (not a loss).
+    dropped_by_design: bool,
+    /// `--report`: what the comparison report learns of this session.
+    observer: Option<Box<Observer>>,
 
     // The client's stream as forwarded.
     stage: ClientStage,
@@ -382,7 +398,9 @@ pub struct MysqlTransform {
     session_nonce: Option<Nonce>,
     test_auth: Option<Box<AuthExchange>>,
     change_user_in_flight: bool,
-    test_fifo: VecDeque<TestExpect>,
+    /// What the test server owes, with the serial of the client command it answers (`None`
+    /// for our own commands).
+    test_fifo: VecDeque<(TestExpect, Option<u64>)>,
     test_next_offset: u64,
     test_prev_len: u32,
     test_prev_seq: Option<u8>,
@@ -391,8 +409,8 @@ pub struct MysqlTransform {
     // Production.
     prod_phase: ProdPhase,
     prod_scanner: FrameScanner,
-    /// Per command awaiting production's reply: how the reply is built.
-    prod_fifo: VecDeque<ReplyKind>,
+    /// Per command awaiting production's reply: how the reply is built, and its serial.
+    prod_fifo: VecDeque<(ReplyKind, u64)>,
     prod_prev_seq: Option<u8>,
     prod_replies: ReplyTracker,
     prod_scratch: Vec<ProdPacket>,
@@ -440,18 +458,31 @@ impl fmt::Debug for MysqlTransform {
 }
 
 impl MysqlTransform {
-    pub(super) fn new(now: Instant, session: &SessionInfo, shared: Arc<Shared>) -> Self {
+    pub(super) fn new(now: Instant, session: &SessionInfo, shared: Arc<Shared>, copy: u32) -> Self {
         let picked_up = session.picked_up;
         let map = StatementMap::new(shared.config.max_statements);
         let pickup_user = shared.config.default_user.clone();
         let pickup_db = shared.config.default_db.clone();
+        let observer = shared
+            .config
+            .report
+            .clone()
+            .map(|h| Box::new(Observer::new(h, copy, shared.config.max_statements)));
+        // The report fingerprints each command's SQL: the arrival reader then keeps that much
+        // of each packet (only packets split across segments are copied).
+        let arrival_prefix = if observer.is_some() { SQL_LOOKED_AT } else { 1 };
+        let compare = observer.as_ref().is_some_and(|o| o.compare_results());
         Self {
             shared,
             picked_up,
             dead: false,
-            arrival: FrameScanner::new(1),
+            arrival: FrameScanner::new(arrival_prefix),
             arrival_skip_login: !picked_up,
             arrived: Vec::new(),
+            arrival_serial: 0,
+            fwd_serial: 0,
+            dropped_by_design: false,
+            observer,
             stage: if picked_up {
                 ClientStage::Commands
             } else {
@@ -491,7 +522,7 @@ impl MysqlTransform {
             } else {
                 ProdPhase::Greeting
             },
-            prod_scanner: FrameScanner::new(PROD_PREFIX),
+            prod_scanner: prod_scanner(compare),
             prod_fifo: VecDeque::new(),
             prod_prev_seq: None,
             prod_replies: ReplyTracker::new(),
@@ -542,17 +573,18 @@ impl MysqlTransform {
         let continuation = self.test_prev_len as usize == MAX_PAYLOAD_LEN;
         let prev = self.test_prev_seq.replace(pkt.seq_id);
         self.test_prev_len = pkt.len;
-        let starts_reply = self.test_phase == TestPhase::Commands && {
+        let seen = (self.test_phase == TestPhase::Commands).then(|| {
             let next = self
                 .test_fifo
                 .front()
-                .map_or(ReplyKind::Generic, TestExpect::kind);
+                .map_or(ReplyKind::Generic, |(e, _)| e.kind());
             let seen =
                 self.test_replies
                     .packet(pkt.seq_id, prev, pkt.len, &pkt.head, continuation, next);
             count_seen(seen, out);
-            seen.start
-        };
+            seen
+        });
+        let starts_reply = seen.is_some_and(|s| s.start);
         let r = match self.test_phase {
             TestPhase::Greeting => self.test_greeting(pkt, continuation, out),
             TestPhase::Login => Err(protocol("test_server_spoke_first")),
@@ -568,6 +600,9 @@ impl MysqlTransform {
             TestPhase::Commands if starts_reply => self.test_reply(pkt, out),
             TestPhase::Commands | TestPhase::Blind => Ok(()),
         };
+        if let (Some(seen), Some(o)) = (seen, &mut self.observer) {
+            o.test_packet(&seen, pkt.len, &pkt.head, pkt.hash, continuation, now);
+        }
         if let Err(a) = r {
             self.give_up(a, out);
         }
@@ -601,6 +636,9 @@ impl MysqlTransform {
         out.count(Counter::FramingLost as usize);
         self.test_phase = TestPhase::Blind;
         self.test_fifo.clear();
+        if let Some(o) = &mut self.observer {
+            o.test_lost_all();
+        }
         // Re-prepares would never be paired: not worth sending.
         let before = self.inject.len();
         self.inject.retain(|i| i.register.is_none());
@@ -772,10 +810,16 @@ impl MysqlTransform {
         pkt: &MysqlPacket,
         out: &mut TransformOutput<'_>,
     ) -> Result<(), Abandon> {
-        match self.test_fifo.pop_front() {
-            None => out.count(Counter::RepliesUnmatched as usize),
-            Some(TestExpect::Reply(_)) => {}
-            Some(TestExpect::Prepare) => {
+        let Some((expect, serial)) = self.test_fifo.pop_front() else {
+            out.count(Counter::RepliesUnmatched as usize);
+            return Ok(());
+        };
+        if let (Some(serial), Some(o)) = (serial, &mut self.observer) {
+            o.test_start(serial, self.now);
+        }
+        match expect {
+            TestExpect::Reply(_) => {}
+            TestExpect::Prepare => {
                 let answer = PrepareAnswer::parse(&pkt.head).unwrap_or_else(|_| {
                     out.count(Counter::ProtocolErrors as usize);
                     LOST_ANSWER
@@ -783,12 +827,12 @@ impl MysqlTransform {
                 let r = self.map.test_answer(answer);
                 self.resolved(r, out);
             }
-            Some(TestExpect::InitDb) => {
+            TestExpect::InitDb => {
                 if pkt.head.first() == Some(&0xff) {
                     out.count(Counter::RecoveryInitDbFailed as usize);
                 }
             }
-            Some(TestExpect::ChangeUser(ex)) => {
+            TestExpect::ChangeUser(ex) => {
                 self.test_auth = Some(ex);
                 return self.auth_packet(pkt, out);
             }
@@ -805,14 +849,24 @@ impl MysqlTransform {
         self.test_phase == TestPhase::Blind
     }
 
+    /// The test server owes an answer to something of ours.
     fn expect_test(&mut self, e: TestExpect) -> Result<(), Abandon> {
+        self.expect(e, None)
+    }
+
+    /// The test server owes an answer to the client command being decided.
+    fn expect_client(&mut self, e: TestExpect) -> Result<(), Abandon> {
+        self.expect(e, Some(self.fwd_serial))
+    }
+
+    fn expect(&mut self, e: TestExpect, serial: Option<u64>) -> Result<(), Abandon> {
         if self.test_blind() {
             return Ok(());
         }
         if self.test_fifo.len() >= MAX_IN_FLIGHT {
             return Err(protocol("test_server_not_answering"));
         }
-        self.test_fifo.push_back(e);
+        self.test_fifo.push_back((e, serial));
         Ok(())
     }
 
@@ -900,6 +954,11 @@ impl MysqlTransform {
         // What both sides agreed on decides how the server reads COM_CHANGE_USER.
         self.client_caps = r.capabilities & server.caps;
         self.session_caps = self.client_caps;
+        // Where a PREPARE_OK ends depends on DEPRECATE_EOF. Production's greeting is not read
+        // whole: assumed to offer what the test server offers (both are current servers).
+        let deprecate_eof = self.session_caps.contains(Capabilities::DEPRECATE_EOF);
+        self.test_replies.set_deprecate_eof(deprecate_eof);
+        self.prod_replies.set_deprecate_eof(deprecate_eof);
         self.login_user = std::str::from_utf8(r.username).ok().map(str::to_owned);
         self.login_db = r.database.map(<[u8]>::to_vec);
         self.send_login(&payload, plugin, server.nonce, password, out);
@@ -1029,6 +1088,9 @@ impl MysqlTransform {
                 .into_iter()
                 .take(self.shared.config.max_statements)
             {
+                if let Some(o) = &mut self.observer {
+                    o.recovered(prod_id, &sql);
+                }
                 if self.read_only_write(&sql).is_some() {
                     // Its executes are not sent either, and counted as such.
                     self.skip_statement(prod_id, out);
@@ -1123,6 +1185,9 @@ impl MysqlTransform {
     fn prod_packet(&mut self, p: &ProdPacket, out: &mut TransformOutput<'_>) {
         let prev = self.prod_prev_seq.replace(p.seq);
         if p.part > 0 {
+            if let Some(o) = &mut self.observer {
+                o.prod_packet(&Seen::default(), p.len, &[], p.hash, true, self.now);
+            }
             return;
         }
         match self.prod_phase {
@@ -1139,11 +1204,7 @@ impl MysqlTransform {
                 _ => {}
             },
             ProdPhase::Commands => {
-                let next = self
-                    .prod_fifo
-                    .front()
-                    .copied()
-                    .unwrap_or(ReplyKind::Generic);
+                let next = self.prod_fifo.front().map_or(ReplyKind::Generic, |f| f.0);
                 let seen = self
                     .prod_replies
                     .packet(p.seq, prev, p.len, p.prefix(), false, next);
@@ -1151,29 +1212,27 @@ impl MysqlTransform {
                 if seen.start {
                     self.prod_reply(p, out);
                 }
+                self.observe_prod(&seen, p);
             }
             ProdPhase::Resyncing => {
                 if p.seq == 1 {
                     // The reply to the latest command; the earlier ones were answered in bytes
                     // we could not frame.
                     while self.prod_fifo.len() > 1 {
-                        if self.prod_fifo.pop_front() == Some(ReplyKind::Prepare) {
-                            self.lose_prod_answer(out);
+                        if let Some((kind, serial)) = self.prod_fifo.pop_front() {
+                            self.lose_prod_reply(kind, serial, out);
                         }
                     }
                     out.count(Counter::ProdResyncs as usize);
                     self.prod_phase = ProdPhase::Commands;
                     self.prod_replies.reset();
-                    let next = self
-                        .prod_fifo
-                        .front()
-                        .copied()
-                        .unwrap_or(ReplyKind::Generic);
+                    let next = self.prod_fifo.front().map_or(ReplyKind::Generic, |f| f.0);
                     let seen =
                         self.prod_replies
                             .packet(p.seq, None, p.len, p.prefix(), false, next);
                     count_seen(seen, out);
                     self.prod_reply(p, out);
+                    self.observe_prod(&seen, p);
                 } else {
                     self.lose_all_prod(out);
                     self.prod_phase = ProdPhase::Unsynced;
@@ -1183,8 +1242,18 @@ impl MysqlTransform {
         }
     }
 
+    fn observe_prod(&mut self, seen: &Seen, p: &ProdPacket) {
+        if let Some(o) = &mut self.observer {
+            o.prod_packet(seen, p.len, p.prefix(), p.hash, false, self.now);
+        }
+    }
+
     fn prod_reply(&mut self, p: &ProdPacket, out: &mut TransformOutput<'_>) {
-        match self.prod_fifo.pop_front() {
+        let popped = self.prod_fifo.pop_front();
+        if let (Some((_, serial)), Some(o)) = (popped, &mut self.observer) {
+            o.prod_start(serial, self.now);
+        }
+        match popped.map(|f| f.0) {
             None => out.count(Counter::RepliesUnmatched as usize),
             Some(ReplyKind::Prepare) => {
                 let answer = PrepareAnswer::parse(p.prefix()).unwrap_or_else(|_| {
@@ -1204,21 +1273,29 @@ impl MysqlTransform {
 
     fn lose_all_prod(&mut self, out: &mut TransformOutput<'_>) {
         self.prod_replies.reset();
-        while let Some(kind) = self.prod_fifo.pop_front() {
-            if kind == ReplyKind::Prepare {
-                self.lose_prod_answer(out);
-            }
+        while let Some((kind, serial)) = self.prod_fifo.pop_front() {
+            self.lose_prod_reply(kind, serial, out);
         }
     }
 
-    /// A client command production will answer (seen as it arrives).
-    fn prod_expects(&mut self, kind: ReplyKind, out: &mut TransformOutput<'_>) {
+    /// Production's reply to command `serial` will not be seen.
+    fn lose_prod_reply(&mut self, kind: ReplyKind, serial: u64, out: &mut TransformOutput<'_>) {
+        if kind == ReplyKind::Prepare {
+            self.lose_prod_answer(out);
+        }
+        if let Some(o) = &mut self.observer {
+            o.prod_lost(serial);
+        }
+    }
+
+    /// A client command production will answer (seen as it arrives), numbered `serial`.
+    fn prod_expects(&mut self, kind: ReplyKind, serial: u64, out: &mut TransformOutput<'_>) {
         if self.prod_fifo.len() >= MAX_IN_FLIGHT {
             // Production's replies are not being seen: start over from the next command.
             self.lose_all_prod(out);
             self.prod_phase = ProdPhase::Unsynced;
         }
-        self.prod_fifo.push_back(kind);
+        self.prod_fifo.push_back((kind, serial));
         match self.prod_phase {
             // The client only sends commands once logged in; its OK may not have been read.
             ProdPhase::Greeting | ProdPhase::Auth => {
@@ -1318,28 +1395,44 @@ impl MysqlTransform {
 
     // ------------------------------------------------------------------ the client's stream
 
-    /// Notes the commands production will answer, as they arrive.
+    /// Notes the commands production will answer, as they arrive, and numbers them.
     fn arrive(&mut self, data: &[u8], out: &mut TransformOutput<'_>) {
         let mut pkts = mem::take(&mut self.arrived);
         pkts.clear();
+        let skip_login = &mut self.arrival_skip_login;
+        let serial = &mut self.arrival_serial;
+        let mut observer = self.observer.as_deref_mut();
         self.arrival.feed(data, |p| {
-            if p.header.part == 0 {
-                pkts.push((p.header.seq, p.prefix.first().copied()));
+            if p.header.part != 0 {
+                return;
             }
-        });
-        for &(seq, code) in &pkts {
-            if self.arrival_skip_login {
-                self.arrival_skip_login = false;
-                continue;
+            if mem::take(skip_login) {
+                return;
             }
             // Other ids are auth continuations and LOCAL INFILE data, never commands.
-            if seq != 0 {
-                continue;
+            if p.header.seq != 0 {
+                return;
             }
-            match code {
-                Some(c) if !expects_reply(c) => {}
-                c => self.prod_expects(ReplyKind::of_command(c), out),
+            let code = p.prefix.first().copied();
+            if code.is_some_and(|c| !expects_reply(c)) {
+                if let Some(o) = observer.as_deref_mut() {
+                    o.no_reply_command(p.prefix);
+                }
+                return;
             }
+            let n = *serial;
+            *serial += 1;
+            if let Some(o) = observer.as_deref_mut() {
+                let end = p.header.payload_offset() + u64::from(p.header.len);
+                o.arrived(n, p.prefix, end);
+            }
+            pkts.push((code, n));
+        });
+        if let Some(o) = &mut self.observer {
+            o.arrival_progress(self.arrival.position(), self.now);
+        }
+        for &(code, n) in &pkts {
+            self.prod_expects(ReplyKind::of_command(code), n, out);
         }
         self.arrived = pkts;
     }
@@ -1418,12 +1511,22 @@ impl MysqlTransform {
                         break;
                     };
                     let taken = (self.head.len() - HEADER_LEN) as u32;
+                    // Judged before the verdict, which may end the login stage.
+                    let client_command = self.stage == ClientStage::Commands
+                        && h.seq == 0
+                        && self.head.get(HEADER_LEN).is_none_or(|&c| expects_reply(c));
+                    self.dropped_by_design = false;
                     match self.decide(h, out) {
                         Ok(Verdict::Block) => {
                             self.blocked = true;
                             break;
                         }
-                        Ok(v) => self.release_head(h.len, taken, v == Verdict::Forward, out),
+                        Ok(v) => {
+                            if client_command {
+                                self.client_command_decided(v == Verdict::Forward);
+                            }
+                            self.release_head(h.len, taken, v == Verdict::Forward, out)
+                        }
                         Err(a) => self.give_up(a, out),
                     }
                 }
@@ -1474,6 +1577,22 @@ impl MysqlTransform {
             data.len()
         } else {
             data.len() - rest.len()
+        }
+    }
+
+    /// The forwarding reader decided the client command numbered `fwd_serial`.
+    fn client_command_decided(&mut self, forwarded: bool) {
+        let serial = self.fwd_serial;
+        self.fwd_serial += 1;
+        let by_design = mem::take(&mut self.dropped_by_design);
+        if let Some(o) = &mut self.observer {
+            let d = match (forwarded, by_design) {
+                (true, _) if self.test_phase == TestPhase::Blind => Decision::SentBlind,
+                (true, _) => Decision::Sent,
+                (false, true) => Decision::Skipped,
+                (false, false) => Decision::Dropped,
+            };
+            o.decided(serial, d, self.now);
         }
     }
 
@@ -1570,12 +1689,13 @@ impl MysqlTransform {
         let Some(&code) = self.head.get(HEADER_LEN) else {
             // An empty packet: the servers answer it with an error.
             out.count(Counter::ProtocolErrors as usize);
-            self.expect_test(TestExpect::Reply(ReplyKind::Generic))?;
+            self.expect_client(TestExpect::Reply(ReplyKind::Generic))?;
             return Ok(Verdict::Forward);
         };
         if self.shared.config.read_only {
             if let Some(kind) = self.read_only_skip(code, h) {
                 out.count(read_only_counter(kind) as usize);
+                self.dropped_by_design = true;
                 self.skip_data = true;
                 if code == com::STMT_PREPARE {
                     self.last_prepare_skipped = true;
@@ -1599,7 +1719,7 @@ impl MysqlTransform {
                     },
                     out,
                 );
-                self.expect_test(if tracked {
+                self.expect_client(if tracked {
                     TestExpect::Prepare
                 } else {
                     TestExpect::Reply(ReplyKind::Prepare)
@@ -1612,11 +1732,11 @@ impl MysqlTransform {
                 self.forget_skipped();
                 self.stmts_predate_us = false;
                 out.count(Counter::ResetConnection as usize);
-                self.expect_test(TestExpect::Reply(ReplyKind::Generic))?;
+                self.expect_client(TestExpect::Reply(ReplyKind::Generic))?;
             }
             c => {
                 if expects_reply(c) {
-                    self.expect_test(TestExpect::Reply(ReplyKind::of_command(Some(c))))?;
+                    self.expect_client(TestExpect::Reply(ReplyKind::of_command(Some(c))))?;
                 }
             }
         }
@@ -1635,7 +1755,7 @@ impl MysqlTransform {
             // Too short to hold an id: the servers reject it alike.
             out.count(Counter::ProtocolErrors as usize);
             if expects_reply(code) {
-                self.expect_test(TestExpect::Reply(ReplyKind::of_command(Some(code))))?;
+                self.expect_client(TestExpect::Reply(ReplyKind::of_command(Some(code))))?;
             }
             out.count(Counter::CommandsForwarded as usize);
             return Ok(Verdict::Forward);
@@ -1644,6 +1764,7 @@ impl MysqlTransform {
             && (self.skipped_statements.contains(&prod_id)
                 || (prod_id == LAST_PREPARED && self.last_prepare_skipped))
         {
+            self.dropped_by_design = true;
             match code {
                 com::STMT_EXECUTE | com::STMT_BULK_EXECUTE => {
                     out.count(Counter::ReadOnlySkippedStmtExecute as usize)
@@ -1671,7 +1792,7 @@ impl MysqlTransform {
                     return Err(protocol("statement_id_unwritable"));
                 }
                 if expects_reply(code) {
-                    self.expect_test(TestExpect::Reply(ReplyKind::of_command(Some(code))))?;
+                    self.expect_client(TestExpect::Reply(ReplyKind::of_command(Some(code))))?;
                 }
                 out.count(Counter::CommandsForwarded as usize);
                 Ok(Verdict::Forward)
@@ -1766,7 +1887,7 @@ impl MysqlTransform {
             }
             None => None,
         };
-        self.expect_test(TestExpect::ChangeUser(Box::new(AuthExchange {
+        self.expect_client(TestExpect::ChangeUser(Box::new(AuthExchange {
             password,
             plugin,
             nonce,
@@ -1907,6 +2028,18 @@ impl MysqlTransform {
         self.inject_bytes = 0;
         self.blocked = false;
         self.held_deadline = None;
+        if let Some(o) = &mut self.observer {
+            o.flush();
+        }
+    }
+}
+
+/// Production's reply reader; with `--compare-results` it hashes every payload.
+fn prod_scanner(hashes: bool) -> FrameScanner {
+    if hashes {
+        FrameScanner::with_hashes(PROD_PREFIX)
+    } else {
+        FrameScanner::new(PROD_PREFIX)
     }
 }
 
@@ -2008,7 +2141,8 @@ impl StreamTransform for MysqlTransform {
             ProdPhase::Armed => {
                 // Replies to earlier commands ended before this command was sent (clients
                 // wait for them), so these bytes start a packet.
-                self.prod_scanner = FrameScanner::new(PROD_PREFIX);
+                let compare = self.observer.as_ref().is_some_and(|o| o.compare_results());
+                self.prod_scanner = prod_scanner(compare);
                 self.prod_prev_seq = None;
                 self.prod_phase = ProdPhase::Resyncing;
             }

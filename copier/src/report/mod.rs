@@ -4,5 +4,6 @@
 //! text, JSON, HTML or Prometheus text and never collect anything themselves.
 
 pub mod model;
+pub mod observe;
 
 pub use model::*;

@@ -1,0 +1,686 @@
+//! The comparison report's view of one session: each client command, production's answer and
+//! the test server's, pushed as one [`Observation`] once both are known.
+//!
+//! The transform owns the protocol; this only listens. It is told, in stream order:
+//!
+//! * a client command arrived (its serial number, its first bytes): the [`Statement`] it
+//!   belongs to is worked out here (fingerprint of its SQL, or of the prepared statement an
+//!   execute names), and when its last byte arrived (production's latency starts there);
+//! * production's reply to serial `n` started, each of its packets (with its role in the reply
+//!   and, under `--compare-results`, its payload hash), its end;
+//! * what the forwarding reader decided for serial `n` (sent at `now`, kept off by
+//!   `--read-only`, dropped);
+//! * the test server's reply to serial `n` started, its packets, its end (from intercept's
+//!   summaries);
+//! * losses: production's replies no longer followed, the test server's framing lost.
+//!
+//! Commands the copier sends on its own (synthetic logins, `COM_INIT_DB`, re-prepares,
+//! `COM_STMT_CLOSE` of orphans) never get a serial and are never reported. Observations leave
+//! in command order; everything still pending when the session ends leaves as it is (counted
+//! by the report as not compared).
+//!
+//! Bounded: at most [`MAX_PENDING`] commands wait for answers, at most `max_statements`
+//! prepared statements are remembered, and a small cache of statement shapes makes a repeated
+//! COM_QUERY cost a fingerprint into a reused buffer and no allocation.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+use common::clock::Instant;
+use common::mysql::command::{com, statement_id};
+use common::mysql::digest::{self, RowChecksum, Traits};
+use common::mysql::stmt::LAST_PREPARED;
+
+use super::replies::{Role, Seen};
+use crate::report::observe::{
+    Answer, AnswerKind, Observation, ObservationSink, Statement, TestOutcome,
+};
+
+/// Commands waiting for their answers; beyond, the oldest leaves unanswered.
+pub(super) const MAX_PENDING: usize = 4096;
+/// Statement shapes cached per session.
+const CACHE: usize = 32;
+/// Longest example kept, in bytes.
+const MAX_EXAMPLE: usize = 1024;
+/// The fingerprint of executes of a statement prepared before the capture started (and not
+/// recovered with `--prod-dsn`).
+const UNKNOWN_STATEMENT: &str = "(statement prepared before the capture)";
+/// SQL bytes of a command looked at for its fingerprint (the arrival scanner's prefix).
+pub(super) const SQL_LOOKED_AT: usize = 16 * 1024;
+
+/// How a session reports (shared by all sessions of a factory).
+#[derive(Clone, Debug)]
+pub struct ReportHooks {
+    pub sink: Arc<ObservationSink>,
+    /// `--compare-results`: production's payloads are hashed (intercept hashes the test
+    /// server's when the copier's Hello asked).
+    pub compare_results: bool,
+    /// `--report-literals`: examples keep their values.
+    pub literals: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ProdSide {
+    Waiting,
+    Done(Answer),
+    Lost,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum TestSide {
+    /// The forwarding reader has not reached it yet.
+    Undecided,
+    /// Sent at this time; its answer is awaited.
+    Awaiting(Instant),
+    Done(TestOutcome),
+}
+
+/// What the forwarding reader did with a command.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Decision {
+    Sent,
+    /// Sent, but no answer will be seen (the test server's framing is lost).
+    SentBlind,
+    /// `--read-only` kept it off.
+    Skipped,
+    /// It could not be sent (unknown statement, tracking lost).
+    Dropped,
+}
+
+struct Pending {
+    statement: Arc<Statement>,
+    /// When its last byte arrived.
+    arrived: Option<Instant>,
+    /// A prepare: the shape its executes take, registered under production's statement id.
+    registers: Option<Arc<Statement>>,
+    /// A statement command naming an id not known when it arrived (a picked-up connection
+    /// whose statements `--prod-dsn` may still recover): the id and the command type.
+    unresolved: Option<(u32, &'static str)>,
+    prod: ProdSide,
+    test: TestSide,
+}
+
+/// One reply being read.
+#[derive(Clone, Copy, Debug)]
+struct Acc {
+    serial: u64,
+    kind: Option<AnswerKind>,
+    rows: u64,
+    bytes: u64,
+    sum: RowChecksum,
+    /// Every row's hash was known.
+    hashed: bool,
+    /// The last packet was a row (a continuation packet belongs to it).
+    in_row: bool,
+    /// The statement id of a PREPARE_OK.
+    prepared: Option<u32>,
+    first: bool,
+}
+
+impl Acc {
+    fn new(serial: u64) -> Self {
+        Self {
+            serial,
+            kind: None,
+            rows: 0,
+            bytes: 0,
+            sum: RowChecksum::default(),
+            hashed: true,
+            in_row: false,
+            prepared: None,
+            first: true,
+        }
+    }
+
+    fn packet(&mut self, seen: &Seen, len: u32, head: &[u8], hash: Option<u64>, cont: bool) {
+        self.bytes += u64::from(len);
+        if cont {
+            if self.in_row {
+                match hash {
+                    Some(h) => self.sum.add_piece(h),
+                    None => self.hashed = false,
+                }
+            }
+            return;
+        }
+        let first = std::mem::replace(&mut self.first, false);
+        self.in_row = false;
+        match seen.role {
+            Role::Ok => {
+                if first && head.len() >= 5 {
+                    self.prepared = Some(u32::from_le_bytes([head[1], head[2], head[3], head[4]]));
+                }
+                self.kind.get_or_insert(AnswerKind::Ok);
+            }
+            Role::Err => {
+                let code = head
+                    .get(1..3)
+                    .map_or(0, |c| u16::from_le_bytes([c[0], c[1]]));
+                self.kind = Some(AnswerKind::Err(code));
+            }
+            Role::ColumnCount => {
+                if matches!(self.kind, None | Some(AnswerKind::Ok | AnswerKind::Other)) {
+                    self.kind = Some(AnswerKind::ResultSet);
+                }
+            }
+            Role::Row => {
+                self.rows += 1;
+                self.in_row = true;
+                match hash {
+                    Some(h) => self.sum.add(h),
+                    None => self.hashed = false,
+                }
+            }
+            Role::Other => {
+                self.kind.get_or_insert(AnswerKind::Other);
+            }
+            Role::Definition | Role::RowsEnd | Role::Unknown => {}
+        }
+    }
+
+    fn answer(&self, latency_from: Option<Instant>, now: Instant, compare: bool) -> Answer {
+        Answer {
+            kind: self.kind.unwrap_or(AnswerKind::Other),
+            rows: self.rows,
+            bytes: self.bytes,
+            latency: latency_from.map_or(std::time::Duration::ZERO, |t| now.saturating_since(t)),
+            done: now,
+            checksum: (compare && self.hashed).then_some(self.sum),
+        }
+    }
+}
+
+/// See the module documentation.
+pub(super) struct Observer {
+    hooks: ReportHooks,
+    copy: u32,
+    max_statements: usize,
+    pending: VecDeque<Pending>,
+    /// Serial of `pending[0]`.
+    base: u64,
+    /// The newest command whose last byte has not arrived: (serial, stream end offset).
+    arriving: Option<(u64, u64)>,
+    /// Production's statement id -> the shape of its executes.
+    statements: HashMap<u32, Arc<Statement>>,
+    last_prepared: Option<Arc<Statement>>,
+    cache: Vec<Arc<Statement>>,
+    cache_next: usize,
+    scratch: Vec<u8>,
+    prod: Option<Acc>,
+    test: Option<Acc>,
+    /// Decisions on commands the arrival reader has not reported yet: it waits for a whole
+    /// command (up to [`SQL_LOOKED_AT`] bytes) while the forwarding reader may decide from its
+    /// first five.
+    early: VecDeque<(u64, Decision, Instant)>,
+}
+
+impl std::fmt::Debug for Observer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Observer")
+            .field("pending", &self.pending.len())
+            .field("statements", &self.statements.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Observer {
+    pub(super) fn new(hooks: ReportHooks, copy: u32, max_statements: usize) -> Self {
+        Self {
+            hooks,
+            copy,
+            max_statements,
+            pending: VecDeque::new(),
+            base: 0,
+            arriving: None,
+            statements: HashMap::new(),
+            last_prepared: None,
+            cache: Vec::new(),
+            cache_next: 0,
+            scratch: Vec::new(),
+            prod: None,
+            test: None,
+            early: VecDeque::new(),
+        }
+    }
+
+    pub(super) fn compare_results(&self) -> bool {
+        self.hooks.compare_results
+    }
+
+    fn get(&mut self, serial: u64) -> Option<&mut Pending> {
+        let i = serial.checked_sub(self.base)?;
+        self.pending.get_mut(usize::try_from(i).ok()?)
+    }
+
+    // ------------------------------------------------------------------ the client's commands
+
+    /// A client command awaiting a reply arrived: `payload` is its first bytes (command byte
+    /// first, empty for an empty packet), `end` the stream offset just past it.
+    pub(super) fn arrived(&mut self, serial: u64, payload: &[u8], end: u64) {
+        if serial != self.base + self.pending.len() as u64 {
+            // Never happens while the transform numbers commands in order; if it did, what is
+            // pending could no longer be matched.
+            self.flush();
+            self.base = serial;
+        }
+        if self.pending.len() >= MAX_PENDING {
+            self.emit_front();
+        }
+        let (statement, registers) = self.statement_of(payload);
+        let unresolved = match payload.first() {
+            Some(&c) if statement.fingerprint.as_ref() == UNKNOWN_STATEMENT => {
+                statement_id(payload).map(|id| (id, command_name(c)))
+            }
+            _ => None,
+        };
+        self.pending.push_back(Pending {
+            statement,
+            arrived: None,
+            registers,
+            unresolved,
+            prod: ProdSide::Waiting,
+            test: TestSide::Undecided,
+        });
+        self.arriving = Some((serial, end));
+        while let Some(&(s, d, at)) = self.early.front() {
+            if s > serial {
+                break;
+            }
+            self.early.pop_front();
+            self.decided(s, d, at);
+        }
+    }
+
+    /// The client's stream has reached `position` at `now`.
+    pub(super) fn arrival_progress(&mut self, position: u64, now: Instant) {
+        if let Some((serial, end)) = self.arriving {
+            if position >= end {
+                self.arriving = None;
+                if let Some(p) = self.get(serial) {
+                    p.arrived = Some(now);
+                }
+            }
+        }
+    }
+
+    /// A client command without a reply (COM_STMT_CLOSE, SEND_LONG_DATA, QUIT).
+    pub(super) fn no_reply_command(&mut self, payload: &[u8]) {
+        if payload.first() == Some(&com::STMT_CLOSE) {
+            if let Some(id) = statement_id(payload) {
+                self.statements.remove(&id);
+            }
+        }
+    }
+
+    /// Statements prepared on production before we saw the connection (`--prod-dsn`).
+    pub(super) fn recovered(&mut self, prod_id: u32, sql: &[u8]) {
+        let s = self.build("stmt_execute", sql);
+        // Commands that arrived before the state did (they wait for it) are named now.
+        for i in 0..self.pending.len() {
+            if let Some((id, command)) = self.pending[i].unresolved {
+                if id == prod_id {
+                    let named = self.derived(command, &s);
+                    self.pending[i].statement = named;
+                    self.pending[i].unresolved = None;
+                }
+            }
+        }
+        self.register(prod_id, s);
+    }
+
+    fn register(&mut self, id: u32, s: Arc<Statement>) {
+        if self.statements.len() < self.max_statements || self.statements.contains_key(&id) {
+            self.statements.insert(id, s);
+        }
+    }
+
+    /// The shape of a command, and for a prepare the shape of its executes.
+    fn statement_of(&mut self, payload: &[u8]) -> (Arc<Statement>, Option<Arc<Statement>>) {
+        let Some((&code, rest)) = payload.split_first() else {
+            return (self.named("empty_packet"), None);
+        };
+        match code {
+            com::QUERY => (self.cached("query", rest), None),
+            com::STMT_PREPARE => {
+                let exec = self.cached("stmt_execute", rest);
+                self.last_prepared = Some(Arc::clone(&exec));
+                (self.cached("stmt_prepare", rest), Some(exec))
+            }
+            com::STMT_EXECUTE | com::STMT_BULK_EXECUTE | com::STMT_FETCH | com::STMT_RESET => {
+                let known = statement_id(payload).and_then(|id| {
+                    if id == LAST_PREPARED {
+                        self.last_prepared.clone()
+                    } else {
+                        self.statements.get(&id).cloned()
+                    }
+                });
+                let command = match code {
+                    com::STMT_EXECUTE => "stmt_execute",
+                    com::STMT_BULK_EXECUTE => "stmt_bulk_execute",
+                    com::STMT_FETCH => "stmt_fetch",
+                    _ => "stmt_reset",
+                };
+                let s = match known {
+                    Some(s) if s.command == command => s,
+                    Some(s) => self.derived(command, &s),
+                    // Prepared before the capture started and not recovered.
+                    None => self.named_as(command, UNKNOWN_STATEMENT),
+                };
+                (s, None)
+            }
+            com::INIT_DB => {
+                let mut sql = b"use ".to_vec();
+                sql.extend_from_slice(rest);
+                (self.cached("init_db", &sql), None)
+            }
+            com::CHANGE_USER | com::RESET_CONNECTION => {
+                // Both drop every prepared statement on the server.
+                self.statements.clear();
+                self.last_prepared = None;
+                (self.named(command_name(code)), None)
+            }
+            c => (self.named(command_name(c)), None),
+        }
+    }
+
+    /// A command without SQL: its name is its fingerprint.
+    fn named(&mut self, command: &'static str) -> Arc<Statement> {
+        self.named_as(command, command)
+    }
+
+    fn named_as(&mut self, command: &'static str, fingerprint: &str) -> Arc<Statement> {
+        let id = digest::digest_id(command, fingerprint.as_bytes());
+        if let Some(s) = self.cache.iter().find(|s| s.id == id) {
+            return Arc::clone(s);
+        }
+        let s = Arc::new(Statement {
+            id,
+            command,
+            fingerprint: fingerprint.into(),
+            example: fingerprint.into(),
+            traits: Traits::default(),
+        });
+        self.remember(&s);
+        s
+    }
+
+    /// `s` as another command type (a fetch of an executed statement).
+    fn derived(&mut self, command: &'static str, s: &Statement) -> Arc<Statement> {
+        let id = digest::digest_id(command, s.fingerprint.as_bytes());
+        if let Some(c) = self.cache.iter().find(|c| c.id == id) {
+            return Arc::clone(c);
+        }
+        let d = Arc::new(Statement {
+            id,
+            command,
+            fingerprint: s.fingerprint.clone(),
+            example: s.example.clone(),
+            traits: s.traits,
+        });
+        self.remember(&d);
+        d
+    }
+
+    /// The shape of SQL `sql` run as `command`, from the cache when seen before.
+    fn cached(&mut self, command: &'static str, sql: &[u8]) -> Arc<Statement> {
+        let mut fp = std::mem::take(&mut self.scratch);
+        fp.clear();
+        digest::fingerprint_into(sql, &mut fp);
+        let id = digest::digest_id(command, &fp);
+        let hit = self.cache.iter().find(|s| s.id == id).cloned();
+        self.scratch = fp;
+        if let Some(s) = hit {
+            return s;
+        }
+        self.build(command, sql)
+    }
+
+    fn build(&mut self, command: &'static str, sql: &[u8]) -> Arc<Statement> {
+        let (fingerprint, traits) = digest::fingerprint(sql);
+        let example = if self.hooks.literals {
+            String::from_utf8_lossy(sql).into_owned()
+        } else {
+            digest::mask_literals(sql)
+        };
+        let s = Arc::new(Statement {
+            id: digest::digest_id(command, fingerprint.as_bytes()),
+            command,
+            fingerprint: fingerprint.into(),
+            example: truncate(example, MAX_EXAMPLE).into(),
+            traits,
+        });
+        self.remember(&s);
+        s
+    }
+
+    fn remember(&mut self, s: &Arc<Statement>) {
+        if self.cache.len() < CACHE {
+            self.cache.push(Arc::clone(s));
+        } else {
+            self.cache[self.cache_next] = Arc::clone(s);
+            self.cache_next = (self.cache_next + 1) % CACHE;
+        }
+    }
+
+    // ------------------------------------------------------------------ production
+
+    pub(super) fn prod_start(&mut self, serial: u64, now: Instant) {
+        if let Some(acc) = self.prod.take() {
+            // The previous reply's end was not recognised (structure lost): it ends here.
+            self.prod_done(acc, now);
+        }
+        self.prod = Some(Acc::new(serial));
+    }
+
+    pub(super) fn prod_packet(
+        &mut self,
+        seen: &Seen,
+        len: u32,
+        head: &[u8],
+        hash: Option<u64>,
+        cont: bool,
+        now: Instant,
+    ) {
+        let Some(acc) = &mut self.prod else {
+            return;
+        };
+        acc.packet(seen, len, head, hash, cont);
+        if seen.end && !cont {
+            if let Some(acc) = self.prod.take() {
+                self.prod_done(acc, now);
+            }
+        }
+    }
+
+    fn prod_done(&mut self, acc: Acc, now: Instant) {
+        let compare = self.hooks.compare_results;
+        let Some(p) = self.get(acc.serial) else {
+            return;
+        };
+        let answer = acc.answer(p.arrived, now, compare);
+        p.prod = ProdSide::Done(answer);
+        let register = match (answer.kind, acc.prepared) {
+            (AnswerKind::Ok, Some(id)) => p.registers.take().map(|s| (id, s)),
+            _ => None,
+        };
+        if let Some((id, s)) = register {
+            self.register(id, s);
+        }
+        self.emit_ready();
+    }
+
+    /// Production's answer to `serial` will not be seen.
+    pub(super) fn prod_lost(&mut self, serial: u64) {
+        if self.prod.is_some_and(|a| a.serial == serial) {
+            self.prod = None;
+        }
+        if let Some(p) = self.get(serial) {
+            if p.prod == ProdSide::Waiting {
+                p.prod = ProdSide::Lost;
+            }
+        }
+        self.emit_ready();
+    }
+
+    // ------------------------------------------------------------------ the test server
+
+    pub(super) fn decided(&mut self, serial: u64, d: Decision, now: Instant) {
+        if serial >= self.base + self.pending.len() as u64 {
+            if self.early.len() < MAX_PENDING {
+                self.early.push_back((serial, d, now));
+            }
+            return;
+        }
+        let Some(p) = self.get(serial) else {
+            return;
+        };
+        p.test = match d {
+            Decision::Sent => TestSide::Awaiting(now),
+            Decision::SentBlind => TestSide::Done(TestOutcome::Lost),
+            Decision::Skipped => TestSide::Done(TestOutcome::Skipped),
+            Decision::Dropped => TestSide::Done(TestOutcome::Dropped),
+        };
+        self.emit_ready();
+    }
+
+    pub(super) fn test_start(&mut self, serial: u64, now: Instant) {
+        if let Some(acc) = self.test.take() {
+            self.test_done(acc, now);
+        }
+        self.test = Some(Acc::new(serial));
+    }
+
+    pub(super) fn test_packet(
+        &mut self,
+        seen: &Seen,
+        len: u32,
+        head: &[u8],
+        hash: Option<u64>,
+        cont: bool,
+        now: Instant,
+    ) {
+        let Some(acc) = &mut self.test else {
+            return;
+        };
+        acc.packet(seen, len, head, hash, cont);
+        if seen.end && !cont {
+            if let Some(acc) = self.test.take() {
+                self.test_done(acc, now);
+            }
+        }
+    }
+
+    fn test_done(&mut self, acc: Acc, now: Instant) {
+        let compare = self.hooks.compare_results;
+        let Some(p) = self.get(acc.serial) else {
+            return;
+        };
+        if let TestSide::Awaiting(sent) = p.test {
+            p.test = TestSide::Done(TestOutcome::Answered(acc.answer(Some(sent), now, compare)));
+        }
+        self.emit_ready();
+    }
+
+    /// No more of the test server's replies will be seen.
+    pub(super) fn test_lost_all(&mut self) {
+        self.test = None;
+        for p in &mut self.pending {
+            if matches!(p.test, TestSide::Awaiting(_)) {
+                p.test = TestSide::Done(TestOutcome::Lost);
+            }
+        }
+        self.emit_ready();
+    }
+
+    // ------------------------------------------------------------------ leaving
+
+    fn emit_ready(&mut self) {
+        while let Some(p) = self.pending.front() {
+            if p.prod == ProdSide::Waiting || !matches!(p.test, TestSide::Done(_)) {
+                return;
+            }
+            self.emit_front();
+        }
+    }
+
+    fn emit_front(&mut self) {
+        let Some(p) = self.pending.pop_front() else {
+            return;
+        };
+        self.base += 1;
+        let prod = match p.prod {
+            ProdSide::Done(a) => Some(a),
+            ProdSide::Waiting | ProdSide::Lost => None,
+        };
+        let test = match p.test {
+            TestSide::Done(t) => t,
+            TestSide::Undecided | TestSide::Awaiting(_) => TestOutcome::Lost,
+        };
+        self.hooks.sink.push(Observation {
+            statement: p.statement,
+            copy: self.copy,
+            prod,
+            test,
+        });
+    }
+
+    /// Everything pending leaves as it is (the session ended or was given up).
+    pub(super) fn flush(&mut self) {
+        self.prod = None;
+        self.test = None;
+        self.arriving = None;
+        self.early.clear();
+        while !self.pending.is_empty() {
+            self.emit_front();
+        }
+    }
+}
+
+impl Drop for Observer {
+    fn drop(&mut self) {
+        self.flush();
+    }
+}
+
+fn command_name(code: u8) -> &'static str {
+    match code {
+        0x00 => "sleep",
+        com::QUIT => "quit",
+        com::INIT_DB => "init_db",
+        com::QUERY => "query",
+        com::FIELD_LIST => "field_list",
+        0x05 => "create_db",
+        0x06 => "drop_db",
+        0x07 => "refresh",
+        0x08 => "shutdown",
+        com::STATISTICS => "statistics",
+        0x0a => "process_info",
+        0x0b => "connect",
+        com::PROCESS_KILL => "process_kill",
+        0x0d => "debug",
+        com::PING => "ping",
+        com::CHANGE_USER => "change_user",
+        com::STMT_PREPARE => "stmt_prepare",
+        com::STMT_EXECUTE => "stmt_execute",
+        com::STMT_SEND_LONG_DATA => "stmt_send_long_data",
+        com::STMT_CLOSE => "stmt_close",
+        com::STMT_RESET => "stmt_reset",
+        com::SET_OPTION => "set_option",
+        com::STMT_FETCH => "stmt_fetch",
+        com::RESET_CONNECTION => "reset_connection",
+        com::STMT_BULK_EXECUTE => "stmt_bulk_execute",
+        _ => "other",
+    }
+}
+
+fn truncate(mut s: String, max: usize) -> String {
+    if s.len() > max {
+        let mut end = max;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+        s.push('…');
+    }
+    s
+}

@@ -1,0 +1,246 @@
+//! `--report`: what scripted sessions tell the comparison report, command by command.
+
+use super::*;
+use crate::mysql::ReportHooks;
+use crate::report::observe::{AnswerKind, Observation, ObservationSink, TestOutcome};
+
+fn reporting(compare: bool, literals: bool) -> (MysqlConfig, Arc<ObservationSink>) {
+    let sink = ObservationSink::new(1000);
+    let config = MysqlConfig {
+        report: Some(ReportHooks {
+            sink: Arc::clone(&sink),
+            compare_results: compare,
+            literals,
+        }),
+        ..MysqlConfig::default()
+    };
+    (config, sink)
+}
+
+fn logged_in(config: MysqlConfig) -> Harness {
+    let mut h = Harness::new(config, false);
+    h.test.hashes = true;
+    h.login(&hex(CAPI_RESPONSE));
+    h.received();
+    h
+}
+
+fn drained(sink: &ObservationSink) -> Vec<Observation> {
+    let mut out = Vec::new();
+    sink.drain_into(&mut out);
+    out
+}
+
+fn later(h: &mut Harness, ms: u64) {
+    h.now = h.now + Duration::from_millis(ms);
+}
+
+/// A result set of one column whose rows are `rows`.
+fn rows_reply(rows: &[&[u8]]) -> Vec<(u8, Vec<u8>)> {
+    let mut p = vec![vec![1], COLUMN_DEF.to_vec(), eof(0x0002)];
+    for r in rows {
+        let mut row = vec![r.len() as u8];
+        row.extend_from_slice(r);
+        p.push(row);
+    }
+    p.push(eof(0x0002));
+    numbered(p)
+}
+
+fn err(code: u16) -> Vec<u8> {
+    let mut p = vec![0xff];
+    p.extend_from_slice(&code.to_le_bytes());
+    p.extend_from_slice(b"#42000SELECT command denied");
+    p
+}
+
+#[test]
+fn a_prepared_select_is_reported_with_both_answers_latencies_and_checksums() {
+    let (config, sink) = reporting(true, false);
+    let mut h = logged_in(config);
+    h.client_packet(0, &prepare("SELECT c FROM sbtest1 WHERE id=?"));
+    h.prod_reply(&prepare_reply(7, 1));
+    h.test_reply(&prepare_reply(70, 1));
+    h.client_packet(0, &execute(7));
+    assert_eq!(command::statement_id(&h.received()[1].1), Some(70));
+    later(&mut h, 3);
+    h.prod_reply(&rows_reply(&[b"alpha", b"beta"]));
+    later(&mut h, 5);
+    h.test_reply(&rows_reply(&[b"alpha", b"beta"]));
+
+    let got = drained(&sink);
+    assert_eq!(got.len(), 2, "{got:#?}");
+    let prep = &got[0];
+    assert_eq!(prep.statement.command, "stmt_prepare");
+    assert_eq!(prep.prod.unwrap().kind, AnswerKind::Ok);
+    let exec = &got[1];
+    assert_eq!(exec.statement.command, "stmt_execute");
+    assert_eq!(
+        &*exec.statement.fingerprint,
+        "select c from sbtest1 where id=?"
+    );
+    let prod = exec.prod.unwrap();
+    let TestOutcome::Answered(test) = exec.test else {
+        panic!("{exec:?}");
+    };
+    assert_eq!((prod.kind, prod.rows), (AnswerKind::ResultSet, 2));
+    assert_eq!((test.kind, test.rows), (AnswerKind::ResultSet, 2));
+    assert_eq!(prod.latency, Duration::from_millis(3));
+    assert_eq!(test.latency, Duration::from_millis(8));
+    assert!(prod.bytes > 0 && prod.bytes == test.bytes);
+    let (pc, tc) = (prod.checksum.unwrap(), test.checksum.unwrap());
+    assert!(pc.same(&tc, false));
+    assert_eq!(pc.rows, 2);
+}
+
+#[test]
+fn different_rows_give_different_checksums_and_rows_in_another_order_the_same_multiset() {
+    let (config, sink) = reporting(true, false);
+    let mut h = logged_in(config);
+    for test_rows in [&[&b"b"[..], b"a"][..], &[b"a", b"x"], &[b"a"]] {
+        h.client_packet(0, &query("SELECT c FROM t WHERE k = 5"));
+        h.prod_reply(&rows_reply(&[b"a", b"b"]));
+        h.test_reply(&rows_reply(test_rows));
+    }
+    let got = drained(&sink);
+    assert_eq!(got.len(), 3);
+    let sums: Vec<_> = got
+        .iter()
+        .map(|o| {
+            let TestOutcome::Answered(t) = o.test else {
+                panic!()
+            };
+            (o.prod.unwrap().checksum.unwrap(), t.checksum.unwrap())
+        })
+        .collect();
+    assert!(sums[0].0.same(&sums[0].1, false), "same rows, other order");
+    assert!(!sums[0].0.same(&sums[0].1, true));
+    assert!(!sums[1].0.same(&sums[1].1, false), "a row differs");
+    assert!(!sums[2].0.same(&sums[2].1, false), "a row missing");
+    assert_eq!(&*got[0].statement.example, "SELECT c FROM t WHERE k = ?");
+    assert_eq!(
+        &*got[0].statement.fingerprint,
+        "select c from t where k = ?"
+    );
+    assert!(!got[0].statement.traits.ordered);
+}
+
+#[test]
+fn errors_carry_their_code_and_literals_are_kept_on_request() {
+    let (config, sink) = reporting(false, true);
+    let mut h = logged_in(config);
+    h.client_packet(0, &query("SELECT c FROM sbtest2 WHERE id = 42"));
+    h.prod_reply(&rows_reply(&[b"c"]));
+    h.test_packet(1, &err(1142));
+    let got = drained(&sink);
+    assert_eq!(got.len(), 1);
+    let TestOutcome::Answered(t) = got[0].test else {
+        panic!()
+    };
+    assert_eq!(t.kind, AnswerKind::Err(1142));
+    assert_eq!(t.checksum, None, "not compared without --compare-results");
+    assert_eq!(
+        &*got[0].statement.example,
+        "SELECT c FROM sbtest2 WHERE id = 42"
+    );
+}
+
+#[test]
+fn multi_results_are_one_answer_and_deprecate_eof_replies_end_on_their_ok() {
+    let (config, sink) = reporting(false, false);
+    let mut h = logged_in(config);
+    h.client_packet(0, &query("CALL p()"));
+    let mut packets = result_set_packets(1, 2, true, 0x0008 | 0x0002);
+    packets.extend(result_set_packets(2, 3, true, 0x0008 | 0x0002));
+    packets.push(ok(0x0002));
+    h.prod_reply(&numbered(packets.clone()));
+    h.test_reply(&numbered(packets));
+    let got = drained(&sink);
+    assert_eq!(got.len(), 1);
+    let p = got[0].prod.unwrap();
+    assert_eq!((p.kind, p.rows), (AnswerKind::ResultSet, 5));
+    assert_eq!(&*got[0].statement.fingerprint, "call p");
+}
+
+#[test]
+fn read_only_skips_are_not_answers_and_losses_are_reported_as_such() {
+    let (mut config, sink) = reporting(false, false);
+    config.read_only = true;
+    let mut h = logged_in(config);
+    h.client_packet(0, &query("UPDATE t SET k = k + 1 WHERE id = 3"));
+    h.prod_packet(1, OK);
+    h.client_packet(0, &query("SELECT 1"));
+    h.prod_reply(&rows_reply(&[b"1"]));
+    // intercept lost the test server's stream before its answer to the SELECT.
+    h.call(|t, now, out| t.on_test_framing_lost(now, 0, out));
+    h.client_packet(0, &query("SELECT 2"));
+    let got = drained(&sink);
+    assert_eq!(got.len(), 2);
+    assert_eq!(got[0].test, TestOutcome::Skipped);
+    assert_eq!(got[0].prod.unwrap().kind, AnswerKind::Ok);
+    assert_eq!(got[1].test, TestOutcome::Lost);
+    // Production's answer to the last command never comes: it leaves when the session ends.
+    drop(h);
+    let got = drained(&sink);
+    assert_eq!(got.len(), 1);
+    assert_eq!((got[0].prod, got[0].test), (None, TestOutcome::Lost));
+}
+
+#[test]
+fn our_own_commands_are_not_reported_and_recovered_statements_are_named() {
+    let (mut config, sink) = reporting(false, false);
+    config.default_user = Some("sb".into());
+    config.recovery_wait = Some(Duration::from_secs(1));
+    let mut h = Harness::new(config, true);
+    h.test.hashes = true;
+    // A pooled connection's execute of a statement prepared before the capture started.
+    h.client_packet(0, &execute(5));
+    h.call(|t, now, out| {
+        t.recover(
+            now,
+            RecoveredState {
+                user: "sb".into(),
+                db: Some("sbtest".into()),
+                statements: vec![(5, b"SELECT c FROM sbtest1 WHERE id=?".to_vec())],
+            },
+            out,
+        )
+    });
+    h.test_packet(0, &test_greeting(NATIVE));
+    h.test_packet(2, OK);
+    // Our re-prepare goes first; the execute waits for its PREPARE_OK.
+    h.test_reply(&prepare_reply(50, 1));
+    let got = h.received();
+    assert_eq!(got.len(), 3, "login, re-prepare, execute");
+    assert_eq!(command::statement_id(&got[2].1), Some(50));
+    h.prod_reply(&rows_reply(&[b"1"]));
+    h.test_reply(&rows_reply(&[b"1"]));
+    let got = drained(&sink);
+    assert_eq!(got.len(), 1, "{got:#?}");
+    assert_eq!(got[0].statement.command, "stmt_execute");
+    assert_eq!(
+        &*got[0].statement.fingerprint,
+        "select c from sbtest1 where id=?"
+    );
+    assert!(matches!(got[0].test, TestOutcome::Answered(a) if a.rows == 1));
+    assert_eq!(got[0].prod.unwrap().rows, 1);
+}
+
+#[test]
+fn a_command_decided_before_its_sql_is_in_is_still_matched() {
+    // The forwarding reader decides an execute from its first 5 bytes; the report reads the
+    // whole packet first. Fed 4 bytes at a time, the decision comes first.
+    let (config, sink) = reporting(false, false);
+    let mut h = logged_in(config);
+    h.client_packet(0, &prepare("SELECT ?"));
+    h.prod_reply(&prepare_reply(7, 1));
+    h.test_reply(&prepare_reply(70, 1));
+    for c in framed(0, &execute(7)).chunks(4) {
+        h.client(c);
+    }
+    h.test_packet(1, OK);
+    h.prod_packet(1, OK);
+    let got = drained(&sink);
+    assert_eq!(got.len(), 2);
+    assert!(matches!(got[1].test, TestOutcome::Answered(_)), "{got:?}");
+}

@@ -1,0 +1,175 @@
+//! What the MySQL layer tells the report about each mirrored command, and the queue it tells
+//! it through.
+//!
+//! The transforms run on the packet path and must not do I/O, block or grow without bound:
+//! they push one [`Observation`] per client command into an [`ObservationSink`] (a bounded
+//! queue behind a mutex held for one `Vec::push`), and the driver drains it into the
+//! [`Collector`](super::collect::Collector) between batches. A full queue drops the observation
+//! and counts it: the report says how many were lost.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::clock::Instant;
+use common::mysql::digest::{RowChecksum, Traits};
+
+/// A statement shape: everything the report groups and labels commands by. Shared (`Arc`)
+/// by all the commands of a session that have it, so an observation costs no allocation.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Statement {
+    /// The digest id (`common::mysql::digest::digest_id` of `command` and `fingerprint`).
+    pub id: u64,
+    /// The command type: `query`, `stmt_execute`, `stmt_prepare`, `init_db`, `ping`, ...
+    pub command: &'static str,
+    /// The normalised statement (or the command's name for commands without SQL).
+    pub fingerprint: Box<str>,
+    /// One concrete statement: literals masked unless `--report-literals`.
+    pub example: Box<str>,
+    pub traits: Traits,
+}
+
+/// What a reply was.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AnswerKind {
+    /// OK (or PREPARE_OK, an auth exchange's OK).
+    Ok,
+    /// ERR with its error code (the last one, for a multi-result reply cut by an error).
+    Err(u16),
+    /// At least one result set.
+    ResultSet,
+    /// Something else (COM_STATISTICS' string, structure not followed).
+    Other,
+}
+
+/// One server's answer to one command.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Answer {
+    pub kind: AnswerKind,
+    /// Rows of all its result sets.
+    pub rows: u64,
+    /// Payload bytes of all its packets.
+    pub bytes: u64,
+    /// Production: the command's last byte captured to the reply's last packet captured (both
+    /// on the production host). Test server: the command pushed toward it to intercept's
+    /// summary of the reply's last packet received (the copier's clock).
+    pub latency: Duration,
+    /// When the answer completed (the copier's clock): the report's per-second series.
+    pub done: Instant,
+    /// The rows' checksum, when every row's payload hash was known (`--compare-results`).
+    pub checksum: Option<RowChecksum>,
+}
+
+/// What became of a command on the test server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TestOutcome {
+    Answered(Answer),
+    /// Not sent by design (`--read-only` keeps writes off): not compared, not an error.
+    Skipped,
+    /// Not sent because it could not be (its statement is unknown on the test server).
+    Dropped,
+    /// Sent, but its answer was never seen (framing lost, session ended first).
+    Lost,
+}
+
+/// One client command and both servers' answers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Observation {
+    pub statement: Arc<Statement>,
+    /// The `--multiply` copy that observed it (0 for the first). Every copy sees production's
+    /// answer; the collector counts production's side from copy 0 only.
+    pub copy: u32,
+    /// Production's answer; `None` if it was not seen (capture gap, session ended first).
+    pub prod: Option<Answer>,
+    pub test: TestOutcome,
+}
+
+/// Observations waiting for the driver. See the module documentation.
+#[derive(Debug)]
+pub struct ObservationSink {
+    queue: Mutex<Vec<Observation>>,
+    capacity: usize,
+    pushed: AtomicU64,
+    dropped: AtomicU64,
+}
+
+impl ObservationSink {
+    /// A queue holding at most `capacity` observations between two drains.
+    pub fn new(capacity: usize) -> Arc<Self> {
+        Arc::new(Self {
+            queue: Mutex::new(Vec::new()),
+            capacity: capacity.max(1),
+            pushed: AtomicU64::new(0),
+            dropped: AtomicU64::new(0),
+        })
+    }
+
+    pub fn push(&self, o: Observation) {
+        // A poisoned lock (a panic elsewhere while holding it) still holds valid data.
+        let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        if q.len() >= self.capacity {
+            drop(q);
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        q.push(o);
+        drop(q);
+        self.pushed.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Moves everything queued to the end of `out`.
+    pub fn drain_into(&self, out: &mut Vec<Observation>) {
+        let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        if out.is_empty() {
+            std::mem::swap(&mut *q, out);
+        } else {
+            out.append(&mut q);
+        }
+    }
+
+    /// Observations accepted so far.
+    pub fn pushed(&self) -> u64 {
+        self.pushed.load(Ordering::Relaxed)
+    }
+
+    /// Observations dropped because the queue was full.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn obs() -> Observation {
+        Observation {
+            statement: Arc::new(Statement {
+                id: 1,
+                command: "ping",
+                fingerprint: "ping".into(),
+                example: "ping".into(),
+                traits: Traits::default(),
+            }),
+            copy: 0,
+            prod: None,
+            test: TestOutcome::Lost,
+        }
+    }
+
+    #[test]
+    fn the_sink_is_bounded_and_counts_what_it_drops() {
+        let s = ObservationSink::new(2);
+        for _ in 0..5 {
+            s.push(obs());
+        }
+        assert_eq!((s.pushed(), s.dropped()), (2, 3));
+        let mut out = vec![obs()];
+        s.drain_into(&mut out);
+        assert_eq!(out.len(), 3);
+        s.push(obs());
+        let mut out = Vec::new();
+        s.drain_into(&mut out);
+        assert_eq!(out.len(), 1);
+    }
+}
