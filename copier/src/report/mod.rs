@@ -3,6 +3,7 @@
 //! `model` is the data (and the `report.json` schema); the renderers turn one `Report` into
 //! text, JSON, HTML or Prometheus text and never collect anything themselves.
 
+pub mod collect;
 pub mod model;
 pub mod observe;
 
