@@ -364,7 +364,7 @@ fn latency_charts(o: &mut String, ranked: &[&DigestReport]) {
 /// not counts, so a side with fewer samples still compares by shape).
 fn latency_chart(o: &mut String, prod: &Latency, test: &Latency) {
     const W: f64 = 560.0;
-    const H: f64 = 200.0;
+    const H: f64 = 206.0;
     const L: f64 = 44.0;
     const R: f64 = 8.0;
     const T: f64 = 8.0;
@@ -460,7 +460,7 @@ fn latency_chart(o: &mut String, prod: &Latency, test: &Latency) {
         L + pw,
         T + ph,
         L + pw / 2.0,
-        H - 2.0
+        H - 5.0
     );
 }
 
