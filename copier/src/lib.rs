@@ -11,6 +11,7 @@ pub mod control_client;
 pub mod credentials;
 pub mod driver;
 pub mod engine;
+pub mod metrics;
 pub mod mysql;
 pub mod pcapfile;
 pub mod prod_state;

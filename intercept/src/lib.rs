@@ -8,6 +8,7 @@
 
 pub mod capture;
 pub mod framer;
+pub mod metrics;
 pub mod pump;
 pub mod reassembly;
 pub mod relay;

@@ -30,6 +30,7 @@ pub struct Report {
     /// When mirroring started, milliseconds since the Unix epoch (copier's clock).
     pub started_unix_ms: u64,
     /// Seconds of mirroring covered by this report (start to `generated_unix_ms`).
+    #[serde(deserialize_with = "f64_or_null")]
     pub duration_s: f64,
     /// The copier's version (`CARGO_PKG_VERSION`, possibly with a git suffix).
     pub copier_version: String,
@@ -83,18 +84,25 @@ impl Report {
 
     /// Mean commands per second over the run, production side (0 for an empty run).
     pub fn mean_qps_prod(&self) -> f64 {
-        per_second(self.qps.iter().map(|p| p.prod).sum(), self.duration_s)
+        per_second(
+            self.qps.iter().map(|p| p.prod as f64).sum(),
+            self.duration_s,
+        )
     }
 
     /// Mean commands per second over the run, test side (0 for an empty run).
     pub fn mean_qps_test(&self) -> f64 {
-        per_second(self.qps.iter().map(|p| p.test).sum(), self.duration_s)
+        per_second(
+            self.qps.iter().map(|p| p.test as f64).sum(),
+            self.duration_s,
+        )
     }
 }
 
-fn per_second(n: u64, secs: f64) -> f64 {
+// In f64: a report read from a file may hold counts whose sum overflows u64.
+fn per_second(n: f64, secs: f64) -> f64 {
     if secs > 0.0 && secs.is_finite() {
-        n as f64 / secs
+        n / secs
     } else {
         0.0
     }
@@ -254,6 +262,12 @@ pub fn cmp_regression(a: &DigestReport, b: &DigestReport) -> Ordering {
         .then_with(|| a.id.cmp(&b.id))
 }
 
+/// JSON has no NaN or infinity: serde_json writes them as `null`. Reading `null` back as 0
+/// keeps a report with a non-finite float (a bug, but not worth losing the run over) readable.
+fn f64_or_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(0.0))
+}
+
 /// A latency distribution, microseconds.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(default)]
@@ -269,6 +283,7 @@ pub struct Latency {
     /// Largest sample, µs (exact).
     pub max_us: u64,
     /// Arithmetic mean, µs (exact).
+    #[serde(deserialize_with = "f64_or_null")]
     pub mean_us: f64,
     /// `(upper bound µs inclusive, samples)`, log-spaced bounds, ascending, non-empty
     /// buckets only; a bucket holds samples above the previous bucket's bound of the
