@@ -149,6 +149,33 @@ pub struct MirrorArgs {
     /// With --metrics: how many digests (the most frequent) get latency histograms.
     #[arg(long, env = "TCPSHADOW_METRICS_TOP_DIGESTS", default_value_t = 20)]
     pub metrics_top_digests: usize,
+
+    /// MySQL: compare production's and the test server's answer to every mirrored command,
+    /// digest by digest, and write report.txt, report.json and report.html into DIR at the
+    /// end, on SIGUSR1 and every --report-interval.
+    #[arg(long, env = "TCPSHADOW_REPORT", value_name = "DIR")]
+    pub report: Option<PathBuf>,
+
+    /// With --report: also write the report every SECS seconds (0: only at the end and on
+    /// SIGUSR1).
+    #[arg(
+        long,
+        env = "TCPSHADOW_REPORT_INTERVAL",
+        value_name = "SECS",
+        default_value_t = 0
+    )]
+    pub report_interval: u64,
+
+    /// With --report (or --metrics): compare result checksums, not only row counts and error
+    /// codes. Costs CPU on both hosts: every reply byte is hashed (intercept hashes the test
+    /// server's when asked in the Hello).
+    #[arg(long, env = "TCPSHADOW_COMPARE_RESULTS")]
+    pub compare_results: bool,
+
+    /// With --report: examples keep the statements' literal values (they may be personal
+    /// data); by default values are shown as `?`.
+    #[arg(long, env = "TCPSHADOW_REPORT_LITERALS")]
+    pub report_literals: bool,
 }
 
 /// One production port mirrored to one test server.
@@ -188,7 +215,27 @@ impl MirrorArgs {
         if self.read_only_allow_calls && !self.read_only {
             bail!("--read-only-allow-calls only applies with --read-only");
         }
+        if self.collects() && self.protocol != Protocol::Mysql {
+            bail!("--report compares MySQL answers: it needs --protocol mysql");
+        }
+        if (self.compare_results || self.report_literals) && !self.collects() {
+            bail!(
+                "--compare-results and --report-literals only apply with --report (or --metrics)"
+            );
+        }
+        if self.report_interval > 0 && self.report.is_none() {
+            bail!("--report-interval only applies with --report");
+        }
         Ok(())
+    }
+
+    /// Whether every command's answers are collected (for `--report` or `--metrics`).
+    pub fn collects(&self) -> bool {
+        self.report.is_some() || (self.metrics.is_some() && self.protocol == Protocol::Mysql)
+    }
+
+    pub fn report_interval(&self) -> Option<Duration> {
+        (self.report_interval > 0).then(|| Duration::from_secs(self.report_interval))
     }
 
     /// Refuses `routes` x `--multiply` that the pool cannot give distinct addresses.

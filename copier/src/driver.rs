@@ -56,7 +56,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use common::clock::Instant;
-use common::control::Hello;
+use common::control::{Hello, FEATURE_PAYLOAD_HASHES};
 use common::wire::TcpPacket;
 
 use crate::capture::CaptureStats;
@@ -65,8 +65,9 @@ use crate::control_client::{ControlClient, ControlHandle, Relayed};
 use crate::credentials::Credentials;
 use crate::engine::{CloseReason, Engine, EngineConfig, EngineEvent, Fleet, TestEvent};
 use crate::metrics::MetricsPublisher;
-use crate::mysql::{MysqlConfig, MysqlFactory, NotRecovered, RandomBytes};
+use crate::mysql::{MysqlConfig, MysqlFactory, NotRecovered, RandomBytes, ReportHooks};
 use crate::prod_state::{OwnAddress, ProdDsn, StateLookup};
+use crate::report::reporting::Reporting;
 use crate::send::RawSender;
 use crate::signals;
 use crate::status::{Snapshot, StatusLine};
@@ -121,6 +122,10 @@ pub struct Driver {
     mysql_events: u64,
     /// `--metrics`: re-rendered from the status snapshot when due (see `status_due`).
     metrics: Option<MetricsPublisher>,
+    /// `--report`: the comparison of both servers' answers.
+    report: Option<Reporting>,
+    /// The latest time `pump` was given (the final report's time).
+    last_now: Instant,
 }
 
 impl Driver {
@@ -128,7 +133,27 @@ impl Driver {
     /// logs in on production if `plan.prod_dsn` is set. `now` starts the status interval.
     pub fn start(args: &MirrorArgs, plan: Plan, now: Instant) -> Result<Self> {
         let recovery_wait = plan.prod_dsn.is_some().then_some(plan.prod_dsn_wait);
-        let fleet = build_fleet(args, &plan, recovery_wait)?;
+        let mut report = args.collects().then(|| {
+            Reporting::new(
+                now,
+                args.report.clone(),
+                args.report_interval(),
+                args.compare_results,
+                args.report_literals,
+            )
+        });
+        let fleet = build_fleet(
+            args,
+            &plan,
+            recovery_wait,
+            report.as_ref().map(Reporting::hooks),
+        )?;
+        if let (Some(r), Some(first)) = (&mut report, plan.routes.first()) {
+            r.set_endpoints(
+                format!("{}:{}", hostname(), first.prod_port),
+                first.target.to_string(),
+            );
+        }
         // Bound before anything else starts: a taken port is a start-up mistake to fix now.
         let metrics = args
             .metrics
@@ -138,18 +163,31 @@ impl Driver {
         let waker = Waker::new().context("cannot create an eventfd")?;
         let name = format!("copier@{}", hostname());
         let wake = waker.clone();
-        let (control, relayed) = ControlClient::spawn(
-            args.intercept,
-            Hello::new(&name, args.token()?),
-            move || wake.wake(),
-        )
-        .with_context(|| {
+        let mut hello = Hello::new(&name, args.token()?);
+        if args.compare_results {
+            // intercept hashes the test server's payloads only for copiers that ask.
+            hello = hello.with_features(FEATURE_PAYLOAD_HASHES);
+        }
+        let (control, relayed) = ControlClient::spawn(args.intercept, hello, move || wake.wake())
+            .with_context(|| {
             format!(
                 "cannot start the control channel to intercept {}",
                 args.intercept
             )
         })?;
         wait_for_intercept(&control, args.intercept);
+        if let (true, Some(w)) = (args.compare_results, control.welcome()) {
+            if w.features & FEATURE_PAYLOAD_HASHES == 0 {
+                tracing::warn!(
+                    "--compare-results: intercept {} does not hash the test server's replies \
+                     (is it in --protocol mysql mode?): only row counts and errors are compared",
+                    args.intercept
+                );
+                if let Some(r) = &mut report {
+                    r.set_compare_results(false);
+                }
+            }
+        }
         let lookup = start_lookup(plan.prod_dsn, &waker)?;
         let own = lookup.as_ref().map(|l| l.own_address().clone());
         let buf = vec![0u8; fleet.transmit_buffer_len()];
@@ -170,6 +208,8 @@ impl Driver {
             own_skipped: 0,
             mysql_events: 0,
             metrics,
+            report,
+            last_now: now,
         })
     }
 
@@ -216,6 +256,7 @@ impl Driver {
     /// transmission, session events (claims, releases, lookups) and drain progress.
     pub fn pump(&mut self, now: Instant) -> Pump {
         self.waker.reset();
+        self.last_now = now;
         while let Ok(relayed) = self.relayed.try_recv() {
             match relayed {
                 Relayed::Feedback(batch) => {
@@ -246,6 +287,10 @@ impl Driver {
         }
         self.transmit(now);
         self.handle_events();
+        if let Some(r) = &mut self.report {
+            r.drain();
+            r.maybe_write(now, signals::take_report_request());
+        }
         if let Some(since) = self.stopping_since {
             let drained = self.fleet.queued_bytes() == 0;
             if drained || now.saturating_since(since) >= Duration::from_secs(self.drain_secs) {
@@ -267,6 +312,9 @@ impl Driver {
         }
         if let Some(m) = &self.metrics {
             sleep = sleep.min(m.next_due().saturating_since(now));
+        }
+        if let Some(d) = self.report.as_ref().and_then(Reporting::next_due) {
+            sleep = sleep.min(d.saturating_since(now));
         }
         if self.stopping_since.is_some() {
             sleep = sleep.min(DRAIN_SLEEP);
@@ -293,8 +341,16 @@ impl Driver {
     /// Prints the status line and publishes the metrics, each if due (call when
     /// [`Driver::status_due`]).
     pub fn print_status(&mut self, now: Instant, capture: &CaptureStats) {
-        let snap = self.snapshot(capture);
-        if self.status.due(now) {
+        let line_due = self.status.due(now);
+        if let Some(r) = &mut self.report {
+            r.drain();
+        }
+        let mut snap = self.snapshot(capture);
+        if let Some(r) = &mut self.report {
+            // The live figures cover one status interval: taken only when the line prints.
+            snap.report = Some(r.figures(now, line_due));
+        }
+        if line_due {
             self.status.print(now, &snap);
         }
         self.publish_metrics(now, &snap);
@@ -303,8 +359,8 @@ impl Driver {
     fn publish_metrics(&mut self, now: Instant, snap: &Snapshot) {
         if let Some(m) = &mut self.metrics {
             if m.due(now) {
-                // The comparison report joins here once it is collected (issue 6).
-                m.publish(now, snap, None);
+                let report = self.report.as_ref().map(|r| r.report(now));
+                m.publish(now, snap, report.as_ref());
             }
         }
     }
@@ -325,7 +381,15 @@ impl Driver {
             lookup: self.lookup.as_ref().map(StateLookup::stats),
             copies: self.fleet.copies(),
             sample_percent: self.sample_percent,
+            report: None,
         }
+    }
+
+    /// The comparison report as of `now` (`--report` or `--metrics` in MySQL mode).
+    pub fn report(&mut self, now: Instant) -> Option<crate::report::Report> {
+        let r = self.report.as_mut()?;
+        r.drain();
+        Some(r.report(now))
     }
 
     /// The packet source failed: reset every session so the test server frees it, print the
@@ -337,7 +401,12 @@ impl Driver {
         error: anyhow::Error,
     ) -> anyhow::Error {
         self.reset_all(now);
-        let snap = self.snapshot(capture);
+        let mut snap = self.snapshot(capture);
+        if let Some(r) = &mut self.report {
+            // Sessions were just reset: what they still awaited is in the queue now.
+            r.write(now);
+            snap.report = Some(r.figures(now, false));
+        }
         eprint!(
             "{}",
             crate::status::summary(&snap, now.saturating_since(Instant::default()))
@@ -349,9 +418,17 @@ impl Driver {
     /// The final counters; stops the control client and the lookup. The last exposition
     /// published equals the summary's counters (a scrape racing the exit sees final values).
     pub fn finish(mut self, capture: &CaptureStats) -> Snapshot {
-        let snap = self.snapshot(capture);
+        let now = self.last_now;
+        let mut snap = self.snapshot(capture);
+        let mut report = None;
+        if let Some(r) = &mut self.report {
+            // Every session was reset by the drain: what they still awaited is in the queue.
+            r.write(now);
+            snap.report = Some(r.figures(now, false));
+            report = Some(r.report(now));
+        }
         if let Some(m) = &mut self.metrics {
-            m.publish(Instant::default(), &snap, None);
+            m.publish(Instant::default(), &snap, report.as_ref());
         }
         tracing::debug!(
             mysql_events = self.mysql_events,
@@ -410,6 +487,7 @@ pub fn build_fleet(
     args: &MirrorArgs,
     plan: &Plan,
     recovery_wait: Option<Duration>,
+    report: Option<ReportHooks>,
 ) -> Result<Fleet> {
     let Some(first) = plan.routes.first() else {
         bail!("nothing to mirror: give --port and --target (or --map)");
@@ -422,8 +500,9 @@ pub fn build_fleet(
         .collect();
     let mysql = match args.protocol {
         Protocol::Tcp => None,
-        Protocol::Mysql => Some(mysql_factory(args, recovery_wait)?),
+        Protocol::Mysql => Some(mysql_factory(args, recovery_wait, report)?),
     };
+    let copies = args.multiply.max(1);
     if args.read_only {
         tracing::info!(
             "--read-only: commands that write are not mirrored (CALL {})",
@@ -435,7 +514,11 @@ pub fn build_fleet(
         );
     }
     let fleet = Fleet::new(&template, &routes, args.multiply, |cfg| match &mysql {
-        Some(f) => Engine::with_transform(cfg, Box::new(f.clone())),
+        // Engines are route by route, the copies of a route next to each other.
+        Some(f) => {
+            let copy = cfg.pool_slice.0 % copies;
+            Engine::with_transform(cfg, Box::new(f.clone().for_copy(copy)))
+        }
         None => Engine::new(cfg),
     })?;
     Ok(fleet)
@@ -463,11 +546,15 @@ pub fn build_engine(
     if args.protocol == Protocol::Tcp {
         return Ok(Engine::new(cfg));
     }
-    let factory = mysql_factory(args, recovery_wait)?;
+    let factory = mysql_factory(args, recovery_wait, None)?;
     Ok(Engine::with_transform(cfg, Box::new(factory)))
 }
 
-fn mysql_factory(args: &MirrorArgs, recovery_wait: Option<Duration>) -> Result<MysqlFactory> {
+fn mysql_factory(
+    args: &MirrorArgs,
+    recovery_wait: Option<Duration>,
+    report: Option<ReportHooks>,
+) -> Result<MysqlFactory> {
     let credentials = match &args.mysql_credentials {
         Some(path) => Credentials::load(path)?,
         None => {
@@ -490,6 +577,7 @@ fn mysql_factory(args: &MirrorArgs, recovery_wait: Option<Duration>) -> Result<M
         recovery_wait,
         read_only: args.read_only,
         allow_calls: args.read_only_allow_calls,
+        report,
         ..MysqlConfig::default()
     };
     Ok(MysqlFactory::new(config, Arc::new(credentials), urandom()?))

@@ -11,6 +11,8 @@ use crate::capture::CaptureStats;
 use crate::control_client::ClientStats;
 use crate::engine::{CloseReason, EngineStats};
 use crate::prod_state::LookupStats;
+use crate::report::fmt_us;
+use crate::report::reporting::ReportFigures;
 use crate::send::SendStats;
 
 /// All counters at one moment.
@@ -28,6 +30,8 @@ pub struct Snapshot {
     pub copies: usize,
     /// `--sample`, in percent.
     pub sample_percent: Option<f64>,
+    /// `--report` (or `--metrics` in MySQL mode): the comparison so far.
+    pub report: Option<ReportFigures>,
 }
 
 impl Snapshot {
@@ -85,6 +89,10 @@ impl Snapshot {
                 // before the copier started are then dropped (counted by the protocol layer).
                 "pooled connections not recovered (--prod-dsn)",
                 self.lookup.map_or(0, |l| l.not_recovered()),
+            ),
+            (
+                "report: observations dropped (queue full)",
+                self.report.as_ref().map_or(0, |r| r.dropped),
             ),
         ];
         for r in CloseReason::ALL {
@@ -160,9 +168,21 @@ impl StatusLine {
         } else {
             String::new()
         };
+        let report = match &s.report {
+            Some(r) => format!(
+                " | qps prod {:.0} test {:.0} | p99 prod {} test {} | mismatches={} test_errors={}",
+                r.live.prod_qps,
+                r.live.test_qps,
+                fmt_us(r.live.prod_p99_us),
+                fmt_us(r.live.test_p99_us),
+                r.totals.row_mismatches + r.totals.result_mismatches,
+                r.totals.test_errors,
+            ),
+            None => String::new(),
+        };
         tracing::info!(
             "sessions active={} new={} picked_up={} closed={} abandoned={} | captured {:.0}/s (client {} prod {}) \
-             | sent {:.0}/s retrans={} rst={} | feedback {:.0}/s | kernel_drops={} | {}{shaping}",
+             | sent {:.0}/s retrans={} rst={} | feedback {:.0}/s | kernel_drops={} | {}{shaping}{report}",
             e.sessions_active,
             e.sessions_opened - l.sessions_opened,
             e.sessions_picked_up - l.sessions_picked_up,
@@ -283,6 +303,25 @@ pub fn summary(s: &Snapshot, elapsed: Duration) -> String {
             out,
             "  read-only: {total} commands not mirrored (writes, by design): {}",
             each.join(" ")
+        );
+    }
+    if let Some(r) = &s.report {
+        let t = &r.totals;
+        let _ = writeln!(
+            out,
+            "  report: {} commands, {} compared ({} not compared), {} row mismatches, {} result \
+             mismatches, {} non-deterministic; errors prod {} test {}{}",
+            t.commands,
+            t.compared,
+            t.not_compared,
+            t.row_mismatches,
+            t.result_mismatches,
+            t.nondeterministic,
+            t.prod_errors,
+            t.test_errors,
+            r.dir
+                .as_ref()
+                .map_or_else(String::new, |d| format!("; written to {}", d.display())),
         );
     }
     if let Some(l) = &s.lookup {

@@ -25,6 +25,7 @@ pub mod html;
 pub mod json;
 pub mod model;
 pub mod observe;
+pub mod reporting;
 pub mod text;
 pub mod write;
 

@@ -1,0 +1,185 @@
+//! The driver's side of the comparison report: drains what the transforms observed into the
+//! [`Collector`], and writes the report files when asked (`--report DIR`: at the end, on
+//! SIGUSR1, every `--report-interval`).
+//!
+//! This is an I/O edge (it writes files and reads the wall clock for the report's dates); the
+//! collecting itself stays pure in [`collect`](super::collect).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use common::clock::Instant;
+
+use super::collect::{Collector, CollectorConfig, LiveFigures, ReportMeta};
+use super::model::{Report, Totals};
+use super::observe::{Observation, ObservationSink};
+use crate::mysql::ReportHooks;
+
+/// Observations queued between two drains (the driver drains after every batch of packets;
+/// at 100k commands/s that is far more than a batch).
+const QUEUE: usize = 1 << 16;
+
+/// What the status line and the summary show of the report.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ReportFigures {
+    /// Since the previous status line.
+    pub live: LiveFigures,
+    pub totals: Totals,
+    /// Observations lost because the queue was full.
+    pub dropped: u64,
+    /// Where the report is written, if anywhere.
+    pub dir: Option<PathBuf>,
+}
+
+/// See the module documentation.
+pub struct Reporting {
+    sink: Arc<ObservationSink>,
+    hooks: ReportHooks,
+    collector: Collector,
+    meta: ReportMeta,
+    dir: Option<PathBuf>,
+    interval: Option<Duration>,
+    next_write: Option<Instant>,
+    scratch: Vec<Observation>,
+    live: LiveFigures,
+    writes: u64,
+}
+
+impl Reporting {
+    /// `now` is the start of the run on the driver's clock; `dir` where files go (none: the
+    /// report only feeds `--metrics` and the status line).
+    pub fn new(
+        now: Instant,
+        dir: Option<PathBuf>,
+        interval: Option<Duration>,
+        compare_results: bool,
+        literals: bool,
+    ) -> Self {
+        let sink = ObservationSink::new(QUEUE);
+        let started_unix_ms = unix_ms();
+        Self {
+            hooks: ReportHooks {
+                sink: Arc::clone(&sink),
+                compare_results,
+                literals,
+            },
+            sink,
+            collector: Collector::new(CollectorConfig::default(), now),
+            meta: ReportMeta {
+                generated_unix_ms: started_unix_ms,
+                started_unix_ms,
+                copier_version: env!("CARGO_PKG_VERSION").to_string(),
+                prod: String::new(),
+                target: String::new(),
+                compare_results,
+                literals,
+            },
+            next_write: interval.filter(|_| dir.is_some()).map(|i| now + i),
+            dir,
+            interval,
+            scratch: Vec::new(),
+            live: LiveFigures::default(),
+            writes: 0,
+        }
+    }
+
+    /// What the MySQL factory needs to make observing transforms.
+    pub fn hooks(&self) -> ReportHooks {
+        self.hooks.clone()
+    }
+
+    /// Names what was mirrored where, for the report's header.
+    pub fn set_endpoints(&mut self, prod: String, target: String) {
+        self.meta.prod = prod;
+        self.meta.target = target;
+    }
+
+    /// Result checksums cannot be compared after all (intercept did not grant payload hashes).
+    pub fn set_compare_results(&mut self, on: bool) {
+        self.meta.compare_results = on;
+    }
+
+    /// Moves what the transforms observed into the collector.
+    pub fn drain(&mut self) {
+        self.sink.drain_into(&mut self.scratch);
+        for o in self.scratch.drain(..) {
+            self.collector.observe(&o);
+        }
+        if self.scratch.capacity() > QUEUE {
+            self.scratch = Vec::new();
+        }
+    }
+
+    /// When the next periodic write is due.
+    pub fn next_due(&self) -> Option<Instant> {
+        self.next_write
+    }
+
+    /// Writes the report if `--report-interval` says so or `requested` (SIGUSR1).
+    pub fn maybe_write(&mut self, now: Instant, requested: bool) {
+        let due = self.next_write.is_some_and(|t| now >= t);
+        if !(due || requested) {
+            return;
+        }
+        if let Some(i) = self.interval {
+            self.next_write = Some(now + i);
+        }
+        if self.dir.is_none() {
+            tracing::info!("SIGUSR1: no --report DIR to write the report to");
+            return;
+        }
+        self.write(now);
+    }
+
+    /// Writes the report files now (the final report at exit).
+    pub fn write(&mut self, now: Instant) {
+        self.drain();
+        let Some(dir) = self.dir.clone() else {
+            return;
+        };
+        let report = self.report(now);
+        match super::write_report(&dir, &report) {
+            Ok(()) => {
+                self.writes += 1;
+                tracing::info!(
+                    "report written to {} ({} digests, {} commands, {} compared, {} mismatches, \
+                     {} test errors)",
+                    dir.display(),
+                    report.digests.len(),
+                    report.totals.commands,
+                    report.totals.compared,
+                    report.totals.row_mismatches + report.totals.result_mismatches,
+                    report.totals.test_errors
+                );
+            }
+            Err(e) => tracing::warn!("cannot write the report: {e}"),
+        }
+    }
+
+    /// The report as of `now`.
+    pub fn report(&self, now: Instant) -> Report {
+        let mut meta = self.meta.clone();
+        meta.generated_unix_ms = unix_ms();
+        self.collector.report(now, &meta)
+    }
+
+    /// Figures for the status line; `live` covers the time since the previous call.
+    pub fn figures(&mut self, now: Instant, take_live: bool) -> ReportFigures {
+        if take_live {
+            self.live = self.collector.take_live(now);
+        }
+        ReportFigures {
+            live: self.live,
+            totals: self.collector.totals().clone(),
+            dropped: self.sink.dropped(),
+            dir: self.dir.clone(),
+        }
+    }
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
