@@ -85,6 +85,8 @@ pub(super) enum Decision {
     Skipped,
     /// It could not be sent (unknown statement, tracking lost).
     Dropped,
+    /// It could not be sent: the test server refused its statement's prepare with this code.
+    Refused(u16),
 }
 
 struct Pending {
@@ -539,6 +541,7 @@ impl Observer {
             Decision::SentBlind => TestSide::Done(TestOutcome::Lost),
             Decision::Skipped => TestSide::Done(TestOutcome::Skipped),
             Decision::Dropped => TestSide::Done(TestOutcome::Dropped),
+            Decision::Refused(code) => TestSide::Done(TestOutcome::Refused(code)),
         };
         self.emit_ready();
     }

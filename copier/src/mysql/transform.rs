@@ -358,6 +358,8 @@ pub struct MysqlTransform {
     fwd_serial: u64,
     /// The command just dropped was kept off by `--read-only` (not a loss).
     dropped_by_design: bool,
+    /// The command just dropped names a statement the test server refused (its error code).
+    dropped_refused: Option<u16>,
     /// `--report`: what the comparison report learns of this session.
     observer: Option<Box<Observer>>,
 
@@ -482,6 +484,7 @@ impl MysqlTransform {
             arrival_serial: 0,
             fwd_serial: 0,
             dropped_by_design: false,
+            dropped_refused: None,
             observer,
             stage: if picked_up {
                 ClientStage::Commands
@@ -1516,6 +1519,7 @@ impl MysqlTransform {
                         && h.seq == 0
                         && self.head.get(HEADER_LEN).is_none_or(|&c| expects_reply(c));
                     self.dropped_by_design = false;
+                    self.dropped_refused = None;
                     match self.decide(h, out) {
                         Ok(Verdict::Block) => {
                             self.blocked = true;
@@ -1585,12 +1589,14 @@ impl MysqlTransform {
         let serial = self.fwd_serial;
         self.fwd_serial += 1;
         let by_design = mem::take(&mut self.dropped_by_design);
+        let refused = self.dropped_refused.take();
         if let Some(o) = &mut self.observer {
-            let d = match (forwarded, by_design) {
-                (true, _) if self.test_phase == TestPhase::Blind => Decision::SentBlind,
-                (true, _) => Decision::Sent,
-                (false, true) => Decision::Skipped,
-                (false, false) => Decision::Dropped,
+            let d = match (forwarded, by_design, refused) {
+                (true, _, _) if self.test_phase == TestPhase::Blind => Decision::SentBlind,
+                (true, _, _) => Decision::Sent,
+                (false, true, _) => Decision::Skipped,
+                (false, false, Some(code)) => Decision::Refused(code),
+                (false, false, None) => Decision::Dropped,
             };
             o.decided(serial, d, self.now);
         }
@@ -1817,6 +1823,9 @@ impl MysqlTransform {
         reason: UnmappedReason,
         out: &mut TransformOutput<'_>,
     ) -> Verdict {
+        if let UnmappedReason::TestRejected { code } = reason {
+            self.dropped_refused = Some(code);
+        }
         let counter = if !matches!(code, com::STMT_EXECUTE | com::STMT_BULK_EXECUTE) {
             Counter::StmtCommandsDropped
         } else {

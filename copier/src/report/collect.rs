@@ -329,9 +329,21 @@ impl Collector {
 
     pub fn observe(&mut self, o: &Observation) {
         let counts_prod = o.copy == 0;
-        let test = match o.test {
-            TestOutcome::Answered(a) => Some(a),
-            TestOutcome::Skipped | TestOutcome::Dropped | TestOutcome::Lost => None,
+        let (test, timed) = match o.test {
+            TestOutcome::Answered(a) => (Some(a), true),
+            // The test server refused the statement: its answer is that error, untimed.
+            TestOutcome::Refused(code) => (
+                Some(Answer {
+                    kind: AnswerKind::Err(code),
+                    rows: 0,
+                    bytes: 0,
+                    latency: Duration::ZERO,
+                    done: Instant::ZERO,
+                    checksum: None,
+                }),
+                false,
+            ),
+            TestOutcome::Skipped | TestOutcome::Dropped | TestOutcome::Lost => (None, false),
         };
         if counts_prod {
             self.totals.commands += 1;
@@ -349,16 +361,18 @@ impl Collector {
             if let AnswerKind::Err(_) = t.kind {
                 self.totals.test_errors += 1;
             }
-            if let Some(pt) = self.point(t.done) {
-                pt.1 += 1;
+            if timed {
+                if let Some(pt) = self.point(t.done) {
+                    pt.1 += 1;
+                }
+                self.window.1.record(t.latency);
             }
-            self.window.1.record(t.latency);
         }
         let (Some(p), Some(t)) = (o.prod, test) else {
             if counts_prod || test.is_some() {
                 self.totals.not_compared += 1;
             }
-            self.tally(o, counts_prod, test, None);
+            self.tally(o, counts_prod, test, timed, None);
             return;
         };
         self.totals.compared += 1;
@@ -373,7 +387,7 @@ impl Collector {
                 Verdict::Same | Verdict::Error => {}
             }
         }
-        self.tally(o, counts_prod, test, Some((p, t, verdict, nondet)));
+        self.tally(o, counts_prod, test, timed, Some((p, t, verdict, nondet)));
     }
 
     /// The digest's share of an observation.
@@ -382,6 +396,7 @@ impl Collector {
         o: &Observation,
         counts_prod: bool,
         test: Option<Answer>,
+        timed: bool,
         compared: Option<(Answer, Answer, Verdict, bool)>,
     ) {
         let max_examples = self.config.max_mismatch_examples;
@@ -398,7 +413,9 @@ impl Collector {
             }
         }
         if let Some(t) = test {
-            d.test.record(t.latency);
+            if timed {
+                d.test.record(t.latency);
+            }
             d.rows_test += t.rows;
             d.bytes_test += t.bytes;
             if let AnswerKind::Err(code) = t.kind {
@@ -631,6 +648,13 @@ mod tests {
             Some(rows(1, 100, 2400, None)),
             TestOutcome::Answered(e),
         ));
+        // Refused on the test server (its prepare failed there): an error without a latency.
+        c.observe(&obs(
+            &a,
+            0,
+            Some(rows(1, 100, 2400, None)),
+            TestOutcome::Refused(1142),
+        ));
         // Kept off by --read-only; production's answer lost.
         c.observe(&obs(
             &a,
@@ -665,20 +689,20 @@ mod tests {
                 tt.test_errors,
                 tt.nondeterministic
             ),
-            (7, 5, 2, 1, 1, 1, 1)
+            (8, 6, 2, 1, 1, 2, 1)
         );
         let da = r.digests.iter().find(|d| d.id == digest_hex(1)).unwrap();
-        assert_eq!(da.count, 6);
-        assert_eq!(da.prod.count, 5);
+        assert_eq!(da.count, 7);
+        assert_eq!(da.prod.count, 6);
         assert_eq!(da.test.count, 5);
-        assert_eq!(da.test_errors.get(&1142), Some(&1));
+        assert_eq!(da.test_errors.get(&1142), Some(&2));
         assert_eq!((da.row_mismatches, da.result_mismatches), (1, 1));
         let kinds: Vec<_> = da
             .mismatch_examples
             .iter()
             .map(|m| m.kind.as_str())
             .collect();
-        assert_eq!(kinds, ["rows", "result", "error"]);
+        assert_eq!(kinds, ["rows", "result", "error", "error"]);
         assert_eq!(da.mismatch_examples[2].test, "ERR 1142");
         assert_eq!(da.example, "SELECT c FROM sbtest1 WHERE id=?");
         let db = r.digests.iter().find(|d| d.id == digest_hex(2)).unwrap();
@@ -686,7 +710,7 @@ mod tests {
         assert_eq!(db.mismatches(), 0);
         // The series: seconds 0, 1, 2 (3 s elapsed: a 4th, empty, point for second 3).
         let qps: Vec<_> = r.qps.iter().map(|p| (p.t_s, p.prod, p.test)).collect();
-        assert_eq!(qps, [(0, 2, 2), (1, 2, 2), (2, 2, 2), (3, 0, 0)]);
+        assert_eq!(qps, [(0, 2, 2), (1, 2, 2), (2, 3, 2), (3, 0, 0)]);
         assert!((r.duration_s - 3.0).abs() < 1e-9);
     }
 

@@ -68,6 +68,10 @@ pub enum TestOutcome {
     Skipped,
     /// Not sent because it could not be (its statement is unknown on the test server).
     Dropped,
+    /// Not sent: the test server had refused its statement's prepare with this error code, so
+    /// it could not run there (an execute of a statement on a table the test account may not
+    /// read). Reported as a test-server error without a latency.
+    Refused(u16),
     /// Sent, but its answer was never seen (framing lost, session ended first).
     Lost,
 }

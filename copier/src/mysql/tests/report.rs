@@ -244,3 +244,23 @@ fn a_command_decided_before_its_sql_is_in_is_still_matched() {
     assert_eq!(got.len(), 2);
     assert!(matches!(got[1].test, TestOutcome::Answered(_)), "{got:?}");
 }
+
+#[test]
+fn executes_of_a_statement_the_test_server_refused_are_its_errors() {
+    let (config, sink) = reporting(false, false);
+    let mut h = logged_in(config);
+    h.client_packet(0, &prepare("SELECT c FROM sbtest2 WHERE id=?"));
+    h.prod_reply(&prepare_reply(7, 1));
+    h.test_packet(1, &err(1142));
+    h.client_packet(0, &execute(7));
+    h.prod_reply(&rows_reply(&[b"x"]));
+    assert_eq!(h.received().len(), 1, "only the prepare was sent");
+    let got = drained(&sink);
+    assert_eq!(got.len(), 2);
+    assert!(
+        matches!(got[0].test, TestOutcome::Answered(a) if a.kind == AnswerKind::Err(1142)),
+        "{got:?}"
+    );
+    assert_eq!(got[1].statement.command, "stmt_execute");
+    assert_eq!(got[1].test, TestOutcome::Refused(1142));
+}
