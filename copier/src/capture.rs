@@ -138,7 +138,15 @@ impl LiveCapture {
     /// A read error other than "nothing more now" is returned: the interface went away or
     /// down, and a capture that keeps failing would otherwise spin (its descriptor stays
     /// readable) while mirroring nothing.
-    pub fn drain(&mut self, budget: usize, mut f: impl FnMut(&TcpPacket<'_>)) -> Result<usize> {
+    ///
+    /// `f` also gets the packet's capture timestamp, in nanoseconds since the Unix epoch (the
+    /// kernel's `CLOCK_REALTIME` at capture).
+    pub fn drain(
+        &mut self,
+        budget: usize,
+        mut f: impl FnMut(u64, &TcpPacket<'_>),
+    ) -> Result<usize> {
+        let nanos = self.nanos;
         let mut n = 0;
         while n < budget {
             let packet = match self.cap.next_packet() {
@@ -154,10 +162,16 @@ impl LiveCapture {
                 self.stats.snapped += 1;
                 continue;
             }
+            let ts = packet.header.ts;
+            let frac = u64::try_from(ts.tv_usec).unwrap_or(0);
+            let at = u64::try_from(ts.tv_sec)
+                .unwrap_or(0)
+                .saturating_mul(1_000_000_000)
+                .saturating_add(if nanos { frac } else { frac * 1000 });
             match parse_frame(self.link, packet.data) {
                 Ok(p) => {
                     self.stats.parsed += 1;
-                    f(&p);
+                    f(at, &p);
                 }
                 Err(e) => self.stats.count(e),
             }

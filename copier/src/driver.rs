@@ -213,8 +213,25 @@ impl Driver {
         })
     }
 
+    /// One captured packet and when the kernel captured it (on the same clock as `now`, at or
+    /// before it): production's latencies in the report are measured between capture times,
+    /// not between the times packets were processed (which bunch up when a batch is drained).
+    pub fn feed_at(&mut self, now: Instant, captured: Instant, pkt: &TcpPacket<'_>) {
+        if self.skip_own(pkt) {
+            return;
+        }
+        self.fleet.on_captured_at(now, captured, pkt);
+    }
+
     /// One captured packet (either direction). Nothing is sent until [`Driver::pump`].
     pub fn feed(&mut self, now: Instant, pkt: &TcpPacket<'_>) {
+        if self.skip_own(pkt) {
+            return;
+        }
+        self.fleet.on_captured(now, pkt);
+    }
+
+    fn skip_own(&mut self, pkt: &TcpPacket<'_>) -> bool {
         // Never mirror ourselves: a connection from this host to itself (with `--interface
         // any`, our --prod-dsn connection is on `lo`, source and destination the same
         // address), nor --prod-dsn's connection at all.
@@ -224,9 +241,9 @@ impl Driver {
         );
         if pkt.src == pkt.dst || self.own.as_ref().is_some_and(|o| o.matches(src, dst)) {
             self.own_skipped += 1;
-            return;
+            return true;
         }
-        self.fleet.on_captured(now, pkt);
+        false
     }
 
     /// Checks for SIGINT/SIGTERM and starts draining on the first; true while draining. A

@@ -8,7 +8,7 @@ use std::os::fd::AsRawFd;
 use std::time::Duration;
 
 use anyhow::Result;
-use common::clock::MonotonicClock;
+use common::clock::{Instant, MonotonicClock};
 
 use crate::capture::LiveCapture;
 use crate::cli::Args;
@@ -59,7 +59,16 @@ pub fn run(args: &Args) -> Result<Snapshot> {
         let now = clock.now();
         // Once stopping, nothing new is captured; what is queued still goes out.
         if !driver.poll_stop(now) {
-            let drained = capture.drain(CAPTURE_BUDGET, |pkt| driver.feed(now, pkt));
+            // Capture timestamps are wall-clock; the engine's clock is monotonic. Mapped through
+            // the offset between the two now (a packet is never later than `now`, nor more
+            // than a second older: a wall-clock step must not make a latency of it).
+            let wall = wall_nanos();
+            let drained = capture.drain(CAPTURE_BUDGET, |at, pkt| {
+                let age = Duration::from_nanos(wall.saturating_sub(at)).min(Duration::from_secs(1));
+                let captured =
+                    Instant::from_nanos(now.as_nanos().saturating_sub(age.as_nanos() as u64));
+                driver.feed_at(now, captured, pkt)
+            });
             if let Err(e) = drained {
                 return Err(driver.fail(now, &capture.stats, e));
             }
@@ -75,4 +84,11 @@ pub fn run(args: &Args) -> Result<Snapshot> {
     }
     capture.refresh_kernel_stats();
     Ok(driver.finish(&capture.stats))
+}
+
+/// The wall clock, nanoseconds since the Unix epoch (the capture timestamps' clock).
+fn wall_nanos() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
 }

@@ -184,6 +184,22 @@ impl Fleet {
         self.copies
     }
 
+    /// A captured packet and when it was captured (see [`Engine::on_captured_at`]).
+    pub fn on_captured_at(&mut self, now: Instant, captured: Instant, pkt: &TcpPacket<'_>) {
+        let mut taken = false;
+        for r in &self.routes {
+            if r.prod_port == pkt.dst_port || r.prod_port == pkt.src_port {
+                taken = true;
+                for e in &mut self.engines[r.first..r.first + self.copies] {
+                    e.on_captured_at(now, captured, pkt);
+                }
+            }
+        }
+        if !taken {
+            self.captured_ignored += 1;
+        }
+    }
+
     /// A captured packet: handed to every engine of its production port.
     pub fn on_captured(&mut self, now: Instant, pkt: &TcpPacket<'_>) {
         let mut taken = false;

@@ -352,6 +352,8 @@ pub struct Engine {
     ip_id: u16,
     stats: EngineStats,
     factory: transform::FactorySlot,
+    /// While handling a packet given to [`Engine::on_captured_at`]: when it was captured.
+    captured_at: Option<Instant>,
 }
 
 impl Engine {
@@ -383,6 +385,7 @@ impl Engine {
             ip_id: 0,
             stats: EngineStats::default(),
             factory: transform::FactorySlot(factory),
+            captured_at: None,
             cfg,
         }
     }
@@ -418,6 +421,15 @@ impl Engine {
     }
 
     // ------------------------------------------------------------------ input
+
+    /// A captured packet, with the time it was captured (on the engine's clock, at or before
+    /// `now`): transforms see it as [`TransformOutput::captured_at`] while its bytes are
+    /// delivered. Otherwise as [`Engine::on_captured`].
+    pub fn on_captured_at(&mut self, now: Instant, captured: Instant, pkt: &TcpPacket<'_>) {
+        self.captured_at = Some(captured.min(now));
+        self.on_captured(now, pkt);
+        self.captured_at = None;
+    }
 
     /// A captured packet (either direction of the production port; others are counted and
     /// ignored).
@@ -500,6 +512,7 @@ impl Engine {
             if is_syn {
                 self.stats.client_syn_retransmits += 1;
             }
+            s.captured_at = self.captured_at;
             let out = s.on_client(now, &self.cfg, &mut self.stats, pkt);
             self.settle(id, now, out);
             return;
@@ -529,6 +542,7 @@ impl Engine {
             self.stats.captured_stale += 1;
             return;
         }
+        s.captured_at = self.captured_at;
         let out = s.on_prod(now, &self.cfg, &mut self.stats, pkt);
         self.settle(id, now, out);
     }
@@ -779,6 +793,7 @@ impl Engine {
         let out = match slot_session(&mut self.slots, id) {
             Some(s) => match s.on_open(now, &self.cfg, &mut self.stats, picked_up) {
                 Outcome::Open if picked_up || !pkt.payload.is_empty() => {
+                    s.captured_at = self.captured_at;
                     s.on_client(now, &self.cfg, &mut self.stats, pkt)
                 }
                 out => out,

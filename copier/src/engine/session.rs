@@ -82,6 +82,9 @@ pub(crate) struct Session {
     pub(crate) heap_at: Option<Instant>,
     /// Whether the session is in the engine's ready queue.
     pub(crate) in_ready: bool,
+    /// When the captured packet being handled was captured (set by the engine around each
+    /// captured packet when the driver knows; see `TransformOutput::captured_at`).
+    pub(crate) captured_at: Option<Instant>,
 
     // --- client stream (client seq space) ---
     reasm: Reassembly,
@@ -209,6 +212,7 @@ impl Session {
         let ts = pkt.options.timestamps;
         let wants_prod = transform.as_ref().is_some_and(|t| t.wants_prod_data());
         Self {
+            captured_at: None,
             client: SocketAddrV4::new(pkt.src, pkt.src_port),
             prod_ip: pkt.dst,
             mirrored,
@@ -428,6 +432,7 @@ impl Session {
         fin: bool,
     ) -> usize {
         let room = self.push_room(cfg);
+        let captured = self.captured_at;
         let Session {
             reasm,
             send_buf,
@@ -451,6 +456,7 @@ impl Session {
             Some(t) => {
                 let mut out =
                     TransformOutput::bound(send_buf, &mut stats.transform, *fin_queued, room);
+                out.set_captured(captured);
                 let r = reasm.insert(start, payload, fin, &mut |bytes| {
                     delivered += bytes.len();
                     if !out.is_done() {
@@ -625,6 +631,7 @@ impl Session {
             return;
         }
         let room = self.push_room(cfg);
+        let captured = self.captured_at;
         let Session {
             prod_reasm: Some(reasm),
             transform: Some(t),
@@ -637,6 +644,7 @@ impl Session {
         };
         let mut delivered = 0usize;
         let mut out = TransformOutput::bound(send_buf, &mut stats.transform, *fin_queued, room);
+        out.set_captured(captured);
         let r = reasm.insert(start, pkt.payload, f.fin(), &mut |bytes| {
             delivered += bytes.len();
             if !out.is_done() {

@@ -57,6 +57,8 @@ pub struct SessionInfo {
 pub trait StreamTransform: Send {
     /// In-order client bytes, each exactly once (retransmissions and reordering are already
     /// undone). Push what the test server should receive; it may be nothing yet.
+    /// [`TransformOutput::captured_at`] tells when the packet that completed them was captured,
+    /// when the driver knows.
     fn on_client_data(&mut self, now: Instant, data: &[u8], out: &mut TransformOutput<'_>);
 
     /// The client closed its side (its FIN was reached in order). Last chance to flush; our FIN
@@ -283,6 +285,7 @@ pub struct TransformOutput<'a> {
     refused: usize,
     overflowed: bool,
     abandoned: Option<&'static str>,
+    captured: Option<Instant>,
 }
 
 /// What one call asked for, applied by the session afterwards.
@@ -316,7 +319,21 @@ impl<'a> TransformOutput<'a> {
             refused: 0,
             overflowed: false,
             abandoned: None,
+            captured: None,
         }
+    }
+
+    /// When the captured packet whose bytes are being delivered (`on_client_data`,
+    /// `on_prod_data`) was captured, on the engine's clock, if the driver said
+    /// ([`Engine::on_captured_at`](super::Engine::on_captured_at)). The engine's `now` is when
+    /// the packet is processed, which lags behind while a batch of captured packets is worked
+    /// through; latencies between captured packets (production's) want this instead.
+    pub fn captured_at(&self) -> Option<Instant> {
+        self.captured
+    }
+
+    pub(super) fn set_captured(&mut self, at: Option<Instant>) {
+        self.captured = at;
     }
 
     /// Appends bytes to our stream toward the test server. Ignored once the session was

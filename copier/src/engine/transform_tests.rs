@@ -946,3 +946,66 @@ fn the_packet_path_does_not_allocate() {
         "transform reading production"
     );
 }
+
+/// Records when each delivered chunk was captured, as the transform is told.
+struct CaptureTimes(Arc<Mutex<Vec<Option<Instant>>>>);
+
+impl StreamTransform for CaptureTimes {
+    fn on_client_data(&mut self, _: Instant, data: &[u8], out: &mut TransformOutput<'_>) {
+        if let Ok(mut log) = self.0.lock() {
+            log.push(out.captured_at());
+        }
+        out.push(data);
+    }
+
+    fn wants_prod_data(&self) -> bool {
+        true
+    }
+
+    fn on_prod_data(&mut self, _: Instant, _: &[u8], out: &mut TransformOutput<'_>) {
+        if let Ok(mut log) = self.0.lock() {
+            log.push(out.captured_at());
+        }
+    }
+}
+
+#[test]
+fn transforms_learn_when_the_bytes_they_get_were_captured() {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let l = log.clone();
+    let mut h = H::with_factory(cfg(), factory(move |_| CaptureTimes(l.clone())));
+    h.client(C, SYN, b"");
+    prod_pkt(&mut h, P, C.wrapping_add(1), SYN | ACK, b"");
+    h.client(C.wrapping_add(1), ACK | PSH, b"query");
+    let at = |h: &H, back_ms: u64| Instant::from_nanos(h.now.as_nanos() - back_ms * 1_000_000);
+    let captured = at(&h, 3);
+    let b = packet(
+        PROD,
+        CLIENT,
+        P.wrapping_add(1),
+        C.wrapping_add(6),
+        ACK | PSH,
+        b"reply",
+        TcpOptions::default(),
+    );
+    let pkt = parse_ipv4_tcp(&b).unwrap();
+    h.e.on_captured_at(h.now, captured, &pkt);
+    // Never later than `now`.
+    let b = packet(
+        PROD,
+        CLIENT,
+        P.wrapping_add(6),
+        C.wrapping_add(6),
+        ACK | PSH,
+        b"more",
+        TcpOptions::default(),
+    );
+    let pkt = parse_ipv4_tcp(&b).unwrap();
+    let late = Instant::from_nanos(h.now.as_nanos() + 5_000_000);
+    h.e.on_captured_at(h.now, late, &pkt);
+    let now = h.now;
+    assert_eq!(
+        log.lock().unwrap().as_slice(),
+        [None, Some(captured), Some(now)]
+    );
+}

@@ -373,6 +373,9 @@ pub struct MysqlTransform {
     held_deadline: Option<Instant>,
     /// The latest time the engine gave us (deadlines are set where no `now` is passed).
     now: Instant,
+    /// When the captured bytes being handled were captured (the engine's `now` when it did not
+    /// say): production's latencies are measured between capture times.
+    captured: Instant,
     backlog: Vec<u8>,
     /// The client's own auth continuation (answers to production's auth switch) is not ours
     /// to send: swallowed until its next command.
@@ -497,6 +500,7 @@ impl MysqlTransform {
             held_counted: false,
             held_deadline: None,
             now,
+            captured: now,
             backlog: Vec::new(),
             swallow_client_auth: false,
             first_checked: !picked_up,
@@ -1189,7 +1193,7 @@ impl MysqlTransform {
         let prev = self.prod_prev_seq.replace(p.seq);
         if p.part > 0 {
             if let Some(o) = &mut self.observer {
-                o.prod_packet(&Seen::default(), p.len, &[], p.hash, true, self.now);
+                o.prod_packet(&Seen::default(), p.len, &[], p.hash, true, self.captured);
             }
             return;
         }
@@ -1247,14 +1251,14 @@ impl MysqlTransform {
 
     fn observe_prod(&mut self, seen: &Seen, p: &ProdPacket) {
         if let Some(o) = &mut self.observer {
-            o.prod_packet(seen, p.len, p.prefix(), p.hash, false, self.now);
+            o.prod_packet(seen, p.len, p.prefix(), p.hash, false, self.captured);
         }
     }
 
     fn prod_reply(&mut self, p: &ProdPacket, out: &mut TransformOutput<'_>) {
         let popped = self.prod_fifo.pop_front();
         if let (Some((_, serial)), Some(o)) = (popped, &mut self.observer) {
-            o.prod_start(serial, self.now);
+            o.prod_start(serial, self.captured);
         }
         match popped.map(|f| f.0) {
             None => out.count(Counter::RepliesUnmatched as usize),
@@ -1432,7 +1436,7 @@ impl MysqlTransform {
             pkts.push((code, n));
         });
         if let Some(o) = &mut self.observer {
-            o.arrival_progress(self.arrival.position(), self.now);
+            o.arrival_progress(self.arrival.position(), self.captured);
         }
         for &(code, n) in &pkts {
             self.prod_expects(ReplyKind::of_command(code), n, out);
@@ -2112,6 +2116,7 @@ impl StreamTransform for MysqlTransform {
             return;
         }
         self.now = now;
+        self.captured = out.captured_at().unwrap_or(now);
         self.arrive(data, out);
         if self.blocked {
             self.hold(data, out);
@@ -2145,6 +2150,7 @@ impl StreamTransform for MysqlTransform {
             return;
         }
         self.now = now;
+        self.captured = out.captured_at().unwrap_or(now);
         match self.prod_phase {
             ProdPhase::Unsynced | ProdPhase::Failed => return,
             ProdPhase::Armed => {
