@@ -32,8 +32,9 @@ pub enum Relayed {
     /// Per-segment TCP feedback, for the session engine.
     Feedback(Vec<TestFeedback>),
     /// MySQL packet summaries (greeting, auth exchange, prepare-OK, response heads), in stream
-    /// order per session, for the MySQL layer.
-    Mysql(Vec<MysqlEvent>),
+    /// order per session, for the MySQL layer, and when their frame was read off the socket
+    /// (the report's test latencies end there, not when the engine got round to them).
+    Mysql(Vec<MysqlEvent>, Instant),
 }
 
 /// Settings of the control client. [`ClientConfig::new`] gives sensible defaults.
@@ -563,7 +564,7 @@ fn read_feedback(
             InterceptMessage::Mysql(batch) => {
                 let n = batch.len() as u64;
                 (
-                    Relayed::Mysql(batch),
+                    Relayed::Mysql(batch, Instant::now()),
                     n,
                     &shared.mysql_received,
                     &shared.mysql_dropped,

@@ -126,12 +126,16 @@ pub struct Driver {
     report: Option<Reporting>,
     /// The latest time `pump` was given (the final report's time).
     last_now: Instant,
+    /// A moment on both the standard clock and the engine's (the callers drive the engine with
+    /// a `MonotonicClock`): maps when intercept's frames were read onto the engine's clock.
+    anchor: (std::time::Instant, Instant),
 }
 
 impl Driver {
     /// Opens the raw sender, starts the control client and waits up to 5 s for intercept, then
     /// logs in on production if `plan.prod_dsn` is set. `now` starts the status interval.
     pub fn start(args: &MirrorArgs, plan: Plan, now: Instant) -> Result<Self> {
+        let anchor = (std::time::Instant::now(), now);
         let recovery_wait = plan.prod_dsn.is_some().then_some(plan.prod_dsn_wait);
         let mut report = args.collects().then(|| {
             Reporting::new(
@@ -210,6 +214,7 @@ impl Driver {
             metrics,
             report,
             last_now: now,
+            anchor,
         })
     }
 
@@ -281,11 +286,16 @@ impl Driver {
                         self.fleet.on_feedback(now, fb);
                     }
                 }
-                Relayed::Mysql(events) => {
+                Relayed::Mysql(events, received) => {
                     self.mysql_events += events.len() as u64;
+                    let received = self.engine_time(received);
                     for ev in &events {
-                        self.fleet
-                            .on_test_event(now, ev.client(), &TestEvent::Mysql(ev));
+                        self.fleet.on_test_event_at(
+                            now,
+                            received,
+                            ev.client(),
+                            &TestEvent::Mysql(ev),
+                        );
                     }
                 }
             }
@@ -316,6 +326,13 @@ impl Driver {
             }
         }
         Pump::Running
+    }
+
+    /// A standard-clock instant on the engine's clock.
+    fn engine_time(&self, t: std::time::Instant) -> Instant {
+        let (std0, eng0) = self.anchor;
+        let since = t.saturating_duration_since(std0);
+        eng0 + since
     }
 
     /// How long the caller may sleep before the driver has work.

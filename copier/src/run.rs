@@ -57,17 +57,13 @@ pub fn run(args: &Args) -> Result<Snapshot> {
 
     loop {
         let now = clock.now();
+        // Capture timestamps are wall-clock, the engine's clock monotonic: mapped through
+        // their offset now.
+        let wall = wall_nanos();
         // Once stopping, nothing new is captured; what is queued still goes out.
         if !driver.poll_stop(now) {
-            // Capture timestamps are wall-clock; the engine's clock is monotonic. Mapped through
-            // the offset between the two now (a packet is never later than `now`, nor more
-            // than a second older: a wall-clock step must not make a latency of it).
-            let wall = wall_nanos();
             let drained = capture.drain(CAPTURE_BUDGET, |at, pkt| {
-                let age = Duration::from_nanos(wall.saturating_sub(at)).min(Duration::from_secs(1));
-                let captured =
-                    Instant::from_nanos(now.as_nanos().saturating_sub(age.as_nanos() as u64));
-                driver.feed_at(now, captured, pkt)
+                driver.feed_at(now, capture_time(now, wall, at), pkt)
             });
             if let Err(e) = drained {
                 return Err(driver.fail(now, &capture.stats, e));
@@ -91,4 +87,18 @@ fn wall_nanos() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+}
+
+/// Capture timestamp `at` (wall clock, ns) on the engine's clock, given that the wall clock
+/// read `wall` at `now`. Kept within a second of `now`: a wall-clock step must not turn into a
+/// latency.
+fn capture_time(now: Instant, wall: u64, at: u64) -> Instant {
+    const LIMIT: u64 = 1_000_000_000;
+    let n = now.as_nanos();
+    let t = if at >= wall {
+        n.saturating_add((at - wall).min(LIMIT))
+    } else {
+        n.saturating_sub((wall - at).min(LIMIT))
+    };
+    Instant::from_nanos(t)
 }

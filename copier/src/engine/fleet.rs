@@ -232,6 +232,20 @@ impl Fleet {
         }
     }
 
+    /// A test event and when it was received (see [`Engine::on_test_event_at`]).
+    pub fn on_test_event_at(
+        &mut self,
+        now: Instant,
+        received: Instant,
+        mirrored: SocketAddrV4,
+        ev: &TestEvent<'_>,
+    ) {
+        match self.owner(mirrored) {
+            Some(i) => self.engines[i].on_test_event_at(now, received, mirrored, ev),
+            None => self.test_events_unrouted += 1,
+        }
+    }
+
     /// Runs the timers due at `now`.
     pub fn on_timeout(&mut self, now: Instant) {
         for e in &mut self.engines {

@@ -422,11 +422,12 @@ impl Engine {
 
     // ------------------------------------------------------------------ input
 
-    /// A captured packet, with the time it was captured (on the engine's clock, at or before
-    /// `now`): transforms see it as [`TransformOutput::captured_at`] while its bytes are
-    /// delivered. Otherwise as [`Engine::on_captured`].
+    /// A captured packet, with the time it was captured (on the engine's clock; it may be a
+    /// little after `now` when `now` was read before a batch was drained): transforms see it
+    /// as [`TransformOutput::captured_at`] while its bytes are delivered. The engine itself
+    /// keeps using `now`. Otherwise as [`Engine::on_captured`].
     pub fn on_captured_at(&mut self, now: Instant, captured: Instant, pkt: &TcpPacket<'_>) {
-        self.captured_at = Some(captured.min(now));
+        self.captured_at = Some(captured);
         self.on_captured(now, pkt);
         self.captured_at = None;
     }
@@ -578,6 +579,21 @@ impl Engine {
 
     /// Something learnt about the test server's side of the session that sends from
     /// `mirrored`, for its transform (TCP segments go through [`Engine::on_feedback`]).
+    /// A test event and when it was received from intercept (on the engine's clock; see
+    /// [`Engine::on_captured_at`]): the transform sees it as [`TransformOutput::captured_at`].
+    /// Otherwise as [`Engine::on_test_event`].
+    pub fn on_test_event_at(
+        &mut self,
+        now: Instant,
+        received: Instant,
+        mirrored: SocketAddrV4,
+        ev: &TestEvent<'_>,
+    ) {
+        self.captured_at = Some(received);
+        self.on_test_event(now, mirrored, ev);
+        self.captured_at = None;
+    }
+
     pub fn on_test_event(&mut self, now: Instant, mirrored: SocketAddrV4, ev: &TestEvent<'_>) {
         let Some(id) = self.by_mirror.get(&mirrored).copied() else {
             self.stats.test_events_unknown_session += 1;
@@ -590,6 +606,7 @@ impl Engine {
             self.stats.test_events_unknown_session += 1;
             return;
         }
+        s.captured_at = self.captured_at;
         let out = s.on_test_event(now, &self.cfg, &mut self.stats, ev);
         self.settle(id, now, out);
     }

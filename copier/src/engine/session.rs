@@ -501,6 +501,7 @@ impl Session {
             return;
         };
         let mut out = TransformOutput::bound(send_buf, &mut stats.transform, *fin_queued, room);
+        out.set_captured(self.captured_at);
         call(t.0.as_mut(), &mut out);
         let result = out.result();
         self.apply(result, stats);

@@ -324,8 +324,10 @@ impl<'a> TransformOutput<'a> {
     }
 
     /// When the captured packet whose bytes are being delivered (`on_client_data`,
-    /// `on_prod_data`) was captured, on the engine's clock, if the driver said
-    /// ([`Engine::on_captured_at`](super::Engine::on_captured_at)). The engine's `now` is when
+    /// `on_prod_data`) was captured, or the relayed test event (`on_test_event`) was received
+    /// from intercept, on the engine's clock, if the driver said
+    /// ([`Engine::on_captured_at`](super::Engine::on_captured_at),
+    /// [`Engine::on_test_event_at`](super::Engine::on_test_event_at)). The engine's `now` is when
     /// the packet is processed, which lags behind while a batch of captured packets is worked
     /// through; latencies between captured packets (production's) want this instead.
     pub fn captured_at(&self) -> Option<Instant> {

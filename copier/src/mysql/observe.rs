@@ -210,6 +210,13 @@ pub(super) struct Observer {
     scratch: Vec<u8>,
     prod: Option<Acc>,
     test: Option<Acc>,
+    /// When each server's previous reply ended: a command sent while the server was still
+    /// answering the one before starts being served only then (one connection runs one command
+    /// at a time). Production's clients wait for answers, the test server's do not (we send as
+    /// production's client sent), so without this a slow command would make every later one of
+    /// its session look slow on the test server.
+    prod_last_end: Option<Instant>,
+    test_last_end: Option<Instant>,
     /// Decisions on commands the arrival reader has not reported yet: it waits for a whole
     /// command (up to [`SQL_LOOKED_AT`] bytes) while the forwarding reader may decide from its
     /// first five.
@@ -241,6 +248,8 @@ impl Observer {
             scratch: Vec::new(),
             prod: None,
             test: None,
+            prod_last_end: None,
+            test_last_end: None,
             early: VecDeque::new(),
         }
     }
@@ -496,10 +505,11 @@ impl Observer {
 
     fn prod_done(&mut self, acc: Acc, now: Instant) {
         let compare = self.hooks.compare_results;
+        let last = self.prod_last_end.replace(now);
         let Some(p) = self.get(acc.serial) else {
             return;
         };
-        let answer = acc.answer(p.arrived, now, compare);
+        let answer = acc.answer(later(p.arrived, last), now, compare);
         p.prod = ProdSide::Done(answer);
         let register = match (answer.kind, acc.prepared) {
             (AnswerKind::Ok, Some(id)) => p.registers.take().map(|s| (id, s)),
@@ -575,11 +585,13 @@ impl Observer {
 
     fn test_done(&mut self, acc: Acc, now: Instant) {
         let compare = self.hooks.compare_results;
+        let last = self.test_last_end.replace(now);
         let Some(p) = self.get(acc.serial) else {
             return;
         };
         if let TestSide::Awaiting(sent) = p.test {
-            p.test = TestSide::Done(TestOutcome::Answered(acc.answer(Some(sent), now, compare)));
+            let from = later(Some(sent), last);
+            p.test = TestSide::Done(TestOutcome::Answered(acc.answer(from, now, compare)));
         }
         self.emit_ready();
     }
@@ -642,6 +654,14 @@ impl Observer {
 impl Drop for Observer {
     fn drop(&mut self) {
         self.flush();
+    }
+}
+
+/// The later of a command's own start and the previous reply's end (when both are known).
+fn later(start: Option<Instant>, last_end: Option<Instant>) -> Option<Instant> {
+    match (start, last_end) {
+        (Some(s), Some(l)) => Some(s.max(l)),
+        (s, _) => s,
     }
 }
 

@@ -558,10 +558,23 @@ impl MysqlTransform {
         pkt: &MysqlPacket,
         out: &mut TransformOutput<'_>,
     ) {
+        self.test_packet_at(now, now, pkt, out);
+    }
+
+    /// A packet summary received from intercept at `received` (the report's test latencies
+    /// end there).
+    fn test_packet_at(
+        &mut self,
+        now: Instant,
+        received: Instant,
+        pkt: &MysqlPacket,
+        out: &mut TransformOutput<'_>,
+    ) {
         if self.dead {
             return;
         }
         self.now = now;
+        self.captured = received;
         if self.held_deadline.is_some() {
             // The test server is making progress (slow commands before the prepare).
             self.held_deadline = Some(now + HELD_TIMEOUT);
@@ -608,7 +621,7 @@ impl MysqlTransform {
             TestPhase::Commands | TestPhase::Blind => Ok(()),
         };
         if let (Some(seen), Some(o)) = (seen, &mut self.observer) {
-            o.test_packet(&seen, pkt.len, &pkt.head, pkt.hash, continuation, now);
+            o.test_packet(&seen, pkt.len, &pkt.head, pkt.hash, continuation, received);
         }
         if let Err(a) = r {
             self.give_up(a, out);
@@ -822,7 +835,7 @@ impl MysqlTransform {
             return Ok(());
         };
         if let (Some(serial), Some(o)) = (serial, &mut self.observer) {
-            o.test_start(serial, self.now);
+            o.test_start(serial, self.captured);
         }
         match expect {
             TestExpect::Reply(_) => {}
@@ -2182,7 +2195,8 @@ impl StreamTransform for MysqlTransform {
     fn on_test_event(&mut self, now: Instant, ev: &TestEvent<'_>, out: &mut TransformOutput<'_>) {
         match ev {
             TestEvent::Mysql(MysqlEvent::Packet { packet, .. }) => {
-                self.on_test_packet(now, packet, out)
+                let received = out.captured_at().unwrap_or(now);
+                self.test_packet_at(now, received, packet, out)
             }
             TestEvent::Mysql(MysqlEvent::FramingLost { at_seq, .. }) => {
                 self.on_test_framing_lost(now, *at_seq, out)

@@ -264,3 +264,29 @@ fn executes_of_a_statement_the_test_server_refused_are_its_errors() {
     assert_eq!(got[1].statement.command, "stmt_execute");
     assert_eq!(got[1].test, TestOutcome::Refused(1142));
 }
+
+#[test]
+fn a_command_queued_behind_a_slow_one_is_timed_from_when_the_server_could_start_it() {
+    let (config, sink) = reporting(false, false);
+    let mut h = logged_in(config);
+    // Production answers each at once; the client sends the next one right away.
+    h.client_packet(0, &query("SELECT slow()"));
+    later(&mut h, 1);
+    h.prod_reply(&rows_reply(&[b"1"]));
+    h.client_packet(0, &query("SELECT fast()"));
+    later(&mut h, 1);
+    h.prod_reply(&rows_reply(&[b"2"]));
+    // The test server takes 50 ms for the first, then 1 ms for the second.
+    later(&mut h, 48);
+    h.test_reply(&rows_reply(&[b"1"]));
+    later(&mut h, 1);
+    h.test_reply(&rows_reply(&[b"2"]));
+    let got = drained(&sink);
+    let latency = |o: &Observation| match o.test {
+        TestOutcome::Answered(a) => a.latency,
+        _ => panic!("{o:?}"),
+    };
+    assert_eq!(latency(&got[0]), Duration::from_millis(50));
+    assert_eq!(latency(&got[1]), Duration::from_millis(1));
+    assert_eq!(got[1].prod.unwrap().latency, Duration::from_millis(1));
+}
