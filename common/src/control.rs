@@ -79,8 +79,8 @@ const MYSQL_PACKET_HASHED: u8 = 0x03;
 const FRAMING_NONE: u8 = 0;
 const FRAMING_MYSQL: u8 = 1;
 
-/// kind(1) client(6) stream_offset(8) tcp_seq(4) seq_id(1) len(4) head_len(2)
-const MYSQL_PACKET_FIXED_LEN: usize = 26;
+/// kind(1) client(6) stream_offset(8) tcp_seq(4) seq_id(1) len(4) framed_at_us(4) head_len(2)
+const MYSQL_PACKET_FIXED_LEN: usize = 30;
 /// kind(1) client(6) at_seq(4)
 const MYSQL_LOST_LEN: usize = 11;
 const MAX_MYSQL_ITEM_LEN: usize = MYSQL_PACKET_FIXED_LEN + MAX_MYSQL_HEAD + 8;
@@ -171,6 +171,11 @@ pub struct MysqlPacket {
     /// The hash of the whole payload of this physical packet, when the copier asked for
     /// [`FEATURE_PAYLOAD_HASHES`]; `None` otherwise.
     pub hash: Option<u64>,
+    /// When intercept framed the packet (its head was in, or with hashes its end), on
+    /// intercept's monotonic clock in microseconds, wrapping. Only differences between
+    /// packets mean something: several replies relayed in one frame arrive together, and
+    /// these tell how far apart the test server sent them.
+    pub framed_at_us: u32,
 }
 
 impl MysqlPacket {
@@ -697,6 +702,7 @@ fn write_mysql(ev: &MysqlEvent, o: &mut Vec<u8>) -> Result<(), EncodeError> {
             o.extend_from_slice(&p.tcp_seq.to_be_bytes());
             o.push(p.seq_id);
             o.extend_from_slice(&p.len.to_be_bytes());
+            o.extend_from_slice(&p.framed_at_us.to_be_bytes());
             o.extend_from_slice(&(p.head.len() as u16).to_be_bytes());
             o.extend_from_slice(&p.head);
             if let Some(h) = p.hash {
@@ -899,6 +905,7 @@ fn read_mysql(r: &mut Reader<'_>) -> Result<MysqlEvent, DecodeError> {
             if len > MYSQL_MAX_PAYLOAD {
                 return Err(r.invalid("MySQL packet length does not fit 3 bytes"));
             }
+            let framed_at_us = r.u32()?;
             let head_len = usize::from(r.u16()?);
             if head_len > MAX_MYSQL_HEAD {
                 return Err(r.invalid("MySQL packet head longer than 1024 bytes"));
@@ -921,6 +928,7 @@ fn read_mysql(r: &mut Reader<'_>) -> Result<MysqlEvent, DecodeError> {
                     len,
                     head,
                     hash,
+                    framed_at_us,
                 },
             })
         }
@@ -1245,6 +1253,7 @@ mod tests {
                 len,
                 head: head.to_vec(),
                 hash: None,
+                framed_at_us: 0x0102_0304,
             },
         }
     }
@@ -1267,17 +1276,21 @@ mod tests {
         encode_mysql(&batch, &mut out).unwrap();
         #[rustfmt::skip]
         let want = [
-            0, 0, 0, 1 + 4 + 28 + 11 + 34, // length
+            0, 0, 0, 1 + 4 + 32 + 11 + 38, // length
             0x85, 0, 0, 0, 3, // type, count
             0x01, 198, 18, 0, 10, 0x9c, 0x40, // kind, client
             1, 2, 3, 4, 5, 6, 7, 8, // stream_offset
             0x0a, 0x0b, 0x0c, 0x0d, // tcp_seq
-            3, 0, 0, 0, 7, 0, 2, 0x00, 0x01, // seq_id, len, head_len, head
+            3, 0, 0, 0, 7, // seq_id, len
+            1, 2, 3, 4, // framed_at_us
+            0, 2, 0x00, 0x01, // head_len, head
             0x02, 198, 18, 0, 11, 0, 2, 0, 0, 0, 9, // kind, client, at_seq
             0x03, 198, 18, 0, 10, 0x9c, 0x40, // kind (hashed), client
             1, 2, 3, 4, 5, 6, 7, 8, // stream_offset
             0x0a, 0x0b, 0x0c, 0x0d, // tcp_seq
-            3, 0, 0, 0, 0, 0, 0, // seq_id, len, head_len
+            3, 0, 0, 0, 0, // seq_id, len
+            1, 2, 3, 4, // framed_at_us
+            0, 0, // head_len
             0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88, // hash
         ];
         assert_eq!(out, want);
@@ -1337,7 +1350,8 @@ mod tests {
         let mut ok = Vec::new();
         encode_mysql(&[mysql_packet(&[1, 2], 2)], &mut ok).unwrap();
         let body = &ok[FRAME_HEADER_LEN + 1..];
-        // Offsets inside the body: count(4) kind(1) client(6) off(8) seq(4) id(1) len(4) hlen(2).
+        // Offsets inside the body: count(4) kind(1) client(6) off(8) seq(4) id(1) len(4) at(4)
+        // hlen(2).
         let len_at = 4 + 1 + 6 + 8 + 4 + 1;
         let mut long_head = body.to_vec();
         long_head[len_at..len_at + 4].copy_from_slice(&1u32.to_be_bytes());
@@ -1450,10 +1464,15 @@ mod tests {
                 arb_addr(),
                 (any::<u64>(), any::<u32>(), any::<u8>()),
                 proptest::collection::vec(any::<u8>(), 0..80),
-                (0u32..100_000, any::<Option<u64>>()),
+                (0u32..100_000, any::<Option<u64>>(), any::<u32>()),
             )
                 .prop_map(
-                    |(client, (stream_offset, tcp_seq, seq_id), head, (extra, hash))| {
+                    |(
+                        client,
+                        (stream_offset, tcp_seq, seq_id),
+                        head,
+                        (extra, hash, framed_at_us),
+                    )| {
                         MysqlEvent::Packet {
                             client,
                             packet: MysqlPacket {
@@ -1463,6 +1482,7 @@ mod tests {
                                 len: head.len() as u32 + extra,
                                 head,
                                 hash,
+                                framed_at_us,
                             },
                         }
                     }

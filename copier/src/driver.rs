@@ -56,7 +56,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use common::clock::Instant;
-use common::control::{Hello, FEATURE_PAYLOAD_HASHES};
+use common::control::{Hello, MysqlEvent, FEATURE_PAYLOAD_HASHES};
 use common::wire::TcpPacket;
 
 use crate::capture::CaptureStats;
@@ -289,13 +289,26 @@ impl Driver {
                 Relayed::Mysql(events, received) => {
                     self.mysql_events += events.len() as u64;
                     let received = self.engine_time(received);
+                    // A frame carries what intercept framed since its last flush: events
+                    // are dated back from the frame's arrival by how much earlier intercept
+                    // framed them than the frame's newest (intercept's clock, differences
+                    // only), so replies relayed together keep their spacing.
+                    let newest = events.iter().rev().find_map(framed_at_us);
                     for ev in &events {
-                        self.fleet.on_test_event_at(
-                            now,
-                            received,
-                            ev.client(),
-                            &TestEvent::Mysql(ev),
+                        let back = match (newest, framed_at_us(ev)) {
+                            (Some(n), Some(t)) => {
+                                Duration::from_micros(u64::from(n.wrapping_sub(t)))
+                                    .min(Duration::from_secs(1))
+                            }
+                            _ => Duration::ZERO,
+                        };
+                        let at = Instant::from_nanos(
+                            received
+                                .as_nanos()
+                                .saturating_sub(u64::try_from(back.as_nanos()).unwrap_or(0)),
                         );
+                        self.fleet
+                            .on_test_event_at(now, at, ev.client(), &TestEvent::Mysql(ev));
                     }
                 }
             }
@@ -512,6 +525,13 @@ impl Driver {
                 EngineEvent::SessionClosed { .. } => {}
             }
         }
+    }
+}
+
+fn framed_at_us(ev: &MysqlEvent) -> Option<u32> {
+    match ev {
+        MysqlEvent::Packet { packet, .. } => Some(packet.framed_at_us),
+        MysqlEvent::FramingLost { .. } => None,
     }
 }
 

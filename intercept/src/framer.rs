@@ -165,6 +165,8 @@ impl PacketFramer {
             len,
             head: Vec::with_capacity(self.head_want),
             hash: None,
+            // Stamped by the caller, which has the clock.
+            framed_at_us: 0,
         };
         if self.hashing && len > 0 {
             self.hasher = Some(PayloadHasher::new());

@@ -153,8 +153,11 @@ impl MysqlSessions {
         s.last_seen = now;
         if let Framing::Stream(stream) = &mut s.framing {
             stream.set_hashing(self.hashing);
-            let mut emit = |packet: MysqlPacket| {
+            // Intercept's clock in µs, wrapping: only differences are read.
+            let at_us = (now.as_nanos() / 1000) as u32;
+            let mut emit = |mut packet: MysqlPacket| {
                 stats.packets += 1;
+                packet.framed_at_us = at_us;
                 out.push(MysqlEvent::Packet { client, packet });
             };
             let res = stream.on_segment(
@@ -355,6 +358,7 @@ mod tests {
             MysqlEvent::Packet { client: c, packet } => {
                 assert_eq!(*c, client(10));
                 assert_eq!(packet.tcp_seq, next);
+                assert_eq!(packet.framed_at_us, 1_000_000, "framed at t = 1 s");
             }
             other => panic!("{other:?}"),
         }
@@ -604,6 +608,7 @@ mod tests {
                             len: p.len() as u32,
                             head: p[..p.len().min(head)].to_vec(),
                             hash: None,
+                            framed_at_us: 0,
                         },
                     });
                     offset += 4 + p.len() as u64;

@@ -208,7 +208,7 @@ impl Copier {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.rx.recv_timeout(left) {
                 Ok(Relayed::Feedback(batch)) => got.extend(batch.iter().map(|f| (f.client, f.seq))),
-                Ok(Relayed::Mysql(_)) => {}
+                Ok(Relayed::Mysql(..)) => {}
                 Err(_) => panic!("timed out: got {got:?}, wanted {n} items"),
             }
         }
@@ -284,7 +284,7 @@ fn seen(rx: &Receiver<Relayed>, until: impl Fn(&[Seen]) -> bool) -> Vec<Seen> {
             Ok(Relayed::Feedback(b)) => {
                 got.extend(b.iter().map(|f| Seen::Segment(f.client, f.seq)))
             }
-            Ok(Relayed::Mysql(b)) => got.extend(b.into_iter().map(|e| match e {
+            Ok(Relayed::Mysql(b, _)) => got.extend(b.into_iter().map(|e| match e {
                 MysqlEvent::Packet { client, packet: p } => {
                     Seen::Packet(client, p.stream_offset, p.seq_id, p.head)
                 }

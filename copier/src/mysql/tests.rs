@@ -309,6 +309,7 @@ impl TestStream {
             hash: self
                 .hashes
                 .then(|| common::mysql::digest::PayloadHasher::hash(payload)),
+            framed_at_us: 0,
         };
         self.offset += 4 + u64::from(len);
         self.index += 1;
