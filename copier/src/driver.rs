@@ -153,7 +153,7 @@ impl Driver {
         let lookup = start_lookup(plan.prod_dsn, &waker)?;
         let own = lookup.as_ref().map(|l| l.own_address().clone());
         let buf = vec![0u8; fleet.transmit_buffer_len()];
-        Ok(Self {
+        let mut driver = Self {
             fleet,
             sample_percent: args.sample.map(|s| s.percent()),
             sender,
@@ -170,7 +170,11 @@ impl Driver {
             own_skipped: 0,
             mysql_events: 0,
             metrics,
-        })
+        };
+        // A scrape before the first packet sees zeros, not an empty page.
+        let snap = driver.snapshot(&CaptureStats::default());
+        driver.publish_metrics(now, &snap);
+        Ok(driver)
     }
 
     /// One captured packet (either direction). Nothing is sent until [`Driver::pump`].
