@@ -195,7 +195,7 @@ impl Driver {
         let lookup = start_lookup(plan.prod_dsn, &waker)?;
         let own = lookup.as_ref().map(|l| l.own_address().clone());
         let buf = vec![0u8; fleet.transmit_buffer_len()];
-        Ok(Self {
+        let mut driver = Self {
             fleet,
             sample_percent: args.sample.map(|s| s.percent()),
             sender,
@@ -215,7 +215,11 @@ impl Driver {
             report,
             last_now: now,
             anchor,
-        })
+        };
+        // A scrape before the first packet sees zeros, not an empty page.
+        let snap = driver.snapshot(&CaptureStats::default());
+        driver.publish_metrics(now, &snap);
+        Ok(driver)
     }
 
     /// One captured packet and when the kernel captured it (on the same clock as `now`, at or

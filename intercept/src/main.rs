@@ -272,6 +272,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         },
         ..PumpConfig::default()
     };
+    if let Some((published, _)) = &metrics {
+        // A scrape before the first report sees zeros, not an empty page.
+        published.set(render_intercept_metrics(&pump::status(
+            &path,
+            &mut source,
+            server.stats(),
+        )));
+    }
     let mut last_line = std::time::Instant::now();
     let result = pump::run(
         &mut source,

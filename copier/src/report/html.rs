@@ -39,6 +39,7 @@ th{background:#f6f6f6;position:sticky;top:0}
 td.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 td.worse{color:#c92a2a;font-weight:600}td.better{color:#2b8a3e}
 code{font:12px ui-monospace,'DejaVu Sans Mono',monospace;word-break:break-all}
+code.id{word-break:normal;white-space:nowrap}
 .tag{font-size:11px;border:1px solid #999;border-radius:3px;padding:0 3px;color:#555}
 .charts{display:grid;grid-template-columns:repeat(auto-fill,minmax(560px,1fr));gap:16px}
 figure{margin:0;border:1px solid #eee;border-radius:6px;padding:8px}
@@ -510,7 +511,7 @@ fn regressions_table(o: &mut String, ranked: &[&DigestReport]) {
         };
         let _ = writeln!(
             o,
-            "<tr><td class=\"n\">{}</td><td><code>{}</code></td><td>{}</td><td class=\"n\">{}</td>\
+            "<tr><td class=\"n\">{}</td><td><code class=\"id\">{}</code></td><td>{}</td><td class=\"n\">{}</td>\
              <td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td>\
              <td class=\"n\">{}</td><td class=\"{}\">{}</td><td class=\"{}\">{}</td>\
              <td class=\"{}\">{pe} / {te}</td><td class=\"{}\">{} / {}</td><td>{}<code>{}</code></td></tr>",
@@ -556,7 +557,7 @@ fn errors_table(o: &mut String, ranked: &[&DigestReport]) {
         let new = d.new_test_errors();
         let _ = writeln!(
             o,
-            "<tr><td><code>{}</code></td><td>{}</td><td>{}</td><td>{}</td><td class=\"{}\">{new}</td>\
+            "<tr><td><code class=\"id\">{}</code></td><td>{}</td><td>{}</td><td>{}</td><td class=\"{}\">{new}</td>\
              <td><code>{}</code></td></tr>",
             esc(&d.id),
             esc(&d.command),
@@ -583,7 +584,7 @@ fn mismatches_table(o: &mut String, ranked: &[&DigestReport]) {
             any = true;
             let _ = writeln!(
                 o,
-                "<tr><td><code>{}</code></td><td>{}</td><td>{}</td><td>{}</td><td><code>{}</code></td></tr>",
+                "<tr><td><code class=\"id\">{}</code></td><td>{}</td><td>{}</td><td>{}</td><td><code>{}</code></td></tr>",
                 esc(&d.id),
                 esc_max(&m.kind, 32),
                 esc_max(&m.prod, 64),
@@ -596,7 +597,7 @@ fn mismatches_table(o: &mut String, ranked: &[&DigestReport]) {
             let _ =
                 writeln!(
                 o,
-                "<tr><td><code>{}</code></td><td>{}</td><td colspan=\"2\" class=\"n\">{} rows, {} \
+                "<tr><td><code class=\"id\">{}</code></td><td>{}</td><td colspan=\"2\" class=\"n\">{} rows, {} \
                  result (no example kept)</td><td><code>{}</code></td></tr>",
                 esc(&d.id),
                 if d.row_mismatches > 0 { "rows" } else { "result" },
