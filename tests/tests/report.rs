@@ -172,13 +172,14 @@ fn print_digests(r: &Report) {
     println!("totals: {:?}", r.totals);
 }
 
-/// Test latency is measured on the copier's clock from sending a command to receiving
-/// intercept's summary of the reply's end, so it includes the relay path (intercept's capture
-/// and framing on the test host's core, the control channel, the copier's loop) that
-/// production's latency, measured between two captured packets on the production host, does
-/// not. For statements that take a few hundred microseconds that path dominates: p50s are
-/// compared with this floor under production's.
-const P50_FLOOR_US: u64 = 1_000;
+/// Test latency is measured on the copier's clock from sending a command (or, if the test
+/// server was still answering the session's previous one, from that answer's end) to the
+/// moment intercept's summary of the reply's end was read off the control socket, replies
+/// relayed in one frame dated apart by intercept's own clock. Production's is measured between
+/// kernel capture timestamps on the production host. Both are then a few tens of microseconds
+/// for a point select on an idle lab, where scheduling jitter alone can double one side:
+/// p50s are compared over this floor.
+const P50_FLOOR_US: u64 = 100;
 
 #[test]
 fn an_unchanged_test_server_shows_no_regression() -> Result<()> {
@@ -253,13 +254,12 @@ fn an_unchanged_test_server_shows_no_regression() -> Result<()> {
     );
 
     // Latency: no digest slower by more than 2x at p50 (over the floor).
-    let overhead = r
-        .digests
-        .iter()
-        .find(|d| d.command == "stmt_execute" && d.fingerprint == "begin")
-        .map(|d| d.test.p50_us as i64 - d.prod.p50_us as i64);
-    println!("relay path overhead (BEGIN, test p50 - prod p50): {overhead:?} us");
+    let mut worst = (0.0f64, String::new());
     for d in r.digests.iter().filter(|d| d.count >= 100) {
+        let ratio = d.test.p50_us.max(P50_FLOOR_US) as f64 / d.prod.p50_us.max(P50_FLOOR_US) as f64;
+        if ratio > worst.0 {
+            worst = (ratio, d.fingerprint.clone());
+        }
         let allowed = 2 * d.prod.p50_us.max(P50_FLOOR_US);
         ensure!(
             d.test.p50_us <= allowed,
@@ -270,6 +270,10 @@ fn an_unchanged_test_server_shows_no_regression() -> Result<()> {
             d.prod.p50_us
         );
     }
+    println!(
+        "worst p50 ratio (floor {P50_FLOOR_US} us): {:.2} ({})",
+        worst.0, worst.1
+    );
     Ok(())
 }
 
