@@ -120,8 +120,12 @@ pub struct MirrorArgs {
     pub multiply: u32,
 
     /// Mirror only this share of the client connections, in percent (0 < PERCENT <= 100,
-    /// decimals allowed). Chosen by a fixed hash of the client's address and port, so a
-    /// connection is mirrored whole or not at all, also after a copier restart.
+    /// decimals allowed); each connection is mirrored whole or not at all. A new connection is
+    /// decided at its SYN, by a hash of the client's address and port against a bar that moves
+    /// with the share taken so far (so 200 connections come within a point or two of the share,
+    /// whatever their ports), and the decision is remembered until it closes. A connection
+    /// picked up mid-stream (open before the copier started) is decided by a fixed hash of
+    /// address and port alone: the same after a copier restart, within a few points overall.
     #[arg(long, env = "TCPSHADOW_SAMPLE", value_name = "PERCENT", value_parser = parse_sample)]
     pub sample: Option<Sample>,
 
