@@ -10,6 +10,7 @@ use anyhow::{bail, Context};
 use clap::{Parser, ValueEnum};
 use common::control::{MAX_FEEDBACK_PER_FRAME, MAX_MYSQL_HEAD, MAX_PAYLOAD_PREFIX};
 use intercept::capture::{CaptureOptions, CapturedPayload, PcapSource};
+use intercept::onhost::{self, OnHostArgs, OnHostCapture, ReplyCapture};
 use intercept::pump::{self, PumpConfig, ReplyPath};
 use intercept::relay::Relay;
 use intercept::server::{ControlServer, ServerConfig};
@@ -27,7 +28,7 @@ use intercept::signals;
 struct Cli {
     /// The test server's port: replies are captured by this source port. Several (one per
     /// copier `--map` target port): repeat the flag or separate them with commas.
-    #[arg(long, env = "TCPSHADOW_PORT", required = true, value_delimiter = ',', value_parser = clap::value_parser!(u16).range(1..))]
+    #[arg(long, env = "TCPSHADOW_PORT", required_unless_present = "cleanup", value_delimiter = ',', value_parser = clap::value_parser!(u16).range(1..))]
     port: Vec<u16>,
 
     /// Address the copiers connect to.
@@ -104,6 +105,9 @@ struct Cli {
     /// Most replies per feedback batch.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=MAX_FEEDBACK_PER_FRAME as i64))]
     batch: u32,
+
+    #[command(flatten)]
+    on_host: OnHostArgs,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -179,6 +183,9 @@ impl Cli {
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
+    if cli.on_host.cleanup {
+        return onhost::cleanup();
+    }
     let token = cli.token_file.as_deref().map(read_token).transpose()?;
     if let Some(warning) = open_listen_warning(cli.listen, token.is_some()) {
         tracing::warn!("{warning}");
@@ -193,18 +200,34 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     let payload_prefix = cli.payload_prefix();
     // Capture first: a missing privilege is the most likely mistake, and nothing should be
     // listening for copiers when it happens.
-    let mut source = PcapSource::open(&CaptureOptions {
-        interface: cli.interface.clone(),
-        ports: cli.ports(),
-        server: cli.server,
-        payload: if cli.mysql() {
-            CapturedPayload::Whole
-        } else {
-            CapturedPayload::Prefix(usize::from(payload_prefix))
-        },
-        direction: cli.direction.into(),
-        buffer_bytes: cli.buffer_mib as usize * 1024 * 1024,
-    })?;
+    let mut source = if cli.on_host.on_test_host {
+        ReplyCapture::Queue(onhost::start(
+            &cli.on_host,
+            &OnHostCapture {
+                ports: cli.ports(),
+                server: cli.server,
+                copy_range: if cli.mysql() {
+                    intercept::nfqueue::MAX_COPY_RANGE
+                } else {
+                    OnHostCapture::prefix_range(usize::from(payload_prefix))
+                },
+                recv_buffer: cli.buffer_mib as usize * 1024 * 1024,
+            },
+        )?)
+    } else {
+        ReplyCapture::Pcap(PcapSource::open(&CaptureOptions {
+            interface: cli.interface.clone(),
+            ports: cli.ports(),
+            server: cli.server,
+            payload: if cli.mysql() {
+                CapturedPayload::Whole
+            } else {
+                CapturedPayload::Prefix(usize::from(payload_prefix))
+            },
+            direction: cli.direction.into(),
+            buffer_bytes: cli.buffer_mib as usize * 1024 * 1024,
+        })?)
+    };
 
     let listener = TcpListener::bind(cli.listen).with_context(|| {
         format!(
@@ -351,6 +374,28 @@ mod tests {
         assert_eq!(cli.ports_label(), "3306,3307");
         assert!(Cli::try_parse_from(["intercept"]).is_err());
         assert!(Cli::try_parse_from(["intercept", "--port", "0"]).is_err());
+    }
+
+    #[test]
+    fn on_test_host_flags_and_cleanup_without_a_port() {
+        let cli = Cli::try_parse_from(["intercept", "--cleanup"]).unwrap();
+        assert!(cli.on_host.cleanup);
+        let cli = Cli::try_parse_from([
+            "intercept",
+            "--port",
+            "3306",
+            "--on-test-host",
+            "--client-ip-pool",
+            "198.19.7.9/24",
+        ])
+        .unwrap();
+        assert!(cli.on_host.on_test_host);
+        assert_eq!(
+            cli.on_host.client_ip_pool,
+            Some((Ipv4Addr::new(198, 19, 7, 0), 24))
+        );
+        assert_eq!(cli.on_host.queue_num, onhost::DEFAULT_QUEUE);
+        assert!(Cli::try_parse_from(["intercept", "--on-test-host"]).is_err());
     }
 
     #[test]
