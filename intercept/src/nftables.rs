@@ -41,9 +41,14 @@ use crate::netlink::{
 pub const TABLE: &str = "tcpshadow_intercept";
 /// Its one chain.
 pub const CHAIN: &str = "replies";
-/// Before conntrack (-200) and any filter or NAT rule (>= -150): the replies are queued
-/// before another rule can drop them synchronously (see the module doc) or rewrite them.
-pub const PRIORITY: i32 = -300;
+/// After conntrack (-200), before NAT (-100) and filter (0) rules: "mangle".
+///
+/// After conntrack, because conntrack must see the replies: if it saw only the client side
+/// of a mirrored connection, the copier's handshake ACK would be INVALID for it, and the
+/// common firewall rule `ct state invalid drop` (firewalld, ufw, most examples) would drop it
+/// (checked in the lab: with priority -300 not one query was mirrored). Before filter rules,
+/// so none of them can drop a reply synchronously (see the module doc) or NAT rewrite it.
+pub const PRIORITY: i32 = -150;
 
 // Kernel ABI (include/uapi/linux/netfilter/nfnetlink.h, nf_tables.h, netfilter.h).
 const NFNL_SUBSYS_NFTABLES: u16 = 10;
@@ -465,7 +470,8 @@ mod tests {
         assert_eq!(i32::from(NFT_MSG_NEWRULE), libc::NFT_MSG_NEWRULE);
         assert_eq!(i32::from(NFPROTO_IPV4), libc::NFPROTO_IPV4);
         assert_eq!(NF_INET_LOCAL_OUT as i32, libc::NF_INET_LOCAL_OUT);
-        assert_eq!(PRIORITY, libc::NF_IP_PRI_RAW);
+        assert_eq!(PRIORITY, libc::NF_IP_PRI_MANGLE);
+        const { assert!(libc::NF_IP_PRI_CONNTRACK < PRIORITY && PRIORITY < libc::NF_IP_PRI_NAT_DST) };
         assert_eq!(NF_ACCEPT as i32, libc::NF_ACCEPT);
         assert_eq!(NFT_META_L4PROTO as i32, libc::NFT_META_L4PROTO);
         assert_eq!(NFT_CMP_EQ as i32, libc::NFT_CMP_EQ);
@@ -485,7 +491,7 @@ mod tests {
         let d = rule().describe();
         assert!(d.starts_with("table ip tcpshadow_intercept {"), "{d}");
         assert!(
-            d.contains("type filter hook output priority -300; policy accept;"),
+            d.contains("type filter hook output priority -150; policy accept;"),
             "{d}"
         );
         assert!(
