@@ -144,6 +144,15 @@ pub struct MirrorArgs {
     /// With --read-only: mirror CALL of stored procedures (vouch that they only read).
     #[arg(long, env = "TCPSHADOW_READ_ONLY_ALLOW_CALLS")]
     pub read_only_allow_calls: bool,
+
+    /// Serve Prometheus metrics at http://ADDR:PORT/metrics (e.g. 127.0.0.1:9631; names in
+    /// docs/metrics.md). Refreshed every second.
+    #[arg(long, env = "TCPSHADOW_METRICS", value_name = "ADDR:PORT")]
+    pub metrics: Option<SocketAddr>,
+
+    /// With --metrics: how many digests (the most frequent) get latency histograms.
+    #[arg(long, env = "TCPSHADOW_METRICS_TOP_DIGESTS", default_value_t = 20)]
+    pub metrics_top_digests: usize,
 }
 
 /// One production port mirrored to one test server.

@@ -64,6 +64,7 @@ use crate::cli::{MirrorArgs, Protocol, Route};
 use crate::control_client::{ControlClient, ControlHandle, Relayed};
 use crate::credentials::Credentials;
 use crate::engine::{CloseReason, Engine, EngineConfig, EngineEvent, Fleet, TestEvent};
+use crate::metrics::MetricsPublisher;
 use crate::mysql::{MysqlConfig, MysqlFactory, NotRecovered, RandomBytes};
 use crate::prod_state::{OwnAddress, ProdDsn, StateLookup};
 use crate::send::RawSender;
@@ -118,6 +119,8 @@ pub struct Driver {
     /// Packets of this host to itself or of `--prod-dsn`'s own connection, never mirrored.
     own_skipped: u64,
     mysql_events: u64,
+    /// `--metrics`: re-rendered from the status snapshot when due (see `status_due`).
+    metrics: Option<MetricsPublisher>,
 }
 
 impl Driver {
@@ -126,6 +129,11 @@ impl Driver {
     pub fn start(args: &MirrorArgs, plan: Plan, now: Instant) -> Result<Self> {
         let recovery_wait = plan.prod_dsn.is_some().then_some(plan.prod_dsn_wait);
         let fleet = build_fleet(args, &plan, recovery_wait)?;
+        // Bound before anything else starts: a taken port is a start-up mistake to fix now.
+        let metrics = args
+            .metrics
+            .map(|addr| MetricsPublisher::start(addr, args.metrics_top_digests, now))
+            .transpose()?;
         let sender = RawSender::open()?;
         let waker = Waker::new().context("cannot create an eventfd")?;
         let name = format!("copier@{}", hostname());
@@ -145,7 +153,7 @@ impl Driver {
         let lookup = start_lookup(plan.prod_dsn, &waker)?;
         let own = lookup.as_ref().map(|l| l.own_address().clone());
         let buf = vec![0u8; fleet.transmit_buffer_len()];
-        Ok(Self {
+        let mut driver = Self {
             fleet,
             sample_percent: args.sample.map(|s| s.percent()),
             sender,
@@ -161,7 +169,12 @@ impl Driver {
             not_mirrorable: OncePerClient::default(),
             own_skipped: 0,
             mysql_events: 0,
-        })
+            metrics,
+        };
+        // A scrape before the first packet sees zeros, not an empty page.
+        let snap = driver.snapshot(&CaptureStats::default());
+        driver.publish_metrics(now, &snap);
+        Ok(driver)
     }
 
     /// One captured packet (either direction). Nothing is sent until [`Driver::pump`].
@@ -256,6 +269,9 @@ impl Driver {
         if let Some(d) = self.status.next_due() {
             sleep = sleep.min(d.saturating_since(now));
         }
+        if let Some(m) = &self.metrics {
+            sleep = sleep.min(m.next_due().saturating_since(now));
+        }
         if self.stopping_since.is_some() {
             sleep = sleep.min(DRAIN_SLEEP);
         }
@@ -271,14 +287,35 @@ impl Driver {
         wait_readable(&fds[..=n], timeout);
     }
 
+    /// Whether the status line or the `--metrics` exposition is due: the callers refresh
+    /// the capture's kernel counters and call [`Driver::print_status`], which does whichever
+    /// is due.
     pub fn status_due(&self, now: Instant) -> bool {
-        self.status.due(now)
+        self.status.due(now) || self.metrics.as_ref().is_some_and(|m| m.due(now))
     }
 
-    /// Prints the status line (call when [`Driver::status_due`]).
+    /// Prints the status line and publishes the metrics, each if due (call when
+    /// [`Driver::status_due`]).
     pub fn print_status(&mut self, now: Instant, capture: &CaptureStats) {
         let snap = self.snapshot(capture);
-        self.status.print(now, &snap);
+        if self.status.due(now) {
+            self.status.print(now, &snap);
+        }
+        self.publish_metrics(now, &snap);
+    }
+
+    fn publish_metrics(&mut self, now: Instant, snap: &Snapshot) {
+        if let Some(m) = &mut self.metrics {
+            if m.due(now) {
+                // The comparison report joins here once it is collected (issue 6).
+                m.publish(now, snap, None);
+            }
+        }
+    }
+
+    /// The `--metrics` responder's address, when serving.
+    pub fn metrics_addr(&self) -> Option<std::net::SocketAddr> {
+        self.metrics.as_ref().map(MetricsPublisher::local_addr)
     }
 
     /// All counters now.
@@ -313,9 +350,13 @@ impl Driver {
         error
     }
 
-    /// The final counters; stops the control client and the lookup.
-    pub fn finish(self, capture: &CaptureStats) -> Snapshot {
+    /// The final counters; stops the control client and the lookup. The last exposition
+    /// published equals the summary's counters (a scrape racing the exit sees final values).
+    pub fn finish(mut self, capture: &CaptureStats) -> Snapshot {
         let snap = self.snapshot(capture);
+        if let Some(m) = &mut self.metrics {
+            m.publish(Instant::default(), &snap, None);
+        }
         tracing::debug!(
             mysql_events = self.mysql_events,
             own_skipped = self.own_skipped,

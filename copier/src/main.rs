@@ -5,6 +5,7 @@ use clap::{CommandFactory, FromArgMatches, Parser};
 use copier::cli::Args;
 use copier::record::RecordArgs;
 use copier::replay::ReplayArgs;
+use copier::report::diff::ReportArgs;
 use copier::{record, replay, run, signals, status};
 use tracing_subscriber::EnvFilter;
 
@@ -14,7 +15,9 @@ Subcommands (each has its own --help):
   copier record --port 3306 --output FILE.pcapng [--rotate-size 1G] ...
       write the production port's traffic to pcapng files
   copier replay FILE... --target HOST:PORT --intercept HOST:PORT [--speed 2] [--loop N] ...
-      replay recorded traffic (pcap or pcapng) onto a test server";
+      replay recorded traffic (pcap or pcapng) onto a test server
+  copier report diff A.json B.json [--top N]
+      compare two runs' comparison reports digest by digest";
 
 fn main() -> ExitCode {
     // The live daemon keeps its flat command line (`copier --port ... --target ...`, as in
@@ -31,6 +34,10 @@ fn main() -> ExitCode {
             let args = ReplayArgs::parse_from(named("copier replay", rest()));
             init_logging();
             main_replay(&args)
+        }
+        Some("report") => {
+            let args = ReportArgs::parse_from(named("copier report", rest()));
+            main_report(&args)
         }
         _ => {
             let mut matches = Args::command().after_help(SUBCOMMANDS).get_matches();
@@ -74,6 +81,20 @@ fn main_live(args: &Args) -> ExitCode {
         Err(e) => {
             eprintln!("copier: {e:#}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+fn main_report(args: &ReportArgs) -> ExitCode {
+    match copier::report::diff::run(args) {
+        Ok(text) => {
+            print!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("copier report: {e}");
+            // 2, as for a bad command line: the inputs were not what was asked for.
+            ExitCode::from(2)
         }
     }
 }

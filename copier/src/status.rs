@@ -185,11 +185,11 @@ impl StatusLine {
 }
 
 /// Prefix of the protocol-layer counters of commands `--read-only` keeps off the test server.
-const READ_ONLY_PREFIX: &str = "read_only_skipped_";
+pub(crate) const READ_ONLY_PREFIX: &str = "read_only_skipped_";
 
 /// Whether a protocol-layer counter counts commands, logins or sessions the test server did not
 /// get as production did. What `--read-only` skips was asked for: not a loss.
-fn is_protocol_loss(name: &str) -> bool {
+pub(crate) fn is_protocol_loss(name: &str) -> bool {
     if name.starts_with(READ_ONLY_PREFIX) {
         return false;
     }

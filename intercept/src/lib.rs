@@ -11,6 +11,7 @@
 
 pub mod capture;
 pub mod framer;
+pub mod metrics;
 pub mod netlink;
 pub mod nfqueue;
 pub mod nftables;

@@ -10,12 +10,20 @@ use anyhow::{bail, Context};
 use clap::{Parser, ValueEnum};
 use common::control::{MAX_FEEDBACK_PER_FRAME, MAX_MYSQL_HEAD, MAX_PAYLOAD_PREFIX};
 use intercept::capture::{CaptureOptions, CapturedPayload, PcapSource};
+use intercept::metrics::render_intercept_metrics;
 use intercept::onhost::{self, OnHostArgs, OnHostCapture, ReplyCapture};
 use intercept::pump::{self, PumpConfig, ReplyPath};
 use intercept::relay::Relay;
 use intercept::server::{ControlServer, ServerConfig};
 use intercept::sessions::SessionConfig;
 use intercept::signals;
+use tcpshadow_metrics::Published;
+
+/// How often `--metrics` is refreshed.
+const METRICS_INTERVAL: Duration = Duration::from_secs(1);
+/// A report a few milliseconds early still prints its status line (reports come every
+/// second, so without slack a 5 s line could slip to 6 s).
+const LINE_SLACK: Duration = Duration::from_millis(100);
 
 /// Capture the test server's replies on the assist host and relay them to the copiers.
 ///
@@ -108,6 +116,10 @@ struct Cli {
 
     #[command(flatten)]
     on_host: OnHostArgs,
+    /// Serve Prometheus metrics at http://ADDR:PORT/metrics (names in docs/metrics.md),
+    /// refreshed every second.
+    #[arg(long, env = "TCPSHADOW_METRICS", value_name = "ADDR:PORT")]
+    metrics: Option<SocketAddr>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -229,6 +241,18 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         })?)
     };
 
+    // Before the control server: a taken metrics port is a start-up mistake to fix now.
+    let metrics = match cli.metrics {
+        Some(addr) => {
+            let published = Published::new();
+            let server = tcpshadow_metrics::serve(addr, published.clone(), "intercept-metrics")
+                .with_context(|| format!("--metrics {addr}: cannot listen"))?;
+            tracing::info!("metrics on http://{}/metrics", server.local_addr());
+            Some((published, server))
+        }
+        None => None,
+    };
+
     let listener = TcpListener::bind(cli.listen).with_context(|| {
         format!(
             "cannot listen for copiers on {}: is another intercept running? choose another --listen",
@@ -258,11 +282,27 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         usize::from(payload_prefix),
         cli.sessions(),
     );
+    let status_interval =
+        (cli.status_interval > 0).then(|| Duration::from_secs(cli.status_interval));
+    // With --metrics the loop reports every second: each report publishes the metrics and
+    // logs the status line only when its own interval has passed.
     let config = PumpConfig {
-        status_interval: (cli.status_interval > 0)
-            .then(|| Duration::from_secs(cli.status_interval)),
+        status_interval: match (&metrics, status_interval) {
+            (Some(_), Some(i)) => Some(i.min(METRICS_INTERVAL)),
+            (Some(_), None) => Some(METRICS_INTERVAL),
+            (None, i) => i,
+        },
         ..PumpConfig::default()
     };
+    if let Some((published, _)) = &metrics {
+        // A scrape before the first report sees zeros, not an empty page.
+        published.set(render_intercept_metrics(&pump::status(
+            &path,
+            &mut source,
+            server.stats(),
+        )));
+    }
+    let mut last_line = std::time::Instant::now();
     let result = pump::run(
         &mut source,
         &mut path,
@@ -271,10 +311,19 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         config,
         |path, source| {
             let status = pump::status(path, source, server.stats());
-            tracing::info!("status: {status}");
+            if let Some((published, _)) = &metrics {
+                published.set(render_intercept_metrics(&status));
+            }
+            if status_interval.is_some_and(|i| last_line.elapsed() + LINE_SLACK >= i) {
+                tracing::info!("status: {status}");
+                last_line = std::time::Instant::now();
+            }
         },
     );
     let summary = pump::status(&path, &mut source, server.stats());
+    if let Some((published, _)) = &metrics {
+        published.set(render_intercept_metrics(&summary));
+    }
     tracing::info!("final: {summary}");
     if signals::STOP.load(Ordering::Relaxed) {
         tracing::info!("stopped by signal");
