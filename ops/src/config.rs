@@ -465,10 +465,10 @@ pub fn effective_toml(cmd: &Command, matches: &ArgMatches, config: Option<&Confi
 
 /// A value as TOML: numbers bare (the flag takes them as text either way), the rest quoted.
 fn toml_scalar(v: &str) -> String {
-    let numeric = !v.is_empty()
-        && !v.starts_with('+')
-        && !(v.len() > 1 && v.starts_with('0') && !v.starts_with("0."))
-        && (v.parse::<i64>().is_ok() || (v.contains('.') && v.parse::<f64>().is_ok()));
+    // TOML forbids leading zeros and '+'-less oddities such as "0755": keep those quoted.
+    let leading_zero = v.len() > 1 && v.starts_with('0') && !v.starts_with("0.");
+    let number = v.parse::<i64>().is_ok() || (v.contains('.') && v.parse::<f64>().is_ok());
+    let numeric = number && !leading_zero && !v.starts_with('+');
     if numeric {
         v.to_owned()
     } else {
