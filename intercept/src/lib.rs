@@ -7,6 +7,7 @@
 //! packet toward a client or a server; it only listens and talks to copiers.
 
 pub mod capture;
+pub mod doctor;
 pub mod framer;
 pub mod pump;
 pub mod reassembly;

@@ -208,8 +208,10 @@ impl ConfigFile {
     pub fn apply(&self, mut cmd: Command) -> Command {
         for s in &self.settings {
             let values = s.values.clone();
+            // --help shows defaults, and now they come from the file: keep secrets out of it.
+            let secret = values.iter().any(|v| redact(&s.key, v) != *v);
             cmd = cmd.mut_arg(s.id.as_str(), move |a| {
-                let a = a.required(false);
+                let a = a.required(false).hide_default_value(secret);
                 if values.len() == 1 {
                     a.default_value(values[0].clone())
                 } else {

@@ -221,6 +221,25 @@ pub fn same_subnet(a: Ipv4Addr, b: Ipv4Addr, prefix: u8) -> bool {
     u32::from(a) & mask == u32::from(b) & mask
 }
 
+/// `A.B.C.D/LEN`, the address masked to its network.
+pub fn parse_cidr(s: &str) -> Result<(Ipv4Addr, u8), String> {
+    let (addr, len) = s
+        .split_once('/')
+        .ok_or_else(|| format!("{s:?} is not CIDR (expected e.g. 198.19.0.0/16)"))?;
+    let addr: Ipv4Addr = addr.parse().map_err(|e| format!("{addr:?}: {e}"))?;
+    let len: u8 = len
+        .parse()
+        .ok()
+        .filter(|l| *l <= 32)
+        .ok_or_else(|| format!("prefix length {len:?} must be 0 to 32"))?;
+    let mask = if len == 0 {
+        0
+    } else {
+        u32::MAX << (32 - u32::from(len))
+    };
+    Ok((Ipv4Addr::from(u32::from(addr) & mask), len))
+}
+
 /// What adjtimex(2) says about the system clock.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ClockState {
@@ -266,6 +285,17 @@ mod tests {
         assert!(parse_mac("02:54:53:44:00").is_none());
         assert!(parse_mac("02:54:53:44:00:0a:01").is_none());
         assert!(parse_mac("zz:54:53:44:00:0a").is_none());
+    }
+
+    #[test]
+    fn cidrs() {
+        assert_eq!(
+            parse_cidr("198.19.3.7/16"),
+            Ok((Ipv4Addr::new(198, 19, 0, 0), 16))
+        );
+        assert_eq!(parse_cidr("0.0.0.0/0"), Ok((Ipv4Addr::UNSPECIFIED, 0)));
+        assert!(parse_cidr("198.19.0.0/33").is_err());
+        assert!(parse_cidr("198.19.0.0").is_err());
     }
 
     #[test]
