@@ -11,6 +11,7 @@ PACKAGES=(
     libmariadb-dev                              # Connector/C, for the lab's COM_CHANGE_USER client
     iproute2 iptables nftables ethtool tcpdump  # the lab's network and captures
     procps psmisc util-linux perl               # sysctl, setpriv, flock; used by lab.sh and tests
+    systemd                                     # systemd-analyze verify of deploy/systemd units
 )
 
 missing=()
