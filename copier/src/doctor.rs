@@ -109,7 +109,9 @@ pub fn run(args: &DoctorArgs) -> Report {
     for route in &good_routes {
         path_mtu(&mut r, route, m.mss);
     }
-    rp_filter(&mut r, &good_routes);
+    if !good_routes.is_empty() {
+        rp_filter(&mut r, &good_routes);
+    }
     conntrack(&mut r);
     clock(&mut r);
 
