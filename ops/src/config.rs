@@ -123,11 +123,12 @@ pub fn parse<T: clap::FromArgMatches>(
         Some(c) => c.apply(cmd),
         None => cmd,
     };
-    let mut matches = match command.clone().try_get_matches_from(argv) {
+    let matches = match command.clone().try_get_matches_from(argv) {
         Ok(m) => m,
         Err(e) => e.exit(),
     };
-    let args = match T::from_arg_matches_mut(&mut matches) {
+    // from_arg_matches_mut takes the values out: keep the matches whole for --print-config.
+    let args = match T::from_arg_matches_mut(&mut matches.clone()) {
         Ok(a) => a,
         Err(e) => e.format(&mut command.clone()).exit(),
     };
@@ -426,7 +427,9 @@ pub fn effective_toml(cmd: &Command, matches: &ArgMatches, config: Option<&Confi
     if let Some(c) = config {
         let _ = writeln!(out, "# config file: {}", c.path.display());
     }
-    for arg in config_keys(cmd) {
+    let mut keys = config_keys(cmd);
+    keys.sort_by_key(|a| a.get_long());
+    for arg in keys {
         let id = arg.get_id().as_str();
         let key = arg.get_long().unwrap_or(id);
         let origin = match matches.value_source(id) {
@@ -696,6 +699,12 @@ mod tests {
             .collect();
         let p: Parsed<Demo> = parse(Demo::command(), &Demo::command(), argv).unwrap();
         assert_eq!(p.args.port, vec![3308]);
+        let shown = effective_toml(&p.command, &p.matches, p.config.as_ref());
+        assert!(shown.contains("port = [3308]  # flag"), "{shown}");
+        assert!(
+            shown.contains("intercept = \"198.18.0.4:1\"  # config file"),
+            "{shown}"
+        );
         assert_eq!(p.config.unwrap().settings.len(), 2);
         let missing = ["demo", "--config", "/nonexistent/x.toml"]
             .iter()
