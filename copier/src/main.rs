@@ -100,6 +100,14 @@ fn main_doctor(argv: Vec<OsString>) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if parsed.args.daemon.config.print_config {
+        let config = parsed.config.as_ref();
+        print!(
+            "{}",
+            ops::config::effective_toml(&parsed.command, &parsed.matches, config)
+        );
+        return ExitCode::SUCCESS;
+    }
     // Only problems reach the log: the checks are the output.
     ops::reload::init_logging("warn", false);
     if copier::doctor::run(&parsed.args).failed() {

@@ -210,6 +210,14 @@ fn doctor_main(argv: Vec<std::ffi::OsString>) -> i32 {
             return 2;
         }
     };
+    if parsed.args.daemon.config.print_config {
+        let config = parsed.config.as_ref();
+        print!(
+            "{}",
+            ops::config::effective_toml(&parsed.command, &parsed.matches, config)
+        );
+        return 0;
+    }
     // Only problems reach the log: the checks are the output.
     ops::reload::init_logging("warn", false);
     let cli = &parsed.args.daemon;
