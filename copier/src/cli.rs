@@ -58,6 +58,10 @@ pub struct Args {
     /// Kernel capture buffer, in MiB.
     #[arg(long, env = "TCPSHADOW_CAPTURE_BUFFER_MB", default_value_t = 64)]
     pub capture_buffer_mb: u32,
+
+    /// --config, --print-config, --log.
+    #[command(flatten)]
+    pub config: ops::config::ConfigArgs,
 }
 
 /// How sessions are mirrored, wherever the packets come from (a live capture or a file).

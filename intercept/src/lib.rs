@@ -10,6 +10,7 @@
 //! nftables rule of ours ([`nftables`]) feeds, both spoken over [`netlink`].
 
 pub mod capture;
+pub mod doctor;
 pub mod framer;
 pub mod metrics;
 pub mod netlink;

@@ -57,7 +57,7 @@ pub struct OnHostArgs {
     /// NFQUEUE --queue-num, relayed and dropped. The rule is installed at start and removed at
     /// exit; one left by a crash is replaced at the next start (or use --cleanup). Needs root
     /// or CAP_NET_ADMIN. --interface and --direction do not apply.
-    #[arg(long)]
+    #[arg(long, env = "TCPSHADOW_ON_TEST_HOST")]
     pub on_test_host: bool,
 
     /// The mirrored clients' addresses (CIDR), the same as the copiers' --client-ip-pool.
@@ -72,7 +72,7 @@ pub struct OnHostArgs {
 
     /// Remove what an on-test-host intercept that was killed left behind (its nftables table),
     /// then exit. Refused while an on-test-host intercept runs on this host.
-    #[arg(long)]
+    #[arg(long, env = "TCPSHADOW_CLEANUP")]
     pub cleanup: bool,
 }
 
