@@ -20,7 +20,7 @@ step() {
 
 step ./scripts/install-deps.sh
 if command -v shellcheck >/dev/null 2>&1; then
-    step shellcheck deploy/lab/lab.sh scripts/*.sh demo.sh .ci/run
+    step shellcheck deploy/lab/lab.sh deploy/routes.sh scripts/*.sh demo.sh .ci/run
 else
     echo "==> shellcheck not installed: shell scripts not linted" >&2
 fi

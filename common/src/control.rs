@@ -55,6 +55,15 @@ pub const MYSQL_MAX_PAYLOAD: u32 = 0xFF_FFFF;
 /// A Mysql batch of at most this many events always fits in one frame, whatever the heads.
 pub const MAX_MYSQL_EVENTS_PER_FRAME: usize = MAX_FRAME_LEN / (MAX_MYSQL_ITEM_LEN + 1);
 
+/// Most addresses one Doctor query asks intercept to ARP for.
+pub const MAX_DOCTOR_ARP: usize = 1024;
+/// Most checks in one DoctorReport.
+pub const MAX_DOCTOR_CHECKS: usize = 256;
+/// Longest check name, in bytes of UTF-8.
+pub const MAX_CHECK_NAME_LEN: usize = 255;
+/// Longest check detail, in bytes of UTF-8.
+pub const MAX_CHECK_DETAIL_LEN: usize = 4096;
+
 /// Message type codes. Hello and Reject keep their codes and layouts in every version, so that
 /// peers of different versions can still tell each other why they cannot talk.
 mod ty {
@@ -62,11 +71,13 @@ mod ty {
     pub const CLAIM: u8 = 0x02;
     pub const RELEASE: u8 = 0x03;
     pub const PING: u8 = 0x04;
+    pub const DOCTOR: u8 = 0x05;
     pub const WELCOME: u8 = 0x81;
     pub const REJECT: u8 = 0x82;
     pub const FEEDBACK: u8 = 0x83;
     pub const PONG: u8 = 0x84;
     pub const MYSQL: u8 = 0x85;
+    pub const DOCTOR_REPORT: u8 = 0x86;
 }
 
 // Kinds of a Mysql item.
@@ -299,6 +310,56 @@ impl Reject {
     }
 }
 
+/// `copier doctor` asks intercept to check its side of the path (never sent by a running
+/// copier). intercept answers with a [`DoctorReport`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DoctorQuery {
+    /// The test server: intercept checks the segment it reaches it on.
+    pub target: Ipv4Addr,
+    /// Mirrored client addresses to ask ARP for on that segment (at most [`MAX_DOCTOR_ARP`]).
+    pub arp: Vec<ArpTarget>,
+}
+
+/// An address the doctor wants ARP-checked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ArpTarget {
+    pub addr: Ipv4Addr,
+    /// From `--client-ip-pool`: no host should own it. Otherwise a real client's address,
+    /// which the client itself may rightly answer for.
+    pub pool: bool,
+}
+
+/// One finding of intercept's doctor.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DoctorCheck {
+    /// 0 ok, 1 warn, 2 fail.
+    pub level: u8,
+    /// At most [`MAX_CHECK_NAME_LEN`] bytes.
+    pub name: String,
+    /// At most [`MAX_CHECK_DETAIL_LEN`] bytes.
+    pub detail: String,
+}
+
+impl DoctorCheck {
+    /// A check; name and detail are cut to their limits so that it always encodes.
+    pub fn new(level: u8, name: &str, detail: &str) -> Self {
+        DoctorCheck {
+            level: level.min(2),
+            name: truncate_utf8(name, MAX_CHECK_NAME_LEN).to_owned(),
+            detail: truncate_utf8(detail, MAX_CHECK_DETAIL_LEN).to_owned(),
+        }
+    }
+}
+
+/// intercept's answer to a [`DoctorQuery`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DoctorReport {
+    /// intercept's wall clock, milliseconds since the Unix epoch (for a clock-skew check).
+    pub unix_ms: u64,
+    /// At most [`MAX_DOCTOR_CHECKS`].
+    pub checks: Vec<DoctorCheck>,
+}
+
 /// Frames a copier sends to intercept.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CopierMessage {
@@ -309,6 +370,8 @@ pub enum CopierMessage {
     Release(Vec<SocketAddrV4>),
     /// Keepalive; intercept answers with a Pong carrying the same nonce.
     Ping(u64),
+    /// `copier doctor` only.
+    Doctor(DoctorQuery),
 }
 
 /// Frames intercept sends to a copier.
@@ -320,6 +383,8 @@ pub enum InterceptMessage {
     Pong(u64),
     /// MySQL packet summaries, in stream order per connection.
     Mysql(Vec<MysqlEvent>),
+    /// The answer to a Doctor query.
+    DoctorReport(DoctorReport),
 }
 
 /// Why a message could not be encoded. The output buffer is left as it was.
@@ -382,6 +447,7 @@ impl WireMessage for CopierMessage {
                 o.extend_from_slice(&n.to_be_bytes());
                 Ok(())
             }),
+            CopierMessage::Doctor(q) => encode_doctor(q, out),
         }
     }
 
@@ -415,6 +481,24 @@ impl WireMessage for CopierMessage {
             ty::CLAIM => CopierMessage::Claim(read_addrs(&mut r)?),
             ty::RELEASE => CopierMessage::Release(read_addrs(&mut r)?),
             ty::PING => CopierMessage::Ping(r.u64()?),
+            ty::DOCTOR => {
+                let target = Ipv4Addr::from(r.array::<4>()?);
+                let count = usize::from(r.u16()?);
+                if count > MAX_DOCTOR_ARP {
+                    return Err(r.invalid("more ARP targets than a Doctor query may carry"));
+                }
+                let mut arp = Vec::with_capacity(count.min(r.buf.len() / 5));
+                for _ in 0..count {
+                    let addr = Ipv4Addr::from(r.array::<4>()?);
+                    let pool = match r.u8()? {
+                        0 => false,
+                        1 => true,
+                        _ => return Err(r.invalid("ARP target kind is not 0 or 1")),
+                    };
+                    arp.push(ArpTarget { addr, pool });
+                }
+                CopierMessage::Doctor(DoctorQuery { target, arp })
+            }
             _ => return Err(DecodeError::UnexpectedType { ty: t }),
         };
         r.finish()?;
@@ -430,6 +514,7 @@ impl WireMessage for InterceptMessage {
             InterceptMessage::Feedback(b) => encode_feedback(b, out),
             InterceptMessage::Pong(n) => encode_pong(*n, out),
             InterceptMessage::Mysql(b) => encode_mysql(b, out),
+            InterceptMessage::DoctorReport(d) => encode_doctor_report(d, out),
         }
     }
 
@@ -488,6 +573,33 @@ impl WireMessage for InterceptMessage {
                     items.push(read_mysql(&mut r)?);
                 }
                 InterceptMessage::Mysql(items)
+            }
+            ty::DOCTOR_REPORT => {
+                let unix_ms = r.u64()?;
+                let count = usize::from(r.u16()?);
+                if count > MAX_DOCTOR_CHECKS {
+                    return Err(r.invalid("more checks than a DoctorReport may carry"));
+                }
+                let mut checks = Vec::with_capacity(count.min(r.buf.len() / 4));
+                for _ in 0..count {
+                    let level = r.u8()?;
+                    if level > 2 {
+                        return Err(r.invalid("check level is not 0, 1 or 2"));
+                    }
+                    let name_len = usize::from(r.u8()?);
+                    let name = r.string(name_len)?;
+                    let detail_len = usize::from(r.u16()?);
+                    if detail_len > MAX_CHECK_DETAIL_LEN {
+                        return Err(r.invalid("check detail longer than 4096 bytes"));
+                    }
+                    let detail = r.string(detail_len)?;
+                    checks.push(DoctorCheck {
+                        level,
+                        name,
+                        detail,
+                    });
+                }
+                InterceptMessage::DoctorReport(DoctorReport { unix_ms, checks })
             }
             _ => return Err(DecodeError::UnexpectedType { ty: t }),
         };
@@ -569,6 +681,42 @@ pub fn encode_release(addrs: &[SocketAddrV4], out: &mut Vec<u8>) -> Result<(), E
 /// Appends a Ping frame.
 pub fn encode_ping(nonce: u64, out: &mut Vec<u8>) -> Result<(), EncodeError> {
     CopierMessage::Ping(nonce).encode(out)
+}
+
+/// Appends a Doctor frame; at most [`MAX_DOCTOR_ARP`] ARP targets.
+pub fn encode_doctor(q: &DoctorQuery, out: &mut Vec<u8>) -> Result<(), EncodeError> {
+    check_len("ARP target list", q.arp.len(), MAX_DOCTOR_ARP)?;
+    frame(out, ty::DOCTOR, |o| {
+        o.extend_from_slice(&q.target.octets());
+        o.extend_from_slice(&(q.arp.len() as u16).to_be_bytes());
+        for a in &q.arp {
+            o.extend_from_slice(&a.addr.octets());
+            o.push(u8::from(a.pool));
+        }
+        Ok(())
+    })
+}
+
+/// Appends a DoctorReport frame.
+pub fn encode_doctor_report(d: &DoctorReport, out: &mut Vec<u8>) -> Result<(), EncodeError> {
+    check_len("check list", d.checks.len(), MAX_DOCTOR_CHECKS)?;
+    for c in &d.checks {
+        check_len("check name", c.name.len(), MAX_CHECK_NAME_LEN)?;
+        check_len("check detail", c.detail.len(), MAX_CHECK_DETAIL_LEN)?;
+        check_len("check level", usize::from(c.level), 2)?;
+    }
+    frame(out, ty::DOCTOR_REPORT, |o| {
+        o.extend_from_slice(&d.unix_ms.to_be_bytes());
+        o.extend_from_slice(&(d.checks.len() as u16).to_be_bytes());
+        for c in &d.checks {
+            o.push(c.level);
+            o.push(c.name.len() as u8);
+            o.extend_from_slice(c.name.as_bytes());
+            o.extend_from_slice(&(c.detail.len() as u16).to_be_bytes());
+            o.extend_from_slice(c.detail.as_bytes());
+        }
+        Ok(())
+    })
 }
 
 /// Appends a Pong frame.
@@ -1085,6 +1233,50 @@ mod tests {
     }
 
     #[test]
+    fn doctor_layouts_are_as_documented() {
+        let mut out = Vec::new();
+        let q = DoctorQuery {
+            target: Ipv4Addr::new(198, 18, 0, 3),
+            arp: vec![ArpTarget {
+                addr: Ipv4Addr::new(198, 19, 0, 7),
+                pool: true,
+            }],
+        };
+        encode_doctor(&q, &mut out).unwrap();
+        assert_eq!(
+            out,
+            [0, 0, 0, 12, 0x05, 198, 18, 0, 3, 0, 1, 198, 19, 0, 7, 1]
+        );
+        let mut out = Vec::new();
+        let r = DoctorReport {
+            unix_ms: 1,
+            checks: vec![DoctorCheck::new(2, "ip", "x")],
+        };
+        encode_doctor_report(&r, &mut out).unwrap();
+        assert_eq!(
+            out,
+            [0, 0, 0, 18, 0x86, 0, 0, 0, 0, 0, 0, 0, 1, 0, 1, 2, 2, b'i', b'p', 0, 1, b'x']
+        );
+        assert_eq!(
+            decode_all::<InterceptMessage>(&out).unwrap(),
+            [InterceptMessage::DoctorReport(r)]
+        );
+        let bad_level = DoctorReport {
+            unix_ms: 0,
+            checks: vec![DoctorCheck {
+                level: 3,
+                name: String::new(),
+                detail: String::new(),
+            }],
+        };
+        assert!(encode_doctor_report(&bad_level, &mut Vec::new()).is_err());
+        // A check too long for the wire is cut, not refused.
+        let long = DoctorCheck::new(9, &"n".repeat(300), &"é".repeat(3000));
+        assert_eq!((long.level, long.name.len()), (2, MAX_CHECK_NAME_LEN));
+        assert!(long.detail.len() <= MAX_CHECK_DETAIL_LEN);
+    }
+
+    #[test]
     fn feedback_item_length_matches_encoding() {
         let fb = feedback();
         let mut out = Vec::new();
@@ -1506,6 +1698,20 @@ mod tests {
             addrs().prop_map(CopierMessage::Claim),
             addrs().prop_map(CopierMessage::Release),
             any::<u64>().prop_map(CopierMessage::Ping),
+            (
+                any::<[u8; 4]>(),
+                proptest::collection::vec((any::<[u8; 4]>(), any::<bool>()), 0..20)
+            )
+                .prop_map(|(t, arp)| CopierMessage::Doctor(DoctorQuery {
+                    target: Ipv4Addr::from(t),
+                    arp: arp
+                        .into_iter()
+                        .map(|(a, pool)| ArpTarget {
+                            addr: Ipv4Addr::from(a),
+                            pool
+                        })
+                        .collect(),
+                })),
         ]
     }
 
@@ -1535,6 +1741,19 @@ mod tests {
             proptest::collection::vec(arb_feedback(), 0..20).prop_map(InterceptMessage::Feedback),
             any::<u64>().prop_map(InterceptMessage::Pong),
             proptest::collection::vec(arb_mysql_event(), 0..20).prop_map(InterceptMessage::Mysql),
+            (
+                any::<u64>(),
+                proptest::collection::vec((0u8..=2, "\\PC{0,20}", "\\PC{0,80}"), 0..8)
+            )
+                .prop_map(|(unix_ms, checks)| {
+                    InterceptMessage::DoctorReport(DoctorReport {
+                        unix_ms,
+                        checks: checks
+                            .into_iter()
+                            .map(|(l, n, d)| DoctorCheck::new(l, &n, &d))
+                            .collect(),
+                    })
+                }),
         ]
     }
 

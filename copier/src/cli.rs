@@ -58,6 +58,10 @@ pub struct Args {
     /// Kernel capture buffer, in MiB.
     #[arg(long, env = "TCPSHADOW_CAPTURE_BUFFER_MB", default_value_t = 64)]
     pub capture_buffer_mb: u32,
+
+    /// --config, --print-config, --log.
+    #[command(flatten)]
+    pub config: ops::config::ConfigArgs,
 }
 
 /// How sessions are mirrored, wherever the packets come from (a live capture or a file).
@@ -120,8 +124,12 @@ pub struct MirrorArgs {
     pub multiply: u32,
 
     /// Mirror only this share of the client connections, in percent (0 < PERCENT <= 100,
-    /// decimals allowed). Chosen by a fixed hash of the client's address and port, so a
-    /// connection is mirrored whole or not at all, also after a copier restart.
+    /// decimals allowed); each connection is mirrored whole or not at all. A new connection is
+    /// decided at its SYN, by a hash of the client's address and port against a bar that moves
+    /// with the share taken so far (so 200 connections come within a point or two of the share,
+    /// whatever their ports), and the decision is remembered until it closes. A connection
+    /// picked up mid-stream (open before the copier started) is decided by a fixed hash of
+    /// address and port alone: the same after a copier restart, within a few points overall.
     #[arg(long, env = "TCPSHADOW_SAMPLE", value_name = "PERCENT", value_parser = parse_sample)]
     pub sample: Option<Sample>,
 

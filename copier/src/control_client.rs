@@ -573,6 +573,8 @@ fn read_feedback(
             InterceptMessage::Pong(_) => continue,
             InterceptMessage::Reject(r) => break End::Rejected(r.reason),
             InterceptMessage::Welcome(_) => break End::Protocol("second Welcome"),
+            // Only `copier doctor` asks for one, on a connection of its own.
+            InterceptMessage::DoctorReport(_) => break End::Protocol("unasked DoctorReport"),
         };
         bump(received, n);
         match feedback.try_send(item) {
@@ -763,6 +765,7 @@ mod tests {
                 }),
                 CopierMessage::Ping(_) => {}
                 CopierMessage::Hello(_) => panic!("second Hello"),
+                CopierMessage::Doctor(_) => panic!("a running copier never asks the doctor"),
             }
         }
     }

@@ -9,6 +9,7 @@ pub mod capture;
 pub mod cli;
 pub mod control_client;
 pub mod credentials;
+pub mod doctor;
 pub mod driver;
 pub mod engine;
 pub mod metrics;

@@ -1,7 +1,7 @@
 use std::ffi::OsString;
 use std::process::ExitCode;
 
-use clap::{CommandFactory, FromArgMatches, Parser};
+use clap::{CommandFactory, Parser};
 use copier::cli::Args;
 use copier::record::RecordArgs;
 use copier::replay::ReplayArgs;
@@ -17,9 +17,14 @@ Subcommands (each has its own --help):
   copier replay FILE... --target HOST:PORT --intercept HOST:PORT [--speed 2] [--loop N] ...
       replay recorded traffic (pcap or pcapng) onto a test server
   copier report diff A.json B.json [--top N]
-      compare two runs' comparison reports digest by digest";
+      compare two runs' comparison reports digest by digest
+
+  copier doctor [the daemon's flags or --config FILE] [--probe-client IP]
+      check the whole mirror path and explain each failure with its fix";
 
 fn main() -> ExitCode {
+    // Before any thread exists, so that only the reload thread ever takes SIGHUP.
+    ops::reload::block_sighup();
     // The live daemon keeps its flat command line (`copier --port ... --target ...`, as in
     // existing units and scripts); `record` and `replay` as the first word select a subcommand.
     let sub = std::env::args_os().nth(1);
@@ -39,14 +44,41 @@ fn main() -> ExitCode {
             let args = ReportArgs::parse_from(named("copier report", rest()));
             main_report(&args)
         }
+        Some("doctor") => main_doctor(named("copier doctor", rest())),
         _ => {
-            let mut matches = Args::command().after_help(SUBCOMMANDS).get_matches();
-            let args = match Args::from_arg_matches_mut(&mut matches) {
-                Ok(a) => a,
-                Err(e) => e.exit(),
+            let argv: Vec<OsString> = std::env::args_os().collect();
+            let cmd = Args::command().after_help(SUBCOMMANDS);
+            let parsed = match ops::config::parse::<Args>(cmd, &Args::command(), argv) {
+                Ok(p) => p,
+                Err(e) => {
+                    eprintln!("copier: {e}");
+                    return ExitCode::from(2);
+                }
             };
-            init_logging();
-            main_live(&args)
+            if parsed.args.config.print_config {
+                let config = parsed.config.as_ref();
+                print!(
+                    "{}",
+                    ops::config::effective_toml(&parsed.command, &parsed.matches, config)
+                );
+                return ExitCode::SUCCESS;
+            }
+            let log = ops::reload::init_logging(&parsed.args.config.log, false);
+            let mut reloader = ops::reload::Reloader::new(
+                parsed.config.as_ref(),
+                Args::command(),
+                &parsed.matches,
+                log,
+                "systemctl restart tcpshadow-copier",
+            );
+            if let Err(e) = ops::reload::on_sighup(move || {
+                reloader.reload();
+            }) {
+                tracing::warn!(
+                    "cannot watch for SIGHUP ({e}); the config file is read at start only"
+                );
+            }
+            main_live(&parsed.args)
         }
     }
 }
@@ -64,6 +96,33 @@ fn init_logging() {
         .with_target(false)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+}
+
+fn main_doctor(argv: Vec<OsString>) -> ExitCode {
+    let cmd = copier::doctor::DoctorArgs::command();
+    let parsed = match ops::config::parse::<copier::doctor::DoctorArgs>(cmd, &Args::command(), argv)
+    {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("copier doctor: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if parsed.args.daemon.config.print_config {
+        let config = parsed.config.as_ref();
+        print!(
+            "{}",
+            ops::config::effective_toml(&parsed.command, &parsed.matches, config)
+        );
+        return ExitCode::SUCCESS;
+    }
+    // Only problems reach the log: the checks are the output.
+    ops::reload::init_logging("warn", false);
+    if copier::doctor::run(&parsed.args).failed() {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
 }
 
 fn main_live(args: &Args) -> ExitCode {

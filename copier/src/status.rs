@@ -253,6 +253,14 @@ pub fn summary(s: &Snapshot, elapsed: Duration) -> String {
             e.sessions_not_sampled,
             e.packets_not_sampled,
         );
+        if e.sample_fallbacks > 0 {
+            let _ = writeln!(
+                out,
+                "  sample: {} new connections decided by the fixed hash alone (table of decisions \
+                 full: the share is less exact)",
+                e.sample_fallbacks,
+            );
+        }
     }
     let _ = writeln!(
         out,
@@ -424,6 +432,13 @@ mod tests {
         assert!(
             text.contains("losses: none"),
             "sampled out is not a loss: {text}"
+        );
+        assert!(!text.contains("fixed hash alone"), "{text}");
+        s.engine.sample_fallbacks = 4;
+        let text = summary(&s, Duration::from_secs(1));
+        assert!(
+            text.contains("4 new connections decided by the fixed hash alone"),
+            "{text}"
         );
         let plain = summary(&Snapshot::default(), Duration::from_secs(1));
         assert!(!plain.contains("shaping"), "{plain}");

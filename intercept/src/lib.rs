@@ -5,10 +5,18 @@
 //! [`reassembly`] and [`framer`] (the MySQL packets of each reply stream), [`relay`] (who gets
 //! which feedback), [`server`] (the copiers' control connections). intercept never sends a
 //! packet toward a client or a server; it only listens and talks to copiers.
+//!
+//! On the test host itself ([`onhost`]), replies come from an NFQUEUE ([`nfqueue`]) that an
+//! nftables rule of ours ([`nftables`]) feeds, both spoken over [`netlink`].
 
 pub mod capture;
+pub mod doctor;
 pub mod framer;
 pub mod metrics;
+pub mod netlink;
+pub mod nfqueue;
+pub mod nftables;
+pub mod onhost;
 pub mod pump;
 pub mod reassembly;
 pub mod relay;

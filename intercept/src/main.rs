@@ -7,10 +7,11 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use clap::{Parser, ValueEnum};
+use clap::{CommandFactory, Parser, ValueEnum};
 use common::control::{MAX_FEEDBACK_PER_FRAME, MAX_MYSQL_HEAD, MAX_PAYLOAD_PREFIX};
 use intercept::capture::{CaptureOptions, CapturedPayload, PcapSource};
 use intercept::metrics::render_intercept_metrics;
+use intercept::onhost::{self, OnHostArgs, OnHostCapture, ReplyCapture};
 use intercept::pump::{self, PumpConfig, ReplyPath};
 use intercept::relay::Relay;
 use intercept::server::{ControlServer, ServerConfig};
@@ -35,7 +36,7 @@ const LINE_SLACK: Duration = Duration::from_millis(100);
 struct Cli {
     /// The test server's port: replies are captured by this source port. Several (one per
     /// copier `--map` target port): repeat the flag or separate them with commas.
-    #[arg(long, env = "TCPSHADOW_PORT", required = true, value_delimiter = ',', value_parser = clap::value_parser!(u16).range(1..))]
+    #[arg(long, env = "TCPSHADOW_PORT", required_unless_present = "cleanup", value_delimiter = ',', value_parser = clap::value_parser!(u16).range(1..))]
     port: Vec<u16>,
 
     /// Address the copiers connect to.
@@ -51,7 +52,7 @@ struct Cli {
     interface: String,
 
     /// Only replies from this test server address (useful when several servers route here).
-    #[arg(long)]
+    #[arg(long, env = "TCPSHADOW_SERVER")]
     server: Option<Ipv4Addr>,
 
     /// What the test server speaks. `mysql`: replies are reassembled and cut into MySQL
@@ -62,24 +63,24 @@ struct Cli {
 
     /// Payload bytes of each reply's per-segment feedback. At most 4096. Default: 0 with
     /// `--protocol mysql` (the packet summaries carry what the copier needs), 64 with `tcp`.
-    #[arg(long, value_parser = clap::value_parser!(u16).range(0..=MAX_PAYLOAD_PREFIX as i64))]
+    #[arg(long, env = "TCPSHADOW_PAYLOAD_PREFIX", value_parser = clap::value_parser!(u16).range(0..=MAX_PAYLOAD_PREFIX as i64))]
     payload_prefix: Option<u16>,
 
     /// Payload bytes summarised per MySQL packet after the first 8 of a connection (which are
     /// sent whole, up to 1024 bytes). 16 covers OK/ERR codes, PREPARE_OK, column counts and
     /// EOF status flags. At most 1024.
-    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u16).range(0..=MAX_MYSQL_HEAD as i64))]
+    #[arg(long, env = "TCPSHADOW_MYSQL_HEAD", default_value_t = 16, value_parser = clap::value_parser!(u16).range(0..=MAX_MYSQL_HEAD as i64))]
     mysql_head: u16,
 
     /// Most connections framed at once; further ones are not framed (counted, and their copier
     /// is told).
-    #[arg(long, default_value_t = 65_536, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, env = "TCPSHADOW_MYSQL_MAX_SESSIONS", default_value_t = 65_536, value_parser = clap::value_parser!(u32).range(1..))]
     mysql_max_sessions: u32,
 
     /// Seconds after which a connection without any reply is forgotten (only matters when its
     /// FIN was not captured). Keep it above the test server's wait_timeout (default 28800), or
     /// idle pooled connections lose their framing.
-    #[arg(long, default_value_t = 32_400, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, env = "TCPSHADOW_MYSQL_IDLE_SECS", default_value_t = 32_400, value_parser = clap::value_parser!(u64).range(1..))]
     mysql_idle_secs: u64,
 
     /// File holding a shared secret that copiers must present (same file on both hosts).
@@ -88,35 +89,41 @@ struct Cli {
 
     /// Most copier connections served at once; further ones are refused with a reason
     /// (counted in the status line's `rejected`). Each costs two threads and their buffers.
-    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, env = "TCPSHADOW_MAX_COPIERS", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
     max_copiers: u32,
 
     /// Seconds between status lines; 0 for none (the final summary is always printed).
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, env = "TCPSHADOW_STATUS_INTERVAL", default_value_t = 5)]
     status_interval: u64,
 
     /// Which packets of the interface to capture: `in` on an assist host (replies arrive),
     /// `out` when intercept runs on the test host itself (replies leave). On `lo` libpcap shows
     /// each packet once, as incoming: use `in` there.
-    #[arg(long, value_enum, default_value_t = DirectionArg::In)]
+    #[arg(long, env = "TCPSHADOW_DIRECTION", value_enum, default_value_t = DirectionArg::In)]
     direction: DirectionArg,
 
     /// Kernel capture buffer, in MiB: absorbs bursts while intercept is busy.
-    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    #[arg(long, env = "TCPSHADOW_BUFFER_MIB", default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=4096))]
     buffer_mib: u32,
 
     /// Feedback batches queued per copier before its feedback is dropped (counted).
-    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, env = "TCPSHADOW_QUEUE_BATCHES", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
     queue_batches: u32,
 
     /// Most replies per feedback batch.
-    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=MAX_FEEDBACK_PER_FRAME as i64))]
+    #[arg(long, env = "TCPSHADOW_BATCH", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=MAX_FEEDBACK_PER_FRAME as i64))]
     batch: u32,
+
+    #[command(flatten)]
+    on_host: OnHostArgs,
 
     /// Serve Prometheus metrics at http://ADDR:PORT/metrics (names in docs/metrics.md),
     /// refreshed every second.
     #[arg(long, env = "TCPSHADOW_METRICS", value_name = "ADDR:PORT")]
     metrics: Option<SocketAddr>,
+
+    #[command(flatten)]
+    config: ops::config::ConfigArgs,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -143,18 +150,122 @@ impl From<DirectionArg> for pcap::Direction {
 }
 
 fn main() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("TCPSHADOW_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
-    let cli = Cli::parse();
-    if let Err(e) = run(cli) {
+    // Before any thread exists, so that only the reload thread ever takes SIGHUP.
+    ops::reload::block_sighup();
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if argv.get(1).and_then(|a| a.to_str()) == Some("doctor") {
+        std::process::exit(doctor_main(argv));
+    }
+    let parsed = match ops::config::parse::<Cli>(Cli::command(), &Cli::command(), argv) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("intercept: {e}");
+            std::process::exit(2);
+        }
+    };
+    if parsed.args.config.print_config {
+        print!(
+            "{}",
+            ops::config::effective_toml(&parsed.command, &parsed.matches, parsed.config.as_ref())
+        );
+        return;
+    }
+    let log = ops::reload::init_logging(&parsed.args.config.log, true);
+    let mut reloader = ops::reload::Reloader::new(
+        parsed.config.as_ref(),
+        Cli::command(),
+        &parsed.matches,
+        log,
+        "systemctl restart tcpshadow-intercept",
+    );
+    if let Err(e) = ops::reload::on_sighup(move || {
+        reloader.reload();
+    }) {
+        tracing::warn!("cannot watch for SIGHUP ({e}); the config file is read at start only");
+    }
+    if let Err(e) = run(parsed.args) {
         tracing::error!("{e:#}");
         std::process::exit(1);
+    }
+}
+
+/// `intercept doctor`: the daemon's flags and config file, plus what only the doctor takes.
+#[derive(Parser, Debug)]
+#[command(
+    name = "intercept doctor",
+    about = "Check this assistant host for intercept: forwarding off, capture permission, the \
+             listen address, replies arriving, and (with --arp-check) who answers ARP for the \
+             mirrored client addresses. Exit status 1 if any check FAILs."
+)]
+struct DoctorCli {
+    #[command(flatten)]
+    daemon: Cli,
+
+    /// Also ask who answers ARP for these addresses (CIDR, e.g. the copiers'
+    /// --client-ip-pool; repeatable or comma-separated): only this host may. Needs --server
+    /// (the test server) or a capture --interface other than `any` to know the segment.
+    #[arg(long, value_name = "CIDR", value_delimiter = ',', value_parser = parse_arp_check)]
+    arp_check: Vec<(Ipv4Addr, u8)>,
+}
+
+fn parse_arp_check(s: &str) -> Result<(Ipv4Addr, u8), String> {
+    if let Ok(ip) = s.parse::<Ipv4Addr>() {
+        return Ok((ip, 32));
+    }
+    ops::host::parse_cidr(s)
+}
+
+fn doctor_main(argv: Vec<std::ffi::OsString>) -> i32 {
+    let argv: Vec<std::ffi::OsString> = std::iter::once("intercept doctor".into())
+        .chain(argv.into_iter().skip(2))
+        .collect();
+    let parsed = match ops::config::parse::<DoctorCli>(DoctorCli::command(), &Cli::command(), argv)
+    {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("intercept doctor: {e}");
+            return 2;
+        }
+    };
+    if parsed.args.daemon.config.print_config {
+        let config = parsed.config.as_ref();
+        print!(
+            "{}",
+            ops::config::effective_toml(&parsed.command, &parsed.matches, config)
+        );
+        return 0;
+    }
+    // Only problems reach the log: the checks are the output.
+    ops::reload::init_logging("warn", false);
+    let cli = &parsed.args.daemon;
+    let setup = doctor_setup(cli);
+    let mut arp = Vec::new();
+    for (base, prefix) in &parsed.args.arp_check {
+        let all = ops::arp::sample_pool(*base, *prefix, ops::arp::MAX_TARGETS, &[]);
+        arp.extend(all.into_iter().map(|a| (a, true)));
+    }
+    println!(
+        "intercept doctor on {} (port {}, interface {}, listen {})",
+        hostname(),
+        cli.ports_label(),
+        cli.interface,
+        cli.listen
+    );
+    let mut report = ops::check::Report::printing();
+    for c in intercept::doctor::standalone_checks(&setup, &arp) {
+        report.add(c);
+    }
+    println!("{}", report.summary());
+    i32::from(report.failed())
+}
+
+fn doctor_setup(cli: &Cli) -> intercept::doctor::Setup {
+    intercept::doctor::Setup {
+        interface: cli.interface.clone(),
+        listen: cli.listen,
+        ports: cli.ports(),
+        server: cli.server,
+        direction: cli.direction.into(),
     }
 }
 
@@ -192,6 +303,9 @@ impl Cli {
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
+    if cli.on_host.cleanup {
+        return onhost::cleanup();
+    }
     let token = cli.token_file.as_deref().map(read_token).transpose()?;
     if let Some(warning) = open_listen_warning(cli.listen, token.is_some()) {
         tracing::warn!("{warning}");
@@ -206,18 +320,34 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     let payload_prefix = cli.payload_prefix();
     // Capture first: a missing privilege is the most likely mistake, and nothing should be
     // listening for copiers when it happens.
-    let mut source = PcapSource::open(&CaptureOptions {
-        interface: cli.interface.clone(),
-        ports: cli.ports(),
-        server: cli.server,
-        payload: if cli.mysql() {
-            CapturedPayload::Whole
-        } else {
-            CapturedPayload::Prefix(usize::from(payload_prefix))
-        },
-        direction: cli.direction.into(),
-        buffer_bytes: cli.buffer_mib as usize * 1024 * 1024,
-    })?;
+    let mut source = if cli.on_host.on_test_host {
+        ReplyCapture::Queue(onhost::start(
+            &cli.on_host,
+            &OnHostCapture {
+                ports: cli.ports(),
+                server: cli.server,
+                copy_range: if cli.mysql() {
+                    intercept::nfqueue::MAX_COPY_RANGE
+                } else {
+                    OnHostCapture::prefix_range(usize::from(payload_prefix))
+                },
+                recv_buffer: cli.buffer_mib as usize * 1024 * 1024,
+            },
+        )?)
+    } else {
+        ReplyCapture::Pcap(PcapSource::open(&CaptureOptions {
+            interface: cli.interface.clone(),
+            ports: cli.ports(),
+            server: cli.server,
+            payload: if cli.mysql() {
+                CapturedPayload::Whole
+            } else {
+                CapturedPayload::Prefix(usize::from(payload_prefix))
+            },
+            direction: cli.direction.into(),
+            buffer_bytes: cli.buffer_mib as usize * 1024 * 1024,
+        })?)
+    };
 
     // Before the control server: a taken metrics port is a start-up mistake to fix now.
     let metrics = match cli.metrics {
@@ -247,6 +377,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             mysql_head: cli.mysql().then_some(cli.mysql_head),
             queue_batches: cli.queue_batches as usize,
             max_copiers: cli.max_copiers as usize,
+            doctor: Some({
+                let setup = doctor_setup(&cli);
+                intercept::server::DoctorHook(std::sync::Arc::new(move |q| {
+                    intercept::doctor::answer(&setup, q)
+                }))
+            }),
             ..ServerConfig::default()
         },
         events_tx,
@@ -366,11 +502,45 @@ fn hostname() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::CommandFactory;
 
     #[test]
     fn cli_is_consistent() {
         Cli::command().debug_assert();
+        DoctorCli::command().debug_assert();
+    }
+
+    #[test]
+    fn every_flag_is_a_config_key_with_its_environment_variable() {
+        let bad = ops::config::env_inconsistencies(
+            &Cli::command(),
+            &[("listen", "TCPSHADOW_INTERCEPT_LISTEN")],
+        );
+        assert!(bad.is_empty(), "{bad:#?}");
+    }
+
+    #[test]
+    fn the_example_config_file_loads() {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/intercept.toml");
+        let cfg = ops::config::ConfigFile::load(&path, &Cli::command()).unwrap();
+        let m = cfg
+            .apply(Cli::command())
+            .try_get_matches_from(["intercept"])
+            .unwrap();
+        let cli = <Cli as clap::FromArgMatches>::from_arg_matches(&m).unwrap();
+        assert_eq!(cli.ports(), vec![3306]);
+        assert_eq!(cli.listen, "0.0.0.0:36524".parse().unwrap());
+        // Every key of the daemon is documented in the example (set or commented out).
+        let text = std::fs::read_to_string(&path).unwrap();
+        for arg in ops::config::config_keys(&Cli::command()) {
+            let key = arg.get_long().unwrap();
+            assert!(
+                text.lines().any(|l| l
+                    .trim_start_matches(['#', ' '])
+                    .starts_with(&format!("{key} ="))),
+                "deploy/intercept.toml does not document `{key}`"
+            );
+        }
     }
 
     #[test]
@@ -401,6 +571,28 @@ mod tests {
         assert_eq!(cli.ports_label(), "3306,3307");
         assert!(Cli::try_parse_from(["intercept"]).is_err());
         assert!(Cli::try_parse_from(["intercept", "--port", "0"]).is_err());
+    }
+
+    #[test]
+    fn on_test_host_flags_and_cleanup_without_a_port() {
+        let cli = Cli::try_parse_from(["intercept", "--cleanup"]).unwrap();
+        assert!(cli.on_host.cleanup);
+        let cli = Cli::try_parse_from([
+            "intercept",
+            "--port",
+            "3306",
+            "--on-test-host",
+            "--client-ip-pool",
+            "198.19.7.9/24",
+        ])
+        .unwrap();
+        assert!(cli.on_host.on_test_host);
+        assert_eq!(
+            cli.on_host.client_ip_pool,
+            Some((Ipv4Addr::new(198, 19, 7, 0), 24))
+        );
+        assert_eq!(cli.on_host.queue_num, onhost::DEFAULT_QUEUE);
+        assert!(Cli::try_parse_from(["intercept", "--on-test-host"]).is_err());
     }
 
     #[test]

@@ -29,6 +29,8 @@ pub const MAX_CLAIMS_PER_COPIER: usize = 1 << 20;
 pub enum Outgoing {
     Batch(Batch),
     Pong(u64),
+    /// The answer to a copier's doctor.
+    Doctor(common::control::DoctorReport),
 }
 
 /// One flush for one copier, queued as a unit so that a full queue drops both parts or neither.
@@ -428,7 +430,7 @@ mod tests {
         rx.try_iter()
             .flat_map(|m| match m {
                 Outgoing::Batch(b) => b.feedback.into_iter().map(|f| f.seq).collect(),
-                Outgoing::Pong(_) => Vec::new(),
+                Outgoing::Pong(_) | Outgoing::Doctor(_) => Vec::new(),
             })
             .collect()
     }
@@ -607,7 +609,7 @@ mod tests {
                         MysqlEvent::Packet { packet, .. } => format!("P{}", packet.tcp_seq),
                     }))
                     .collect::<Vec<_>>(),
-                Outgoing::Pong(_) => Vec::new(),
+                Outgoing::Pong(_) | Outgoing::Doctor(_) => Vec::new(),
             })
             .collect()
     }

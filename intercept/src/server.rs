@@ -17,8 +17,9 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::control::{
-    encode_feedback, encode_mysql, encode_pong, encode_reject, encode_welcome, CopierMessage,
-    DecodeError, FrameDecoder, Hello, Reject, Welcome, FEATURE_PAYLOAD_HASHES, PROTOCOL_VERSION,
+    encode_doctor_report, encode_feedback, encode_mysql, encode_pong, encode_reject,
+    encode_welcome, CopierMessage, DecodeError, DoctorQuery, DoctorReport, FrameDecoder, Hello,
+    Reject, Welcome, FEATURE_PAYLOAD_HASHES, PROTOCOL_VERSION,
 };
 
 use crate::relay::{CopierId, Outgoing, RelayEvent};
@@ -45,6 +46,19 @@ pub struct ServerConfig {
     /// Control connections served at once (counted from accept, before the Hello); more are
     /// refused with a Reject.
     pub max_copiers: usize,
+    /// Answers `copier doctor`'s Doctor queries (see `crate::doctor::answer`).
+    pub doctor: Option<DoctorHook>,
+}
+
+/// What answers a Doctor query: it runs on the asking connection's reader thread (it may take a
+/// second, for the ARP check), never on the capture thread.
+#[derive(Clone)]
+pub struct DoctorHook(pub Arc<dyn Fn(&DoctorQuery) -> DoctorReport + Send + Sync>);
+
+impl std::fmt::Debug for DoctorHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DoctorHook")
+    }
 }
 
 impl Default for ServerConfig {
@@ -59,6 +73,7 @@ impl Default for ServerConfig {
             idle_timeout: Duration::from_secs(30),
             write_timeout: Duration::from_secs(5),
             max_copiers: 64,
+            doctor: None,
         }
     }
 }
@@ -412,6 +427,25 @@ fn serve(
                 continue;
             }
             CopierMessage::Hello(_) => break End::Protocol("second Hello on one connection"),
+            CopierMessage::Doctor(q) => {
+                tracing::info!(%peer, copier = %hello.name, target = %q.target, "doctor query");
+                let report = match &cfg.doctor {
+                    Some(DoctorHook(f)) => f(&q),
+                    None => DoctorReport {
+                        unix_ms: 0,
+                        checks: vec![common::control::DoctorCheck::new(
+                            1,
+                            "doctor",
+                            "this intercept was started without doctor checks",
+                        )],
+                    },
+                };
+                // The copier's doctor waits for it: queued like a Pong, never dropped silently.
+                if tx.try_send(Outgoing::Doctor(report)).is_err() {
+                    bump(&ctx.stats.pongs_dropped);
+                }
+                continue;
+            }
         };
         if events.send(ev).is_err() {
             break End::Eof;
@@ -562,6 +596,7 @@ fn encode_outgoing(m: &Outgoing, out: &mut Vec<u8>, stats: &ServerStats) {
             fb.and(my)
         }
         Outgoing::Pong(n) => encode_pong(*n, out),
+        Outgoing::Doctor(d) => encode_doctor_report(d, out),
     };
     if let Err(e) = res {
         bump(&stats.encode_errors);

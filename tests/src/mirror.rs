@@ -1,4 +1,5 @@
-//! Starts the real mirror (intercept on `assist`, copier on `prod`) inside a lab.
+//! Starts the real mirror (intercept on `assist`, or on `test` in on-test-host mode; copier on
+//! `prod`) inside a lab.
 //!
 //! The binaries are built in release mode on first use (`cargo build --release`), so lab
 //! figures reflect the code a user runs, not a debug build.
@@ -91,10 +92,21 @@ pub const CONTROL_PORT: u16 = 36524;
 
 impl Mirror {
     pub fn start(lab: &Lab, opts: &MirrorOptions) -> Result<Mirror> {
+        Self::start_with_intercept_on(lab, opts, Host::Assist)
+    }
+
+    /// Like [`Mirror::start`] with intercept on `intercept_host`, where it also listens: `Test`
+    /// for on-test-host mode (pass `--on-test-host` and its pool in `opts.intercept_args`).
+    /// A parameter rather than a `MirrorOptions` field, so existing struct literals stay valid.
+    pub fn start_with_intercept_on(
+        lab: &Lab,
+        opts: &MirrorOptions,
+        intercept_host: Host,
+    ) -> Result<Mirror> {
         let intercept_bin = release_bin("intercept")?;
         let copier_bin = release_bin("copier")?;
         let port = opts.port.to_string();
-        let listen = format!("{}:{CONTROL_PORT}", lab.ip(Host::Assist));
+        let listen = format!("{}:{CONTROL_PORT}", lab.ip(intercept_host));
         let mut intercept_args = vec![
             intercept_bin.to_str().context("path")?,
             "--port",
@@ -110,7 +122,7 @@ impl Mirror {
             intercept_args.extend(["--protocol", "tcp"]);
         }
         intercept_args.extend(opts.intercept_args.iter().map(String::as_str));
-        let mut intercept = lab.spawn(Host::Assist, &intercept_args)?;
+        let mut intercept = lab.spawn(intercept_host, &intercept_args)?;
         intercept.wait_for_output("waiting for copiers", Duration::from_secs(10))?;
         let target = format!("{}:{}", lab.ip(Host::Test), opts.port);
         let mut args: Vec<String> = vec![

@@ -19,8 +19,11 @@
 //! * Let two engines share a pool address, or run several engines without a pool (their
 //!   sessions would all send from the real client's address): [`Fleet::new`] refuses.
 //!
-//! `max_sessions` and `sample` apply per engine; since sampling depends only on the client's
-//! address and port, every copy of a connection makes the same choice.
+//! `max_sessions` applies per engine. `sample` is decided once per route, by one [`Sampler`]
+//! that the route's copies share: its decisions depend on what it has seen (the share so far,
+//! which connections it took), and one decision handed to every copy keeps the copies of a
+//! connection all in or all out together, whatever each copy's own sessions went through
+//! (one shed at `max_sessions`, another not), with one table of decisions instead of N.
 
 use std::net::{Ipv4Addr, SocketAddrV4};
 
@@ -29,6 +32,7 @@ use common::control::TestFeedback;
 use common::wire::TcpPacket;
 
 use super::pool::AddressPool;
+use super::sample::{Sampler, Verdict};
 use super::{Engine, EngineConfig, EngineEvent, EngineStats, TestEvent};
 
 /// Why a fleet cannot be built; the messages say how to fix the command line.
@@ -70,6 +74,8 @@ struct Route {
 pub struct Fleet {
     engines: Vec<Engine>,
     routes: Vec<Route>,
+    /// `--sample`'s decisions, per route (index as `routes`).
+    samplers: Vec<Option<Sampler>>,
     copies: usize,
     /// The whole pool, to find which engine's slice holds a mirrored address.
     pool: Option<AddressPool>,
@@ -99,6 +105,7 @@ impl Fleet {
             .and_then(|(net, prefix)| AddressPool::new(net, prefix, Ipv4Addr::UNSPECIFIED));
         let mut engines = Vec::with_capacity(count);
         let mut table = Vec::with_capacity(routes.len());
+        let mut samplers = Vec::with_capacity(routes.len());
         for (r, &(prod_port, target)) in routes.iter().enumerate() {
             table.push(Route {
                 prod_port,
@@ -112,10 +119,17 @@ impl Fleet {
                 cfg.pool_slice = (engines.len() as u32, count as u32);
                 engines.push(make(cfg));
             }
+            // The route decides for its copies: theirs are dropped unused.
+            let first = table[r].first;
+            samplers.push(engines[first].sampler.take());
+            for e in &mut engines[first..] {
+                e.sampler = None;
+            }
         }
         Ok(Self {
             engines,
             routes: table,
+            samplers,
             copies,
             pool,
             next_tx: 0,
@@ -186,28 +200,28 @@ impl Fleet {
 
     /// A captured packet and when it was captured (see [`Engine::on_captured_at`]).
     pub fn on_captured_at(&mut self, now: Instant, captured: Instant, pkt: &TcpPacket<'_>) {
-        let mut taken = false;
-        for r in &self.routes {
-            if r.prod_port == pkt.dst_port || r.prod_port == pkt.src_port {
-                taken = true;
-                for e in &mut self.engines[r.first..r.first + self.copies] {
-                    e.on_captured_at(now, captured, pkt);
-                }
-            }
-        }
-        if !taken {
-            self.captured_ignored += 1;
-        }
+        self.dispatch(now, Some(captured), pkt);
     }
 
-    /// A captured packet: handed to every engine of its production port.
+    /// A captured packet: judged once per route by `--sample`, then handed to every engine of
+    /// its production port with that verdict.
     pub fn on_captured(&mut self, now: Instant, pkt: &TcpPacket<'_>) {
+        self.dispatch(now, None, pkt);
+    }
+
+    fn dispatch(&mut self, now: Instant, captured: Option<Instant>, pkt: &TcpPacket<'_>) {
         let mut taken = false;
-        for r in &self.routes {
+        for (r, sampler) in self.routes.iter().zip(&mut self.samplers) {
             if r.prod_port == pkt.dst_port || r.prod_port == pkt.src_port {
                 taken = true;
+                let verdict = match sampler {
+                    Some(s) => s.judge(now, pkt),
+                    None => Verdict::IN,
+                };
                 for e in &mut self.engines[r.first..r.first + self.copies] {
-                    e.on_captured(now, pkt);
+                    e.captured_at = captured;
+                    e.on_judged(now, pkt, verdict);
+                    e.captured_at = None;
                 }
             }
         }
@@ -536,22 +550,39 @@ mod tests {
         t.sample = Sample::from_percent(50.0);
         t.pickup_midstream = true;
         let mut f = Fleet::new(&t, &[(3306, TARGET)], 2, Engine::new).unwrap();
-        let s = t.sample.unwrap();
         let mut opened = 0;
-        let mut out = 0;
         for port in 40000..40100u16 {
             let c = SocketAddrV4::new(*CLIENT.ip(), port);
             capture(&mut f, &packet(c, PROD, C, 0, SYN, b"", Default::default()));
-            if s.admits(c) {
-                opened += 1;
-            } else {
-                out += 1;
-            }
+            // The client repeats its SYN and sends its first bytes.
+            capture(&mut f, &packet(c, PROD, C, 0, SYN, b"", Default::default()));
+            capture(
+                &mut f,
+                &packet(c, PROD, C + 1, 1, ACK | PSH, b"q", Default::default()),
+            );
+            let copies = std::iter::from_fn(|| f.poll_event())
+                .filter(|e| matches!(e, EngineEvent::SessionOpened { client, .. } if *client == c))
+                .count();
+            assert!(copies == 0 || copies == 2, "{c}: {copies} copies opened");
+            opened += copies / 2;
         }
         let st = f.stats();
-        assert_eq!(st.sessions_opened, 2 * opened, "both copies of each one in");
-        assert_eq!(st.sessions_not_sampled, out, "counted once, not per copy");
-        assert_eq!(opened + out, 100);
-        assert!((45..=55).contains(&opened), "{opened}");
+        assert_eq!(
+            st.sessions_opened,
+            2 * opened as u64,
+            "both copies of each one in"
+        );
+        assert_eq!(
+            st.sessions_not_sampled,
+            100 - opened as u64,
+            "counted once, not per copy nor per SYN"
+        );
+        assert!((48..=52).contains(&opened), "{opened}");
+        let route = f.samplers[0].as_ref().expect("the route decides");
+        assert_eq!(route.remembered(), 100);
+        assert!(
+            f.engines().iter().all(|e| e.sampler.is_none()),
+            "one table, not one per copy"
+        );
     }
 }

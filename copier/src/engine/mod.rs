@@ -111,6 +111,7 @@ use common::wire::{emit_ipv4_tcp, SegmentRepr, TcpPacket};
 pub use fleet::{Fleet, FleetError};
 use pool::AddressPool;
 pub use sample::Sample;
+use sample::{Sampler, Verdict};
 use session::{Outcome, Session, Start};
 pub use stats::EngineStats;
 pub use transform::{
@@ -139,7 +140,8 @@ pub struct EngineConfig {
     /// `(index, count)`: this engine uses only the index-th of `count` equal slices of the
     /// pool, so engines sharing a pool (a [`Fleet`]) never pick the same address.
     pub pool_slice: (u32, u32),
-    /// Mirror only this share of client connections (see `sample.rs`); `None`: all.
+    /// Mirror only this share of client connections (see `sample.rs`); `None`: all. New
+    /// connections are decided at their SYN and remembered; mid-stream ones by a fixed hash.
     pub sample: Option<Sample>,
     /// Our largest segment payload toward the target (path MTU - 40). Clamped to 64..=65495.
     pub mss: u16,
@@ -354,6 +356,9 @@ pub struct Engine {
     factory: transform::FactorySlot,
     /// While handling a packet given to [`Engine::on_captured_at`]: when it was captured.
     captured_at: Option<Instant>,
+    /// `--sample`'s decisions; `None` without sampling, or when a [`Fleet`] decides for all
+    /// copies of a route.
+    sampler: Option<Sampler>,
 }
 
 impl Engine {
@@ -386,6 +391,7 @@ impl Engine {
             stats: EngineStats::default(),
             factory: transform::FactorySlot(factory),
             captured_at: None,
+            sampler: Sampler::for_engine(&cfg),
             cfg,
         }
     }
@@ -435,43 +441,44 @@ impl Engine {
     /// A captured packet (either direction of the production port; others are counted and
     /// ignored).
     pub fn on_captured(&mut self, now: Instant, pkt: &TcpPacket<'_>) {
+        let verdict = match &mut self.sampler {
+            Some(s) => s.judge(now, pkt),
+            None => Verdict::IN,
+        };
+        self.on_judged(now, pkt, verdict);
+    }
+
+    /// A captured packet and `--sample`'s verdict on it (judged here, or once per route by a
+    /// [`Fleet`] for all its copies). Left-out packets are dropped before any lookup, so they
+    /// never create session state.
+    fn on_judged(&mut self, now: Instant, pkt: &TcpPacket<'_>, verdict: Verdict) {
         let t = self.cfg.target;
         if (pkt.dst == *t.ip() && pkt.dst_port == t.port())
             || (pkt.src == *t.ip() && pkt.src_port == t.port())
         {
             self.stats.captured_target += 1;
-        } else if pkt.dst_port == self.cfg.prod_port {
+            return;
+        }
+        let client_side = pkt.dst_port == self.cfg.prod_port;
+        if client_side {
             self.stats.captured_client_to_prod += 1;
-            if self.sampled_out(SocketAddrV4::new(pkt.src, pkt.src_port)) {
-                // A new connection is counted once, at its SYN (a retransmitted SYN counts
-                // again); one picked up mid-stream has no first packet to count.
-                let f = pkt.flags;
-                if f.syn() && !f.ack() && !f.rst() {
-                    self.stats.sessions_not_sampled += 1;
-                }
-                return;
-            }
-            self.on_client_packet(now, pkt);
         } else if pkt.src_port == self.cfg.prod_port {
             self.stats.captured_prod_to_client += 1;
-            if self.sampled_out(SocketAddrV4::new(pkt.dst, pkt.dst_port)) {
-                return;
-            }
-            self.on_prod_packet(now, pkt);
         } else {
             self.stats.captured_ignored += 1;
+            return;
         }
-    }
-
-    /// `--sample`: the connection of `client` is not mirrored. Checked before any lookup so
-    /// its packets cost one hash and never create state.
-    fn sampled_out(&mut self, client: SocketAddrV4) -> bool {
-        match self.cfg.sample {
-            Some(s) if !s.admits(client) => {
-                self.stats.packets_not_sampled += 1;
-                true
-            }
-            _ => false,
+        self.stats.sample_fallbacks += u64::from(verdict.fallback);
+        if !verdict.admit {
+            self.stats.packets_not_sampled += 1;
+            // Once per connection: a repeated SYN gets the remembered verdict, not a new one.
+            self.stats.sessions_not_sampled += u64::from(verdict.new_left_out);
+            return;
+        }
+        if client_side {
+            self.on_client_packet(now, pkt);
+        } else {
+            self.on_prod_packet(now, pkt);
         }
     }
 

@@ -27,10 +27,14 @@ pub struct EngineStats {
     pub sessions_collided: u64,
     /// New connections not mirrored because every pool address was in use with that port.
     pub pool_exhausted: u64,
-    /// New connections (client SYNs) left out by `sample`.
+    /// New connections (client SYNs, a repeated SYN counted once) left out by `sample`.
     pub sessions_not_sampled: u64,
     /// Captured packets (both directions) of connections left out by `sample`.
     pub packets_not_sampled: u64,
+    /// New connections `sample` decided by its stateless hash alone because its table of
+    /// decisions was full (the share is then less exact, and a repeated SYN of one left out
+    /// counts again in `sessions_not_sampled`; each connection is still whole).
+    pub sample_fallbacks: u64,
 
     // --- capture ---
     pub captured_client_to_prod: u64,
@@ -143,6 +147,7 @@ impl EngineStats {
             self.captured_target,
             self.sessions_not_sampled,
             self.packets_not_sampled,
+            self.sample_fallbacks,
         );
         self.merge(o);
         (
@@ -152,6 +157,7 @@ impl EngineStats {
             self.captured_target,
             self.sessions_not_sampled,
             self.packets_not_sampled,
+            self.sample_fallbacks,
         ) = keep;
     }
 
@@ -170,6 +176,7 @@ impl EngineStats {
             pool_exhausted,
             sessions_not_sampled,
             packets_not_sampled,
+            sample_fallbacks,
             captured_client_to_prod,
             captured_prod_to_client,
             captured_ignored,

@@ -1420,19 +1420,27 @@ mod sampling {
     }
 
     proptest! {
-        /// Any interleaving of packets (SYN, data, replies) of many connections: a connection's
-        /// session exists after any of its packets exactly when the sample takes it.
+        /// Any interleaving of packets (SYN, repeated SYN, data, replies) of many connections,
+        /// half opened by a SYN and half picked up mid-stream: every packet of a connection
+        /// gets the same verdict, sessions exist only for connections taken, and each one left
+        /// out is counted once.
         #[test]
         fn all_or_nothing_per_connection(
             pct in 1u32..100,
             script in proptest::collection::vec((0u16..40, 0u8..3), 1..200),
         ) {
             let c = sampled_cfg(f64::from(pct));
-            let s = c.sample.unwrap();
             let mut h = H::new(c);
-            let mut seen = std::collections::HashSet::new();
-            for (conn, kind) in script {
+            let mut verdict: std::collections::HashMap<u16, bool> = Default::default();
+            for (conn, mut kind) in script {
                 let client = SocketAddrV4::new(*CLIENT.ip(), 50000 + conn * 2);
+                let by_syn = conn % 2 == 0;
+                if by_syn && !verdict.contains_key(&conn) {
+                    kind = 0;
+                } else if !by_syn && kind == 0 {
+                    kind = 1;
+                }
+                let before = h.e.stats().packets_not_sampled;
                 match kind {
                     0 => h.client_from(client, C, SYN, b"", TcpOptions::default()),
                     1 => h.client_from(client, C.wrapping_add(1), ACK | PSH, b"q", TcpOptions::default()),
@@ -1441,17 +1449,34 @@ mod sampling {
                         h.capture(&b);
                     }
                 }
+                let admitted = h.e.stats().packets_not_sampled == before;
+                let first = *verdict.entry(conn).or_insert(admitted);
+                prop_assert_eq!(first, admitted, "connection {} changed its verdict", conn);
                 h.drain();
                 for ev in h.events() {
                     if let EngineEvent::SessionOpened { client, .. } = ev {
-                        prop_assert!(s.admits(client), "{client} opened but sampled out");
-                        seen.insert(client);
+                        let conn = (client.port() - 50000) / 2;
+                        prop_assert!(verdict.get(&conn) == Some(&true), "{} opened but left out", client);
                     }
                 }
-                if kind < 2 {
-                    prop_assert_eq!(seen.contains(&client), s.admits(client));
-                }
             }
+            let out_by_syn = verdict.iter().filter(|(k, v)| *k % 2 == 0 && !**v).count() as u64;
+            prop_assert_eq!(h.e.stats().sessions_not_sampled, out_by_syn, "counted once each");
         }
+    }
+
+    /// A SYN of a connection left out, repeated by the client, is still one connection.
+    #[test]
+    fn a_repeated_syn_is_not_counted_twice() {
+        let c = sampled_cfg(50.0);
+        let (out, _) = ports(c.sample.unwrap());
+        let mut h = H::new(c);
+        for _ in 0..3 {
+            h.client_from(out, C, SYN, b"", TcpOptions::default());
+            h.advance(ms(1000));
+        }
+        let st = h.e.stats();
+        assert_eq!((st.sessions_not_sampled, st.packets_not_sampled), (1, 3));
+        assert_eq!(st.sessions_opened, 0);
     }
 }

@@ -1,0 +1,13 @@
+//! Operations glue shared by the copier and intercept daemons, kept out of their packet paths.
+//!
+//! [`config`]: `--config FILE` (TOML) whose keys are the daemons' long flags, and
+//! `--print-config`. [`reload`]: SIGHUP re-reads the config file and applies what can change
+//! in a running daemon (the log filter), naming what needs a restart. [`check`]: the doctor's
+//! findings and how they are printed. [`host`]: facts about this host (sysctls, capabilities,
+//! interfaces, clock, conntrack). [`arp`]: who answers ARP for an address on a segment.
+
+pub mod arp;
+pub mod check;
+pub mod config;
+pub mod host;
+pub mod reload;
