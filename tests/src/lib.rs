@@ -277,6 +277,11 @@ impl Drop for Background {
 pub struct Counters(pub BTreeMap<String, u64>);
 
 impl Counters {
+    /// Questions since `before`, less the 2 that the two `counters` calls themselves add.
+    pub fn questions_since(&self, before: &Counters) -> u64 {
+        self.delta(before, "Questions").saturating_sub(2)
+    }
+
     /// The counter `name` (e.g. `Com_stmt_execute`); panics if the server did not report it.
     pub fn get(&self, name: &str) -> u64 {
         match self.0.get(name) {
@@ -493,6 +498,19 @@ impl Lab {
     }
 
     /// One `lab.sh env` value; panics if there is no such variable.
+    /// Writes the test server's credentials (the lab's normal account, `user:password`) to a
+    /// 0600 file in the lab directory, for the copier's `--mysql-credentials`; returns its path.
+    pub fn credentials_file(&self) -> Result<String> {
+        use std::os::unix::fs::PermissionsExt;
+        let path = Path::new(self.var("LAB_DIR")).join("test-credentials");
+        std::fs::write(
+            &path,
+            format!("{}:{}\n", self.var("LAB_USER"), self.var("LAB_PASSWORD")),
+        )?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+        Ok(path.to_string_lossy().into_owned())
+    }
+
     pub fn var(&self, key: &str) -> &str {
         match self.env.get(key) {
             Some(v) => v,

@@ -3,8 +3,6 @@
 //! load is over the last scrape agrees with each daemon's own final summary.
 
 use std::collections::BTreeMap;
-use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
@@ -84,21 +82,11 @@ fn intercept_final(stderr: &str) -> Result<BTreeMap<String, u64>> {
         .collect())
 }
 
-fn credentials_file(lab: &Lab) -> Result<String> {
-    let path = Path::new(lab.var("LAB_DIR")).join("test-credentials");
-    std::fs::write(
-        &path,
-        format!("{}:{}\n", lab.var("LAB_USER"), lab.var("LAB_PASSWORD")),
-    )?;
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
-    Ok(path.to_string_lossy().into_owned())
-}
-
 #[test]
 fn metrics_endpoints_agree_with_the_final_summaries() -> Result<()> {
     tcpshadow_tests::mirror::build()?;
     let lab = Lab::up("rrm")?;
-    let creds = credentials_file(&lab)?;
+    let creds = lab.credentials_file()?;
     let opts = MirrorOptions {
         copier_args: vec![
             "--mysql-credentials".into(),

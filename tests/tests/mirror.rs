@@ -20,11 +20,6 @@ fn load_secs() -> u32 {
         .unwrap_or(10)
 }
 
-/// Questions between two `counters` calls, less the 2 the calls themselves add.
-fn questions(after: &tcpshadow_tests::Counters, before: &tcpshadow_tests::Counters) -> u64 {
-    after.delta(before, "Questions").saturating_sub(2)
-}
-
 #[test]
 fn sysbench_sessions_are_mirrored_whole_and_in_step() -> Result<()> {
     let lab = Lab::up_with("mirr", &[("LAB_TEST_MYSQLD_ARGS", "--skip-grant-tables")])?;
@@ -48,14 +43,14 @@ fn sysbench_sessions_are_mirrored_whole_and_in_step() -> Result<()> {
             ..Load::default()
         })?;
         let (p1, t1) = (lab.counters(Host::Prod)?, lab.counters(Host::Test)?);
-        let prod = questions(&p1, &p0);
-        let at_end = questions(&t1, &t0);
+        let prod = p1.questions_since(&p0);
+        let at_end = t1.questions_since(&t0);
         // Drain: at most 10 s for the test server to finish what was mirrored.
         let deadline = Instant::now() + Duration::from_secs(10);
         let mut test = at_end;
         while test < prod && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(250));
-            test = questions(&lab.counters(Host::Test)?, &t0);
+            test = lab.counters(Host::Test)?.questions_since(&t0);
         }
         let fidelity = test as f64 / prod as f64;
         println!(

@@ -2,35 +2,17 @@
 //! mirrored session logs in there with the test server's own scramble, keeps its prepared
 //! statements valid, and executes what production executed.
 
-use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Result};
 use tcpshadow_tests::mirror::{Mirror, MirrorOptions};
-use tcpshadow_tests::{Counters, Host, Lab, Load};
+use tcpshadow_tests::{Host, Lab, Load};
 
 fn load_secs() -> u32 {
     std::env::var("TCPSHADOW_LOAD_SECS")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(10)
-}
-
-/// Questions between two `counters` calls, less the 2 the calls themselves add.
-fn questions(after: &Counters, before: &Counters) -> u64 {
-    after.delta(before, "Questions").saturating_sub(2)
-}
-
-/// Writes the test server's credentials (the lab's normal account) to a 0600 file.
-fn credentials_file(lab: &Lab) -> Result<String> {
-    let path = Path::new(lab.var("LAB_DIR")).join("test-credentials");
-    std::fs::write(
-        &path,
-        format!("{}:{}\n", lab.var("LAB_USER"), lab.var("LAB_PASSWORD")),
-    )?;
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
-    Ok(path.to_string_lossy().into_owned())
 }
 
 /// Runs `load` on prod and returns (prod queries, test queries after at most 10 s of drain).
@@ -43,12 +25,12 @@ fn mirrored_load(lab: &Lab, load: &Load) -> Result<(u64, u64)> {
         report.output
     );
     let p1 = lab.counters(Host::Prod)?;
-    let prod = questions(&p1, &p0);
+    let prod = p1.questions_since(&p0);
     let deadline = Instant::now() + Duration::from_secs(10);
-    let mut test = questions(&lab.counters(Host::Test)?, &t0);
+    let mut test = lab.counters(Host::Test)?.questions_since(&t0);
     while test < prod && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(250));
-        test = questions(&lab.counters(Host::Test)?, &t0);
+        test = lab.counters(Host::Test)?.questions_since(&t0);
     }
     Ok((prod, test))
 }
@@ -56,7 +38,7 @@ fn mirrored_load(lab: &Lab, load: &Load) -> Result<(u64, u64)> {
 #[test]
 fn sysbench_logs_in_on_a_test_server_with_normal_grants() -> Result<()> {
     let lab = Lab::up("mysql")?;
-    let creds = credentials_file(&lab)?;
+    let creds = lab.credentials_file()?;
     let opts = MirrorOptions {
         copier_args: vec!["--mysql-credentials".into(), creds],
         ..Default::default()
@@ -136,7 +118,7 @@ fn sysbench_logs_in_on_a_test_server_with_normal_grants() -> Result<()> {
 fn pooled_connections_are_recovered_with_prod_dsn() -> Result<()> {
     tcpshadow_tests::mirror::build()?;
     let lab = Lab::up("pooled")?;
-    let creds = credentials_file(&lab)?;
+    let creds = lab.credentials_file()?;
     let dsn = format!(
         "mysql://{}:{}@{}:3306",
         lab.var("LAB_RO_USER"),
@@ -182,14 +164,14 @@ fn pooled_connections_are_recovered_with_prod_dsn() -> Result<()> {
         String::from_utf8_lossy(&out.stderr)
     );
     let p1 = lab.counters(Host::Prod)?;
-    let prod = questions(&p1, &p0);
+    let prod = p1.questions_since(&p0);
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut t1 = lab.counters(Host::Test)?;
-    while questions(&t1, &t0) < prod && Instant::now() < deadline {
+    while t1.questions_since(&t0) < prod && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(250));
         t1 = lab.counters(Host::Test)?;
     }
-    let test = questions(&t1, &t0);
+    let test = t1.questions_since(&t0);
     let (copier, _) = mirror.stop()?;
     let share = test as f64 / prod as f64;
     println!(

@@ -9,13 +9,11 @@
 //! the lab account). `TCPSHADOW_LOAD_SECS` sets the sysbench run (default 10 s; the figures in
 //! docs come from 30 s).
 
-use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
 use tcpshadow_tests::mirror::{release_bin, Mirror, MirrorOptions, CONTROL_PORT};
-use tcpshadow_tests::{Background, Counters, Host, Lab, Load};
+use tcpshadow_tests::{Background, Host, Lab, Load};
 
 const TABLE: &str = "tcpshadow_intercept";
 
@@ -24,22 +22,6 @@ fn load_secs() -> u32 {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(10)
-}
-
-/// Questions between two `counters` calls, less the 2 the calls themselves add.
-fn questions(after: &Counters, before: &Counters) -> u64 {
-    after.delta(before, "Questions").saturating_sub(2)
-}
-
-/// Writes the test server's credentials (the lab's normal account) to a 0600 file.
-fn credentials_file(lab: &Lab) -> Result<String> {
-    let path = Path::new(lab.var("LAB_DIR")).join("test-credentials");
-    std::fs::write(
-        &path,
-        format!("{}:{}\n", lab.var("LAB_USER"), lab.var("LAB_PASSWORD")),
-    )?;
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
-    Ok(path.to_string_lossy().into_owned())
 }
 
 /// Runs `load` on prod; returns (prod questions, test questions after at most 10 s of drain).
@@ -51,12 +33,12 @@ fn mirrored_load(lab: &Lab, load: &Load) -> Result<(u64, u64)> {
         "sysbench reported errors:\n{}",
         report.output
     );
-    let prod = questions(&lab.counters(Host::Prod)?, &p0);
+    let prod = lab.counters(Host::Prod)?.questions_since(&p0);
     let deadline = Instant::now() + Duration::from_secs(10);
-    let mut test = questions(&lab.counters(Host::Test)?, &t0);
+    let mut test = lab.counters(Host::Test)?.questions_since(&t0);
     while test < prod && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(250));
-        test = questions(&lab.counters(Host::Test)?, &t0);
+        test = lab.counters(Host::Test)?.questions_since(&t0);
     }
     Ok((prod, test))
 }
@@ -180,7 +162,7 @@ fn on_test_host_mode_mirrors_faithfully_and_leaves_no_rule_behind() -> Result<()
     )?;
     client_capture.wait_for_output("listening on", Duration::from_secs(10))?;
 
-    let creds = credentials_file(&lab)?;
+    let creds = lab.credentials_file()?;
     let opts = MirrorOptions {
         client_ip_pool: Some(pool.clone()),
         copier_args: vec!["--mysql-credentials".into(), creds],

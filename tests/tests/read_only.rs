@@ -9,8 +9,6 @@
 //! STATUS, which does not touch `Com_select`. So the share of reads executed on test is
 //! `Δ Com_select(test) / Δ Com_select(prod)` over the same window.
 
-use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -29,22 +27,11 @@ fn load_secs() -> u32 {
         .unwrap_or(10)
 }
 
-/// Writes the test server's credentials (the lab's normal account) to a 0600 file.
-fn credentials_file(lab: &Lab) -> Result<String> {
-    let path = Path::new(lab.var("LAB_DIR")).join("test-credentials");
-    std::fs::write(
-        &path,
-        format!("{}:{}\n", lab.var("LAB_USER"), lab.var("LAB_PASSWORD")),
-    )?;
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
-    Ok(path.to_string_lossy().into_owned())
-}
-
 fn start_read_only_mirror(lab: &Lab) -> Result<Mirror> {
     let opts = MirrorOptions {
         copier_args: vec![
             "--mysql-credentials".into(),
-            credentials_file(lab)?,
+            lab.credentials_file()?,
             "--read-only".into(),
         ],
         ..Default::default()

@@ -7,8 +7,6 @@
 //! machine's two cores with the assistant host (and the copier), so the recording is paced to a
 //! rate it can execute twice as fast.
 
-use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -21,22 +19,6 @@ fn env_u32(name: &str, default: u32) -> u32 {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(default)
-}
-
-/// Questions between two `counters` calls, less the 2 the calls themselves add.
-fn questions(after: &Counters, before: &Counters) -> u64 {
-    after.delta(before, "Questions").saturating_sub(2)
-}
-
-/// Writes the test server's credentials (the lab's normal account) to a 0600 file.
-fn credentials_file(lab: &Lab) -> Result<String> {
-    let path = Path::new(lab.var("LAB_DIR")).join("test-credentials");
-    std::fs::write(
-        &path,
-        format!("{}:{}\n", lab.var("LAB_USER"), lab.var("LAB_PASSWORD")),
-    )?;
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
-    Ok(path.to_string_lossy().into_owned())
 }
 
 /// The number after `label` in `text` (e.g. "took 15.02 s" -> 15.02).
@@ -142,7 +124,7 @@ fn tcpdump_count(file: &str) -> Result<(u64, String)> {
 fn record_then_replay_at_double_speed_looped_and_damaged() -> Result<()> {
     build()?;
     let lab = Lab::up("rp")?;
-    let creds = credentials_file(&lab)?;
+    let creds = lab.credentials_file()?;
     let secs = env_u32("TCPSHADOW_LOAD_SECS", 10);
     let rate = env_u32("TCPSHADOW_REPLAY_RATE", 60);
     let file = format!("{}/peak.pcapng", lab.var("LAB_DIR"));
@@ -180,7 +162,7 @@ fn record_then_replay_at_double_speed_looped_and_damaged() -> Result<()> {
         "copier record failed:\n{}",
         recorded_run.stderr
     );
-    let recorded = questions(&p1, &p0);
+    let recorded = p1.questions_since(&p0);
     // "captured: N frames, W written (...)": W frames are in the file.
     let frames = number_after(&recorded_run.stderr, "frames,").unwrap_or(0.0) as u64;
     println!(

@@ -11,8 +11,7 @@
 //! talks to production's port meanwhile. The test side is checked the same way against the
 //! test server's counters.
 
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -29,17 +28,6 @@ fn load_secs() -> u32 {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(10)
-}
-
-/// Writes the test server's credentials (the lab's normal account) to a 0600 file.
-fn credentials_file(lab: &Lab) -> Result<String> {
-    let path = Path::new(lab.var("LAB_DIR")).join("test-credentials");
-    std::fs::write(
-        &path,
-        format!("{}:{}\n", lab.var("LAB_USER"), lab.var("LAB_PASSWORD")),
-    )?;
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
-    Ok(path.to_string_lossy().into_owned())
 }
 
 /// One mirrored sysbench run and what came of it.
@@ -73,7 +61,7 @@ fn mirrored_run(lab: &Lab, name: &str, secs: u32, extra: &[&str]) -> Result<Run>
     let opts = MirrorOptions {
         copier_args: vec![
             "--mysql-credentials".into(),
-            credentials_file(lab)?,
+            lab.credentials_file()?,
             "--report".into(),
             dir.to_string_lossy().into_owned(),
             "--compare-results".into(),

@@ -10,7 +10,6 @@
 //! stops) and catches up from the copier's queues afterwards, hence the long drain.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -23,22 +22,6 @@ fn env_u32(name: &str, default: u32) -> u32 {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(default)
-}
-
-/// Questions between two `counters` calls, less the 2 the calls themselves add.
-fn questions(after: &Counters, before: &Counters) -> u64 {
-    after.delta(before, "Questions").saturating_sub(2)
-}
-
-/// Writes the test server's credentials (the lab's normal account) to a 0600 file.
-fn credentials_file(lab: &Lab) -> Result<String> {
-    let path = Path::new(lab.var("LAB_DIR")).join("test-credentials");
-    std::fs::write(
-        &path,
-        format!("{}:{}\n", lab.var("LAB_USER"), lab.var("LAB_PASSWORD")),
-    )?;
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
-    Ok(path.to_string_lossy().into_owned())
 }
 
 /// The number after `label` in the copier's summary (e.g. "opened from SYN" -> the count
@@ -71,7 +54,7 @@ fn no_login_errors(lab: &Lab, before: &Counters) -> Result<()> {
 fn multiply_3_executes_three_times_the_queries() -> Result<()> {
     tcpshadow_tests::mirror::build()?;
     let lab = Lab::up("flmul")?;
-    let creds = credentials_file(&lab)?;
+    let creds = lab.credentials_file()?;
     let opts = MirrorOptions {
         client_ip_pool: Some(lab.var("LAB_POOL").to_string()),
         copier_args: vec![
@@ -103,14 +86,14 @@ fn multiply_3_executes_three_times_the_queries() -> Result<()> {
         report.output
     );
     let p1 = lab.counters(Host::Prod)?;
-    let prod = questions(&p1, &p0);
-    let at_end = questions(&lab.counters(Host::Test)?, &t0);
+    let prod = p1.questions_since(&p0);
+    let at_end = lab.counters(Host::Test)?.questions_since(&t0);
     // Drain: the test server may still be working through its threefold share.
     let deadline = Instant::now() + Duration::from_secs(u64::from(secs).max(30));
     let mut test = at_end;
     while test < 3 * prod && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(250));
-        test = questions(&lab.counters(Host::Test)?, &t0);
+        test = lab.counters(Host::Test)?.questions_since(&t0);
     }
     let ratio = test as f64 / prod as f64;
     println!(
@@ -162,7 +145,7 @@ fn sample_60_mirrors_whole_connections() -> Result<()> {
     const CONNS: u32 = 200;
     tcpshadow_tests::mirror::build()?;
     let lab = Lab::up("sqsam")?;
-    let creds = credentials_file(&lab)?;
+    let creds = lab.credentials_file()?;
     lab.sql(
         Host::Test,
         "SET GLOBAL log_output = 'TABLE'; SET GLOBAL general_log = ON",
