@@ -6,6 +6,7 @@
 # Debian 12.
 #
 #   DEMO_TEST=oltp_read_only DEMO_THREADS=8 DEMO_TIME=20 LAB_NAME=demo ./demo.sh
+#   DEMO_REPORT=/tmp/tcpshadow-demo-report: where the comparison report (txt, json, html) is kept
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -18,6 +19,7 @@ fi
 DEMO_TEST=${DEMO_TEST:-oltp_read_only}
 DEMO_THREADS=${DEMO_THREADS:-8}
 DEMO_TIME=${DEMO_TIME:-20}
+DEMO_REPORT=${DEMO_REPORT:-/tmp/tcpshadow-demo-report}
 export LAB_NAME=${LAB_NAME:-demo}
 LAB=deploy/lab/lab.sh
 BIN=$PWD/target/release
@@ -81,7 +83,8 @@ INTERCEPT_PID=$!
 sleep 0.5
 "$LAB" exec prod "$BIN/copier" --port "$LAB_MYSQL_PORT" --interface "$LAB_IFACE" \
     --target "$LAB_TEST_IP:$LAB_MYSQL_PORT" --intercept "$LAB_ASSIST_IP:36524" \
-    --mysql-credentials "$CREDENTIALS" >"$LAB_DIR/copier.log" 2>&1 &
+    --mysql-credentials "$CREDENTIALS" --report "$LAB_DIR/report" --compare-results \
+    >"$LAB_DIR/copier.log" 2>&1 &
 COPIER_PID=$!
 for _ in $(seq 50); do
     grep -q "control channel to intercept is up" "$LAB_DIR/copier.log" 2>/dev/null && break
@@ -130,6 +133,16 @@ done
 echo
 echo "==> copier summary"
 sed -n '/copier summary/,$p' "$LAB_DIR/copier.log"
+
+# The lab directory goes with the lab: keep the comparison report where the user can open it.
+if [[ -f $LAB_DIR/report/report.txt ]]; then
+    rm -rf "$DEMO_REPORT" && mkdir -p "$DEMO_REPORT" && cp "$LAB_DIR"/report/report.* "$DEMO_REPORT"/
+    echo "==> comparison report (top of $DEMO_REPORT/report.txt; charts in $DEMO_REPORT/report.html)"
+    head -n 30 "$DEMO_REPORT/report.txt"
+    echo
+else
+    echo "==> no comparison report was written (see $LAB_DIR/copier.log above)" >&2
+fi
 
 echo "==> summary"
 echo "prod executed $prod_q statements in ${DEMO_TIME}s ($((prod_q / DEMO_TIME))/s)"

@@ -230,13 +230,30 @@ impl DigestReport {
     /// weight (1 at count 0, 2 at 90, 4 at ~10^4) lets a 2x slowdown of a hot query outrank a
     /// 3x slowdown of a query run twice without letting volume alone rank a digest that is
     /// not slower. Negative means faster; 0 without latency samples.
+    ///
+    /// Two guards keep noise out of the top of the ranking (the demo's first report put
+    /// eight-sample prepares answered in 1-100 us above every real statement): latencies
+    /// below [`SCORE_FLOOR_US`] count as the floor (below it, scheduling and relay jitter
+    /// on either host dominate the ratio), and a digest with fewer than [`SCORE_MIN_COUNT`]
+    /// commands has its score scaled down in proportion. The ratios shown are not changed.
     pub fn slowdown_score(&self) -> f64 {
-        let (Some(r50), Some(r99)) = (self.ratio_p50(), self.ratio_p99()) else {
+        if self.prod.count == 0 || self.test.count == 0 {
             return 0.0;
+        }
+        let floored = |t: &Latency, p: &Latency, f: fn(&Latency) -> u64| {
+            f(t).max(SCORE_FLOOR_US) as f64 / f(p).max(SCORE_FLOOR_US) as f64
         };
-        (r50.log2() + 0.5 * r99.log2()) * (10.0 + self.count as f64).log10()
+        let r50 = floored(&self.test, &self.prod, |l| l.p50_us);
+        let r99 = floored(&self.test, &self.prod, |l| l.p99_us);
+        let confidence = (self.count as f64 / SCORE_MIN_COUNT as f64).min(1.0);
+        (r50.log2() + 0.5 * r99.log2()) * (10.0 + self.count as f64).log10() * confidence
     }
 }
+
+/// Latencies below this count as this in [`DigestReport::slowdown_score`], in microseconds.
+pub const SCORE_FLOOR_US: u64 = 100;
+/// Digests with fewer commands get a proportionally smaller [`DigestReport::slowdown_score`].
+pub const SCORE_MIN_COUNT: u64 = 30;
 
 fn ratio(prod: &Latency, test: &Latency, f: impl Fn(&Latency) -> u64) -> Option<f64> {
     if prod.count == 0 || test.count == 0 {
