@@ -69,6 +69,13 @@ pub struct RawFrame<'a> {
     pub orig_len: u32,
 }
 
+impl RawFrame<'_> {
+    /// The snap length cut the frame: its payload tail is missing.
+    pub fn snapped(&self) -> bool {
+        (self.data.len() as u64) < u64::from(self.orig_len)
+    }
+}
+
 /// Large enough for GRO/TSO super-frames, which the kernel hands to the capture unsplit.
 const SNAPLEN: i32 = 262_144;
 
@@ -146,32 +153,21 @@ impl LiveCapture {
         budget: usize,
         mut f: impl FnMut(u64, &TcpPacket<'_>),
     ) -> Result<usize> {
-        let nanos = self.nanos;
         let mut n = 0;
         while n < budget {
-            let packet = match self.cap.next_packet() {
-                Ok(p) => p,
-                Err(pcap::Error::TimeoutExpired) | Err(pcap::Error::NoMorePackets) => break,
-                Err(e) => bail!(
-                    "capture failed: {e} (did the interface go down or away? restart the copier once it is back)"
-                ),
+            let Some(frame) = next_frame(&mut self.cap, self.nanos)? else {
+                break;
             };
             n += 1;
             self.stats.frames += 1;
-            if packet.header.caplen < packet.header.len {
+            if frame.snapped() {
                 self.stats.snapped += 1;
                 continue;
             }
-            let ts = packet.header.ts;
-            let frac = u64::try_from(ts.tv_usec).unwrap_or(0);
-            let at = u64::try_from(ts.tv_sec)
-                .unwrap_or(0)
-                .saturating_mul(1_000_000_000)
-                .saturating_add(if nanos { frac } else { frac * 1000 });
-            match parse_frame(self.link, packet.data) {
+            match parse_frame(self.link, frame.data) {
                 Ok(p) => {
                     self.stats.parsed += 1;
-                    f(at, &p);
+                    f(frame.ts_ns, &p);
                 }
                 Err(e) => self.stats.count(e),
             }
@@ -192,37 +188,18 @@ impl LiveCapture {
         budget: usize,
         mut f: impl FnMut(RawFrame<'_>) -> Result<()>,
     ) -> Result<usize> {
-        let nanos = self.nanos;
         let mut n = 0;
         while n < budget {
-            let packet = match self.cap.next_packet() {
-                Ok(p) => p,
-                Err(pcap::Error::TimeoutExpired) | Err(pcap::Error::NoMorePackets) => break,
-                Err(e) => bail!(
-                    "capture failed: {e} (did the interface go down or away? start again once it is back)"
-                ),
+            let Some(frame) = next_frame(&mut self.cap, self.nanos)? else {
+                break;
             };
             n += 1;
             self.stats.frames += 1;
-            if packet.header.caplen < packet.header.len {
+            // Written anyway: the file keeps the wire length, and replay counts the cut frame.
+            if frame.snapped() {
                 self.stats.snapped += 1;
             }
-            let ts = packet.header.ts;
-            let frac = u64::try_from(ts.tv_usec).unwrap_or(0);
-            let frac_ns = if nanos {
-                frac
-            } else {
-                frac.saturating_mul(1000)
-            };
-            let ts_ns = u64::try_from(ts.tv_sec)
-                .unwrap_or(0)
-                .saturating_mul(1_000_000_000)
-                .saturating_add(frac_ns);
-            f(RawFrame {
-                ts_ns,
-                data: packet.data,
-                orig_len: packet.header.len,
-            })?;
+            f(frame)?;
         }
         Ok(n)
     }
@@ -234,6 +211,34 @@ impl LiveCapture {
             self.stats.if_dropped = u64::from(s.if_dropped);
         }
     }
+}
+
+/// The next frame `cap` holds, or `None` when it has nothing more now. Any other read error is
+/// returned: the interface went away or down (see [`LiveCapture::drain`]).
+fn next_frame(cap: &mut pcap::Capture<pcap::Active>, nanos: bool) -> Result<Option<RawFrame<'_>>> {
+    let packet = match cap.next_packet() {
+        Ok(p) => p,
+        Err(pcap::Error::TimeoutExpired) | Err(pcap::Error::NoMorePackets) => return Ok(None),
+        Err(e) => bail!(
+            "capture failed: {e} (did the interface go down or away? start again once it is back)"
+        ),
+    };
+    let ts = packet.header.ts;
+    let frac = u64::try_from(ts.tv_usec).unwrap_or(0);
+    let frac_ns = if nanos {
+        frac
+    } else {
+        frac.saturating_mul(1000)
+    };
+    let ts_ns = u64::try_from(ts.tv_sec)
+        .unwrap_or(0)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(frac_ns);
+    Ok(Some(RawFrame {
+        ts_ns,
+        data: packet.data,
+        orig_len: packet.header.len,
+    }))
 }
 
 impl AsRawFd for LiveCapture {
