@@ -19,11 +19,22 @@ fn load_secs() -> u32 {
 fn mirrored_load(lab: &Lab, load: &Load) -> Result<(u64, u64)> {
     let (p0, t0) = (lab.counters(Host::Prod)?, lab.counters(Host::Test)?);
     let report = lab.load(load)?;
+    // sysbench's "ignored errors" are production's own deadlocks (1213) and lock wait timeouts,
+    // which it rolls back and retries (any other error stops it and fails `load`). Under
+    // oltp_read_write with 32 threads prod has one now and then; the rollback and the retry
+    // are mirrored like every other statement, so fidelity still holds. A read-only load has
+    // no reason for any.
     ensure!(
-        report.errors == 0,
+        report.errors == 0 || load.test != "oltp_read_only",
         "sysbench reported errors:\n{}",
         report.output
     );
+    if report.errors > 0 {
+        println!(
+            "{}: production had {} deadlocks/lock waits, retried by sysbench",
+            load.test, report.errors
+        );
+    }
     let p1 = lab.counters(Host::Prod)?;
     let prod = p1.questions_since(&p0);
     let deadline = Instant::now() + Duration::from_secs(10);
