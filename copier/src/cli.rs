@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 
-use crate::engine::{Fleet, FleetError, Sample};
+use crate::engine::{Fleet, FleetError, MemoryBudget, Sample};
 
 /// Mirrors the client connections of a production port onto a test server, packet by packet.
 ///
@@ -55,9 +55,10 @@ pub struct Args {
     #[arg(long, env = "TCPSHADOW_NO_PICKUP")]
     pub no_pickup: bool,
 
-    /// Kernel capture buffer, in MiB.
-    #[arg(long, env = "TCPSHADOW_CAPTURE_BUFFER_MB", default_value_t = 64)]
-    pub capture_buffer_mb: u32,
+    /// Kernel capture buffer (libpcap's ring, resident once used), in MiB [default: a quarter
+    /// of --max-memory, at most 64]. It counts toward --max-memory: a larger value is refused.
+    #[arg(long, env = "TCPSHADOW_CAPTURE_BUFFER_MB", value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub capture_buffer_mb: Option<u32>,
 
     /// --config, --print-config, --log.
     #[command(flatten)]
@@ -116,6 +117,16 @@ pub struct MirrorArgs {
     /// connections are not mirrored (counted).
     #[arg(long, env = "TCPSHADOW_MAX_SESSIONS", default_value_t = 100_000)]
     pub max_sessions: usize,
+
+    /// Memory the copier may use, in MiB (16 to 65536), shared out in fixed parts: 3/8 for
+    /// sessions (send queues, reassembly, held commands, statement maps, and a fixed size per
+    /// session), 1/4 for the capture ring (at most 64 MiB), 1/8 for the comparison report,
+    /// 1/16 for the control channel's queues, the rest for the program itself. When the
+    /// sessions' part is full, whole sessions are shed, the one furthest behind first (reset
+    /// on the test server), and new ones are refused; both counted (shed_memory). See
+    /// docs/RELIABILITY.md.
+    #[arg(long, env = "TCPSHADOW_MAX_MEMORY", value_name = "MB", default_value_t = 256, value_parser = clap::value_parser!(u32).range(16..=65536))]
+    pub max_memory: u32,
 
     /// Mirror each captured connection N times (1 to 16), as N distinct connections: each
     /// copy logs in and prepares its statements by itself, so the test server gets N times the
@@ -194,6 +205,11 @@ pub struct Route {
 }
 
 impl MirrorArgs {
+    /// `--max-memory`, shared out (see `engine::MemoryBudget`).
+    pub fn memory_budget(&self) -> MemoryBudget {
+        MemoryBudget::from_mib(self.max_memory as usize)
+    }
+
     pub fn status_interval(&self) -> Option<Duration> {
         (self.status_interval > 0).then(|| Duration::from_secs(self.status_interval))
     }
@@ -333,6 +349,29 @@ impl Args {
             routes.push(*m);
         }
         Ok(routes)
+    }
+
+    /// The capture ring size in bytes: --capture-buffer-mb, or the capture's part of
+    /// --max-memory. Refused when larger than that part: the ring becomes resident as the
+    /// kernel fills it, and the bound would not hold.
+    pub fn capture_buffer_bytes(&self) -> Result<i32> {
+        let budget = self.mirror.memory_budget();
+        let bytes = match self.capture_buffer_mb {
+            None => budget.capture(),
+            Some(mb) => {
+                let bytes = (mb as usize) << 20;
+                if bytes > budget.capture() {
+                    bail!(
+                        "--capture-buffer-mb {mb} is more than --max-memory {} allows for the \
+                         capture ring ({} MiB, a quarter): raise --max-memory or lower the buffer",
+                        self.mirror.max_memory,
+                        budget.capture() >> 20
+                    );
+                }
+                bytes
+            }
+        };
+        Ok(i32::try_from(bytes).unwrap_or(i32::MAX))
     }
 
     /// The capture filter: the production ports' traffic in both directions, excluding what we

@@ -8,14 +8,18 @@
 //!
 //! The engine thread only ever calls [`ControlHandle`] methods that never block, and reads the
 //! receiver. Nothing here may ever block the engine: a full feedback channel drops the batch
-//! (counted), as a lost reply would be on the wire.
+//! (counted), as a lost reply would be on the wire. The channel is bounded twice: in batches,
+//! and in bytes (`max_queue_bytes`, the control channel's part of `--max-memory`), since one
+//! batch may hold anything from one item to a whole frame's worth.
 
 use std::collections::HashSet;
 use std::fmt;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, SocketAddrV4, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender, TrySendError};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{
+    self, Receiver, RecvTimeoutError, Sender, SyncSender, TryRecvError, TrySendError,
+};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
@@ -37,6 +41,60 @@ pub enum Relayed {
     Mysql(Vec<MysqlEvent>, Instant),
 }
 
+impl Relayed {
+    /// Bytes the batch occupies in memory (its items, their heap parts), for the queue's bound.
+    pub fn memory_len(&self) -> usize {
+        use std::mem::size_of;
+        match self {
+            Relayed::Feedback(b) => {
+                b.capacity() * size_of::<TestFeedback>()
+                    + b.iter().map(|f| f.payload_prefix.capacity()).sum::<usize>()
+            }
+            Relayed::Mysql(b, _) => {
+                b.capacity() * size_of::<MysqlEvent>()
+                    + b.iter()
+                        .map(|e| match e {
+                            MysqlEvent::Packet { packet, .. } => packet.head.capacity(),
+                            MysqlEvent::FramingLost { .. } => 0,
+                        })
+                        .sum::<usize>()
+            }
+        }
+    }
+}
+
+/// The engine thread's end of the relayed queue: a channel bounded in batches and in bytes.
+pub struct RelayedReceiver {
+    rx: Receiver<Relayed>,
+    shared: Arc<Shared>,
+}
+
+impl RelayedReceiver {
+    fn took(&self, r: Result<Relayed, TryRecvError>) -> Result<Relayed, TryRecvError> {
+        if let Ok(item) = &r {
+            self.shared
+                .queued_bytes
+                .fetch_sub(item.memory_len(), Ordering::Relaxed);
+        }
+        r
+    }
+
+    /// The next batch, if one is waiting. Never blocks.
+    pub fn try_recv(&self) -> Result<Relayed, TryRecvError> {
+        let r = self.rx.try_recv();
+        self.took(r)
+    }
+
+    /// The next batch, waiting at most `timeout` (tests and tools; the engine never waits).
+    pub fn recv_timeout(&self, timeout: Duration) -> Result<Relayed, RecvTimeoutError> {
+        let r = self.rx.recv_timeout(timeout);
+        match r {
+            Ok(item) => self.took(Ok(item)).map_err(|_| RecvTimeoutError::Timeout),
+            Err(e) => Err(e),
+        }
+    }
+}
+
 /// Settings of the control client. [`ClientConfig::new`] gives sensible defaults.
 #[derive(Clone, Debug)]
 pub struct ClientConfig {
@@ -45,6 +103,8 @@ pub struct ClientConfig {
     pub hello: Hello,
     /// Feedback and Mysql batches buffered for the engine before new ones are dropped.
     pub queue_batches: usize,
+    /// ... and bytes they may take together (see [`Relayed::memory_len`]).
+    pub max_queue_bytes: usize,
     /// First and longest wait between connection attempts (doubling in between).
     pub backoff_min: Duration,
     pub backoff_max: Duration,
@@ -65,6 +125,7 @@ impl ClientConfig {
             intercept,
             hello,
             queue_batches: 4096,
+            max_queue_bytes: 16 << 20,
             backoff_min: Duration::from_millis(100),
             backoff_max: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(2),
@@ -131,14 +192,14 @@ impl ControlClient {
         addr: SocketAddr,
         hello: Hello,
         wake: impl Fn() + Send + 'static,
-    ) -> io::Result<(ControlHandle, Receiver<Relayed>)> {
+    ) -> io::Result<(ControlHandle, RelayedReceiver)> {
         Self::spawn_with(ClientConfig::new(addr, hello), wake)
     }
 
     pub fn spawn_with(
         config: ClientConfig,
         wake: impl Fn() + Send + 'static,
-    ) -> io::Result<(ControlHandle, Receiver<Relayed>)> {
+    ) -> io::Result<(ControlHandle, RelayedReceiver)> {
         let shared = Arc::new(Shared::default());
         let (cmd_tx, cmd_rx) = mpsc::channel();
         let (fb_tx, fb_rx) = mpsc::sync_channel(config.queue_batches.max(1));
@@ -166,10 +227,10 @@ impl ControlClient {
         Ok((
             ControlHandle {
                 cmds: cmd_tx,
-                shared,
+                shared: shared.clone(),
                 threads: vec![conn, writer],
             },
-            fb_rx,
+            RelayedReceiver { rx: fb_rx, shared },
         ))
     }
 }
@@ -281,6 +342,8 @@ struct Shared {
     mysql_received: AtomicU64,
     mysql_dropped: AtomicU64,
     claimed: AtomicU64,
+    /// Bytes of the batches waiting in the engine's channel (see [`Relayed::memory_len`]).
+    queued_bytes: AtomicUsize,
     /// The current connection, so that stopping can interrupt a blocking read.
     live: Mutex<Option<TcpStream>>,
     welcome: Mutex<Option<Welcome>>,
@@ -577,7 +640,17 @@ fn read_feedback(
             InterceptMessage::DoctorReport(_) => break End::Protocol("unasked DoctorReport"),
         };
         bump(received, n);
-        match feedback.try_send(item) {
+        let bytes = item.memory_len();
+        let queued = shared.queued_bytes.fetch_add(bytes, Ordering::Relaxed);
+        let sent = if queued + bytes > cfg.max_queue_bytes {
+            Err(TrySendError::Full(item))
+        } else {
+            feedback.try_send(item)
+        };
+        if sent.is_err() {
+            shared.queued_bytes.fetch_sub(bytes, Ordering::Relaxed);
+        }
+        match sent {
             Ok(()) => {
                 pushed = true;
                 overflowing = false;

@@ -50,7 +50,6 @@
 
 use std::net::SocketAddrV4;
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -61,7 +60,7 @@ use common::wire::TcpPacket;
 
 use crate::capture::CaptureStats;
 use crate::cli::{MirrorArgs, Protocol, Route};
-use crate::control_client::{ControlClient, ControlHandle, Relayed};
+use crate::control_client::{ClientConfig, ControlClient, ControlHandle, Relayed, RelayedReceiver};
 use crate::credentials::Credentials;
 use crate::engine::{CloseReason, Engine, EngineConfig, EngineEvent, Fleet, TestEvent};
 use crate::metrics::MetricsPublisher;
@@ -108,7 +107,7 @@ pub struct Driver {
     sample_percent: Option<f64>,
     sender: RawSender,
     control: ControlHandle,
-    relayed: Receiver<Relayed>,
+    relayed: RelayedReceiver,
     waker: Waker,
     lookup: Option<StateLookup>,
     own: Option<OwnAddress>,
@@ -144,6 +143,7 @@ impl Driver {
                 args.report_interval(),
                 args.compare_results,
                 args.report_literals,
+                args.memory_budget().report(),
             )
         });
         let fleet = build_fleet(
@@ -172,13 +172,17 @@ impl Driver {
             // intercept hashes the test server's payloads only for copiers that ask.
             hello = hello.with_features(FEATURE_PAYLOAD_HASHES);
         }
-        let (control, relayed) = ControlClient::spawn(args.intercept, hello, move || wake.wake())
+        let control_config = ClientConfig {
+            max_queue_bytes: args.memory_budget().control(),
+            ..ClientConfig::new(args.intercept, hello)
+        };
+        let (control, relayed) = ControlClient::spawn_with(control_config, move || wake.wake())
             .with_context(|| {
-            format!(
-                "cannot start the control channel to intercept {}",
-                args.intercept
-            )
-        })?;
+                format!(
+                    "cannot start the control channel to intercept {}",
+                    args.intercept
+                )
+            })?;
         wait_for_intercept(&control, args.intercept);
         if let (true, Some(w)) = (args.compare_results, control.welcome()) {
             if w.features & FEATURE_PAYLOAD_HASHES == 0 {
@@ -590,6 +594,9 @@ pub fn engine_config(args: &MirrorArgs, route: Route, pickup_midstream: bool) ->
     cfg.mss = args.mss;
     cfg.pickup_midstream = pickup_midstream;
     cfg.max_sessions = args.max_sessions;
+    let budget = args.memory_budget();
+    cfg.max_memory = budget.sessions();
+    cfg.max_session_buffer = budget.session_buffer(1);
     cfg
 }
 
@@ -636,6 +643,8 @@ fn mysql_factory(
         read_only: args.read_only,
         allow_calls: args.read_only_allow_calls,
         report,
+        // Commands held for the test server count toward the session's queue cap anyway.
+        max_held_bytes: args.memory_budget().session_buffer(1),
         ..MysqlConfig::default()
     };
     Ok(MysqlFactory::new(config, Arc::new(credentials), urandom()?))

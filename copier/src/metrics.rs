@@ -135,11 +135,23 @@ pub fn render_copier_metrics(s: &Snapshot, report: Option<&Report>, top_n: usize
             en.closed(r),
         );
     }
+    e.gauge(
+        "tcpshadow_copier_session_memory_bytes",
+        "Bytes the sessions hold now, as charged to --max-memory's session budget (fixed size \
+         per session plus buffer capacities).",
+        en.memory_bytes,
+    );
+    e.gauge(
+        "tcpshadow_copier_session_memory_peak_bytes",
+        "Highest session_memory_bytes since start.",
+        en.memory_peak_bytes,
+    );
     e.counters(
         "tcpshadow_copier_sessions_not_mirrored_total",
         "New connections not mirrored, by reason.",
         [
             ("max_sessions", en.sessions_shed),
+            ("shed_memory", en.sessions_refused_memory),
             ("address_collision", en.sessions_collided),
             ("pool_exhausted", en.pool_exhausted),
             ("not_sampled", en.sessions_not_sampled),
@@ -343,6 +355,7 @@ fn losses(s: &Snapshot) -> Vec<(&'static str, &'static str, u64)> {
         ),
         ("capture", "frames_not_parsed", s.capture.skipped()),
         ("session", "max_sessions", en.sessions_shed),
+        ("session", "shed_memory", en.sessions_refused_memory),
         ("session", "address_collision", en.sessions_collided),
         ("session", "pool_exhausted", en.pool_exhausted),
         (

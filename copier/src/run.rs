@@ -40,7 +40,7 @@ pub fn run(args: &Args) -> Result<Snapshot> {
     let clock = MonotonicClock::new();
     let plan = plan(args)?;
     let filter = args.capture_filter()?;
-    let buffer = i32::try_from(u64::from(args.capture_buffer_mb) << 20).unwrap_or(i32::MAX);
+    let buffer = args.capture_buffer_bytes()?;
     let mut capture = LiveCapture::open(&args.interface, &filter, buffer)?;
     let routes = plan
         .routes

@@ -62,6 +62,10 @@ impl Snapshot {
             ("frames not parsed", self.capture.skipped()),
             ("connections not mirrored (max sessions)", e.sessions_shed),
             (
+                "connections not mirrored (--max-memory)",
+                e.sessions_refused_memory,
+            ),
+            (
                 "connections not mirrored (address collision)",
                 e.sessions_collided,
             ),
@@ -123,6 +127,7 @@ fn close_label(r: CloseReason) -> &'static str {
         CloseReason::Reused => "sessions replaced by a reused client port",
         CloseReason::Shutdown => "sessions reset at copier exit",
         CloseReason::NotMirrorable => "sessions not mirrorable (protocol cannot be rewritten)",
+        CloseReason::ShedMemory => "sessions shed: --max-memory reached (largest first)",
     }
 }
 
@@ -180,14 +185,31 @@ impl StatusLine {
             ),
             None => String::new(),
         };
+        let shed = |e: &EngineStats| e.closed(CloseReason::ShedMemory) + e.sessions_refused_memory;
+        if shed(e) > shed(l) {
+            // Once per interval, not per session: under memory pressure sessions go by the
+            // hundred and a line each would itself be a burden.
+            tracing::warn!(
+                "--max-memory reached: {} sessions shed (largest first, reset on the test server) \
+                 and {} new connections not mirrored in the last {:.0} s; sessions hold {:.1} MiB \
+                 (peak {:.1} MiB)",
+                e.closed(CloseReason::ShedMemory) - l.closed(CloseReason::ShedMemory),
+                e.sessions_refused_memory - l.sessions_refused_memory,
+                secs,
+                e.memory_bytes as f64 / 1048576.0,
+                e.memory_peak_bytes as f64 / 1048576.0,
+            );
+        }
         tracing::info!(
-            "sessions active={} new={} picked_up={} closed={} abandoned={} | captured {:.0}/s (client {} prod {}) \
+            "sessions active={} new={} picked_up={} closed={} abandoned={} mem={:.1}MiB shed_memory={} | captured {:.0}/s (client {} prod {}) \
              | sent {:.0}/s retrans={} rst={} | feedback {:.0}/s | kernel_drops={} | {}{shaping}{report}",
             e.sessions_active,
             e.sessions_opened - l.sessions_opened,
             e.sessions_picked_up - l.sessions_picked_up,
             e.closed_total() - l.closed_total(),
             s.abandoned() - self.last.abandoned(),
+            e.memory_bytes as f64 / 1048576.0,
+            shed(e),
             rate(s.capture.frames, self.last.capture.frames),
             e.captured_client_to_prod,
             e.captured_prod_to_client,

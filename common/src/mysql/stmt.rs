@@ -345,6 +345,16 @@ impl StatementMap {
         }
     }
 
+    /// Bytes the map occupies at most (its tables' capacity, each SQL text counted at
+    /// [`SQL_KEPT`]): an upper bound, O(1), for a memory budget.
+    pub fn memory_len(&self) -> usize {
+        use std::mem::size_of;
+        self.entries.capacity() * (size_of::<(u32, Entry)>() + 1)
+            + self.entries.len() * SQL_KEPT
+            + self.pending.capacity() * size_of::<Pending>()
+            + self.pending.len() * SQL_KEPT
+    }
+
     /// The (first [`SQL_KEPT`] bytes of the) SQL text of a tracked statement.
     pub fn sql(&self, prod_id: u32) -> Option<&[u8]> {
         if let Some(Entry::Mapped { sql, .. } | Entry::Failed { sql, .. }) =

@@ -19,7 +19,8 @@
 //! * Let two engines share a pool address, or run several engines without a pool (their
 //!   sessions would all send from the real client's address): [`Fleet::new`] refuses.
 //!
-//! `max_sessions` applies per engine. `sample` is decided once per route, by one [`Sampler`]
+//! `max_sessions` applies per engine; `max_memory` is the fleet's, each engine getting an equal
+//! part (and its per-session cap no more than a sixteenth of that part, see `budget.rs`). `sample` is decided once per route, by one [`Sampler`]
 //! that the route's copies share: its decisions depend on what it has seen (the share so far,
 //! which connections it took), and one decision handed to every copy keeps the copies of a
 //! connection all in or all out together, whatever each copy's own sessions went through
@@ -117,6 +118,8 @@ impl Fleet {
                 cfg.prod_port = prod_port;
                 cfg.target = target;
                 cfg.pool_slice = (engines.len() as u32, count as u32);
+                (cfg.max_memory, cfg.max_session_buffer) =
+                    super::budget::engine_share(cfg.max_memory, cfg.max_session_buffer, count);
                 engines.push(make(cfg));
             }
             // The route decides for its copies: theirs are dropped unused.

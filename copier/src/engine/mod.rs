@@ -82,6 +82,7 @@
 //! * **Sessions** live in a slab with generation-checked ids, indexed by captured flow and by
 //!   mirrored address; sessions with something to send wait in a round-robin ready queue.
 
+mod budget;
 mod fleet;
 mod pool;
 mod ranges;
@@ -92,6 +93,8 @@ mod session;
 mod stats;
 mod transform;
 
+#[cfg(test)]
+mod budget_tests;
 #[cfg(test)]
 mod sim_tests;
 #[cfg(test)]
@@ -108,6 +111,7 @@ use common::clock::Instant;
 use common::control::TestFeedback;
 use common::wire::{emit_ipv4_tcp, SegmentRepr, TcpPacket};
 
+pub use budget::{MemoryBudget, SESSION_FIXED_BYTES};
 pub use fleet::{Fleet, FleetError};
 use pool::AddressPool;
 pub use sample::Sample;
@@ -172,6 +176,10 @@ pub struct EngineConfig {
     pub pickup_midstream: bool,
     /// Live sessions at most; new connections beyond are not mirrored (`sessions_shed`).
     pub max_sessions: usize,
+    /// Bytes all of this engine's sessions may hold together (fixed size and buffers, see
+    /// `budget.rs`); beyond, whole sessions are shed, largest first, and new ones refused
+    /// (`CloseReason::ShedMemory`, `sessions_refused_memory`). Its share of `--max-memory`.
+    pub max_memory: usize,
     /// IPv4 TTL of what we send.
     pub ttl: u8,
 }
@@ -197,6 +205,7 @@ impl EngineConfig {
             max_session_buffer: 4 << 20,
             pickup_midstream: false,
             max_sessions: 10_000,
+            max_memory: 256 << 20,
             ttl: 64,
         }
     }
@@ -207,6 +216,7 @@ impl EngineConfig {
         self.min_rto = self.min_rto.min(self.max_rto);
         self.initial_rto = self.initial_rto.clamp(self.min_rto, self.max_rto);
         self.max_session_buffer = self.max_session_buffer.max(1);
+        self.max_memory = self.max_memory.max(1);
         self.ttl = self.ttl.max(1);
         self
     }
@@ -241,10 +251,13 @@ pub enum CloseReason {
     /// The session's transform gave it up (e.g. TLS or compression: the protocol cannot be
     /// rewritten); the event's `why` says what it found.
     NotMirrorable,
+    /// The engine's memory budget (`--max-memory`) was reached and this session held the most
+    /// (it fell furthest behind): shed whole, reset on the test server.
+    ShedMemory,
 }
 
 impl CloseReason {
-    pub const COUNT: usize = 14;
+    pub const COUNT: usize = 15;
     pub const ALL: [CloseReason; Self::COUNT] = [
         Self::Completed,
         Self::ClientReset,
@@ -260,6 +273,7 @@ impl CloseReason {
         Self::Reused,
         Self::Shutdown,
         Self::NotMirrorable,
+        Self::ShedMemory,
     ];
 
     pub fn index(self) -> usize {
@@ -283,6 +297,7 @@ impl CloseReason {
             Self::Reused => "reused",
             Self::Shutdown => "shutdown",
             Self::NotMirrorable => "not_mirrorable",
+            Self::ShedMemory => "shed_memory",
         }
     }
 
@@ -332,6 +347,8 @@ struct SessionId {
 struct Slot {
     gen: u32,
     session: Option<Session>,
+    /// Bytes this session was last charged to the engine's memory budget (`budget.rs`).
+    charged: usize,
 }
 
 /// See the module documentation.
@@ -359,6 +376,11 @@ pub struct Engine {
     /// `--sample`'s decisions; `None` without sampling, or when a [`Fleet`] decides for all
     /// copies of a route.
     sampler: Option<Sampler>,
+    /// Bytes charged to the memory budget by all sessions (see `budget.rs`).
+    mem_used: usize,
+    /// What the last new session was charged when it opened: the admission test's estimate
+    /// for the next one.
+    mem_new_session: usize,
 }
 
 impl Engine {
@@ -392,6 +414,8 @@ impl Engine {
             factory: transform::FactorySlot(factory),
             captured_at: None,
             sampler: Sampler::for_engine(&cfg),
+            mem_used: 0,
+            mem_new_session: SESSION_FIXED_BYTES,
             cfg,
         }
     }
@@ -750,6 +774,9 @@ impl Engine {
             self.stats.sessions_shed += 1;
             return;
         }
+        if !self.admits_new_session() {
+            return;
+        }
         let client = SocketAddrV4::new(pkt.src, pkt.src_port);
         let mirrored = match &self.pool {
             Some(pool) => match pool.pick(client, |a| self.by_mirror.contains_key(&a)) {
@@ -780,12 +807,14 @@ impl Engine {
             Some(idx) => {
                 let slot = &mut self.slots[idx as usize];
                 slot.session = Some(session);
+                slot.charged = 0;
                 SessionId { idx, gen: slot.gen }
             }
             None => {
                 self.slots.push(Slot {
                     gen: 0,
                     session: Some(session),
+                    charged: 0,
                 });
                 SessionId {
                     idx: (self.slots.len() - 1) as u32,
@@ -825,6 +854,7 @@ impl Engine {
             None => Outcome::Open,
         };
         self.settle(id, now, out);
+        self.note_new_session_charge(id);
     }
 
     /// After any change to a session: end it, or re-arm its timer and queue it for sending.
@@ -844,6 +874,8 @@ impl Engine {
                     self.mark_ready(id);
                 }
                 self.schedule(id);
+                self.recharge(id);
+                self.enforce_budget(now);
             }
         }
     }
@@ -868,6 +900,7 @@ impl Engine {
             None
         };
         s.enter_linger(now + self.cfg.linger, reason == CloseReason::Completed);
+        self.recharge(id);
         self.stats.sessions_active -= 1;
         self.stats.sessions_lingering += 1;
         self.stats.sessions_closed[reason.index()] += 1;
@@ -898,6 +931,7 @@ impl Engine {
             return;
         };
         slot.gen = slot.gen.wrapping_add(1);
+        self.mem_used -= std::mem::take(&mut slot.charged);
         self.free.push(id.idx);
         debug_assert!(s.is_lingering());
         self.stats.sessions_lingering -= 1;

@@ -79,6 +79,11 @@ impl Reassembly {
         self.held.len()
     }
 
+    /// Heap bytes held (capacity: what the allocator handed out).
+    pub(crate) fn heap_bytes(&self) -> usize {
+        self.held.capacity()
+    }
+
     /// Whether the start of the stream may still move: nothing delivered, held or finished.
     pub(crate) fn pristine(&self) -> bool {
         !self.delivered_any && self.ranges.is_empty() && self.fin_at.is_none()

@@ -289,6 +289,16 @@ impl Session {
         self.send_buf.len() + self.reasm.held_len() + self.transform_buffered()
     }
 
+    /// Heap bytes this session holds beyond its fixed size (the engine adds that, see
+    /// `budget.rs`): buffer capacities, not lengths, because capacity is what the allocator
+    /// gave out; plus what its transform says it holds.
+    pub(crate) fn heap_bytes(&self) -> usize {
+        self.send_buf.capacity()
+            + self.reasm.heap_bytes()
+            + self.prod_reasm.as_ref().map_or(0, Reassembly::heap_bytes)
+            + self.transform.as_ref().map_or(0, |t| t.0.memory_len())
+    }
+
     fn transform_buffered(&self) -> usize {
         self.transform.as_ref().map_or(0, |t| t.0.buffered_len())
     }

@@ -22,6 +22,15 @@ pub struct EngineStats {
     pub sessions_closed: [u64; CloseReason::COUNT],
     /// New connections not mirrored because `max_sessions` sessions were active.
     pub sessions_shed: u64,
+    /// New connections not mirrored because the engine's memory budget (`--max-memory`) had
+    /// no room for one more session (live sessions shed for memory are in
+    /// `sessions_closed[ShedMemory]`).
+    pub sessions_refused_memory: u64,
+    /// Bytes the sessions hold now, as charged to the memory budget (a gauge: fixed size per
+    /// session plus buffer capacities; see `budget.rs`).
+    pub memory_bytes: u64,
+    /// The most `memory_bytes` has been (a high-water mark; merged engines add theirs).
+    pub memory_peak_bytes: u64,
     /// New connections not mirrored because their address was already used toward the target
     /// by another live session (no pool configured).
     pub sessions_collided: u64,
@@ -172,6 +181,9 @@ impl EngineStats {
             sessions_opened,
             sessions_picked_up,
             sessions_shed,
+            sessions_refused_memory,
+            memory_bytes,
+            memory_peak_bytes,
             sessions_collided,
             pool_exhausted,
             sessions_not_sampled,

@@ -101,6 +101,14 @@ pub trait StreamTransform: Send {
         0
     }
 
+    /// Bytes of memory the transform occupies (its own size plus what it allocated), for the
+    /// engine's memory budget (`--max-memory`, see `budget.rs`). An estimate is fine; it must
+    /// be cheap (it is asked after every call) and must grow with anything that grows with
+    /// input. The default counts the transform's size and [`buffered_len`](Self::buffered_len).
+    fn memory_len(&self) -> usize {
+        std::mem::size_of_val(self) + self.buffered_len()
+    }
+
     /// When [`on_timeout`](Self::on_timeout) should run next, if ever.
     fn next_deadline(&self) -> Option<Instant> {
         None

@@ -223,6 +223,22 @@ pub(super) struct Observer {
     early: VecDeque<(u64, Decision, Instant)>,
 }
 
+impl Observer {
+    /// Bytes this observer occupies, roughly (for the engine's memory budget): its tables'
+    /// capacities; statement shapes are shared (`Arc`) and bounded by `max_statements`, each
+    /// counted at the size of its digest text's bound.
+    pub(super) fn memory_len(&self) -> usize {
+        use std::mem::size_of;
+        size_of::<Self>()
+            + self.pending.capacity() * size_of::<Pending>()
+            + self.statements.capacity() * (size_of::<(u32, Arc<Statement>)>() + 1)
+            + self.statements.len() * (size_of::<Statement>() + SQL_LOOKED_AT / 16)
+            + self.cache.capacity() * size_of::<Arc<Statement>>()
+            + self.scratch.capacity()
+            + self.early.capacity() * size_of::<(u64, Decision, Instant)>()
+    }
+}
+
 impl std::fmt::Debug for Observer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Observer")

@@ -2223,6 +2223,29 @@ impl StreamTransform for MysqlTransform {
             + self.inject_bytes
     }
 
+    /// Our size and everything we allocated that grows with the session: held commands, the
+    /// statement map, the queues of expected replies, the report's observer. Capacities, since
+    /// that is what the allocator gave out; an estimate where exact is O(n).
+    fn memory_len(&self) -> usize {
+        use std::mem::size_of;
+        size_of::<Self>()
+            + self.head.capacity()
+            + self.backlog.capacity()
+            + self.login.as_ref().map_or(0, Vec::capacity)
+            + self.inject_bytes
+            + self.inject.capacity() * size_of::<Injection>()
+            + self.arrived.capacity() * size_of::<(Option<u8>, u64)>()
+            + self.test_fifo.capacity() * size_of::<(TestExpect, Option<u64>)>()
+            + self.prod_fifo.capacity() * size_of::<(ReplyKind, u64)>()
+            + self.prod_scratch.capacity() * size_of::<ProdPacket>()
+            + self.prod_answers.capacity() * size_of::<PrepareAnswer>()
+            + self.unanswered_prepares.capacity() * size_of::<Fate>()
+            + self.skipped_statements.capacity() * (size_of::<u32>() + 1)
+            + self.skipped_names.len() * (size_of::<(Box<[u8]>, WriteKind)>() + 64)
+            + self.map.memory_len()
+            + self.observer.as_ref().map_or(0, |o| o.memory_len())
+    }
+
     fn next_deadline(&self) -> Option<Instant> {
         if self.dead {
             return None;

@@ -16,6 +16,25 @@ use super::model::{Report, Totals};
 use super::observe::{Observation, ObservationSink};
 use crate::mysql::ReportHooks;
 
+/// Bytes one digest group may take at most: two latency histograms grown to every bucket
+/// (41 x 8 x 8 bytes each), its statement's shape and example (1 KiB), its error maps and
+/// [`CollectorConfig::max_mismatch_examples`] examples of about 1 KiB each; rounded up.
+const DIGEST_BYTES: usize = 12 << 10;
+
+/// The observation queue's length and the collector's bounds that fit `memory` bytes: a
+/// quarter for the queue, half for the digest groups, the rest for the series and the
+/// rendering of a report. Never more than the defaults (65,536 queued, 10,000 digests).
+pub fn bounds_for(memory: usize) -> (usize, CollectorConfig) {
+    let per_obs = std::mem::size_of::<crate::report::observe::Observation>() + 64;
+    let queue = (memory / 4 / per_obs).clamp(1024, QUEUE);
+    let defaults = CollectorConfig::default();
+    let config = CollectorConfig {
+        max_digests: (memory / 2 / DIGEST_BYTES).clamp(64, defaults.max_digests),
+        ..defaults
+    };
+    (queue, config)
+}
+
 /// Observations queued between two drains (the driver drains after every batch of packets;
 /// at 100k commands/s that is far more than a batch).
 const QUEUE: usize = 1 << 16;
@@ -49,14 +68,17 @@ pub struct Reporting {
 impl Reporting {
     /// `now` is the start of the run on the driver's clock; `dir` where files go (none: the
     /// report only feeds `--metrics` and the status line).
+    /// `memory`: the report's part of `--max-memory`, bytes (see [`bounds_for`]).
     pub fn new(
         now: Instant,
         dir: Option<PathBuf>,
         interval: Option<Duration>,
         compare_results: bool,
         literals: bool,
+        memory: usize,
     ) -> Self {
-        let sink = ObservationSink::new(QUEUE);
+        let (queue, config) = bounds_for(memory);
+        let sink = ObservationSink::new(queue);
         let started_unix_ms = unix_ms();
         Self {
             hooks: ReportHooks {
@@ -65,7 +87,7 @@ impl Reporting {
                 literals,
             },
             sink,
-            collector: Collector::new(CollectorConfig::default(), now),
+            collector: Collector::new(config, now),
             meta: ReportMeta {
                 generated_unix_ms: started_unix_ms,
                 started_unix_ms,
