@@ -118,14 +118,15 @@ pub struct MirrorArgs {
     #[arg(long, env = "TCPSHADOW_MAX_SESSIONS", default_value_t = 100_000)]
     pub max_sessions: usize,
 
-    /// Memory the copier may use, in MiB (16 to 65536), shared out in fixed parts: 3/8 for
+    /// Memory the copier may use, in MiB (32 to 65536; the program itself takes about 10),
+    /// shared out in fixed parts: 3/8 for
     /// sessions (send queues, reassembly, held commands, statement maps, and a fixed size per
     /// session), 1/4 for the capture ring (at most 64 MiB), 1/8 for the comparison report,
     /// 1/16 for the control channel's queues, the rest for the program itself. When the
     /// sessions' part is full, whole sessions are shed, the one furthest behind first (reset
     /// on the test server), and new ones are refused; both counted (shed_memory). See
     /// docs/RELIABILITY.md.
-    #[arg(long, env = "TCPSHADOW_MAX_MEMORY", value_name = "MB", default_value_t = 256, value_parser = clap::value_parser!(u32).range(16..=65536))]
+    #[arg(long, env = "TCPSHADOW_MAX_MEMORY", value_name = "MB", default_value_t = 256, value_parser = clap::value_parser!(u32).range(32..=65536))]
     pub max_memory: u32,
 
     /// Mirror each captured connection N times (1 to 16), as N distinct connections: each

@@ -361,6 +361,13 @@ pub fn summary(s: &Snapshot, elapsed: Duration) -> String {
             l.requested, l.answered, l.not_found, l.failed, l.dropped
         );
     }
+    let _ = writeln!(
+        out,
+        "  session memory (--max-memory): peak {:.1} MiB, {} sessions shed, {} connections refused",
+        e.memory_peak_bytes as f64 / 1048576.0,
+        e.closed(CloseReason::ShedMemory),
+        e.sessions_refused_memory,
+    );
     let mut losses: Vec<(String, u64)> = s
         .losses()
         .into_iter()

@@ -102,9 +102,18 @@ struct Cli {
     #[arg(long, env = "TCPSHADOW_DIRECTION", value_enum, default_value_t = DirectionArg::In)]
     direction: DirectionArg,
 
-    /// Kernel capture buffer, in MiB: absorbs bursts while intercept is busy.
+    /// Kernel capture buffer, in MiB: absorbs bursts while intercept is busy. At most a quarter
+    /// of --max-memory (larger is refused).
     #[arg(long, env = "TCPSHADOW_BUFFER_MIB", default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=4096))]
     buffer_mib: u32,
+
+    /// Memory intercept may use, in MiB (32 to 65536): a quarter at most for the capture ring
+    /// (--buffer-mib), a quarter for the copiers' feedback queues (each copier's queue gets
+    /// its share of it, by --max-copiers; beyond, its feedback is dropped and counted), 3/8
+    /// for the MySQL sessions table (--mysql-max-sessions is lowered to what fits). See
+    /// docs/RELIABILITY.md.
+    #[arg(long, env = "TCPSHADOW_MAX_MEMORY", value_name = "MB", default_value_t = 256, value_parser = clap::value_parser!(u32).range(32..=65536))]
+    max_memory: u32,
 
     /// Feedback batches queued per copier before its feedback is dropped (counted).
     #[arg(long, env = "TCPSHADOW_QUEUE_BATCHES", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
@@ -292,10 +301,26 @@ impl Cli {
             .unwrap_or(if self.mysql() { 0 } else { 64 })
     }
 
+    fn memory_bytes(&self) -> usize {
+        (self.max_memory as usize) << 20
+    }
+
+    /// Each copier's feedback queue, bytes: a quarter of --max-memory shared by --max-copiers.
+    fn queue_bytes(&self) -> usize {
+        (self.memory_bytes() / 4 / (self.max_copiers.max(1) as usize)).max(256 << 10)
+    }
+
+    /// --mysql-max-sessions, lowered so that 3/8 of --max-memory holds that many sessions at
+    /// their fixed size (`sessions::SESSION_BYTES`).
+    fn max_sessions(&self) -> usize {
+        let fit = self.memory_bytes() / 8 * 3 / intercept::sessions::SESSION_BYTES;
+        (self.mysql_max_sessions as usize).min(fit.max(1))
+    }
+
     fn sessions(&self) -> Option<SessionConfig> {
         self.mysql().then(|| SessionConfig {
             head: usize::from(self.mysql_head),
-            max_sessions: self.mysql_max_sessions as usize,
+            max_sessions: self.max_sessions(),
             idle_timeout: Duration::from_secs(self.mysql_idle_secs),
             ..SessionConfig::default()
         })
@@ -315,6 +340,15 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         tracing::warn!(
             "--direction out captures nothing on lo (libpcap shows loopback packets as incoming \
              only); use --direction in"
+        );
+    }
+    if cli.buffer_mib > cli.max_memory / 4 {
+        anyhow::bail!(
+            "--buffer-mib {} is more than --max-memory {} allows for the capture ring (a quarter, \
+             {} MiB): raise --max-memory or lower --buffer-mib",
+            cli.buffer_mib,
+            cli.max_memory,
+            cli.max_memory / 4
         );
     }
     let payload_prefix = cli.payload_prefix();
@@ -376,6 +410,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             payload_prefix,
             mysql_head: cli.mysql().then_some(cli.mysql_head),
             queue_batches: cli.queue_batches as usize,
+            queue_bytes: cli.queue_bytes(),
             max_copiers: cli.max_copiers as usize,
             doctor: Some({
                 let setup = doctor_setup(&cli);

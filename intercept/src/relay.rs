@@ -10,7 +10,9 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddrV4;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{SyncSender, TrySendError};
+use std::sync::Arc;
 
 use common::control::{
     MysqlEvent, TestFeedback, FEATURE_PAYLOAD_HASHES, MAX_FEEDBACK_PER_FRAME,
@@ -46,6 +48,84 @@ impl Batch {
     fn is_empty(&self) -> bool {
         self.feedback.is_empty() && self.mysql.is_empty()
     }
+
+    /// Bytes the batch occupies in memory (its vectors' capacity and the heap parts of its
+    /// items), for the queue's byte bound (`--max-memory`).
+    pub fn memory_len(&self) -> usize {
+        use std::mem::size_of;
+        self.feedback.capacity() * size_of::<TestFeedback>()
+            + self
+                .feedback
+                .iter()
+                .map(|f| f.payload_prefix.capacity())
+                .sum::<usize>()
+            + self.mysql.capacity() * size_of::<MysqlEvent>()
+            + self
+                .mysql
+                .iter()
+                .map(|e| match e {
+                    MysqlEvent::Packet { packet, .. } => packet.head.capacity(),
+                    MysqlEvent::FramingLost { .. } => 0,
+                })
+                .sum::<usize>()
+    }
+}
+
+/// The relay's end of one copier's queue toward its writer thread: bounded in batches by the
+/// channel and in bytes by `max_bytes` (the writer subtracts what it took, see
+/// [`CopierTx::taken`]). A batch that would pass either bound is dropped and counted.
+#[derive(Clone, Debug)]
+pub struct CopierTx {
+    tx: SyncSender<Outgoing>,
+    queued: Arc<AtomicUsize>,
+    max_bytes: usize,
+}
+
+impl CopierTx {
+    pub fn new(tx: SyncSender<Outgoing>, max_bytes: usize) -> Self {
+        Self {
+            tx,
+            queued: Arc::new(AtomicUsize::new(0)),
+            max_bytes,
+        }
+    }
+
+    /// The gauge the writer thread gives bytes back to.
+    pub fn gauge(&self) -> Arc<AtomicUsize> {
+        Arc::clone(&self.queued)
+    }
+
+    /// What the writer calls for each message it took off the queue.
+    pub fn taken(gauge: &AtomicUsize, m: &Outgoing) {
+        if let Outgoing::Batch(b) = m {
+            gauge.fetch_sub(b.memory_len(), Ordering::Relaxed);
+        }
+    }
+
+    /// Queues `m` unless a bound (batches or bytes) is reached; never blocks.
+    pub fn try_send(&self, m: Outgoing) -> Result<(), TrySendError<Outgoing>> {
+        let bytes = match &m {
+            Outgoing::Batch(b) => b.memory_len(),
+            _ => 0,
+        };
+        let before = self.queued.fetch_add(bytes, Ordering::Relaxed);
+        let r = if bytes > 0 && before + bytes > self.max_bytes {
+            Err(TrySendError::Full(m))
+        } else {
+            self.tx.try_send(m)
+        };
+        if r.is_err() {
+            self.queued.fetch_sub(bytes, Ordering::Relaxed);
+        }
+        r
+    }
+}
+
+/// Unbounded in bytes (tests, and callers that bound the channel only in batches).
+impl From<SyncSender<Outgoing>> for CopierTx {
+    fn from(tx: SyncSender<Outgoing>) -> Self {
+        Self::new(tx, usize::MAX)
+    }
 }
 
 /// Changes to the routing table, sent by the control server's reader threads.
@@ -55,7 +135,7 @@ pub enum RelayEvent {
     Connected {
         id: CopierId,
         name: String,
-        tx: SyncSender<Outgoing>,
+        tx: CopierTx,
         /// The features granted in its Welcome (`common::control::FEATURE_*`).
         features: u32,
     },
@@ -102,7 +182,7 @@ pub struct RelayStats {
 struct Link {
     name: String,
     features: u32,
-    tx: SyncSender<Outgoing>,
+    tx: CopierTx,
     pending: Batch,
     owned: usize,
     /// Set while the queue overflows, so that each overflow episode is logged once.
@@ -404,7 +484,7 @@ mod tests {
         r.apply(RelayEvent::Connected {
             id: 2,
             name: "hashing".into(),
-            tx,
+            tx: tx.into(),
             features: FEATURE_PAYLOAD_HASHES,
         });
         assert!(r.wants_payload_hashes());
@@ -420,7 +500,7 @@ mod tests {
         r.apply(RelayEvent::Connected {
             id,
             name: format!("c{id}"),
-            tx,
+            tx: tx.into(),
             features: 0,
         });
         rx
@@ -572,6 +652,41 @@ mod tests {
             r.route(fb(client(11), 100 + s));
         }
         assert_eq!(seqs(&quiet), [1]);
+    }
+
+    #[test]
+    fn a_queue_full_in_bytes_drops_and_counts_until_the_writer_takes_some() {
+        let mut r = Relay::new(1);
+        let (tx, rx) = sync_channel(1000);
+        // Room for two one-item batches, whatever the channel's count allows.
+        let one = Batch {
+            feedback: vec![fb(client(10), 0)],
+            mysql: Vec::new(),
+        }
+        .memory_len();
+        let tx = CopierTx::new(tx, 2 * one);
+        let gauge = tx.gauge();
+        r.apply(RelayEvent::Connected {
+            id: 1,
+            name: "slow".into(),
+            tx,
+            features: 0,
+        });
+        r.apply(RelayEvent::Claim {
+            id: 1,
+            addrs: vec![client(10)],
+        });
+        for s in 0..5 {
+            r.route(fb(client(10), s));
+        }
+        assert_eq!(r.stats().dropped_queue_full, 3);
+        assert_eq!(gauge.load(Ordering::Relaxed), 2 * one);
+        // The writer takes one: room for one more.
+        let m = rx.try_recv().unwrap();
+        CopierTx::taken(&gauge, &m);
+        r.route(fb(client(10), 9));
+        assert_eq!(r.stats().dropped_queue_full, 3);
+        assert_eq!(seqs(&rx), [1, 9]);
     }
 
     #[test]

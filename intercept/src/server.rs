@@ -10,7 +10,7 @@
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread;
@@ -22,7 +22,7 @@ use common::control::{
     Reject, Welcome, FEATURE_PAYLOAD_HASHES, PROTOCOL_VERSION,
 };
 
-use crate::relay::{CopierId, Outgoing, RelayEvent};
+use crate::relay::{CopierId, CopierTx, Outgoing, RelayEvent};
 
 /// Settings of the control server.
 #[derive(Clone, Debug)]
@@ -37,6 +37,9 @@ pub struct ServerConfig {
     pub mysql_head: Option<u16>,
     /// Feedback batches queued per copier before its feedback is dropped.
     pub queue_batches: usize,
+    /// ... and bytes they may take (see `Batch::memory_len`; `--max-memory`'s relay part divided
+    /// among `max_copiers`).
+    pub queue_bytes: usize,
     /// How long a new connection may take to send its Hello.
     pub handshake_timeout: Duration,
     /// A copier that sends nothing (not even a Ping) for this long is considered dead.
@@ -69,6 +72,7 @@ impl Default for ServerConfig {
             payload_prefix: 64,
             mysql_head: None,
             queue_batches: 1024,
+            queue_bytes: 4 << 20,
             handshake_timeout: Duration::from_secs(5),
             idle_timeout: Duration::from_secs(30),
             write_timeout: Duration::from_secs(5),
@@ -379,10 +383,12 @@ fn serve(
         }
     };
     let (tx, rx) = sync_channel(cfg.queue_batches.max(1));
+    let tx = CopierTx::new(tx, cfg.queue_bytes);
+    let gauge = tx.gauge();
     let stats = ctx.stats.clone();
     let spawned = thread::Builder::new()
         .name(format!("copier-{id}-tx"))
-        .spawn(move || write_loop(write_half, rx, &stats));
+        .spawn(move || write_loop(write_half, rx, &gauge, &stats));
     if let Err(e) = spawned {
         tracing::warn!(%peer, "cannot start a writer thread for a copier: {e}");
         return;
@@ -547,15 +553,24 @@ impl Conn {
 
 /// Coalesces whatever is queued into one write: under load many small batches cost one
 /// syscall, and an idle queue costs no latency.
-fn write_loop(mut stream: TcpStream, rx: Receiver<Outgoing>, stats: &ServerStats) {
+fn write_loop(
+    mut stream: TcpStream,
+    rx: Receiver<Outgoing>,
+    queued: &AtomicUsize,
+    stats: &ServerStats,
+) {
     const COALESCE_BYTES: usize = 256 * 1024;
     let mut out = Vec::with_capacity(64 * 1024);
     while let Ok(first) = rx.recv() {
         out.clear();
+        CopierTx::taken(queued, &first);
         encode_outgoing(&first, &mut out, stats);
         while out.len() < COALESCE_BYTES {
             match rx.try_recv() {
-                Ok(m) => encode_outgoing(&m, &mut out, stats),
+                Ok(m) => {
+                    CopierTx::taken(queued, &m);
+                    encode_outgoing(&m, &mut out, stats)
+                }
                 Err(_) => break,
             }
         }

@@ -77,6 +77,12 @@ enum Framing {
     Lost,
 }
 
+/// Memory one tracked session takes before it holds any out-of-order bytes: its entry in the
+/// table (at most 7/8 full, one control byte) and an allowance for the framer's small
+/// allocations. `--max-memory` caps `max_sessions` with it (see main.rs). Held bytes are bounded
+/// per session by [`HoldLimits`], not yet by the budget as a whole.
+pub const SESSION_BYTES: usize = (std::mem::size_of::<(SocketAddrV4, Session)>() + 1) * 8 / 7 + 512;
+
 #[derive(Debug)]
 struct Session {
     framing: Framing,

@@ -5,7 +5,7 @@
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, Shutdown, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
@@ -14,7 +14,9 @@ use common::control::{
     encode_hello, FrameDecoder, Hello, InterceptMessage, MysqlEvent, TestFeedback,
 };
 use common::wire::{emit_ipv4_tcp, SegmentRepr, TcpFlags, TcpOptions};
-use copier::control_client::{ClientConfig, ControlClient, ControlHandle, Relayed};
+use copier::control_client::{
+    ClientConfig, ControlClient, ControlHandle, Relayed, RelayedReceiver,
+};
 use intercept::pump::{self, ChannelSource, PumpConfig, ReplyPath};
 use intercept::relay::Relay;
 use intercept::server::{ControlServer, ServerConfig};
@@ -175,7 +177,7 @@ fn packet_of(fb: &TestFeedback, payload: &[u8]) -> Vec<u8> {
 /// A copier's control client plus what its engine would see.
 struct Copier {
     handle: ControlHandle,
-    rx: Receiver<Relayed>,
+    rx: RelayedReceiver,
     wakes: Arc<AtomicUsize>,
 }
 
@@ -275,7 +277,7 @@ enum Seen {
     Lost(SocketAddrV4, u32),
 }
 
-fn seen(rx: &Receiver<Relayed>, until: impl Fn(&[Seen]) -> bool) -> Vec<Seen> {
+fn seen(rx: &RelayedReceiver, until: impl Fn(&[Seen]) -> bool) -> Vec<Seen> {
     let mut got = Vec::new();
     let deadline = Instant::now() + WAIT;
     while !until(&got) {

@@ -133,12 +133,14 @@ impl Engine {
         self.stats.memory_peak_bytes = self.stats.memory_peak_bytes.max(self.mem_used as u64);
     }
 
-    /// Whether one more session fits (its estimated opening charge); counts the refusal.
-    pub(super) fn admits_new_session(&mut self) -> bool {
+    /// Whether one more session fits (its estimated opening charge). A refused SYN is counted;
+    /// a refused pick-up is not: every later packet of a refused connection asks again (it is
+    /// picked up mid-stream once there is room), and one connection must count once.
+    pub(super) fn admits_new_session(&mut self, syn: bool) -> bool {
         if self.mem_used.saturating_add(self.mem_new_session) <= self.cfg.max_memory {
             return true;
         }
-        self.stats.sessions_refused_memory += 1;
+        self.stats.sessions_refused_memory += u64::from(syn);
         false
     }
 

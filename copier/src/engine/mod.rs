@@ -774,7 +774,7 @@ impl Engine {
             self.stats.sessions_shed += 1;
             return;
         }
-        if !self.admits_new_session() {
+        if !self.admits_new_session(matches!(start, Start::Syn)) {
             return;
         }
         let client = SocketAddrV4::new(pkt.src, pkt.src_port);
