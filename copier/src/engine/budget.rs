@@ -20,7 +20,9 @@
 //! most; shedding the newest instead would throw away healthy sessions and keep the laggard
 //! growing. A shed session ends as `CloseReason::ShedMemory`: reset on the test server like any
 //! abandoned one, counted by reason. A new session is refused (`sessions_refused_memory`) when
-//! its fixed charge does not fit: so many small sessions are bounded too.
+//! its opening charge does not fit under 15/16 of the budget (the rest is room for the open
+//! sessions to grow): so many small sessions are bounded too, and an open session is not shed
+//! to make room for a new one.
 //!
 //! # What it must never do
 //!
@@ -136,8 +138,12 @@ impl Engine {
     /// Whether one more session fits (its estimated opening charge). A refused SYN is counted;
     /// a refused pick-up is not: every later packet of a refused connection asks again (it is
     /// picked up mid-stream once there is room), and one connection must count once.
+    /// New sessions may only fill the budget up to 15/16: sessions grow after they open (a
+    /// login exchange, the first commands), and that growth must find room, or every new
+    /// session admitted at the edge would make an older one be shed.
     pub(super) fn admits_new_session(&mut self, syn: bool) -> bool {
-        if self.mem_used.saturating_add(self.mem_new_session) <= self.cfg.max_memory {
+        let admit_below = self.cfg.max_memory - self.cfg.max_memory / 16;
+        if self.mem_used.saturating_add(self.mem_new_session) <= admit_below {
             return true;
         }
         self.stats.sessions_refused_memory += u64::from(syn);
