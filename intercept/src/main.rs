@@ -599,6 +599,29 @@ mod tests {
     }
 
     #[test]
+    fn max_memory_bounds_the_queues_and_the_session_table() {
+        let cli = Cli::try_parse_from(["intercept", "--port", "3306"]).unwrap();
+        // 256 MiB: a quarter for 64 copiers' queues, 1 MiB each; 3/8 holds 65,536 sessions.
+        assert_eq!(cli.queue_bytes(), 1 << 20);
+        assert_eq!(cli.max_sessions(), 65_536);
+        let small =
+            Cli::try_parse_from(["intercept", "--port", "3306", "--max-memory", "32"]).unwrap();
+        assert_eq!(
+            small.queue_bytes(),
+            256 << 10,
+            "never below 256 KiB a copier"
+        );
+        assert_eq!(
+            small.max_sessions(),
+            (12 << 20) / intercept::sessions::SESSION_BYTES
+        );
+        assert!(small.max_sessions() < 65_536);
+        assert!(
+            Cli::try_parse_from(["intercept", "--port", "3306", "--max-memory", "16"]).is_err()
+        );
+    }
+
+    #[test]
     fn several_ports_repeated_or_comma_separated() {
         let cli =
             Cli::try_parse_from(["intercept", "--port", "3307,3306", "--port", "3307"]).unwrap();
