@@ -110,8 +110,9 @@ struct Cli {
     /// Memory intercept may use, in MiB (32 to 65536): a quarter at most for the capture ring
     /// (--buffer-mib), a quarter for the copiers' feedback queues (each copier's queue gets
     /// its share of it, by --max-copiers; beyond, its feedback is dropped and counted), 3/8
-    /// for the MySQL sessions table (--mysql-max-sessions is lowered to what fits). See
-    /// docs/RELIABILITY.md.
+    /// for the MySQL sessions table (--mysql-max-sessions is lowered to what fits), 1/16 for
+    /// the out-of-order reply bytes all sessions hold (beyond, the session whose hold grows
+    /// loses its framing, counted). See docs/RELIABILITY.md.
     #[arg(long, env = "TCPSHADOW_MAX_MEMORY", value_name = "MB", default_value_t = 256, value_parser = clap::value_parser!(u32).range(32..=65536))]
     max_memory: u32,
 
@@ -321,6 +322,8 @@ impl Cli {
         self.mysql().then(|| SessionConfig {
             head: usize::from(self.mysql_head),
             max_sessions: self.max_sessions(),
+            // A sixteenth for all sessions' held out-of-order reply bytes.
+            max_held_total: self.memory_bytes() / 16,
             idle_timeout: Duration::from_secs(self.mysql_idle_secs),
             ..SessionConfig::default()
         })

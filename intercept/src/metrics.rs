@@ -192,6 +192,7 @@ pub fn render_intercept_metrics(s: &Status) -> String {
             ("framing", "midstream", m.lost_midstream),
             ("framing", "gap", m.lost_gap),
             ("framing", "snapped", m.lost_snapped),
+            ("framing", "memory", m.lost_memory),
             ("framing", "sessions_shed", m.sessions_shed),
         ]);
     }

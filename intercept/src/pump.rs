@@ -185,8 +185,8 @@ impl fmt::Display for Status {
             if m.framing_lost > 0 || m.sessions_shed > 0 {
                 write!(
                     f,
-                    " (midstream={} gap={} snapped={} shed={})",
-                    m.lost_midstream, m.lost_gap, m.lost_snapped, m.sessions_shed
+                    " (midstream={} gap={} snapped={} memory={} shed={})",
+                    m.lost_midstream, m.lost_gap, m.lost_snapped, m.lost_memory, m.sessions_shed
                 )?;
             }
             write!(

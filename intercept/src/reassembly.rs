@@ -99,6 +99,16 @@ impl ReplyStream {
         self.held.len()
     }
 
+    /// Payload bytes held right now (for the sessions' shared bound, `--max-memory`).
+    pub fn held_bytes(&self) -> usize {
+        self.held_bytes
+    }
+
+    /// Sequence number of the next byte to frame: where framing stops if the stream is dropped.
+    pub fn framed_to(&self) -> u32 {
+        self.next_seq()
+    }
+
     /// MySQL packets whose header has been read.
     /// Payload hashes on or off from the next packet (see [`PacketFramer::set_hashing`]).
     pub fn set_hashing(&mut self, on: bool) {

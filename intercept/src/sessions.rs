@@ -33,6 +33,10 @@ pub struct SessionConfig {
     /// How long a session stays after its FIN or RST, so retransmissions are recognised.
     pub linger: Duration,
     pub hold: HoldLimits,
+    /// Bytes all sessions may hold together (out-of-order reply segments, each session at most
+    /// `hold.bytes`); a session whose hold would pass it loses its framing (`lost_memory`).
+    /// `--max-memory`'s part.
+    pub max_held_total: usize,
 }
 
 impl Default for SessionConfig {
@@ -43,6 +47,7 @@ impl Default for SessionConfig {
             idle_timeout: Duration::from_secs(9 * 3600),
             linger: Duration::from_secs(10),
             hold: HoldLimits::default(),
+            max_held_total: usize::MAX,
         }
     }
 }
@@ -62,6 +67,9 @@ pub struct MysqlStats {
     pub lost_gap: u64,
     /// Segments cut by the snap length.
     pub lost_snapped: u64,
+    /// Sessions whose framing was given up because all sessions' held bytes reached
+    /// `max_held_total` (`--max-memory`): the one whose hold grew past it.
+    pub lost_memory: u64,
     /// SYN-ACKs not framed because `max_sessions` were tracked.
     pub sessions_shed: u64,
     /// Sessions forgotten after `idle_timeout` without a segment.
@@ -95,6 +103,8 @@ pub struct MysqlSessions {
     config: SessionConfig,
     sessions: HashMap<SocketAddrV4, Session>,
     stats: MysqlStats,
+    /// Bytes held by all sessions' reassembly (see `SessionConfig::max_held_total`).
+    held_total: usize,
     /// Hash every payload (a copier asked for `--compare-results`).
     hashing: bool,
 }
@@ -104,6 +114,7 @@ impl MysqlSessions {
         MysqlSessions {
             config,
             sessions: HashMap::new(),
+            held_total: 0,
             stats: MysqlStats::default(),
             hashing: false,
         }
@@ -166,6 +177,7 @@ impl MysqlSessions {
                 packet.framed_at_us = at_us;
                 out.push(MysqlEvent::Packet { client, packet });
             };
+            let before = stream.held_bytes();
             let res = stream.on_segment(
                 data_seq,
                 pkt.payload,
@@ -173,6 +185,24 @@ impl MysqlSessions {
                 &mut stats.reassembly,
                 &mut emit,
             );
+            let after = stream.held_bytes();
+            self.held_total = self.held_total - before + after;
+            if res.is_err() {
+                // The stream is dropped below, its hold with it.
+                self.held_total -= after;
+            } else if after > before && self.held_total > self.config.max_held_total {
+                // Holds are bounded as a whole too: the session whose hold just grew past the
+                // bound gives its framing up (it is the one waiting on a gap), counted.
+                self.held_total -= after;
+                stream.discard(&mut stats.reassembly);
+                stats.framing_lost += 1;
+                stats.lost_memory += 1;
+                out.push(MysqlEvent::FramingLost {
+                    client,
+                    at_seq: stream.framed_to(),
+                });
+                s.framing = Framing::Lost;
+            }
             if let Err(lost) = res {
                 stats.framing_lost += 1;
                 match lost.reason {
@@ -212,6 +242,7 @@ impl MysqlSessions {
             Some(old) => {
                 // The address is reused by a new connection.
                 if let Framing::Stream(st) = &mut old.framing {
+                    self.held_total -= st.held_bytes();
                     st.discard(&mut self.stats.reassembly);
                 }
             }
@@ -249,6 +280,7 @@ impl MysqlSessions {
     pub fn sweep(&mut self, now: Instant) {
         let cfg = &self.config;
         let stats = &mut self.stats;
+        let held_total = &mut self.held_total;
         self.sessions.retain(|_, s| {
             let done = s
                 .closing_since
@@ -261,6 +293,7 @@ impl MysqlSessions {
                 stats.sessions_expired += 1;
             }
             if let Framing::Stream(st) = &mut s.framing {
+                *held_total -= st.held_bytes();
                 st.discard(&mut stats.reassembly);
             }
             false
@@ -392,6 +425,49 @@ mod tests {
         m.on_segment(t(1), &seg(client(10), 8, A, &pkt(0, b"hi")), &mut out);
         assert_eq!(packets(&out), [(0, 0, b"hi".to_vec())]);
         assert_eq!(m.stats().lost_midstream, 1);
+    }
+
+    #[test]
+    fn all_sessions_holds_are_bounded_together() {
+        // Each session may hold 256 KiB; together they may hold 300 bytes.
+        let mut m = MysqlSessions::new(SessionConfig {
+            max_held_total: 300,
+            ..SessionConfig::default()
+        });
+        let mut out = Vec::new();
+        let stream: Vec<u8> = (0..8u8).flat_map(|i| pkt(i, &[i; 60])).collect();
+        for c in [10, 11] {
+            m.on_segment(t(0), &seg(client(c), 99, SA, b""), &mut out);
+            // Two segments after a gap: 128 bytes held.
+            for k in [2u32, 3] {
+                let chunk = &stream[k as usize * 64..(k as usize + 1) * 64];
+                m.on_segment(t(0), &seg(client(c), 100 + k * 64, A, chunk), &mut out);
+            }
+        }
+        assert!(out.is_empty(), "256 bytes held, under the bound: {out:?}");
+        // A third session's hold passes the bound: it gives its framing up, the others keep it.
+        m.on_segment(t(0), &seg(client(12), 99, SA, b""), &mut out);
+        m.on_segment(
+            t(0),
+            &seg(client(12), 100 + 2 * 64, A, &stream[128..192]),
+            &mut out,
+        );
+        assert_eq!(
+            out,
+            [MysqlEvent::FramingLost {
+                client: client(12),
+                at_seq: 100
+            }]
+        );
+        assert_eq!((m.stats().lost_memory, m.stats().framing_lost), (1, 1));
+        // The first session's gap fills: its held bytes are framed and given back.
+        out.clear();
+        m.on_segment(t(0), &seg(client(10), 100, A, &stream[..128]), &mut out);
+        assert_eq!(packets(&out).len(), 4, "packets 0 to 3");
+        assert_eq!(m.held_total, 128);
+        m.on_segment(t(0), &seg(client(12), 99, SA, b""), &mut out);
+        m.sweep(t(100_000));
+        assert_eq!(m.held_total, 0);
     }
 
     #[test]
