@@ -108,8 +108,8 @@ struct Cli {
     buffer_mib: u32,
 
     /// Memory intercept may use, in MiB (32 to 65536): a quarter at most for the capture ring
-    /// (--buffer-mib), a quarter for the copiers' feedback queues (each copier's queue gets
-    /// its share of it, by --max-copiers; beyond, its feedback is dropped and counted), 3/8
+    /// (--buffer-mib), a quarter for the copiers' feedback queues together (one copier's at most
+    /// a quarter of that; beyond, its feedback is dropped and counted), 3/8
     /// for the MySQL sessions table (--mysql-max-sessions is lowered to what fits), 1/16 for
     /// the out-of-order reply bytes all sessions hold (beyond, the session whose hold grows
     /// loses its framing, counted). See docs/RELIABILITY.md.
@@ -306,9 +306,11 @@ impl Cli {
         (self.max_memory as usize) << 20
     }
 
-    /// Each copier's feedback queue, bytes: a quarter of --max-memory shared by --max-copiers.
+    /// Each copier's feedback queue, bytes: a quarter of the copiers' part (a quarter of
+    /// --max-memory, which bounds all queues together), so that a burst toward one copier has
+    /// room while a single slow copier cannot starve the others.
     fn queue_bytes(&self) -> usize {
-        (self.memory_bytes() / 4 / (self.max_copiers.max(1) as usize)).max(256 << 10)
+        self.memory_bytes() / 16
     }
 
     /// --mysql-max-sessions, lowered so that 3/8 of --max-memory holds that many sessions at
@@ -414,6 +416,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             mysql_head: cli.mysql().then_some(cli.mysql_head),
             queue_batches: cli.queue_batches as usize,
             queue_bytes: cli.queue_bytes(),
+            queue_bytes_total: cli.memory_bytes() / 4,
             max_copiers: cli.max_copiers as usize,
             doctor: Some({
                 let setup = doctor_setup(&cli);
@@ -604,16 +607,13 @@ mod tests {
     #[test]
     fn max_memory_bounds_the_queues_and_the_session_table() {
         let cli = Cli::try_parse_from(["intercept", "--port", "3306"]).unwrap();
-        // 256 MiB: a quarter for 64 copiers' queues, 1 MiB each; 3/8 holds 65,536 sessions.
-        assert_eq!(cli.queue_bytes(), 1 << 20);
+        // 256 MiB: 64 MiB for all copiers' queues, 16 MiB at most for one; 3/8 holds 65,536
+        // sessions.
+        assert_eq!(cli.queue_bytes(), 16 << 20);
         assert_eq!(cli.max_sessions(), 65_536);
         let small =
             Cli::try_parse_from(["intercept", "--port", "3306", "--max-memory", "32"]).unwrap();
-        assert_eq!(
-            small.queue_bytes(),
-            256 << 10,
-            "never below 256 KiB a copier"
-        );
+        assert_eq!(small.queue_bytes(), 2 << 20);
         assert_eq!(
             small.max_sessions(),
             (12 << 20) / intercept::sessions::SESSION_BYTES

@@ -72,34 +72,63 @@ impl Batch {
 }
 
 /// The relay's end of one copier's queue toward its writer thread: bounded in batches by the
-/// channel and in bytes by `max_bytes` (the writer subtracts what it took, see
-/// [`CopierTx::taken`]). A batch that would pass either bound is dropped and counted.
+/// channel, and in bytes twice: this copier's share (`max_bytes`) and all copiers' queues
+/// together (`max_total`), so neither one slow copier nor many can pass `--max-memory`'s part.
+/// The writer gives bytes back through its [`QueueGauge`]. A batch that would pass a bound is
+/// dropped and counted.
 #[derive(Clone, Debug)]
 pub struct CopierTx {
     tx: SyncSender<Outgoing>,
-    queued: Arc<AtomicUsize>,
+    gauge: QueueGauge,
     max_bytes: usize,
+    max_total: usize,
+}
+
+/// Bytes queued toward one copier, and toward all of them.
+#[derive(Clone, Debug, Default)]
+pub struct QueueGauge {
+    mine: Arc<AtomicUsize>,
+    total: Arc<AtomicUsize>,
+}
+
+impl QueueGauge {
+    /// What the writer calls for each message it took off the queue.
+    pub fn taken(&self, m: &Outgoing) {
+        if let Outgoing::Batch(b) = m {
+            let n = b.memory_len();
+            self.mine.fetch_sub(n, Ordering::Relaxed);
+            self.total.fetch_sub(n, Ordering::Relaxed);
+        }
+    }
+
+    /// Bytes queued toward this copier now.
+    pub fn queued(&self) -> usize {
+        self.mine.load(Ordering::Relaxed)
+    }
 }
 
 impl CopierTx {
-    pub fn new(tx: SyncSender<Outgoing>, max_bytes: usize) -> Self {
+    /// `total` is shared by every copier's queue (at most `max_total` bytes together).
+    pub fn new(
+        tx: SyncSender<Outgoing>,
+        max_bytes: usize,
+        total: Arc<AtomicUsize>,
+        max_total: usize,
+    ) -> Self {
         Self {
             tx,
-            queued: Arc::new(AtomicUsize::new(0)),
+            gauge: QueueGauge {
+                mine: Arc::new(AtomicUsize::new(0)),
+                total,
+            },
             max_bytes,
+            max_total,
         }
     }
 
     /// The gauge the writer thread gives bytes back to.
-    pub fn gauge(&self) -> Arc<AtomicUsize> {
-        Arc::clone(&self.queued)
-    }
-
-    /// What the writer calls for each message it took off the queue.
-    pub fn taken(gauge: &AtomicUsize, m: &Outgoing) {
-        if let Outgoing::Batch(b) = m {
-            gauge.fetch_sub(b.memory_len(), Ordering::Relaxed);
-        }
+    pub fn gauge(&self) -> QueueGauge {
+        self.gauge.clone()
     }
 
     /// Queues `m` unless a bound (batches or bytes) is reached; never blocks.
@@ -108,14 +137,20 @@ impl CopierTx {
             Outgoing::Batch(b) => b.memory_len(),
             _ => 0,
         };
-        let before = self.queued.fetch_add(bytes, Ordering::Relaxed);
-        let r = if bytes > 0 && before + bytes > self.max_bytes {
+        let g = &self.gauge;
+        let mine = g.mine.fetch_add(bytes, Ordering::Relaxed);
+        let total = g.total.fetch_add(bytes, Ordering::Relaxed);
+        let over = bytes > 0
+            && (mine.saturating_add(bytes) > self.max_bytes
+                || total.saturating_add(bytes) > self.max_total);
+        let r = if over {
             Err(TrySendError::Full(m))
         } else {
             self.tx.try_send(m)
         };
         if r.is_err() {
-            self.queued.fetch_sub(bytes, Ordering::Relaxed);
+            g.mine.fetch_sub(bytes, Ordering::Relaxed);
+            g.total.fetch_sub(bytes, Ordering::Relaxed);
         }
         r
     }
@@ -124,7 +159,7 @@ impl CopierTx {
 /// Unbounded in bytes (tests, and callers that bound the channel only in batches).
 impl From<SyncSender<Outgoing>> for CopierTx {
     fn from(tx: SyncSender<Outgoing>) -> Self {
-        Self::new(tx, usize::MAX)
+        Self::new(tx, usize::MAX, Arc::default(), usize::MAX)
     }
 }
 
@@ -664,7 +699,8 @@ mod tests {
             mysql: Vec::new(),
         }
         .memory_len();
-        let tx = CopierTx::new(tx, 2 * one);
+        let total = Arc::new(AtomicUsize::new(0));
+        let tx = CopierTx::new(tx, 2 * one, Arc::clone(&total), 3 * one);
         let gauge = tx.gauge();
         r.apply(RelayEvent::Connected {
             id: 1,
@@ -680,13 +716,31 @@ mod tests {
             r.route(fb(client(10), s));
         }
         assert_eq!(r.stats().dropped_queue_full, 3);
-        assert_eq!(gauge.load(Ordering::Relaxed), 2 * one);
+        assert_eq!(gauge.queued(), 2 * one);
+        assert_eq!(total.load(Ordering::Relaxed), 2 * one);
         // The writer takes one: room for one more.
         let m = rx.try_recv().unwrap();
-        CopierTx::taken(&gauge, &m);
+        gauge.taken(&m);
         r.route(fb(client(10), 9));
         assert_eq!(r.stats().dropped_queue_full, 3);
         assert_eq!(seqs(&rx), [1, 9]);
+        // Other copiers' queues count toward the total: with 2 of 3 taken elsewhere, this one
+        // gets one batch however much of its own share is left.
+        seqs(&rx);
+        gauge.taken(&Outgoing::Batch(Batch {
+            feedback: vec![fb(client(10), 1)],
+            mysql: Vec::new(),
+        }));
+        gauge.taken(&Outgoing::Batch(Batch {
+            feedback: vec![fb(client(10), 9)],
+            mysql: Vec::new(),
+        }));
+        total.fetch_add(2 * one, Ordering::Relaxed);
+        for s in 20..23 {
+            r.route(fb(client(10), s));
+        }
+        assert_eq!(seqs(&rx), [20]);
+        assert_eq!(r.stats().dropped_queue_full, 5);
     }
 
     #[test]

@@ -22,7 +22,7 @@ use common::control::{
     Reject, Welcome, FEATURE_PAYLOAD_HASHES, PROTOCOL_VERSION,
 };
 
-use crate::relay::{CopierId, CopierTx, Outgoing, RelayEvent};
+use crate::relay::{CopierId, CopierTx, Outgoing, QueueGauge, RelayEvent};
 
 /// Settings of the control server.
 #[derive(Clone, Debug)]
@@ -37,9 +37,10 @@ pub struct ServerConfig {
     pub mysql_head: Option<u16>,
     /// Feedback batches queued per copier before its feedback is dropped.
     pub queue_batches: usize,
-    /// ... and bytes they may take (see `Batch::memory_len`; `--max-memory`'s relay part divided
-    /// among `max_copiers`).
+    /// ... and bytes they may take (see `Batch::memory_len`): per copier, and all copiers'
+    /// queues together (`--max-memory`'s part).
     pub queue_bytes: usize,
+    pub queue_bytes_total: usize,
     /// How long a new connection may take to send its Hello.
     pub handshake_timeout: Duration,
     /// A copier that sends nothing (not even a Ping) for this long is considered dead.
@@ -72,7 +73,8 @@ impl Default for ServerConfig {
             payload_prefix: 64,
             mysql_head: None,
             queue_batches: 1024,
-            queue_bytes: 4 << 20,
+            queue_bytes: 16 << 20,
+            queue_bytes_total: 64 << 20,
             handshake_timeout: Duration::from_secs(5),
             idle_timeout: Duration::from_secs(30),
             write_timeout: Duration::from_secs(5),
@@ -188,6 +190,7 @@ impl ControlServer {
             config,
             stats: stats.clone(),
             next_id: AtomicU64::new(1),
+            queued_total: Arc::default(),
         });
         thread::Builder::new()
             .name("control-accept".into())
@@ -208,6 +211,8 @@ struct Ctx {
     config: ServerConfig,
     stats: Arc<ServerStats>,
     next_id: AtomicU64,
+    /// Bytes queued toward all copiers (see `ServerConfig::queue_bytes_total`).
+    queued_total: Arc<AtomicUsize>,
 }
 
 /// Connections over the cap waiting for the refusing thread; beyond, they are closed at once.
@@ -383,7 +388,12 @@ fn serve(
         }
     };
     let (tx, rx) = sync_channel(cfg.queue_batches.max(1));
-    let tx = CopierTx::new(tx, cfg.queue_bytes);
+    let tx = CopierTx::new(
+        tx,
+        cfg.queue_bytes,
+        Arc::clone(&ctx.queued_total),
+        cfg.queue_bytes_total,
+    );
     let gauge = tx.gauge();
     let stats = ctx.stats.clone();
     let spawned = thread::Builder::new()
@@ -556,19 +566,19 @@ impl Conn {
 fn write_loop(
     mut stream: TcpStream,
     rx: Receiver<Outgoing>,
-    queued: &AtomicUsize,
+    queued: &QueueGauge,
     stats: &ServerStats,
 ) {
     const COALESCE_BYTES: usize = 256 * 1024;
     let mut out = Vec::with_capacity(64 * 1024);
     while let Ok(first) = rx.recv() {
         out.clear();
-        CopierTx::taken(queued, &first);
+        queued.taken(&first);
         encode_outgoing(&first, &mut out, stats);
         while out.len() < COALESCE_BYTES {
             match rx.try_recv() {
                 Ok(m) => {
-                    CopierTx::taken(queued, &m);
+                    queued.taken(&m);
                     encode_outgoing(&m, &mut out, stats)
                 }
                 Err(_) => break,
