@@ -936,7 +936,11 @@ impl Engine {
         if s.revival.is_some() {
             self.stats.sessions_awaiting_reestablish += 1;
         }
-        if recovery::unreachable(reason) {
+        // A handshake timeout says nothing about the test server if it did answer (the client
+        // never finished its own handshake with production).
+        if recovery::unreachable(reason)
+            && (reason != CloseReason::HandshakeTimeout || s.phase == session::Phase::SynSent)
+        {
             self.gate.failed(now);
         }
         s.enter_linger(now + self.cfg.linger, reason == CloseReason::Completed);
