@@ -113,6 +113,7 @@ use common::wire::{emit_ipv4_tcp, SegmentRepr, TcpPacket};
 
 pub use fleet::{Fleet, FleetError};
 use pool::AddressPool;
+pub use recovery::lost_test_answers;
 pub use sample::Sample;
 use sample::{Sampler, Verdict};
 use session::{Outcome, Session, Start};

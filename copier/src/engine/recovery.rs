@@ -66,7 +66,7 @@ pub(super) fn test_side_loss(reason: CloseReason) -> bool {
 /// Whether a session its transform gave up (`CloseReason::NotMirrorable`) for `why` lost only
 /// the test server's side: the test server's answers stopped coming (intercept restarted and
 /// could not tell where its MySQL packets start, say). A fresh connection fixes that.
-pub(super) fn lost_test_answers(why: &str) -> bool {
+pub fn lost_test_answers(why: &str) -> bool {
     matches!(why, "test_server_not_answering" | "framing_lost")
 }
 
