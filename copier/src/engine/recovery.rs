@@ -20,8 +20,8 @@
 //! A down test server must not draw a storm of SYNs, however many sessions wait. The engine keeps
 //! one [`Gate`]: open while the test server answers; after a failure to connect (refused,
 //! unanswered, stopped acknowledging) it admits a single probe per interval (from 20 ms,
-//! doubling, at most every 100 ms), and the first session that completes a handshake opens it
-//! for all. A session the test server accepts and then resets again quickly (a login it
+//! doubling, at most every 100 ms, after 5 s of outage every second), and the first session
+//! that completes a handshake opens it for all. A session the test server accepts and then resets again quickly (a login it
 //! refuses, say) also waits on its own, longer and longer (100 ms doubling to 5 s), so it
 //! cannot loop.
 //!
@@ -40,10 +40,17 @@ use super::CloseReason;
 
 /// The gate's first interval between probes while the test server does not answer.
 pub(super) const PROBE_MIN: Duration = Duration::from_millis(20);
-/// The gate's longest interval between probes. Short on purpose: every moment between the test
-/// server coming back and the first probe is traffic not mirrored, and one SYN per 100 ms
-/// per engine is no load for any server.
+/// The gate's longest interval between probes in the first [`PROBE_PATIENT_AFTER`] of an
+/// outage. Short on purpose: every moment between the test server coming back and the first
+/// probe is traffic not mirrored (a restart takes seconds), and one SYN per 100 ms per engine
+/// is no load for any server.
 pub(super) const PROBE_MAX: Duration = Duration::from_millis(100);
+/// After this long without an answer the outage is a long one...
+pub(super) const PROBE_PATIENT_AFTER: Duration = Duration::from_secs(5);
+/// ...and probes slow down to one per second: each probe is a picked-up session, which with
+/// `--prod-dsn` also asks production for the connection's state, and production must not pay
+/// ten lookups a second for a test server that is gone.
+pub(super) const PROBE_SLOW_MAX: Duration = Duration::from_secs(1);
 /// A session reset again within this long of being re-established waits on its own.
 pub(super) const STABLE_AFTER: Duration = Duration::from_secs(10);
 /// Its own wait: from this, doubling per quick reset...
@@ -127,6 +134,8 @@ pub(super) struct Gate {
     next_probe: Option<Instant>,
     /// A probe is out until then (its handshake cannot take longer); no second one meanwhile.
     probe_until: Option<Instant>,
+    /// When the test server first failed to answer, since the last success.
+    down_since: Option<Instant>,
 }
 
 impl Gate {
@@ -148,7 +157,13 @@ impl Gate {
 
     /// A session could not reach the test server.
     pub(super) fn failed(&mut self, now: Instant) {
-        self.interval = (self.interval * 2).clamp(PROBE_MIN, PROBE_MAX);
+        let since = *self.down_since.get_or_insert(now);
+        let max = if now.saturating_since(since) < PROBE_PATIENT_AFTER {
+            PROBE_MAX
+        } else {
+            PROBE_SLOW_MAX
+        };
+        self.interval = (self.interval * 2).clamp(PROBE_MIN, max);
         self.next_probe = Some(now + self.interval);
         self.probe_until = None;
     }

@@ -277,3 +277,29 @@ fn an_older_connection_on_our_tuple_is_reset_and_our_syn_repeated_at_once() {
     // A RST, or the ACK of our own SYN, is never answered that way.
     assert_eq!(h.e.stats().stale_test_connections_reset, 1);
 }
+
+#[test]
+fn a_long_outage_slows_the_probes_down_to_one_a_second() {
+    use super::recovery::{PROBE_PATIENT_AFTER, PROBE_SLOW_MAX};
+    let mut h = H::new(pickup_cfg());
+    let clients = many_reset(&mut h, 10);
+    let mut seq = C.wrapping_add(1);
+    let mut probes_at = Vec::new();
+    let start = h.now;
+    while h.now - start < PROBE_PATIENT_AFTER + Duration::from_secs(10) {
+        seq = seq.wrapping_add(1);
+        let sent = client_data(&mut h, &clients, seq);
+        for probe in syns(&sent) {
+            probes_at.push(h.now - start);
+            h.mirrored = probe.src;
+            h.fb(0, probe.seq.wrapping_add(1), RST | ACK, 0, 0);
+        }
+        h.advance(ms(10));
+    }
+    let late = probes_at
+        .iter()
+        .filter(|t| **t > PROBE_PATIENT_AFTER + PROBE_SLOW_MAX)
+        .count();
+    assert!(late <= 10, "{late} probes in the last 9 s: {probes_at:?}");
+    assert!(late >= 7, "probing goes on: {probes_at:?}");
+}
