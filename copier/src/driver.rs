@@ -525,7 +525,20 @@ impl Driver {
                     reason: CloseReason::NotMirrorable,
                     why,
                     ..
-                } => self.not_mirrorable.note(client, why.unwrap_or("unknown")),
+                } => {
+                    let why = why.unwrap_or("unknown");
+                    // Re-established on the client's next data (engine/recovery.rs), not left
+                    // alone: counted as such, no warning.
+                    let recovers = crate::engine::lost_test_answers(why)
+                        && self
+                            .fleet
+                            .engines()
+                            .iter()
+                            .any(|e| e.config().pickup_midstream);
+                    if !recovers {
+                        self.not_mirrorable.note(client, why);
+                    }
+                }
                 EngineEvent::SessionClosed { .. } => {}
             }
         }

@@ -672,3 +672,26 @@ fn pings_keep_a_quiet_connection_alive() {
         "the timeout to be counted",
     );
 }
+
+/// Issue 8, intercept restarted: the test server's replies that arrive before any copier is
+/// back must not use up the one `FramingLost` of a session intercept now sees mid-stream, or
+/// the copier would wait for answers that never come.
+#[test]
+fn a_restarted_intercept_tells_the_returning_copier_that_framing_is_lost() {
+    let icpt = Intercept::start_mysql();
+    let c = client_addr(20);
+    // Replies of a session that was open before this intercept started; nobody connected.
+    icpt.reply(c, 7000, TcpFlags::ACK | TcpFlags::PSH, b"mid-reply");
+    // Give the pump time to handle it before the copier is there (if it has not, the copier
+    // hears about the first reply instead, which is as good).
+    thread::sleep(Duration::from_millis(100));
+    let a = Copier::connect(icpt.addr(), "copier-a");
+    a.handle.claim(c);
+    icpt.await_claims(1);
+    icpt.reply(c, 7009, TcpFlags::ACK | TcpFlags::PSH, b"more");
+    let got = seen(&a.rx, |g| g.iter().any(|s| matches!(s, Seen::Lost(..))));
+    assert!(
+        got.iter().any(|s| matches!(s, Seen::Lost(x, _) if *x == c)),
+        "the copier must hear that framing is lost: {got:#?}"
+    );
+}

@@ -26,6 +26,7 @@ use common::wire::{emit_ipv4_tcp, seq, SegmentRepr, TcpFlags, TcpOptions, TcpPac
 
 use super::ranges::Ranges;
 use super::reassembly::{Insert, Reassembly};
+use super::recovery::Revival;
 use super::rtt::RttEstimator;
 use super::transform::{
     self, StreamTransform, TestEvent, TestSegment, TransformOutput, TransformResult,
@@ -53,6 +54,8 @@ const SHRINK_ABOVE: usize = 256 << 10;
 const TEST_HOLES: usize = 4;
 /// How soon a transform's timer runs again when it left its deadline in the past.
 const TRANSFORM_RETRY: Duration = Duration::from_millis(1);
+
+mod recovery;
 
 pub(crate) enum Outcome {
     Open,
@@ -85,6 +88,11 @@ pub(crate) struct Session {
     /// When the captured packet being handled was captured (set by the engine around each
     /// captured packet when the driver knows; see `TransformOutput::captured_at`).
     pub(crate) captured_at: Option<Instant>,
+    /// Lingering after losing only its test-side connection: re-established on the client's
+    /// next data (see `engine/recovery.rs`).
+    pub(crate) revival: Option<Revival>,
+    /// For a session that re-establishes another: that one's quick resets in a row.
+    pub(crate) revived_after: Option<u32>,
 
     // --- client stream (client seq space) ---
     reasm: Reassembly,
@@ -213,6 +221,8 @@ impl Session {
         let wants_prod = transform.as_ref().is_some_and(|t| t.wants_prod_data());
         Self {
             captured_at: None,
+            revival: None,
+            revived_after: None,
             client: SocketAddrV4::new(pkt.src, pkt.src_port),
             prod_ip: pkt.dst,
             mirrored,
