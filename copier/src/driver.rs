@@ -167,19 +167,20 @@ impl Driver {
         let waker = Waker::new().context("cannot create an eventfd")?;
         let name = format!("copier@{}", hostname());
         let wake = waker.clone();
-        let mut hello = Hello::new(&name, args.token()?);
+        let mut hello = Hello::new(&name);
         if args.compare_results {
             // intercept hashes the test server's payloads only for copiers that ask.
             hello = hello.with_features(FEATURE_PAYLOAD_HASHES);
         }
-        let (control, relayed) = ControlClient::spawn(args.intercept, hello, move || wake.wake())
-            .with_context(|| {
-            format!(
-                "cannot start the control channel to intercept {}",
-                args.intercept
-            )
-        })?;
-        wait_for_intercept(&control, args.intercept);
+        let (control, relayed) =
+            ControlClient::spawn(args.intercept, hello, args.secret()?, move || wake.wake())
+                .with_context(|| {
+                    format!(
+                        "cannot start the control channel to intercept {}",
+                        args.intercept
+                    )
+                })?;
+        wait_for_intercept(&control, args.intercept)?;
         if let (true, Some(w)) = (args.compare_results, control.welcome()) {
             if w.features & FEATURE_PAYLOAD_HASHES == 0 {
                 tracing::warn!(
@@ -720,12 +721,17 @@ impl OncePerClient {
 /// retransmission timeout; the capture meanwhile keeps what arrives in its kernel buffer.
 /// Never waits forever: an intercept that is down must not keep production unobserved, and
 /// the engine retransmits until the channel is up.
-fn wait_for_intercept(control: &ControlHandle, addr: std::net::SocketAddr) {
+fn wait_for_intercept(control: &ControlHandle, addr: std::net::SocketAddr) -> Result<()> {
     const PATIENCE: Duration = Duration::from_secs(5);
     let started = std::time::Instant::now();
     while !control.stats().connected && started.elapsed() < PATIENCE {
         if signals::stop_requested() {
-            return;
+            return Ok(());
+        }
+        // A refused handshake (secret, version, --allow) is a set-up mistake: say it and stop
+        // rather than mirror without feedback.
+        if let Some(why) = control.refused_before_welcome() {
+            bail!("control channel to intercept {addr}: {why}");
         }
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -736,6 +742,7 @@ fn wait_for_intercept(control: &ControlHandle, addr: std::net::SocketAddr) {
             PATIENCE.as_secs()
         );
     }
+    Ok(())
 }
 
 fn hostname() -> String {

@@ -207,9 +207,12 @@ impl fmt::Display for Status {
         let s = &self.server;
         write!(
             f,
-            " control: accepted={} rejected={} bad_frames={} timeouts={}",
+            " control: accepted={} rejected={} refused(allow/secret)={}/{} bad_frames={} \
+             timeouts={}",
             s.accepted,
             s.rejected,
+            s.refused_allow,
+            s.refused_no_secret + s.refused_bad_secret,
             s.garbage,
             s.timeouts + s.write_failures
         )
