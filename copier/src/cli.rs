@@ -444,9 +444,11 @@ pub enum Protocol {
     Tcp,
 }
 
-/// Whether `ip` is assigned to an interface of this host: binding to it succeeds only then.
+/// Whether `ip` is assigned to an interface of this host: listed by getifaddrs(3), or
+/// bindable (which also catches local routes such as all of 127.0.0.0/8).
 fn is_local_address(ip: Ipv4Addr) -> bool {
-    UdpSocket::bind(SocketAddrV4::new(ip, 0)).is_ok()
+    ops::host::ipv4_addrs().iter().any(|a| a.addr == ip)
+        || UdpSocket::bind(SocketAddrV4::new(ip, 0)).is_ok()
 }
 
 pub fn parse_cidr(s: &str) -> Result<(Ipv4Addr, u8), String> {
@@ -490,6 +492,15 @@ mod tests {
         ]);
         let err = a.validate().unwrap_err().to_string();
         assert!(err.contains("production server itself"), "{err}");
+        // Any address of this host's interfaces, whatever the port (the loop guard).
+        for own in ops::host::ipv4_addrs() {
+            let t = SocketAddrV4::new(own.addr, 3307);
+            let err = validate_target("--target", "--target", t).unwrap_err();
+            assert!(
+                err.to_string().contains("production server itself"),
+                "{own:?}"
+            );
+        }
     }
 
     #[test]

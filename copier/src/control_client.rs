@@ -233,7 +233,8 @@ impl ControlHandle {
     }
 
     /// Why the handshake was refused, while no connection has been welcomed yet, when the
-    /// reason is a mistake in the set-up (secret, protocol version) that waiting will not fix.
+    /// reason is a mistake in the set-up (secret, protocol version, --allow) that waiting will
+    /// not fix.
     pub fn refused_before_welcome(&self) -> Option<String> {
         if self.shared.connects.load(Ordering::Relaxed) > 0
             || !self.shared.refused_for_good.load(Ordering::Relaxed)
@@ -384,11 +385,11 @@ fn connection_loop(
                 failures += 1;
                 if let End::Rejected(_) | End::Auth(_) | End::ClosedUnanswered = &end {
                     bump(&shared.rejects, 1);
-                    // A full intercept (--max-copiers) makes room eventually; a stranger's
-                    // address or secret never does.
+                    // A full intercept (--max-copiers) makes room eventually; a secret, a
+                    // version or an address outside --allow (closed unanswered) never changes.
                     let for_good = match &end {
                         End::Rejected(r) => !r.contains("--max-copiers"),
-                        End::Auth(_) => true,
+                        End::Auth(_) | End::ClosedUnanswered => true,
                         _ => false,
                     };
                     shared.refused_for_good.store(for_good, Ordering::Relaxed);
