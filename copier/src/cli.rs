@@ -59,6 +59,12 @@ pub struct Args {
     #[arg(long, env = "TCPSHADOW_CAPTURE_BUFFER_MB", default_value_t = 64)]
     pub capture_buffer_mb: u32,
 
+    /// Longest wait, in ms, before the kernel hands captured packets over (a TPACKET_V3
+    /// block timeout): one wakeup per block instead of one per packet. 0: immediate mode
+    /// (a wakeup per packet, no added delay; more CPU).
+    #[arg(long, env = "TCPSHADOW_CAPTURE_BLOCK_MS", default_value_t = 1, value_parser = clap::value_parser!(u16).range(0..=100))]
+    pub capture_block_ms: u16,
+
     /// --config, --print-config, --log.
     #[command(flatten)]
     pub config: ops::config::ConfigArgs,

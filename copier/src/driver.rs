@@ -503,8 +503,10 @@ impl Driver {
 
     fn transmit(&mut self, now: Instant) {
         while let Some((n, target)) = self.fleet.poll_transmit(now, &mut self.buf) {
-            self.sender.send(&self.buf[..n], target);
+            self.sender.queue(&self.buf[..n], target);
         }
+        // One sendmmsg per cycle (per 64 packets): nothing waits for a later cycle.
+        self.sender.flush();
     }
 
     fn handle_events(&mut self) {

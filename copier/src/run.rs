@@ -41,7 +41,8 @@ pub fn run(args: &Args) -> Result<Snapshot> {
     let plan = plan(args)?;
     let filter = args.capture_filter()?;
     let buffer = i32::try_from(u64::from(args.capture_buffer_mb) << 20).unwrap_or(i32::MAX);
-    let mut capture = LiveCapture::open(&args.interface, &filter, buffer)?;
+    let mut capture =
+        LiveCapture::open_live(&args.interface, &filter, buffer, args.capture_block_ms)?;
     let routes = plan
         .routes
         .iter()

@@ -302,6 +302,11 @@ pub fn summary(s: &Snapshot, elapsed: Duration) -> String {
     );
     let _ = writeln!(
         out,
+        "  raw socket: {} packets in {} send calls",
+        s.send.packets, s.send.syscalls
+    );
+    let _ = writeln!(
+        out,
         "  feedback: {} from intercept ({} unknown session, {} stale); control: {}",
         e.feedback_received, e.feedback_unknown_session, e.feedback_stale, s.control
     );

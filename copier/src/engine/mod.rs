@@ -83,6 +83,7 @@
 //!   mirrored address; sessions with something to send wait in a round-robin ready queue.
 
 mod fleet;
+mod flowhash;
 mod pool;
 mod ranges;
 mod reassembly;
@@ -112,6 +113,7 @@ use common::control::TestFeedback;
 use common::wire::{emit_ipv4_tcp, SegmentRepr, TcpPacket};
 
 pub use fleet::{Fleet, FleetError};
+use flowhash::FlowHash;
 use pool::AddressPool;
 pub use recovery::lost_test_answers;
 pub use sample::Sample;
@@ -351,8 +353,8 @@ pub struct Engine {
     pool: Option<AddressPool>,
     slots: Vec<Slot>,
     free: Vec<u32>,
-    by_flow: HashMap<FlowKey, SessionId>,
-    by_mirror: HashMap<SocketAddrV4, SessionId>,
+    by_flow: HashMap<FlowKey, SessionId, FlowHash>,
+    by_mirror: HashMap<SocketAddrV4, SessionId, FlowHash>,
     /// Earliest deadline per session, lazily invalidated: an entry is live only if its session
     /// still exists and `Session::heap_at` equals its instant.
     timers: BinaryHeap<Reverse<(Instant, u32, u32)>>,
@@ -392,8 +394,8 @@ impl Engine {
             pool,
             slots: Vec::with_capacity(presize),
             free: Vec::new(),
-            by_flow: HashMap::with_capacity(presize),
-            by_mirror: HashMap::with_capacity(presize),
+            by_flow: HashMap::with_capacity_and_hasher(presize, FlowHash::default()),
+            by_mirror: HashMap::with_capacity_and_hasher(presize, FlowHash::default()),
             timers: BinaryHeap::with_capacity(presize),
             ready: VecDeque::with_capacity(presize.min(4096)),
             control_out: VecDeque::with_capacity(64),

@@ -984,20 +984,27 @@ impl Session {
         if let Phase::Lingering { until, .. } = self.phase {
             return Some(until);
         }
-        let handshake = (self.phase == Phase::SynSent || !self.client_established)
-            .then(|| self.created + cfg.handshake_timeout);
-        [
-            handshake,
-            Some(self.last_activity + cfg.idle_timeout),
-            self.close_started.map(|t| t + cfg.close_timeout),
-            self.gap_since.map(|t| t + cfg.capture_gap_timeout),
-            self.rto_at,
-            self.persist_at,
-            self.transform_deadline(),
-        ]
-        .into_iter()
-        .flatten()
-        .min()
+        // A plain chain of minimums: this runs several times per packet (settle, schedule,
+        // poll_transmit), and the iterator over an array of options it replaces cost a tenth
+        // of the engine's instructions.
+        fn earlier(a: Instant, b: Option<Instant>) -> Instant {
+            match b {
+                Some(b) if b < a => b,
+                _ => a,
+            }
+        }
+        let mut at = self.last_activity + cfg.idle_timeout;
+        if self.phase == Phase::SynSent || !self.client_established {
+            at = earlier(at, Some(self.created + cfg.handshake_timeout));
+        }
+        at = earlier(at, self.close_started.map(|t| t + cfg.close_timeout));
+        at = earlier(at, self.gap_since.map(|t| t + cfg.capture_gap_timeout));
+        at = earlier(at, self.rto_at);
+        at = earlier(at, self.persist_at);
+        if self.transform.is_some() {
+            at = earlier(at, self.transform_deadline());
+        }
+        Some(at)
     }
 
     /// The transform's deadline. One left at or before the last run is retried a little
