@@ -1,5 +1,6 @@
 //! The capture edge: libpcap on the production interface, in non-blocking mode so the engine
-//! loop can wait on it together with the control channel.
+//! loop can wait on it together with the control channel. The live copier reads a TPACKET_V3
+//! mmap ring (see [`LiveCapture::open_live`]) and drains everything ready after each wakeup.
 //!
 //! This room only turns frames into parsed packets and counts what it cannot parse. It never
 //! interprets TCP: that is the engine's job.
@@ -83,13 +84,37 @@ impl LiveCapture {
     /// Opens `interface` with `filter` (BPF). `buffer_bytes` is the kernel ring size: the larger,
     /// the fewer drops during bursts.
     pub fn open(interface: &str, filter: &str, buffer_bytes: i32) -> Result<Self> {
-        Self::open_with(interface, filter, buffer_bytes, pcap::Precision::Micro)
+        Self::open_with(interface, filter, buffer_bytes, pcap::Precision::Micro, 0)
+    }
+
+    /// Like [`LiveCapture::open`], with the kernel handing packets over in blocks retired at
+    /// most `block_ms` after their first packet (`--capture-block-ms`; 0: immediate mode).
+    ///
+    /// libpcap 1.10 on Linux maps a TPACKET_V3 ring only without immediate mode; immediate
+    /// mode falls back to TPACKET_V2, which wakes the copier for every packet. Measured in
+    /// the lab (docs/BENCHMARKS.md, issue 9) a 1 ms block saves about a third of the
+    /// copier's user time per packet and some system time, for at most 1 ms more delay
+    /// before a captured packet is mirrored; capture timestamps (production's latencies in
+    /// the report) are the kernel's and do not move.
+    pub fn open_live(
+        interface: &str,
+        filter: &str,
+        buffer_bytes: i32,
+        block_ms: u16,
+    ) -> Result<Self> {
+        Self::open_with(
+            interface,
+            filter,
+            buffer_bytes,
+            pcap::Precision::Micro,
+            i32::from(block_ms),
+        )
     }
 
     /// Like [`LiveCapture::open`], with nanosecond timestamps for [`LiveCapture::drain_frames`]:
     /// a recording keeps the kernel's full timestamp resolution.
     pub fn open_nanos(interface: &str, filter: &str, buffer_bytes: i32) -> Result<Self> {
-        Self::open_with(interface, filter, buffer_bytes, pcap::Precision::Nano)
+        Self::open_with(interface, filter, buffer_bytes, pcap::Precision::Nano, 0)
     }
 
     fn open_with(
@@ -97,10 +122,14 @@ impl LiveCapture {
         filter: &str,
         buffer_bytes: i32,
         precision: pcap::Precision,
+        block_ms: i32,
     ) -> Result<Self> {
         let cap = pcap::Capture::from_device(interface)
             .with_context(|| format!("no capture device {interface:?} (see `ip link`)"))?
-            .immediate_mode(true)
+            // See `open_live`: 0 is immediate mode (TPACKET_V2 in libpcap 1.10, a wakeup per
+            // packet); otherwise TPACKET_V3 blocks retired after at most `block_ms`.
+            .immediate_mode(block_ms == 0)
+            .timeout(block_ms)
             .precision(precision)
             .snaplen(SNAPLEN)
             .buffer_size(buffer_bytes)

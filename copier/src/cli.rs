@@ -60,6 +60,12 @@ pub struct Args {
     #[arg(long, env = "TCPSHADOW_CAPTURE_BUFFER_MB", value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub capture_buffer_mb: Option<u32>,
 
+    /// Longest wait, in ms, before the kernel hands captured packets over (a TPACKET_V3
+    /// block timeout): one wakeup per block instead of one per packet. 0: immediate mode
+    /// (a wakeup per packet, no added delay; more CPU).
+    #[arg(long, env = "TCPSHADOW_CAPTURE_BLOCK_MS", default_value_t = 1, value_parser = clap::value_parser!(u16).range(0..=100))]
+    pub capture_block_ms: u16,
+
     /// --config, --print-config, --log.
     #[command(flatten)]
     pub config: ops::config::ConfigArgs,
@@ -105,8 +111,16 @@ pub struct MirrorArgs {
     #[arg(long, env = "TCPSHADOW_MYSQL_DEFAULT_DB")]
     pub mysql_default_db: Option<String>,
 
-    /// Shared token sent in the hello to intercept (first line of the file).
-    #[arg(long, env = "TCPSHADOW_TOKEN_FILE")]
+    /// File holding the control channel's shared secret: a copy of intercept's --secret-file
+    /// (at least 16 bytes, e.g. `head -c 32 /dev/urandom | base64`; chmod 600, or it is
+    /// refused). The copier proves it holds it and checks that intercept does; it never crosses
+    /// the wire.
+    #[arg(long, env = "TCPSHADOW_SECRET_FILE", value_name = "PATH")]
+    pub secret_file: Option<PathBuf>,
+
+    /// Removed: the cleartext token of control protocol 3. Refused with a pointer to
+    /// --secret-file.
+    #[arg(long, env = "TCPSHADOW_TOKEN_FILE", hide = true)]
     pub token_file: Option<PathBuf>,
 
     /// Seconds between status lines (0: none).
@@ -229,6 +243,9 @@ impl MirrorArgs {
 
     /// Refuses set-ups that would hurt production or cannot work.
     pub fn validate(&self) -> Result<()> {
+        if self.token_file.is_some() {
+            bail!("{TOKEN_FILE_GONE}");
+        }
         if let Some(target) = self.target {
             validate_target("--target", &format!("--target {target}"), target)?;
         }
@@ -285,19 +302,26 @@ impl MirrorArgs {
         Ok(())
     }
 
-    pub fn token(&self) -> Result<Option<Vec<u8>>> {
-        let Some(path) = &self.token_file else {
+    /// The control channel's secret from --secret-file, if given.
+    pub fn secret(&self) -> Result<Option<common::auth::Secret>> {
+        if self.token_file.is_some() {
+            bail!("{TOKEN_FILE_GONE}");
+        }
+        let Some(path) = &self.secret_file else {
             return Ok(None);
         };
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read --token-file {}", path.display()))?;
-        let line = text.lines().next().unwrap_or("").trim();
-        if line.is_empty() {
-            bail!("--token-file {} is empty", path.display());
-        }
-        Ok(Some(line.as_bytes().to_vec()))
+        let raw = ops::secret::read_secret_file("--secret-file", path)?;
+        let secret = common::auth::Secret::new(&raw)
+            .with_context(|| format!("--secret-file {}", path.display()))?;
+        Ok(Some(secret))
     }
 }
+
+/// Said when the removed --token-file is given.
+pub const TOKEN_FILE_GONE: &str =
+    "--token-file (token-file, TCPSHADOW_TOKEN_FILE) was replaced by \
+    --secret-file: the secret no longer crosses the wire (control protocol 4). Rename the flag \
+    on both hosts; the same file works if it holds at least 16 bytes and is chmod 600";
 
 /// A test server must be a unicast address that is not this host's: the copier runs on the
 /// production host, and mirroring onto itself would double production's load.
@@ -466,9 +490,11 @@ pub enum Protocol {
     Tcp,
 }
 
-/// Whether `ip` is assigned to an interface of this host: binding to it succeeds only then.
+/// Whether `ip` is assigned to an interface of this host: listed by getifaddrs(3), or
+/// bindable (which also catches local routes such as all of 127.0.0.0/8).
 fn is_local_address(ip: Ipv4Addr) -> bool {
-    UdpSocket::bind(SocketAddrV4::new(ip, 0)).is_ok()
+    ops::host::ipv4_addrs().iter().any(|a| a.addr == ip)
+        || UdpSocket::bind(SocketAddrV4::new(ip, 0)).is_ok()
 }
 
 pub fn parse_cidr(s: &str) -> Result<(Ipv4Addr, u8), String> {
@@ -512,6 +538,15 @@ mod tests {
         ]);
         let err = a.validate().unwrap_err().to_string();
         assert!(err.contains("production server itself"), "{err}");
+        // Any address of this host's interfaces, whatever the port (the loop guard).
+        for own in ops::host::ipv4_addrs() {
+            let t = SocketAddrV4::new(own.addr, 3307);
+            let err = validate_target("--target", "--target", t).unwrap_err();
+            assert!(
+                err.to_string().contains("production server itself"),
+                "{own:?}"
+            );
+        }
     }
 
     #[test]

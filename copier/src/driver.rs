@@ -167,14 +167,14 @@ impl Driver {
         let waker = Waker::new().context("cannot create an eventfd")?;
         let name = format!("copier@{}", hostname());
         let wake = waker.clone();
-        let mut hello = Hello::new(&name, args.token()?);
+        let mut hello = Hello::new(&name);
         if args.compare_results {
             // intercept hashes the test server's payloads only for copiers that ask.
             hello = hello.with_features(FEATURE_PAYLOAD_HASHES);
         }
         let control_config = ClientConfig {
             max_queue_bytes: args.memory_budget().control(),
-            ..ClientConfig::new(args.intercept, hello)
+            ..ClientConfig::new(args.intercept, hello, args.secret()?)
         };
         let (control, relayed) = ControlClient::spawn_with(control_config, move || wake.wake())
             .with_context(|| {
@@ -183,7 +183,7 @@ impl Driver {
                     args.intercept
                 )
             })?;
-        wait_for_intercept(&control, args.intercept);
+        wait_for_intercept(&control, args.intercept)?;
         if let (true, Some(w)) = (args.compare_results, control.welcome()) {
             if w.features & FEATURE_PAYLOAD_HASHES == 0 {
                 tracing::warn!(
@@ -506,8 +506,10 @@ impl Driver {
 
     fn transmit(&mut self, now: Instant) {
         while let Some((n, target)) = self.fleet.poll_transmit(now, &mut self.buf) {
-            self.sender.send(&self.buf[..n], target);
+            self.sender.queue(&self.buf[..n], target);
         }
+        // One sendmmsg per cycle (per 64 packets): nothing waits for a later cycle.
+        self.sender.flush();
     }
 
     fn handle_events(&mut self) {
@@ -529,7 +531,20 @@ impl Driver {
                     reason: CloseReason::NotMirrorable,
                     why,
                     ..
-                } => self.not_mirrorable.note(client, why.unwrap_or("unknown")),
+                } => {
+                    let why = why.unwrap_or("unknown");
+                    // Re-established on the client's next data (engine/recovery.rs), not left
+                    // alone: counted as such, no warning.
+                    let recovers = crate::engine::lost_test_answers(why)
+                        && self
+                            .fleet
+                            .engines()
+                            .iter()
+                            .any(|e| e.config().pickup_midstream);
+                    if !recovers {
+                        self.not_mirrorable.note(client, why);
+                    }
+                }
                 EngineEvent::SessionClosed { .. } => {}
             }
         }
@@ -716,12 +731,17 @@ impl OncePerClient {
 /// retransmission timeout; the capture meanwhile keeps what arrives in its kernel buffer.
 /// Never waits forever: an intercept that is down must not keep production unobserved, and
 /// the engine retransmits until the channel is up.
-fn wait_for_intercept(control: &ControlHandle, addr: std::net::SocketAddr) {
+fn wait_for_intercept(control: &ControlHandle, addr: std::net::SocketAddr) -> Result<()> {
     const PATIENCE: Duration = Duration::from_secs(5);
     let started = std::time::Instant::now();
     while !control.stats().connected && started.elapsed() < PATIENCE {
         if signals::stop_requested() {
-            return;
+            return Ok(());
+        }
+        // A refused handshake (secret, version, --allow) is a set-up mistake: say it and stop
+        // rather than mirror without feedback.
+        if let Some(why) = control.refused_before_welcome() {
+            bail!("control channel to intercept {addr}: {why}");
         }
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -732,6 +752,7 @@ fn wait_for_intercept(control: &ControlHandle, addr: std::net::SocketAddr) {
             PATIENCE.as_secs()
         );
     }
+    Ok(())
 }
 
 fn hostname() -> String {

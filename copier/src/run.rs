@@ -41,7 +41,8 @@ pub fn run(args: &Args) -> Result<Snapshot> {
     let plan = plan(args)?;
     let filter = args.capture_filter()?;
     let buffer = args.capture_buffer_bytes()?;
-    let mut capture = LiveCapture::open(&args.interface, &filter, buffer)?;
+    let mut capture =
+        LiveCapture::open_live(&args.interface, &filter, buffer, args.capture_block_ms)?;
     let routes = plan
         .routes
         .iter()
@@ -49,6 +50,7 @@ pub fn run(args: &Args) -> Result<Snapshot> {
         .collect::<Vec<_>>()
         .join(", ");
     let mut driver = Driver::start(&args.mirror, plan, clock.now())?;
+    drop_privileges()?;
     tracing::info!(
         "mirroring {routes} on {} (intercept {}), filter: {filter}",
         args.interface,
@@ -80,6 +82,20 @@ pub fn run(args: &Args) -> Result<Snapshot> {
     }
     capture.refresh_kernel_stats();
     Ok(driver.finish(&capture.stats))
+}
+
+/// Once the capture, the raw socket and the metrics listener are open, the live copier needs no
+/// capability at all: reconnecting to intercept, --prod-dsn, reports and SIGHUP reloads are
+/// plain sockets and files. Dropped in every thread, with no_new_privs.
+fn drop_privileges() -> Result<()> {
+    let dropped = ops::privs::drop_all_but(&[]).map_err(|e| {
+        anyhow::anyhow!(
+            "cannot drop capabilities after opening the capture (refusing to run with more than \
+             needed): {e}"
+        )
+    })?;
+    tracing::info!("capabilities dropped: {}", dropped.describe());
+    Ok(())
 }
 
 /// The wall clock, nanoseconds since the Unix epoch (the capture timestamps' clock).

@@ -1,7 +1,7 @@
 //! The intercept binary: CLI, wiring and the status line. Everything else is in the library.
 
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::time::Duration;
@@ -83,9 +83,23 @@ struct Cli {
     #[arg(long, env = "TCPSHADOW_MYSQL_IDLE_SECS", default_value_t = 32_400, value_parser = clap::value_parser!(u64).range(1..))]
     mysql_idle_secs: u64,
 
-    /// File holding a shared secret that copiers must present (same file on both hosts).
-    #[arg(long, env = "TCPSHADOW_TOKEN_FILE")]
+    /// File holding the control channel's shared secret (the copiers get a copy; at least 16
+    /// bytes, e.g. `head -c 32 /dev/urandom | base64`; chmod 600, or it is refused). A copier
+    /// must prove it holds it, and intercept proves it back; it never crosses the wire.
+    /// Without it the control channel is open to anyone allowed by --allow (warned at start).
+    #[arg(long, env = "TCPSHADOW_SECRET_FILE", value_name = "PATH")]
+    secret_file: Option<PathBuf>,
+
+    /// Removed: the cleartext token of control protocol 3. Refused with a pointer to
+    /// --secret-file.
+    #[arg(long, env = "TCPSHADOW_TOKEN_FILE", hide = true)]
     token_file: Option<PathBuf>,
+
+    /// Copier addresses allowed to connect, as CIDR (or one address); repeatable or
+    /// comma-separated. Connections from elsewhere are closed before anything is read
+    /// (logged and counted). Not given: every address may connect (warned at start).
+    #[arg(long, env = "TCPSHADOW_ALLOW", value_name = "CIDR", value_delimiter = ',', value_parser = parse_arp_check)]
+    allow: Vec<(Ipv4Addr, u8)>,
 
     /// Most copier connections served at once; further ones are refused with a reason
     /// (counted in the status line's `rejected`). Each costs two threads and their buffers.
@@ -336,8 +350,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     if cli.on_host.cleanup {
         return onhost::cleanup();
     }
-    let token = cli.token_file.as_deref().map(read_token).transpose()?;
-    if let Some(warning) = open_listen_warning(cli.listen, token.is_some()) {
+    let secret = read_secret(&cli)?;
+    for warning in open_channel_warnings(cli.listen, secret.is_some(), &cli.allow) {
         tracing::warn!("{warning}");
     }
     if cli.interface == "lo" && matches!(cli.direction, DirectionArg::Out) {
@@ -411,7 +425,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         listener,
         ServerConfig {
             name: format!("intercept@{} port {}", hostname(), cli.ports_label()),
-            token,
+            secret,
+            allow: cli.allow.clone(),
             payload_prefix,
             mysql_head: cli.mysql().then_some(cli.mysql_head),
             queue_batches: cli.queue_batches as usize,
@@ -420,8 +435,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             max_copiers: cli.max_copiers as usize,
             doctor: Some({
                 let setup = doctor_setup(&cli);
+                // Opened now, while CAP_NET_RAW is still held: a copier's doctor asks for ARP
+                // checks later. Without it the check says it cannot send.
+                let arp = ops::arp::ArpSocket::open().ok().map(std::sync::Mutex::new);
                 intercept::server::DoctorHook(std::sync::Arc::new(move |q| {
-                    intercept::doctor::answer(&setup, q)
+                    intercept::doctor::answer(&setup, q, arp.as_ref())
                 }))
             }),
             ..ServerConfig::default()
@@ -430,6 +448,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     )
     .context("cannot start the control server")?;
     tracing::info!(listen = %server.local_addr(), protocol = ?cli.protocol, "waiting for copiers");
+    drop_privileges(cli.on_host.on_test_host)?;
 
     signals::install();
     let mut path = ReplyPath::new(
@@ -486,47 +505,61 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     result
 }
 
-/// Said at start when copiers' control connections are open to the network without a token.
-fn open_listen_warning(listen: SocketAddr, has_token: bool) -> Option<String> {
-    (!has_token && !listen.ip().is_loopback()).then(|| {
-        format!(
-            "--listen {listen} is not a loopback address and no --token-file is set: any host \
-             that can reach it can claim sessions; set --token-file on both sides"
-        )
-    })
+/// Said once at start for each way the control channel is open.
+fn open_channel_warnings(
+    listen: SocketAddr,
+    has_secret: bool,
+    allow: &[(Ipv4Addr, u8)],
+) -> Vec<String> {
+    let mut out = Vec::new();
+    if !has_secret {
+        out.push(format!(
+            "the control channel is open: no --secret-file, so anything that can reach --listen \
+             {listen} can connect as a copier, claim sessions and read the test server's replies; \
+             set --secret-file on intercept and every copier"
+        ));
+    }
+    if allow.is_empty() && !listen.ip().is_loopback() {
+        out.push(format!(
+            "no --allow: copiers may connect to {listen} from any address; list the copiers' \
+             networks with --allow CIDR"
+        ));
+    }
+    out
 }
 
-fn read_token(path: &Path) -> anyhow::Result<Vec<u8>> {
-    let raw = std::fs::read(path)
-        .with_context(|| format!("cannot read --token-file {}", path.display()))?;
-    let token = raw.trim_ascii_end().to_vec();
-    if token.is_empty() {
+fn read_secret(cli: &Cli) -> anyhow::Result<Option<common::auth::Secret>> {
+    if cli.token_file.is_some() {
         bail!(
-            "--token-file {} is empty: put a secret in it (e.g. `head -c 32 /dev/urandom | base64 > FILE`)",
-            path.display()
+            "--token-file (token-file, TCPSHADOW_TOKEN_FILE) was replaced by --secret-file: the \
+             secret no longer crosses the wire (control protocol 4). Rename the flag on both \
+             hosts; the same file works if it holds at least 16 bytes and is chmod 600"
         );
     }
-    if token.len() > common::control::MAX_TOKEN_LEN {
-        bail!(
-            "--token-file {} holds {} bytes; the protocol allows at most {}",
-            path.display(),
-            token.len(),
-            common::control::MAX_TOKEN_LEN
-        );
-    }
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        if let Ok(meta) = std::fs::metadata(path) {
-            if meta.permissions().mode() & 0o077 != 0 {
-                tracing::warn!(
-                    "--token-file {} is readable by other users; `chmod 600` it",
-                    path.display()
-                );
-            }
-        }
-    }
-    Ok(token)
+    let Some(path) = &cli.secret_file else {
+        return Ok(None);
+    };
+    let raw = ops::secret::read_secret_file("--secret-file", path)?;
+    let secret = common::auth::Secret::new(&raw)
+        .with_context(|| format!("--secret-file {}", path.display()))?;
+    Ok(Some(secret))
+}
+
+/// Once the capture, the listeners and the ARP socket are open, keeps only what is still
+/// needed: nothing on an assist host; CAP_NET_ADMIN on the test host (`--on-test-host`), for
+/// the queue's verdicts and removing the nftables table at exit.
+fn drop_privileges(on_test_host: bool) -> anyhow::Result<()> {
+    let keep: &[u32] = if on_test_host {
+        &[ops::privs::CAP_NET_ADMIN]
+    } else {
+        &[]
+    };
+    let dropped = ops::privs::drop_all_but(keep).context(
+        "cannot drop capabilities after opening the capture (refusing to run with more than \
+         needed)",
+    )?;
+    tracing::info!("capabilities dropped: {}", dropped.describe());
+    Ok(())
 }
 
 fn hostname() -> String {
@@ -585,18 +618,37 @@ mod tests {
     }
 
     #[test]
-    fn an_open_listen_without_a_token_is_warned_about() {
+    fn an_open_control_channel_is_warned_about() {
         let open: SocketAddr = "0.0.0.0:36524".parse().unwrap();
         let lo: SocketAddr = "127.0.0.1:36524".parse().unwrap();
-        let lo6: SocketAddr = "[::1]:36524".parse().unwrap();
-        let w = open_listen_warning(open, false).unwrap();
+        let allow = [(Ipv4Addr::new(198, 18, 0, 2), 32)];
+        let w = open_channel_warnings(open, false, &[]);
+        assert_eq!(w.len(), 2, "{w:?}");
         assert!(
-            w.contains("--token-file") && w.contains("0.0.0.0:36524"),
-            "{w}"
+            w[0].contains("--secret-file") && w[0].contains("0.0.0.0:36524"),
+            "{w:?}"
         );
-        assert!(open_listen_warning(open, true).is_none());
-        assert!(open_listen_warning(lo, false).is_none());
-        assert!(open_listen_warning(lo6, false).is_none());
+        assert!(w[1].contains("--allow"), "{w:?}");
+        assert!(open_channel_warnings(open, true, &allow).is_empty());
+        assert_eq!(open_channel_warnings(lo, false, &[]).len(), 1);
+        assert!(open_channel_warnings(lo, true, &[]).is_empty());
+        let cli = Cli::try_parse_from([
+            "intercept",
+            "--port",
+            "3306",
+            "--allow",
+            "198.18.0.2,198.19.0.0/16",
+            "--allow",
+            "10.0.0.0/8",
+        ])
+        .unwrap();
+        assert_eq!(cli.allow.len(), 3);
+        assert_eq!(cli.allow[0], (Ipv4Addr::new(198, 18, 0, 2), 32));
+        assert!(Cli::try_parse_from(["intercept", "--port", "1", "--allow", "x/8"]).is_err());
+        let cli =
+            Cli::try_parse_from(["intercept", "--port", "1", "--token-file", "/etc/t"]).unwrap();
+        let e = read_secret(&cli).unwrap_err().to_string();
+        assert!(e.contains("--secret-file"), "{e}");
         let cli = Cli::try_parse_from(["intercept", "--port", "3306"]).unwrap();
         assert_eq!(cli.max_copiers, 64);
         assert!(

@@ -53,7 +53,10 @@ impl ReplyPath {
 
     pub fn on_segment(&mut self, now: Instant, pkt: &TcpPacket<'_>) {
         let fb = TestFeedback::from_packet(pkt, self.prefix);
-        if let Some(m) = &mut self.mysql {
+        // With no copier connected (intercept just restarted) the events would be dropped, and
+        // a session first seen mid-stream says `FramingLost` only once: frame nothing until a
+        // copier is there to be told, so the copier of a surviving session learns it.
+        if let (Some(m), true) = (&mut self.mysql, self.relay.copiers() > 0) {
             m.set_hashing(self.relay.wants_payload_hashes());
             m.on_segment(now, pkt, &mut self.events);
         }
@@ -204,9 +207,12 @@ impl fmt::Display for Status {
         let s = &self.server;
         write!(
             f,
-            " control: accepted={} rejected={} bad_frames={} timeouts={}",
+            " control: accepted={} rejected={} refused(allow/secret)={}/{} bad_frames={} \
+             timeouts={}",
             s.accepted,
             s.rejected,
+            s.refused_allow,
+            s.refused_no_secret + s.refused_bad_secret,
             s.garbage,
             s.timeouts + s.write_failures
         )
