@@ -59,6 +59,14 @@ pub struct Args {
     #[arg(long, env = "TCPSHADOW_CAPTURE_BUFFER_MB", default_value_t = 64)]
     pub capture_buffer_mb: u32,
 
+    /// Capture threads (1 to 64). N > 1: N captures share the traffic by flow hash (kernel
+    /// PACKET_FANOUT, both directions of a connection on one thread), each with its own
+    /// engines, its own share of --client-ip-pool and its own control connection to intercept
+    /// (it counts N copiers). The status line, summary, metrics and report add them up. Each
+    /// capture gets its own --capture-buffer-mb.
+    #[arg(long, env = "TCPSHADOW_WORKERS", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub workers: u32,
+
     /// --config, --print-config, --log.
     #[command(flatten)]
     pub config: ops::config::ConfigArgs,
@@ -345,6 +353,7 @@ impl Args {
     pub fn validate(&self) -> Result<()> {
         self.mirror.validate()?;
         self.mirror.validate_routes(&self.routes()?)?;
+        self.validate_workers()?;
         if let Some(dsn) = &self.prod_dsn {
             if let Err(e) = dsn.get() {
                 bail!("--prod-dsn: {e}");
@@ -352,6 +361,33 @@ impl Args {
             if self.mirror.protocol != Protocol::Mysql {
                 bail!("--prod-dsn recovers MySQL session state: it needs --protocol mysql");
             }
+        }
+        Ok(())
+    }
+}
+
+impl Args {
+    /// `--workers N` with what the other flags need: a pool big enough for N shares, and no
+    /// `--prod-dsn` (its own connection must be skipped by every worker; not done yet).
+    fn validate_workers(&self) -> Result<()> {
+        if self.workers <= 1 {
+            return Ok(());
+        }
+        if self.prod_dsn.is_some() {
+            bail!(
+                "--prod-dsn is not supported with --workers {} yet: use --workers 1",
+                self.workers
+            );
+        }
+        let routes = self.routes()?;
+        let Some(first) = routes.first() else {
+            return Ok(());
+        };
+        let template = crate::driver::engine_config(&self.mirror, *first, false);
+        let pairs: Vec<_> = routes.iter().map(|r| (r.prod_port, r.target)).collect();
+        if let Err(e) = Fleet::check_workers(&template, &pairs, self.mirror.multiply, self.workers)
+        {
+            bail!("--workers {}: {e}", self.workers);
         }
         Ok(())
     }

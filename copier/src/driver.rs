@@ -93,6 +93,18 @@ pub struct Plan {
     pub prod_dsn_wait: Duration,
 }
 
+/// One capture worker of `--workers N` (see `run`): its driver mirrors the connections the
+/// kernel's fan-out hands this worker, with its own engines (its own share of
+/// `--client-ip-pool`) and its own control connection; the status line, `--metrics` and the
+/// report belong to the coordinator, which sums the workers' snapshots.
+#[derive(Clone, Debug)]
+pub struct Worker {
+    pub index: u32,
+    pub count: u32,
+    /// The coordinator's report sink: every worker's observations go into one report.
+    pub report: Option<ReportHooks>,
+}
+
 /// What [`Driver::pump`] found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Pump {
@@ -135,9 +147,29 @@ impl Driver {
     /// Opens the raw sender, starts the control client and waits up to 5 s for intercept, then
     /// logs in on production if `plan.prod_dsn` is set. `now` starts the status interval.
     pub fn start(args: &MirrorArgs, plan: Plan, now: Instant) -> Result<Self> {
+        Self::start_with(args, plan, now, None)
+    }
+
+    /// [`Driver::start`] for capture worker `worker` of several: no status line, metrics or
+    /// report of its own (see [`Worker`]), its share of the pool, `#INDEX` in its Hello name.
+    pub fn start_worker(
+        args: &MirrorArgs,
+        plan: Plan,
+        now: Instant,
+        worker: Worker,
+    ) -> Result<Self> {
+        Self::start_with(args, plan, now, Some(worker))
+    }
+
+    fn start_with(
+        args: &MirrorArgs,
+        plan: Plan,
+        now: Instant,
+        worker: Option<Worker>,
+    ) -> Result<Self> {
         let anchor = (std::time::Instant::now(), now);
         let recovery_wait = plan.prod_dsn.is_some().then_some(plan.prod_dsn_wait);
-        let mut report = args.collects().then(|| {
+        let mut report = (args.collects() && worker.is_none()).then(|| {
             Reporting::new(
                 now,
                 args.report.clone(),
@@ -146,12 +178,12 @@ impl Driver {
                 args.report_literals,
             )
         });
-        let fleet = build_fleet(
-            args,
-            &plan,
-            recovery_wait,
-            report.as_ref().map(Reporting::hooks),
-        )?;
+        let hooks = match &worker {
+            Some(w) => w.report.clone(),
+            None => report.as_ref().map(Reporting::hooks),
+        };
+        let slot = worker.as_ref().map_or((0, 1), |w| (w.index, w.count));
+        let fleet = build_fleet_for(args, &plan, recovery_wait, hooks, slot)?;
         if let (Some(r), Some(first)) = (&mut report, plan.routes.first()) {
             r.set_endpoints(
                 format!("{}:{}", hostname(), first.prod_port),
@@ -159,13 +191,20 @@ impl Driver {
             );
         }
         // Bound before anything else starts: a taken port is a start-up mistake to fix now.
-        let metrics = args
-            .metrics
-            .map(|addr| MetricsPublisher::start(addr, args.metrics_top_digests, now))
-            .transpose()?;
+        let metrics = match worker {
+            Some(_) => None,
+            None => args
+                .metrics
+                .map(|addr| MetricsPublisher::start(addr, args.metrics_top_digests, now))
+                .transpose()?,
+        };
         let sender = RawSender::open()?;
         let waker = Waker::new().context("cannot create an eventfd")?;
-        let name = format!("copier@{}", hostname());
+        let name = match &worker {
+            // intercept tells copiers apart by connection; the suffix is for its log.
+            Some(w) => format!("copier@{}#{}", hostname(), w.index),
+            None => format!("copier@{}", hostname()),
+        };
         let wake = waker.clone();
         let mut hello = Hello::new(&name, args.token()?);
         if args.compare_results {
@@ -204,7 +243,7 @@ impl Driver {
             waker,
             lookup,
             own,
-            status: StatusLine::new(now, args.status_interval()),
+            status: StatusLine::new(now, args.status_interval().filter(|_| worker.is_none())),
             buf,
             drain_secs: args.drain_secs,
             stopping_since: None,
@@ -436,6 +475,12 @@ impl Driver {
         }
     }
 
+    /// Relayed feedback for another worker's addresses (`--workers`; intercept broadcasts
+    /// what nobody has claimed yet, so a few are expected at connection starts).
+    pub fn feedback_foreign(&self) -> u64 {
+        self.fleet.feedback_foreign()
+    }
+
     /// The comparison report as of `now` (`--report` or `--metrics` in MySQL mode).
     pub fn report(&mut self, now: Instant) -> Option<crate::report::Report> {
         let r = self.report.as_mut()?;
@@ -486,6 +531,15 @@ impl Driver {
             own_skipped = self.own_skipped,
             "MySQL packet summaries received; own packets skipped"
         );
+        if self.fleet.feedback_foreign() > 0 {
+            // Expected in small numbers: intercept broadcasts replies nobody has claimed yet
+            // (a SYN-ACK racing its Claim) to every copier connection.
+            tracing::info!(
+                "feedback_foreign={}: relayed feedback for addresses outside this copier's \
+                 --client-ip-pool share (another copier's or worker's), dropped",
+                self.fleet.feedback_foreign()
+            );
+        }
         self.close();
         snap
     }
@@ -547,6 +601,17 @@ pub fn build_fleet(
     recovery_wait: Option<Duration>,
     report: Option<ReportHooks>,
 ) -> Result<Fleet> {
+    build_fleet_for(args, plan, recovery_wait, report, (0, 1))
+}
+
+/// [`build_fleet`] for capture worker `worker.0` of `worker.1`.
+pub fn build_fleet_for(
+    args: &MirrorArgs,
+    plan: &Plan,
+    recovery_wait: Option<Duration>,
+    report: Option<ReportHooks>,
+    worker: (u32, u32),
+) -> Result<Fleet> {
     let Some(first) = plan.routes.first() else {
         bail!("nothing to mirror: give --port and --target (or --map)");
     };
@@ -571,14 +636,20 @@ pub fn build_fleet(
             }
         );
     }
-    let fleet = Fleet::new(&template, &routes, args.multiply, |cfg| match &mysql {
-        // Engines are route by route, the copies of a route next to each other.
-        Some(f) => {
-            let copy = cfg.pool_slice.0 % copies;
-            Engine::with_transform(cfg, Box::new(f.clone().for_copy(copy)))
-        }
-        None => Engine::new(cfg),
-    })?;
+    let fleet = Fleet::for_worker(
+        &template,
+        &routes,
+        args.multiply,
+        worker,
+        |cfg| match &mysql {
+            // Engines are route by route, the copies of a route next to each other.
+            Some(f) => {
+                let copy = cfg.pool_slice.0 % copies;
+                Engine::with_transform(cfg, Box::new(f.clone().for_copy(copy)))
+            }
+            None => Engine::new(cfg),
+        },
+    )?;
     Ok(fleet)
 }
 

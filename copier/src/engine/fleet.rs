@@ -19,6 +19,12 @@
 //! * Let two engines share a pool address, or run several engines without a pool (their
 //!   sessions would all send from the real client's address): [`Fleet::new`] refuses.
 //!
+//! `--workers N`: each capture worker runs a fleet of its own ([`Fleet::for_worker`]); the pool
+//! is cut into `workers x routes x copies` slices and worker `w` takes the `w`-th run of them,
+//! so sessions of different workers never share a mirrored address either. Feedback for an
+//! address in another worker's slices (intercept broadcasts what nobody has claimed yet) is
+//! counted as foreign and dropped.
+//!
 //! `max_sessions` applies per engine. `sample` is decided once per route, by one [`Sampler`]
 //! that the route's copies share: its decisions depend on what it has seen (the share so far,
 //! which connections it took), and one decision handed to every copy keeps the copies of a
@@ -81,11 +87,16 @@ pub struct Fleet {
     pool: Option<AddressPool>,
     /// Round-robin start of `poll_transmit`, so one busy engine cannot starve the others.
     next_tx: usize,
+    /// `(index, count)` of this fleet's capture worker (`(0, 1)` without `--workers`).
+    worker: (u32, u32),
     /// Captured packets of no route's port.
     captured_ignored: u64,
     /// Relayed feedback and events for an address in no engine's slice.
     feedback_unrouted: u64,
     test_events_unrouted: u64,
+    /// Relayed feedback for an address outside this fleet's slices (another worker's or
+    /// another copier's; counted in `unrouted` too).
+    feedback_foreign: u64,
 }
 
 impl Fleet {
@@ -95,11 +106,29 @@ impl Fleet {
         template: &EngineConfig,
         routes: &[(u16, SocketAddrV4)],
         copies: u32,
+        make: impl FnMut(EngineConfig) -> Engine,
+    ) -> Result<Self, FleetError> {
+        Self::for_worker(template, routes, copies, (0, 1), make)
+    }
+
+    /// Like [`Fleet::new`], for capture worker `worker.0` of `worker.1` (`--workers`): its
+    /// engines take their pool slices from the worker's own share of the pool.
+    pub fn for_worker(
+        template: &EngineConfig,
+        routes: &[(u16, SocketAddrV4)],
+        copies: u32,
+        worker: (u32, u32),
         mut make: impl FnMut(EngineConfig) -> Engine,
     ) -> Result<Self, FleetError> {
-        Self::check(template, routes, copies)?;
+        let workers = worker.1.max(1);
+        let worker = (worker.0.min(workers - 1), workers);
+        Self::check_workers(template, routes, copies, workers)?;
         let copies = copies.max(1) as usize;
         let count = routes.len() * copies;
+        // Without a pool a lone engine per worker sends from the real client address: a
+        // client flow lives on one worker only, so workers cannot collide.
+        let slices = count as u32 * workers;
+        let offset = worker.0 * count as u32;
         let pool = template
             .client_ip_pool
             .and_then(|(net, prefix)| AddressPool::new(net, prefix, Ipv4Addr::UNSPECIFIED));
@@ -116,7 +145,7 @@ impl Fleet {
                 let mut cfg = template.clone();
                 cfg.prod_port = prod_port;
                 cfg.target = target;
-                cfg.pool_slice = (engines.len() as u32, count as u32);
+                cfg.pool_slice = (offset + engines.len() as u32, slices);
                 engines.push(make(cfg));
             }
             // The route decides for its copies: theirs are dropped unused.
@@ -133,9 +162,11 @@ impl Fleet {
             copies,
             pool,
             next_tx: 0,
+            worker,
             captured_ignored: 0,
             feedback_unrouted: 0,
             test_events_unrouted: 0,
+            feedback_foreign: 0,
         })
     }
 
@@ -146,19 +177,35 @@ impl Fleet {
         routes: &[(u16, SocketAddrV4)],
         copies: u32,
     ) -> Result<(), FleetError> {
+        Self::check_workers(template, routes, copies, 1)
+    }
+
+    /// [`Fleet::check`] for `workers` capture workers, each with its own fleet and share of
+    /// the pool.
+    pub fn check_workers(
+        template: &EngineConfig,
+        routes: &[(u16, SocketAddrV4)],
+        copies: u32,
+        workers: u32,
+    ) -> Result<(), FleetError> {
         if routes.is_empty() {
             return Err(FleetError::NoRoutes);
         }
         let copies = copies.max(1) as usize;
         let count = routes.len() * copies;
+        // Only the pool is shared between workers: without one, each worker's lone engine
+        // mirrors from the client's own address, which no other worker sees.
+        let slices_total = u32::try_from(count)
+            .unwrap_or(u32::MAX)
+            .saturating_mul(workers.max(1));
         let pool = template
             .client_ip_pool
             .and_then(|(net, prefix)| AddressPool::new(net, prefix, Ipv4Addr::UNSPECIFIED));
-        if count > 1 {
+        if count > 1 || (slices_total > 1 && pool.is_some()) {
             let (Some(pool), Some((net, prefix))) = (pool, template.client_ip_pool) else {
                 return Err(FleetError::NeedPool { engines: count });
             };
-            let slices = u32::try_from(count).unwrap_or(u32::MAX);
+            let slices = slices_total;
             let distinct_targets = {
                 let mut t: Vec<Ipv4Addr> = routes.iter().map(|(_, t)| *t.ip()).collect();
                 t.sort_unstable();
@@ -180,7 +227,7 @@ impl Fleet {
                 if too_small {
                     return Err(FleetError::PoolTooSmall {
                         usable: pool.usable(),
-                        engines: count,
+                        engines: slices as usize,
                     });
                 }
             }
@@ -234,7 +281,12 @@ impl Fleet {
     pub fn on_feedback(&mut self, now: Instant, fb: &TestFeedback) {
         match self.owner(fb.client) {
             Some(i) => self.engines[i].on_feedback(now, fb),
-            None => self.feedback_unrouted += 1,
+            None => {
+                self.feedback_unrouted += 1;
+                if self.is_foreign(fb.client) {
+                    self.feedback_foreign += 1;
+                }
+            }
         }
     }
 
@@ -343,14 +395,33 @@ impl Fleet {
         total
     }
 
+    /// Relayed feedback items for addresses outside this fleet's pool slices: another
+    /// worker's (`--workers`) or another copier's sharing the intercept. Only counted with a
+    /// pool (without one the real client addresses cannot be told apart).
+    pub fn feedback_foreign(&self) -> u64 {
+        self.feedback_foreign
+    }
+
+    /// The engine whose pool slice holds `mirrored`. Without a pool there is one engine (see
+    /// [`Fleet::check`]), mirroring from the real client addresses: it owns everything.
     fn owner(&self, mirrored: SocketAddrV4) -> Option<usize> {
-        if self.engines.len() == 1 {
-            return Some(0);
-        }
-        let slices = self.engines.len() as u32;
-        self.pool?
-            .slice_of(*mirrored.ip(), slices)
-            .map(|i| i as usize)
+        let count = self.engines.len() as u32;
+        let (worker, workers) = self.worker;
+        let Some(pool) = self.pool else {
+            return (count == 1).then_some(0);
+        };
+        let slice = pool.slice_of(*mirrored.ip(), count * workers)?;
+        let first = worker * count;
+        (first..first + count)
+            .contains(&slice)
+            .then(|| (slice - first) as usize)
+    }
+
+    /// Whether `mirrored` is none of this fleet's addresses although it has a pool: another
+    /// worker's, or another copier's that shares the intercept (both get what intercept
+    /// broadcasts because nobody has claimed it yet).
+    fn is_foreign(&self, mirrored: SocketAddrV4) -> bool {
+        self.pool.is_some() && self.owner(mirrored).is_none()
     }
 }
 
@@ -507,6 +578,46 @@ mod tests {
         assert_eq!(st.captured_ignored, 1);
         assert_eq!(st.feedback_unknown_session, 1);
         assert_eq!(st.sessions_opened, 1);
+    }
+
+    #[test]
+    fn workers_mirror_from_disjoint_shares_of_the_pool() {
+        let routes = [(3306, TARGET)];
+        let make = |w| Fleet::for_worker(&template(), &routes, 2, (w, 2), Engine::new).unwrap();
+        let (mut a, mut b) = (make(0), make(1));
+        let pool = AddressPool::new(POOL.0, POOL.1, Ipv4Addr::UNSPECIFIED).unwrap();
+        let mut slices = HashSet::new();
+        let mut mirrored = Vec::new();
+        for (f, port) in [(&mut a, 40000u16), (&mut b, 40001)] {
+            let c = SocketAddrV4::new(*CLIENT.ip(), port);
+            capture(f, &packet(c, PROD, C, 0, SYN, b"", Default::default()));
+            for (s, _) in drain(f) {
+                slices.insert(pool.slice_of(*s.src.ip(), 4).unwrap());
+                mirrored.push(s.src);
+            }
+        }
+        assert_eq!(slices.len(), 4, "2 workers x 2 copies, one slice each");
+        // Worker 0's addresses are foreign to worker 1: dropped and counted there.
+        syn_ack(&mut b, mirrored[0], TARGET);
+        assert_eq!(b.feedback_foreign(), 1);
+        assert_eq!(b.stats().feedback_unknown_session, 1);
+        syn_ack(&mut a, mirrored[0], TARGET);
+        assert_eq!(a.feedback_foreign(), 0);
+        assert_eq!(a.stats().feedback_unknown_session, 0);
+        // Without a pool, one engine per worker is fine (real client addresses), more are not.
+        let mut no_pool = template();
+        no_pool.client_ip_pool = None;
+        assert!(Fleet::check_workers(&no_pool, &routes, 1, 4).is_ok());
+        assert_eq!(
+            Fleet::check_workers(&no_pool, &routes, 2, 4),
+            Err(FleetError::NeedPool { engines: 2 })
+        );
+        let mut tiny = template();
+        tiny.client_ip_pool = Some((Ipv4Addr::new(198, 19, 0, 0), 30));
+        assert!(matches!(
+            Fleet::check_workers(&tiny, &routes, 1, 4),
+            Err(FleetError::PoolTooSmall { engines: 4, .. })
+        ));
     }
 
     #[test]
