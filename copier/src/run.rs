@@ -63,7 +63,7 @@ pub fn run(args: &Args) -> Result<Snapshot> {
     tracing::info!(
         "mirroring {routes} on {} (intercept {}), filter: {filter}",
         args.interface,
-        args.mirror.intercept
+        args.mirror.first_intercept()
     );
 
     loop {
@@ -214,7 +214,7 @@ mod workers {
             "{n} capture workers in fan-out group {group} on {} (intercept {}), filter: {filter} \
              ({discarded} frames captured before the group formed dropped)",
             args.interface,
-            mirror.intercept
+            mirror.first_intercept()
         );
         let figures: Vec<Mutex<Figures>> = (0..n).map(|_| Mutex::new(Figures::default())).collect();
         let abort = AtomicBool::new(false);
@@ -444,19 +444,7 @@ mod workers {
             t.bytes += o.bytes;
             t.would_block += o.would_block;
             t.errors += o.errors;
-            let (t, o) = (&mut total.control, &s.control);
-            t.connected &= o.connected;
-            t.connects += o.connects;
-            t.reconnects += o.reconnects;
-            t.connect_failures += o.connect_failures;
-            t.rejects += o.rejects;
-            t.frames_in += o.frames_in;
-            t.frames_out += o.frames_out;
-            t.feedback_received += o.feedback_received;
-            t.feedback_dropped += o.feedback_dropped;
-            t.mysql_received += o.mysql_received;
-            t.mysql_dropped += o.mysql_dropped;
-            t.claimed += o.claimed;
+            crate::driver::add_client_stats(&mut total.control, &s.control);
         }
         total
     }

@@ -96,7 +96,8 @@ environment for `up` (defaults in brackets):
   LAB_TEST_MYSQLD_ARGS  extra options for test only, e.g. "--skip-grant-tables"
   LAB_PROD2=1           also a second production host prod2 (198.18.<i>.5, its own MariaDB with
                         prod's data and options; `load --target prod2`, `counters prod2`): several
-                        copiers sharing one intercept and test server (docs/scaling.md)
+                        copiers sharing one intercept and test server (docs/scaling.md); it
+                        routes the client pool via assist, so it can also be a second target
   LAB_MARIADBD, LAB_MARIADB, LAB_SYSBENCH, ...  paths of the tools
 EOF
 }
@@ -467,6 +468,11 @@ net_up() {
         "$IP" -n "$LAB_TEST_NS" route add "$extra/32" via "$LAB_ASSIST_IP" dev "$LAB_IFACE"
     done
     "$IP" -n "$LAB_TEST_NS" route add "$LAB_POOL" via "$LAB_ASSIST_IP" dev "$LAB_IFACE"
+    # prod2 routes the pool via assist too, so it can also stand in as a second test server
+    # (a copier with two --target); as a production host it never talks to pool addresses.
+    if [[ $LAB_PROD2 == 1 ]]; then
+        "$IP" -n "$LAB_PROD2_NS" route add "$LAB_POOL" via "$LAB_ASSIST_IP" dev "$LAB_IFACE"
+    fi
 }
 
 # Kill every process still inside the lab's namespaces (tcpdump, sysbench, copier... started with

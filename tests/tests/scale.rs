@@ -14,8 +14,10 @@
 //! 2. One copier with `--workers 2` on prod, intercept with `--workers 2`, sysbench 16 threads
 //!    (twice the rate): fidelity >= 0.999,
 //!    both workers mirrored sessions, no connection was seen by both workers.
-//!
-//! Two test servers (`--target` twice) are not covered: `--target` is not repeatable yet.
+//! 3. One copier on prod with two targets, test and prod2 (which routes the client pool via
+//!    assist, so it can stand in for a second test server), both relayed by the one intercept;
+//!    sysbench 16 threads: test + prod2 execute prod's queries (fidelity >= 0.999), each target
+//!    got some of the connections.
 
 use std::time::{Duration, Instant};
 
@@ -126,7 +128,7 @@ fn pool_halves(lab: &Lab) -> (String, String) {
 }
 
 #[test]
-fn copiers_share_an_intercept_and_workers_split_flows() -> Result<()> {
+fn copiers_share_an_intercept_workers_split_flows_targets_split_connections() -> Result<()> {
     tcpshadow_tests::mirror::build()?;
     let lab = Lab::up_with("sc", &[("LAB_PROD2", "1")])?;
     let secs = env_u32("TCPSHADOW_LOAD_SECS", 10);
@@ -259,6 +261,47 @@ fn copiers_share_an_intercept_and_workers_split_flows() -> Result<()> {
         "intercept's workers framed {i0} / {i1} sessions for {} mirrored\n{}",
         w0 + w1,
         i.stderr
+    );
+
+    // --- Phase 3: one copier, two targets (test and prod2), placed by client hash.
+    let intercept = start_intercept(&lab, &[])?;
+    let second = format!("{}:3306", lab.ip(Host::Prod2));
+    let copier = start_copier(&lab, Host::Prod, &pool, &["--target", &second])?;
+    let (p0, q0, t0) = (
+        lab.counters(Host::Prod)?,
+        lab.counters(Host::Prod2)?,
+        lab.counters(Host::Test)?,
+    );
+    load(&lab, Host::Prod, 16, secs, rate * 2)?;
+    let prod = lab.counters(Host::Prod)?.questions_since(&p0);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (mut on_test, mut on_prod2);
+    loop {
+        on_test = lab.counters(Host::Test)?.questions_since(&t0);
+        on_prod2 = lab.counters(Host::Prod2)?.questions_since(&q0);
+        if on_test + on_prod2 >= prod || Instant::now() >= deadline {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let fidelity = (on_test + on_prod2) as f64 / prod as f64;
+    let c = copier.finish(Duration::ZERO)?;
+    let i = intercept.finish(Duration::ZERO)?;
+    println!(
+        "--target twice (test, prod2), one intercept, oltp_read_only 16 threads {secs} s at {} \
+         tx/s: prod {prod} queries, test {on_test} + prod2 {on_prod2}: fidelity {fidelity:.4}",
+        rate * 2
+    );
+    ensure!(
+        fidelity >= 0.999,
+        "the targets executed {on_test} + {on_prod2} of {prod} queries ({fidelity:.4})\n--- \
+         copier:\n{}\n--- intercept:\n{}",
+        c.stderr,
+        i.stderr
+    );
+    ensure!(
+        on_test > 0 && on_prod2 > 0,
+        "the connections were not spread: test {on_test}, prod2 {on_prod2}"
     );
     lab.down()
 }

@@ -25,6 +25,11 @@
 //! address in another worker's slices (intercept broadcasts what nobody has claimed yet) is
 //! counted as foreign and dropped.
 //!
+//! Several `--target` for one production port ([`Fleet::spread`]): those routes share the
+//! port's connections instead of each mirroring all of them. A connection goes to one of them,
+//! chosen by a fixed hash of the client's address and port ([`placement`]), the same in every
+//! copier run, so a restarted copier (or a connection picked up mid-stream) lands where it was.
+//!
 //! `max_sessions` applies per engine. `sample` is decided once per route, by one [`Sampler`]
 //! that the route's copies share: its decisions depend on what it has seen (the share so far,
 //! which connections it took), and one decision handed to every copy keeps the copies of a
@@ -73,6 +78,9 @@ struct Route {
     /// Whether an earlier route has the same production port (its packets are then already
     /// counted as captured there).
     port_seen_before: bool,
+    /// `(position, size)` in its placement group ([`Fleet::spread`]): the route takes only the
+    /// connections whose [`placement`] hash picks `position`.
+    spread: Option<(u32, u32)>,
 }
 
 /// See the module documentation.
@@ -140,6 +148,7 @@ impl Fleet {
                 prod_port,
                 first: engines.len(),
                 port_seen_before: routes[..r].iter().any(|(p, _)| *p == prod_port),
+                spread: None,
             });
             for _ in 0..copies {
                 let mut cfg = template.clone();
@@ -235,6 +244,38 @@ impl Fleet {
         Ok(())
     }
 
+    /// Spreads the connections of `prod_port` over the routes to `targets` (several
+    /// `--target`): each connection goes to one of them (by [`placement`], in the order of
+    /// `targets`) instead of to each. Routes of the port to other targets (`--map`) still get
+    /// every connection.
+    pub fn spread(&mut self, prod_port: u16, targets: &[SocketAddrV4]) {
+        let size = targets.len() as u32;
+        if size < 2 {
+            return;
+        }
+        let mut first_seen = None;
+        for r in &mut self.routes {
+            if r.prod_port != prod_port {
+                continue;
+            }
+            let target = self.engines[r.first].config().target;
+            if let Some(pos) = targets.iter().position(|t| *t == target) {
+                r.spread = Some((pos as u32, size));
+                // The group's routes see disjoint packets: each counts its captures.
+                match first_seen {
+                    None => first_seen = Some(r.port_seen_before),
+                    Some(before) => r.port_seen_before = before,
+                }
+            }
+        }
+    }
+
+    /// The target of the engine owning `mirrored`, if any (to find its intercept).
+    pub fn target_of(&self, mirrored: SocketAddrV4) -> Option<SocketAddrV4> {
+        self.owner(mirrored)
+            .map(|i| self.engines[i].config().target)
+    }
+
     /// The engines, route by route, copies of a route next to each other.
     pub fn engines(&self) -> &[Engine] {
         &self.engines
@@ -261,6 +302,16 @@ impl Fleet {
         for (r, sampler) in self.routes.iter().zip(&mut self.samplers) {
             if r.prod_port == pkt.dst_port || r.prod_port == pkt.src_port {
                 taken = true;
+                if let Some((pos, size)) = r.spread {
+                    let client = if pkt.dst_port == r.prod_port {
+                        SocketAddrV4::new(pkt.src, pkt.src_port)
+                    } else {
+                        SocketAddrV4::new(pkt.dst, pkt.dst_port)
+                    };
+                    if placement(client, size) != pos {
+                        continue;
+                    }
+                }
                 let verdict = match sampler {
                     Some(s) => s.judge(now, pkt),
                     None => Verdict::IN,
@@ -423,6 +474,19 @@ impl Fleet {
     fn is_foreign(&self, mirrored: SocketAddrV4) -> bool {
         self.pool.is_some() && self.owner(mirrored).is_none()
     }
+}
+
+/// Which of `size` spread targets a client connection goes to: a fixed mix of the client's
+/// address and port (no per-process seed), so the answer is the same in every run.
+pub fn placement(client: SocketAddrV4, size: u32) -> u32 {
+    let mut h = (u64::from(u32::from(*client.ip())) << 16) | u64::from(client.port());
+    // splitmix64's finaliser: every input bit moves every output bit.
+    h ^= h >> 30;
+    h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    h ^= h >> 27;
+    h = h.wrapping_mul(0x94d0_49bb_1331_11eb);
+    h ^= h >> 31;
+    (h % u64::from(size.max(1))) as u32
 }
 
 #[cfg(test)]
@@ -618,6 +682,34 @@ mod tests {
             Fleet::check_workers(&tiny, &routes, 1, 4),
             Err(FleetError::PoolTooSmall { engines: 4, .. })
         ));
+    }
+
+    #[test]
+    fn spread_targets_each_get_a_share_of_the_connections_and_keep_it() {
+        let routes = [(3306, TARGET), (3306, TARGET2)];
+        let mut f = fleet(&routes, 1);
+        f.spread(3306, &[TARGET, TARGET2]);
+        let mut per_target: HashMap<Ipv4Addr, usize> = HashMap::new();
+        for port in 40000..40200u16 {
+            let c = SocketAddrV4::new(*CLIENT.ip(), port);
+            capture(&mut f, &packet(c, PROD, C, 0, SYN, b"", Default::default()));
+            let sent = drain(&mut f);
+            assert_eq!(sent.len(), 1, "{c}: one SYN, to one target");
+            let (s, to) = &sent[0];
+            let want = [TARGET, TARGET2][placement(c, 2) as usize];
+            assert_eq!(s.dst, want, "{c}");
+            *per_target.entry(*to).or_default() += 1;
+            assert_eq!(f.target_of(s.src), Some(want));
+        }
+        let (a, b) = (per_target[TARGET.ip()], per_target[TARGET2.ip()]);
+        assert!((70..=130).contains(&a) && a + b == 200, "{a} / {b}");
+        let st = f.stats();
+        assert_eq!(st.captured_client_to_prod, 200, "each packet counted once");
+        assert_eq!(st.sessions_opened, 200);
+        // Fixed: the same client lands on the same target in any run.
+        let c = SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 10), 51234);
+        assert_eq!(placement(c, 2), placement(c, 2));
+        assert_eq!(placement(c, 1), 0);
     }
 
     #[test]
