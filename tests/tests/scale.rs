@@ -11,7 +11,8 @@
 //!    The test server executes prod's + prod2's queries (fidelity >= 0.999), and no copier
 //!    got feedback for the other's sessions beyond what intercept broadcast because nobody
 //!    had claimed it yet.
-//! 2. One copier with `--workers 2` on prod, intercept with `--workers 2`, sysbench 16 threads
+//! 2. One copier with `--workers 2` on prod (capturing on `any`), intercept with `--workers 2`,
+//!    sysbench 16 threads
 //!    (twice the rate): fidelity >= 0.999,
 //!    both workers mirrored sessions, no connection was seen by both workers.
 //! 3. One copier on prod with two targets, test and prod2 (which routes the client pool via
@@ -62,7 +63,14 @@ fn start_intercept(lab: &Lab, extra: &[&str]) -> Result<Background> {
     Ok(intercept)
 }
 
-fn start_copier(lab: &Lab, host: Host, pool: &str, extra: &[&str]) -> Result<Background> {
+/// A copier on `host` capturing on `iface` (the lab's interface if `None`).
+fn start_copier(
+    lab: &Lab,
+    host: Host,
+    pool: &str,
+    iface: Option<&str>,
+    extra: &[&str],
+) -> Result<Background> {
     let bin = release_bin("copier")?;
     let creds = lab.credentials_file()?;
     let target = format!("{}:3306", lab.ip(Host::Test));
@@ -72,7 +80,7 @@ fn start_copier(lab: &Lab, host: Host, pool: &str, extra: &[&str]) -> Result<Bac
         "--port",
         "3306",
         "--interface",
-        lab.var("LAB_IFACE"),
+        iface.unwrap_or(lab.var("LAB_IFACE")),
         "--target",
         &target,
         "--intercept",
@@ -137,8 +145,8 @@ fn copiers_share_an_intercept_workers_split_flows_targets_split_connections() ->
 
     // --- Phase 1: two copiers (prod, prod2), one intercept, one test server.
     let intercept = start_intercept(&lab, &[])?;
-    let copier_a = start_copier(&lab, Host::Prod, &pool_a, &[])?;
-    let copier_b = start_copier(&lab, Host::Prod2, &pool_b, &[])?;
+    let copier_a = start_copier(&lab, Host::Prod, &pool_a, None, &[])?;
+    let copier_b = start_copier(&lab, Host::Prod2, &pool_b, None, &[])?;
     let (p0, q0, t0) = (
         lab.counters(Host::Prod)?,
         lab.counters(Host::Prod2)?,
@@ -198,7 +206,8 @@ fn copiers_share_an_intercept_workers_split_flows_targets_split_connections() ->
     // --- Phase 2: one copier and one intercept with two capture workers each.
     let intercept = start_intercept(&lab, &["--workers", "2"])?;
     let pool = lab.var("LAB_POOL").to_string();
-    let copier = start_copier(&lab, Host::Prod, &pool, &["--workers", "2"])?;
+    // On `any`: libpcap's all-interfaces socket must join the fan-out group too.
+    let copier = start_copier(&lab, Host::Prod, &pool, Some("any"), &["--workers", "2"])?;
     let (p0, t0) = (lab.counters(Host::Prod)?, lab.counters(Host::Test)?);
     // 16 connections: the chance that the flow hash puts them all on one worker is 2^-15.
     load(&lab, Host::Prod, 16, secs, rate * 2)?;
@@ -266,7 +275,7 @@ fn copiers_share_an_intercept_workers_split_flows_targets_split_connections() ->
     // --- Phase 3: one copier, two targets (test and prod2), placed by client hash.
     let intercept = start_intercept(&lab, &[])?;
     let second = format!("{}:3306", lab.ip(Host::Prod2));
-    let copier = start_copier(&lab, Host::Prod, &pool, &["--target", &second])?;
+    let copier = start_copier(&lab, Host::Prod, &pool, None, &["--target", &second])?;
     let (p0, q0, t0) = (
         lab.counters(Host::Prod)?,
         lab.counters(Host::Prod2)?,
