@@ -275,3 +275,72 @@ impl AsRawFd for LiveCapture {
         self.cap.as_raw_fd()
     }
 }
+
+/// `--workers`: joining a kernel fan-out group, so several captures of one process share the
+/// traffic flow by flow instead of each seeing all of it.
+pub mod fanout {
+    use std::os::fd::RawFd;
+
+    use anyhow::{bail, Result};
+
+    // From <linux/if_packet.h>; the libc crate does not export them on every target.
+    const SOL_PACKET: libc::c_int = 263;
+    const PACKET_FANOUT: libc::c_int = 18;
+    const PACKET_FANOUT_HASH: u32 = 0;
+    const PACKET_FANOUT_FLAG_DEFRAG: u32 = 0x8000;
+
+    /// Joins the AF_PACKET socket `fd` to fan-out group `group`, spread by flow hash. The
+    /// kernel's fan-out hash (`__skb_get_hash_symmetric`) is symmetric, so both directions of a
+    /// TCP connection reach the same member; DEFRAG reassembles IP fragments first so they hash
+    /// like their flow. Every member must join with the same type and flags.
+    pub fn join(fd: RawFd, group: u16) -> Result<()> {
+        let arg: u32 = u32::from(group) | ((PACKET_FANOUT_HASH | PACKET_FANOUT_FLAG_DEFRAG) << 16);
+        // SAFETY: `arg` lives across the call and its size is passed; `fd` is a socket we own.
+        let rc = unsafe {
+            libc::setsockopt(
+                fd,
+                SOL_PACKET,
+                PACKET_FANOUT,
+                std::ptr::from_ref(&arg).cast(),
+                std::mem::size_of::<u32>() as libc::socklen_t,
+            )
+        };
+        if rc != 0 {
+            let e = std::io::Error::last_os_error();
+            bail!(
+                "cannot join capture fan-out group {group} (PACKET_FANOUT): {e} (needs Linux \
+                 3.1+ and an AF_PACKET capture; run with --workers 1 otherwise)"
+            );
+        }
+        Ok(())
+    }
+
+    /// A fan-out group id for this process: groups are per network namespace, so two copiers
+    /// (or a copier and an intercept) on one host must not pick the same id. Derived from the
+    /// process id, which is unique among live processes of the host.
+    pub fn group_for_process(salt: u16) -> u16 {
+        let pid = std::process::id();
+        ((pid ^ (pid >> 16)) as u16) ^ salt
+    }
+}
+
+impl LiveCapture {
+    /// `--workers`: joins this capture to fan-out group `group` (see [`fanout::join`]).
+    pub fn join_fanout(&self, group: u16) -> Result<()> {
+        fanout::join(self.cap.as_raw_fd(), group)
+    }
+
+    /// Reads and forgets what the capture holds now (at most `limit` frames): after the
+    /// members of a fan-out group have joined, what each captured before joining was seen by
+    /// every member, and would be mirrored twice. Returns how many were dropped.
+    pub fn discard_backlog(&mut self, limit: usize) -> Result<usize> {
+        let mut n = 0;
+        while n < limit {
+            if next_frame(&mut self.cap, self.nanos)?.is_none() {
+                break;
+            }
+            n += 1;
+        }
+        Ok(n)
+    }
+}

@@ -70,7 +70,7 @@ pub fn run(args: &DoctorArgs) -> Report {
                 .join(", "),
             Err(_) => "no route".into(),
         },
-        m.intercept,
+        m.first_intercept(),
         m.client_ip_pool
             .map(|(a, l)| format!(", client pool {a}/{l}"))
             .unwrap_or_default()
@@ -123,7 +123,13 @@ pub fn run(args: &DoctorArgs) -> Report {
         }
     };
     let hello = Hello::new(&format!("copier-doctor@{}", host::hostname()));
-    let mut link = match intercept_link(&mut r, m.intercept, hello, secret.as_ref(), m.protocol) {
+    let mut link = match intercept_link(
+        &mut r,
+        m.first_intercept(),
+        hello,
+        secret.as_ref(),
+        m.protocol,
+    ) {
         Some(l) => l,
         None => {
             r.add(Check::warn(
@@ -775,7 +781,7 @@ fn no_syn_ack(r: &mut Report, client: Ipv4Addr, route: &Route, args: &DoctorArgs
         Some((a, l)) => format!("{a}/{l}"),
         None => format!("{client}/32"),
     };
-    let assist = match args.daemon.mirror.intercept {
+    let assist = match args.daemon.mirror.first_intercept() {
         SocketAddr::V4(a) => a.ip().to_string(),
         SocketAddr::V6(a) => a.ip().to_string(),
     };
@@ -891,7 +897,7 @@ mod tests {
             .unwrap();
         assert_eq!(p.args.probe_wait_ms, 500);
         assert_eq!(
-            p.args.daemon.mirror.intercept,
+            p.args.daemon.mirror.first_intercept(),
             "198.18.0.4:36524".parse().unwrap()
         );
     }

@@ -130,6 +130,13 @@ struct Cli {
     #[arg(long, env = "TCPSHADOW_MAX_MEMORY", value_name = "MB", default_value_t = 256, value_parser = clap::value_parser!(u32).range(32..=65536))]
     max_memory: u32,
 
+    /// Capture threads (1 to 64). N > 1: N captures share the replies by flow hash (kernel
+    /// PACKET_FANOUT; each connection on one thread, its MySQL framing whole), each relaying
+    /// to the copier that claimed the session. Each capture gets its own --buffer-mib. Not
+    /// with --on-test-host.
+    #[arg(long, env = "TCPSHADOW_WORKERS", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    workers: u32,
+
     /// Feedback batches queued per copier before its feedback is dropped (counted).
     #[arg(long, env = "TCPSHADOW_QUEUE_BATCHES", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
     queue_batches: u32,
@@ -361,16 +368,24 @@ fn run(cli: Cli) -> anyhow::Result<()> {
              only); use --direction in"
         );
     }
-    if cli.buffer_mib > cli.max_memory / 4 {
+    if u64::from(cli.buffer_mib) * u64::from(cli.workers) > u64::from(cli.max_memory / 4) {
         anyhow::bail!(
-            "--buffer-mib {} is more than --max-memory {} allows for the capture ring (a quarter, \
-             {} MiB): raise --max-memory or lower --buffer-mib",
+            "--buffer-mib {} x {} workers is more than --max-memory {} allows for the capture \
+             rings (a quarter, {} MiB): raise --max-memory or lower --buffer-mib",
             cli.buffer_mib,
+            cli.workers,
             cli.max_memory,
             cli.max_memory / 4
         );
     }
     let payload_prefix = cli.payload_prefix();
+    if cli.workers > 1 && cli.on_host.on_test_host {
+        bail!(
+            "--workers {} fans out the pcap capture; --on-test-host reads one queue: use \
+             --workers 1 there",
+            cli.workers
+        );
+    }
     // Capture first: a missing privilege is the most likely mistake, and nothing should be
     // listening for copiers when it happens.
     let mut source = if cli.on_host.on_test_host {
@@ -388,19 +403,15 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             },
         )?)
     } else {
-        ReplyCapture::Pcap(PcapSource::open(&CaptureOptions {
-            interface: cli.interface.clone(),
-            ports: cli.ports(),
-            server: cli.server,
-            payload: if cli.mysql() {
-                CapturedPayload::Whole
-            } else {
-                CapturedPayload::Prefix(usize::from(payload_prefix))
-            },
-            direction: cli.direction.into(),
-            buffer_bytes: cli.buffer_mib as usize * 1024 * 1024,
-        })?)
+        ReplyCapture::Pcap(PcapSource::open(&capture_options(&cli, payload_prefix))?)
     };
+
+    let mut more = Vec::new();
+    if let ReplyCapture::Pcap(first) = &mut source {
+        if cli.workers > 1 {
+            more = open_workers(&cli, first, payload_prefix)?;
+        }
+    }
 
     // Before the control server: a taken metrics port is a start-up mistake to fix now.
     let metrics = match cli.metrics {
@@ -451,6 +462,20 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     drop_privileges(cli.on_host.on_test_host)?;
 
     signals::install();
+    if !more.is_empty() {
+        let ReplyCapture::Pcap(first) = source else {
+            bail!("--workers needs the pcap capture");
+        };
+        let mut sources = vec![first];
+        sources.extend(more);
+        return workers::run(
+            &cli,
+            sources,
+            &server,
+            events_rx,
+            metrics.as_ref().map(|m| &m.0),
+        );
+    }
     let mut path = ReplyPath::new(
         Relay::new(cli.batch as usize),
         usize::from(payload_prefix),
@@ -526,6 +551,212 @@ fn open_channel_warnings(
         ));
     }
     out
+}
+
+/// `--workers N`: opens N-1 more captures like `first`, joins all N to one fan-out group and
+/// drops what they captured before the group was whole (every member saw it).
+fn open_workers(
+    cli: &Cli,
+    first: &mut PcapSource,
+    payload_prefix: u16,
+) -> anyhow::Result<Vec<PcapSource>> {
+    let group = intercept::capture::fanout_group();
+    first.join_fanout(group)?;
+    let mut more = Vec::new();
+    for _ in 1..cli.workers {
+        let s = PcapSource::open(&capture_options(cli, payload_prefix))?;
+        s.join_fanout(group)?;
+        more.push(s);
+    }
+    let mut discarded = first.discard_backlog(1 << 20)?;
+    for s in &mut more {
+        discarded += s.discard_backlog(1 << 20)?;
+    }
+    tracing::info!(
+        "{} capture workers in fan-out group {group} ({discarded} replies captured before the \
+         group formed dropped)",
+        cli.workers
+    );
+    Ok(more)
+}
+
+fn capture_options(cli: &Cli, payload_prefix: u16) -> CaptureOptions {
+    CaptureOptions {
+        interface: cli.interface.clone(),
+        ports: cli.ports(),
+        server: cli.server,
+        payload: if cli.mysql() {
+            CapturedPayload::Whole
+        } else {
+            CapturedPayload::Prefix(usize::from(payload_prefix))
+        },
+        direction: cli.direction.into(),
+        buffer_bytes: cli.buffer_mib as usize * 1024 * 1024,
+    }
+}
+
+/// `--workers N`: one capture thread per fan-out member, each with its own reply path (relay
+/// and MySQL framing) fed every routing change; this thread only sums their counters.
+mod workers {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::mpsc::{self, Receiver};
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    use intercept::capture::PcapSource;
+    use intercept::metrics::render_intercept_metrics;
+    use intercept::pump::{self, PumpConfig, ReplyPath, Status};
+    use intercept::relay::{Relay, RelayEvent};
+    use intercept::server::ControlServer;
+    use intercept::signals;
+    use tcpshadow_metrics::Published;
+
+    use super::{Cli, LINE_SLACK, METRICS_INTERVAL};
+
+    /// How often a worker hands its counters over.
+    const PUBLISH: Duration = Duration::from_millis(500);
+
+    pub(super) fn run(
+        cli: &Cli,
+        sources: Vec<PcapSource>,
+        server: &ControlServer,
+        events: Receiver<RelayEvent>,
+        metrics: Option<&Published>,
+    ) -> anyhow::Result<()> {
+        let n = sources.len();
+        // Every worker's relay must know every copier and claim: the server's events are
+        // copied to each, in order, by one thread (a claim reaches all relays before the
+        // copier's next claim does).
+        let (txs, rxs): (Vec<_>, Vec<_>) = (0..n).map(|_| mpsc::channel()).unzip();
+        std::thread::Builder::new()
+            .name("relay-events".into())
+            .spawn(move || {
+                while let Ok(ev) = events.recv() {
+                    for tx in &txs {
+                        let _ = tx.send(RelayEvent::clone(&ev));
+                    }
+                }
+            })?;
+        let stop = AtomicBool::new(false);
+        let latest: Vec<Mutex<(Status, bool)>> = (0..n)
+            .map(|_| Mutex::new((Status::default(), false)))
+            .collect();
+        let status_interval =
+            (cli.status_interval > 0).then(|| Duration::from_secs(cli.status_interval));
+        let results = std::thread::scope(|scope| {
+            let handles: Vec<_> = sources
+                .into_iter()
+                .zip(rxs)
+                .enumerate()
+                .map(|(i, (mut source, rx))| {
+                    let (latest, stop) = (&latest[i], &stop);
+                    let mut path = ReplyPath::new(
+                        Relay::new(cli.batch as usize),
+                        usize::from(cli.payload_prefix()),
+                        cli.sessions(),
+                    );
+                    std::thread::Builder::new()
+                        .name(format!("capture-{i}"))
+                        .spawn_scoped(scope, move || {
+                            let config = PumpConfig {
+                                status_interval: Some(PUBLISH),
+                                ..PumpConfig::default()
+                            };
+                            let r = pump::run(&mut source, &mut path, &rx, stop, config, |p, s| {
+                                let st = pump::status(p, s, Default::default());
+                                if let Ok(mut l) = latest.lock() {
+                                    l.0 = st;
+                                }
+                            });
+                            let st = pump::status(&path, &mut source, Default::default());
+                            if let Ok(mut l) = latest.lock() {
+                                *l = (st, true);
+                            }
+                            if r.is_err() {
+                                // One capture failed: stop the others, exit with its error.
+                                stop.store(true, Ordering::SeqCst);
+                            }
+                            r
+                        })
+                })
+                .collect();
+            let mut last_line = std::time::Instant::now();
+            let mut last_metrics = std::time::Instant::now();
+            loop {
+                if signals::STOP.load(Ordering::Relaxed) {
+                    stop.store(true, Ordering::SeqCst);
+                }
+                let (sum, done) = total(&latest, server);
+                if done == n {
+                    break;
+                }
+                if let Some(m) = metrics {
+                    if last_metrics.elapsed() >= METRICS_INTERVAL {
+                        m.set(render_intercept_metrics(&sum));
+                        last_metrics = std::time::Instant::now();
+                    }
+                }
+                if status_interval.is_some_and(|i| last_line.elapsed() + LINE_SLACK >= i) {
+                    tracing::info!("status: {sum}");
+                    last_line = std::time::Instant::now();
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            handles
+                .into_iter()
+                .map(|h| match h {
+                    Ok(h) => h
+                        .join()
+                        .unwrap_or_else(|_| Err(anyhow::anyhow!("a capture worker panicked"))),
+                    Err(e) => {
+                        stop.store(true, Ordering::SeqCst);
+                        Err(anyhow::anyhow!("cannot start a capture thread: {e}"))
+                    }
+                })
+                .collect::<Vec<_>>()
+        });
+        let (summary, _) = total(&latest, server);
+        if let Some(m) = metrics {
+            m.set(render_intercept_metrics(&summary));
+        }
+        for (i, l) in latest.iter().enumerate() {
+            if let Ok(l) = l.lock() {
+                let r = &l.0.relay;
+                tracing::info!(
+                    "worker {i}: captured={} routed={} unclaimed_broadcast={} mysql_sessions_framed={}",
+                    l.0.source.captured,
+                    r.routed,
+                    r.unclaimed,
+                    l.0.mysql.map_or(0, |(m, _)| m.sessions_framed)
+                );
+            }
+        }
+        tracing::info!("final: {summary}");
+        if signals::STOP.load(Ordering::Relaxed) {
+            tracing::info!("stopped by signal");
+        }
+        results
+            .into_iter()
+            .collect::<anyhow::Result<Vec<()>>>()
+            .map(|_| ())
+    }
+
+    /// The workers' latest counters summed, and how many workers have finished.
+    fn total(latest: &[Mutex<(Status, bool)>], server: &ControlServer) -> (Status, usize) {
+        let mut sum: Option<Status> = None;
+        let mut done = 0;
+        for l in latest {
+            let Ok(l) = l.lock() else { continue };
+            done += usize::from(l.1);
+            match &mut sum {
+                Some(s) => s.add(&l.0),
+                None => sum = Some(l.0),
+            }
+        }
+        let mut sum = sum.unwrap_or_default();
+        sum.server = server.stats();
+        (sum, done)
+    }
 }
 
 fn read_secret(cli: &Cli) -> anyhow::Result<Option<common::auth::Secret>> {
