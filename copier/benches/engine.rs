@@ -79,7 +79,42 @@ fn engine(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, engine);
+/// `--workers N` in miniature: N threads, each with its own engine and its own sessions (as the
+/// kernel's flow-hash fan-out gives each worker its own connections), all driven at once.
+/// Throughput is the sum over workers, so the figure shows how the engine scales with cores
+/// (nothing is shared between workers but the allocator, which the steady state does not use).
+fn workers(c: &mut Criterion) {
+    let mut group = c.benchmark_group("workers");
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    for n in [1usize, 2, 4].into_iter().filter(|&n| n <= cores.max(2)) {
+        let mut fleet: Vec<Traffic> = (0..n).map(|_| Traffic::new(Layer::Tcp, 1000)).collect();
+        group.throughput(Throughput::Elements(Traffic::PACKETS_PER_ROUND * n as u64));
+        group.bench_function(format!("tcp/1000_sessions_x{n}"), |b| {
+            b.iter_custom(|iters| {
+                let start = std::sync::Barrier::new(n);
+                let began = std::time::Instant::now();
+                std::thread::scope(|scope| {
+                    for t in fleet.iter_mut() {
+                        let start = &start;
+                        scope.spawn(move || {
+                            start.wait();
+                            for i in 0..iters as usize {
+                                t.round_of(i % 1000);
+                            }
+                        });
+                    }
+                });
+                began.elapsed()
+            })
+        });
+        for t in &fleet {
+            t.check().expect("still accepted after the benchmark");
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, engine, workers);
 
 /// `ENGINE_PROFILE=LAYER:SESSIONS:ROUNDS` (e.g. `tcp:1000:20`): no criterion, just the set-up
 /// and ROUNDS rounds of every session, for `valgrind --tool=callgrind`. Instructions per
