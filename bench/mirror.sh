@@ -1,26 +1,40 @@
 #!/usr/bin/env bash
-# Lab benchmark of the whole mirror path: for each sysbench thread count, starts intercept and
-# the copier afresh, runs the load on prod, and reports prod and test queries, how much of
-# prod's work test had done when the load ended and after a drain of at most 10 s (fidelity),
-# and the CPU the copier and intercept spent per packet (user and system, from /proc).
+# Lab benchmark of the whole mirror path. For each sysbench thread count it runs the load RUNS
+# times, each time with intercept and the copier started afresh, and reports per run: prod and
+# test queries, how much of prod's work test had done when the load ended and after a drain of at
+# most 10 s (fidelity), the CPU the copier spent per captured packet and intercept per relayed
+# packet (user and system separately, from /proc/PID/stat; µs per packet = CPU-seconds per
+# million packets), kernel capture drops and both daemons' peak RSS (VmHWM).
 #
-#   bench/mirror.sh [--threads "2 8 32"] [--time 30] [--test oltp_read_only]
+#   bench/mirror.sh [--threads "2 8 32"] [--time 30] [--runs 3] [--test oltp_read_only]
+#                   [--copier-args "..."] [--intercept-args "..."] [--sysbench-args "..."]
 #
+# Every run is a line on stderr; stdout is a Markdown table with one line per thread count
+# holding the MEDIAN of each column over the runs. A thread count is also a connection count
+# (sysbench opens one per thread), so --threads 1000 is the 1,000-connection run.
 # Run as root. Builds the release binaries, brings up its own lab (LAB_NAME, default bench) and
-# tears it down. One line per thread count on stdout, as a Markdown table.
+# tears it down.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [[ -d $HOME/.cargo/bin ]] && export PATH=$HOME/.cargo/bin:$PATH
 
 THREADS="2 8 32"
 TIME=30
+RUNS=3
 TEST=oltp_read_only
+COPIER_ARGS=""
+INTERCEPT_ARGS=""
+SYSBENCH_ARGS=""
 while (($# > 0)); do
     case $1 in
     --threads) THREADS=$2 && shift 2 ;;
     --time) TIME=$2 && shift 2 ;;
+    --runs) RUNS=$2 && shift 2 ;;
     --test) TEST=$2 && shift 2 ;;
-    -h | --help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//' && exit 0 ;;
+    --copier-args) COPIER_ARGS=$2 && shift 2 ;;
+    --intercept-args) INTERCEPT_ARGS=$2 && shift 2 ;;
+    --sysbench-args) SYSBENCH_ARGS=$2 && shift 2 ;;
+    -h | --help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//' && exit 0 ;;
     *) echo "bench/mirror.sh: unknown argument $1 (see --help)" >&2 && exit 2 ;;
     esac
 done
@@ -28,11 +42,16 @@ if [[ $EUID -ne 0 ]]; then
     echo "bench/mirror.sh: run as root (the lab creates network namespaces)" >&2
     exit 1
 fi
+[[ $RUNS =~ ^[1-9][0-9]*$ && $TIME =~ ^[1-9][0-9]*$ ]] ||
+    { echo "bench/mirror.sh: --runs and --time take positive integers" >&2 && exit 2; }
 
 export LAB_NAME=${LAB_NAME:-bench}
 LAB=deploy/lab/lab.sh
 BIN=$PWD/target/release
 TICK=$(getconf CLK_TCK)
+read -r -a COPIER_EXTRA <<<"$COPIER_ARGS"
+read -r -a INTERCEPT_EXTRA <<<"$INTERCEPT_ARGS"
+read -r -a SYSBENCH_EXTRA <<<"$SYSBENCH_ARGS"
 
 ./scripts/install-deps.sh >&2
 cargo build --release -p copier -p intercept >&2
@@ -56,38 +75,52 @@ raw_questions() { "$LAB" counters "$1" | awk '$1 == "Questions" { print $2 }'; }
 cpu_ticks() { # cpu_ticks PID: "utime stime" in clock ticks
     awk '{ print $14, $15 }' "/proc/$1/stat"
 }
+peak_rss_mib() { awk '$1 == "VmHWM:" { printf "%.1f", $2 / 1024 }' "/proc/$1/status"; }
 # The process run by `lab.sh exec` is the program itself (exec chain), so $! is its pid.
 stop() {
     kill -TERM "$1" 2>/dev/null || true
     for _ in $(seq 100); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.1; done
 }
 
-echo "| test | threads | s | prod queries | test at end | test after drain | fidelity | copier µs/pkt user+sys | intercept µs/pkt user+sys | kernel drops |"
-echo "|---|---|---|---|---|---|---|---|---|---|"
-for threads in $THREADS; do
+# One run: prints "prod at_end test_after copier_user_us copier_sys_us icpt_user_us icpt_sys_us
+# drops copier_rss icpt_rss captured relayed".
+one_run() {
+    local threads=$1
     "$LAB" exec assist "$BIN/intercept" --port "$LAB_MYSQL_PORT" --interface "$LAB_IFACE" \
-        --listen "$LAB_ASSIST_IP:36524" --status-interval 0 >"$LAB_DIR/intercept.log" 2>&1 &
-    ipid=$!
+        --listen "$LAB_ASSIST_IP:36524" --status-interval 0 "${INTERCEPT_EXTRA[@]}" \
+        >"$LAB_DIR/intercept.log" 2>&1 &
+    local ipid=$!
     sleep 0.5
     "$LAB" exec prod "$BIN/copier" --port "$LAB_MYSQL_PORT" --interface "$LAB_IFACE" \
         --target "$LAB_TEST_IP:$LAB_MYSQL_PORT" --intercept "$LAB_ASSIST_IP:36524" \
-        --mysql-credentials "$CREDENTIALS" --status-interval 0 >"$LAB_DIR/copier.log" 2>&1 &
-    cpid=$!
-    for _ in $(seq 50); do
-        grep -q "control channel to intercept is up" "$LAB_DIR/copier.log" && break
+        --mysql-credentials "$CREDENTIALS" --status-interval 0 "${COPIER_EXTRA[@]}" \
+        >"$LAB_DIR/copier.log" 2>&1 &
+    local cpid=$!
+    local up=""
+    for _ in $(seq 100); do
+        grep -q "control channel to intercept is up" "$LAB_DIR/copier.log" && up=1 && break
+        kill -0 "$cpid" 2>/dev/null || break
         sleep 0.1
     done
+    if [[ -z $up ]]; then
+        echo "bench/mirror.sh: the copier did not connect to intercept; its log:" >&2
+        tail -20 "$LAB_DIR/copier.log" >&2
+        tail -20 "$LAB_DIR/intercept.log" >&2
+        exit 1
+    fi
+    local p0 t0
     p0=$(raw_questions prod)
     t0=$(raw_questions test)
     CALLS=([prod]=0 [test]=0)
+    local cu0 cs0 iu0 is0 cu1 cs1 iu1 is1
     read -r cu0 cs0 < <(cpu_ticks "$cpid")
     read -r iu0 is0 < <(cpu_ticks "$ipid")
-    "$LAB" load --test "$TEST" --threads "$threads" --time "$TIME" >"$LAB_DIR/sysbench-$threads.log"
+    "$LAB" load --test "$TEST" --threads "$threads" --time "$TIME" -- "${SYSBENCH_EXTRA[@]}" \
+        >"$LAB_DIR/sysbench-$threads.log"
     net_questions prod "$p0"
-    prod_q=$Q
+    local prod_q=$Q
     net_questions test "$t0"
-    at_end=$Q
-    test_q=$at_end
+    local at_end=$Q test_q=$Q
     for _ in $(seq 40); do
         ((test_q >= prod_q)) && break
         sleep 0.25
@@ -96,16 +129,51 @@ for threads in $THREADS; do
     done
     read -r cu1 cs1 < <(cpu_ticks "$cpid")
     read -r iu1 is1 < <(cpu_ticks "$ipid")
+    local crss irss
+    crss=$(peak_rss_mib "$cpid")
+    irss=$(peak_rss_mib "$ipid")
     stop "$cpid"
     stop "$ipid"
-    frames=$(sed -n 's/^  captured: \([0-9]*\) frames.*/\1/p' "$LAB_DIR/copier.log")
-    drops=$(sed -n 's/.* \([0-9]*\) kernel drops$/\1/p' "$LAB_DIR/copier.log")
-    relayed=$(sed -n 's/.*final:.* relayed=\([0-9]*\).*/\1/p' "$LAB_DIR/intercept.log")
-    awk -v test="$TEST" -v th="$threads" -v s="$TIME" -v p="$prod_q" -v e="$at_end" -v t="$test_q" \
+    local frames drops relayed
+    frames=$(sed -n 's/^  captured: \([0-9]*\) frames.*/\1/p' "$LAB_DIR/copier.log" | tail -1)
+    drops=$(sed -n 's/^  captured: .* \([0-9]*\) kernel drops$/\1/p' "$LAB_DIR/copier.log" | tail -1)
+    relayed=$(sed -n 's/.*final:.* relayed=\([0-9]*\).*/\1/p' "$LAB_DIR/intercept.log" | tail -1)
+    awk -v p="$prod_q" -v e="$at_end" -v t="$test_q" \
         -v cu=$((cu1 - cu0)) -v cs=$((cs1 - cs0)) -v iu=$((iu1 - iu0)) -v is=$((is1 - is0)) \
-        -v f="${frames:-0}" -v r="${relayed:-0}" -v d="${drops:-?}" -v tick="$TICK" 'BEGIN {
+        -v f="${frames:-0}" -v r="${relayed:-0}" -v d="${drops:-0}" -v tick="$TICK" \
+        -v crss="$crss" -v irss="$irss" 'BEGIN {
         us = 1e6 / tick
-        printf "| %s | %d | %d | %d | %d (%.4f) | %d | %.5f | %.2f + %.2f | %.2f + %.2f | %s |\n",
-            test, th, s, p, e, e / p, t, t / p,
-            f ? cu * us / f : 0, f ? cs * us / f : 0, r ? iu * us / r : 0, r ? is * us / r : 0, d }'
+        printf "%d %d %d %.3f %.3f %.3f %.3f %d %s %s %d %d\n", p, e, t,
+            f ? cu * us / f : 0, f ? cs * us / f : 0, r ? iu * us / r : 0, r ? is * us / r : 0,
+            d, crss, irss, f, r }'
+}
+
+echo "Each line on stderr is one run: prod test-at-end test-after-drain copier-us/pkt(user sys)" \
+    "intercept-us/pkt(user sys) drops copier-MiB intercept-MiB captured relayed" >&2
+echo "| test | threads | s | runs | prod queries | test at end | fidelity | copier µs/pkt user + sys | intercept µs/pkt user + sys | kernel drops | peak RSS copier / intercept MiB |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|"
+for threads in $THREADS; do
+    rows=()
+    for run in $(seq "$RUNS"); do
+        row=$(one_run "$threads")
+        echo "run $run, $threads threads: $row" >&2
+        rows+=("$row")
+    done
+    # The median of each column, taken on its own (a run's fidelity and CPU need not come from the
+    # same run: the table reports the typical value of each).
+    printf '%s\n' "${rows[@]}" | awk -v test="$TEST" -v th="$threads" -v s="$TIME" -v n="$RUNS" '
+        { for (i = 1; i <= NF; i++) col[i, NR] = $i; nf = NF }
+        function median(c,   k, j, t, a) {
+            for (k = 1; k <= NR; k++) a[k] = col[c, k]
+            for (k = 2; k <= NR; k++) for (j = k; j > 1 && a[j - 1] + 0 > a[j] + 0; j--) {
+                t = a[j]; a[j] = a[j - 1]; a[j - 1] = t }
+            return NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2
+        }
+        END {
+            for (k = 1; k <= NR; k++) fid[k] = col[1, k] ? col[3, k] / col[1, k] : 0
+            for (k = 1; k <= NR; k++) { col[13, k] = fid[k]; col[14, k] = col[1, k] ? col[2, k] / col[1, k] : 0 }
+            printf "| %s | %d | %d | %d | %d | %d (%.4f) | %.5f | %.2f + %.2f | %.2f + %.2f | %d | %.1f / %.1f |\n",
+                test, th, s, n, median(1), median(2), median(14), median(13),
+                median(4), median(5), median(6), median(7), median(8), median(9), median(10)
+        }'
 done

@@ -13,6 +13,7 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::net::{Ipv4Addr, SocketAddrV4};
 
+use crate::auth::{Nonce, Proof, NONCE_LEN, PROOF_LEN};
 use crate::wire::{TcpFlags, TcpOptions, TcpPacket};
 
 /// First bytes of every Hello, Welcome and Reject body: a stray client (an HTTP probe, a MySQL
@@ -20,8 +21,10 @@ use crate::wire::{TcpFlags, TcpOptions, TcpPacket};
 pub const MAGIC: [u8; 4] = *b"TSHD";
 /// Bumped on any change to the layout of any message. Peers require equality.
 /// Version 2 added the Mysql message and the Welcome's framing fields. Version 3 added feature
-/// bits to Hello and Welcome and MySQL packet summaries carrying a payload hash.
-pub const PROTOCOL_VERSION: u16 = 3;
+/// bits to Hello and Welcome and MySQL packet summaries carrying a payload hash. Version 4
+/// replaced the Hello's cleartext token with a challenge-response (Challenge, Auth and the
+/// Welcome's proof; see [`crate::auth`]).
+pub const PROTOCOL_VERSION: u16 = 4;
 /// Feature bit of [`Hello::features`] / [`Welcome::features`]: intercept hashes each MySQL
 /// packet's whole payload ([`MysqlPacket::hash`], with `common::mysql::digest::PayloadHasher`)
 /// so the copier can compare result checksums (`--compare-results`). Summaries are then sent
@@ -35,8 +38,6 @@ pub const FRAME_HEADER_LEN: usize = 4;
 pub const MAX_FRAME_LEN: usize = 1 << 20;
 /// Longest copier or intercept name, in bytes of UTF-8.
 pub const MAX_NAME_LEN: usize = 255;
-/// Longest Hello token.
-pub const MAX_TOKEN_LEN: usize = 1024;
 /// Longest Reject reason, in bytes of UTF-8.
 pub const MAX_REASON_LEN: usize = 1024;
 /// Longest payload prefix one feedback may carry.
@@ -72,12 +73,14 @@ mod ty {
     pub const RELEASE: u8 = 0x03;
     pub const PING: u8 = 0x04;
     pub const DOCTOR: u8 = 0x05;
+    pub const AUTH: u8 = 0x06;
     pub const WELCOME: u8 = 0x81;
     pub const REJECT: u8 = 0x82;
     pub const FEEDBACK: u8 = 0x83;
     pub const PONG: u8 = 0x84;
     pub const MYSQL: u8 = 0x85;
     pub const DOCTOR_REPORT: u8 = 0x86;
+    pub const CHALLENGE: u8 = 0x87;
 }
 
 // Kinds of a Mysql item.
@@ -231,14 +234,13 @@ impl MysqlEvent {
     }
 }
 
-/// Sent by a copier as its first frame.
-#[derive(Clone, PartialEq, Eq)]
+/// Sent by a copier as its first frame. intercept answers with a [`Challenge`] (or a
+/// [`Reject`] when the version differs or the copier's address is not welcome).
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Hello {
     pub version: u16,
     /// Who this copier is, for intercept's logs (e.g. "copier@prod-1").
     pub name: String,
-    /// Shared secret, checked when intercept was started with a token.
-    pub token: Option<Vec<u8>>,
     /// Feature bits the copier asks for (`FEATURE_*`); intercept grants a subset in its
     /// Welcome.
     pub features: u32,
@@ -246,11 +248,10 @@ pub struct Hello {
 
 impl Hello {
     /// A Hello of this build's protocol version; the name is cut to [`MAX_NAME_LEN`] bytes.
-    pub fn new(name: &str, token: Option<Vec<u8>>) -> Self {
+    pub fn new(name: &str) -> Self {
         Hello {
             version: PROTOCOL_VERSION,
             name: truncate_utf8(name, MAX_NAME_LEN).to_owned(),
-            token,
             features: 0,
         }
     }
@@ -262,15 +263,33 @@ impl Hello {
     }
 }
 
-// The token is a secret: keep it out of logs.
-impl fmt::Debug for Hello {
+/// intercept's answer to a Hello of the right version: prove you hold the secret.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Challenge {
+    /// Fresh random bytes for this connection.
+    pub nonce: Nonce,
+    /// Whether intercept was started with `--secret-file` and will check the [`Auth`]'s proof.
+    /// A copier with a secret refuses an intercept without one: such an intercept cannot prove
+    /// it is the one the copier was configured for.
+    pub secret_required: bool,
+}
+
+/// The copier's answer to a [`Challenge`].
+#[derive(Clone, PartialEq, Eq)]
+pub struct Auth {
+    /// The copier's own fresh random bytes: intercept's proof covers them too.
+    pub nonce: Nonce,
+    /// `Secret::copier_proof(challenge nonce, this nonce)`; `None` for a copier without a
+    /// secret (intercept then refuses it, or lets it in when it has no secret either).
+    pub proof: Option<Proof>,
+}
+
+// Proofs are not secrets, but nobody needs them in a log either.
+impl fmt::Debug for Auth {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Hello")
-            .field("version", &self.version)
-            .field("name", &self.name)
-            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
-            .field("features", &self.features)
-            .finish()
+        f.debug_struct("Auth")
+            .field("proof", &self.proof.map(|_| "<present>"))
+            .finish_non_exhaustive()
     }
 }
 
@@ -289,6 +308,9 @@ pub struct Welcome {
     pub mysql_head: Option<u16>,
     /// The features of the Hello that intercept grants (`FEATURE_*`).
     pub features: u32,
+    /// `Secret::intercept_proof(challenge nonce, Auth nonce)` when intercept checked the
+    /// copier's proof; `None` when it has no secret.
+    pub proof: Option<Proof>,
 }
 
 /// Intercept's answer to a refused Hello, just before it closes the connection.
@@ -364,6 +386,8 @@ pub struct DoctorReport {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CopierMessage {
     Hello(Hello),
+    /// The answer to intercept's Challenge; second frame of every connection.
+    Auth(Auth),
     /// Mirrored client addresses whose replies this copier now wants.
     Claim(Vec<SocketAddrV4>),
     /// Addresses this copier no longer wants.
@@ -377,6 +401,8 @@ pub enum CopierMessage {
 /// Frames intercept sends to a copier.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum InterceptMessage {
+    /// The answer to a Hello; the copier answers with an Auth.
+    Challenge(Challenge),
     Welcome(Welcome),
     Reject(Reject),
     Feedback(Vec<TestFeedback>),
@@ -441,6 +467,7 @@ impl WireMessage for CopierMessage {
     fn encode(&self, out: &mut Vec<u8>) -> Result<(), EncodeError> {
         match self {
             CopierMessage::Hello(h) => encode_hello(h, out),
+            CopierMessage::Auth(a) => encode_auth(a, out),
             CopierMessage::Claim(a) => encode_claim(a, out),
             CopierMessage::Release(a) => encode_release(a, out),
             CopierMessage::Ping(n) => frame(out, ty::PING, |o| {
@@ -459,24 +486,17 @@ impl WireMessage for CopierMessage {
                 let version = PROTOCOL_VERSION;
                 let name_len = usize::from(r.u8()?);
                 let name = r.string(name_len)?;
-                let token = match r.u8()? {
-                    0 => None,
-                    1 => {
-                        let len = usize::from(r.u16()?);
-                        if len > MAX_TOKEN_LEN {
-                            return Err(r.invalid("token longer than 1024 bytes"));
-                        }
-                        Some(r.bytes(len)?.to_vec())
-                    }
-                    _ => return Err(r.invalid("token presence flag is not 0 or 1")),
-                };
                 let features = r.u32()?;
                 CopierMessage::Hello(Hello {
                     version,
                     name,
-                    token,
                     features,
                 })
+            }
+            ty::AUTH => {
+                let nonce = r.array::<NONCE_LEN>()?;
+                let proof = read_proof(&mut r)?;
+                CopierMessage::Auth(Auth { nonce, proof })
             }
             ty::CLAIM => CopierMessage::Claim(read_addrs(&mut r)?),
             ty::RELEASE => CopierMessage::Release(read_addrs(&mut r)?),
@@ -509,6 +529,7 @@ impl WireMessage for CopierMessage {
 impl WireMessage for InterceptMessage {
     fn encode(&self, out: &mut Vec<u8>) -> Result<(), EncodeError> {
         match self {
+            InterceptMessage::Challenge(c) => encode_challenge(c, out),
             InterceptMessage::Welcome(w) => encode_welcome(w, out),
             InterceptMessage::Reject(j) => encode_reject(j, out),
             InterceptMessage::Feedback(b) => encode_feedback(b, out),
@@ -538,12 +559,27 @@ impl WireMessage for InterceptMessage {
                     _ => return Err(r.invalid("unknown framing")),
                 };
                 let features = r.u32()?;
+                let proof = read_proof(&mut r)?;
                 InterceptMessage::Welcome(Welcome {
                     version: PROTOCOL_VERSION,
                     name,
                     payload_prefix,
                     mysql_head,
                     features,
+                    proof,
+                })
+            }
+            ty::CHALLENGE => {
+                read_magic_version(&mut r)?;
+                let nonce = r.array::<NONCE_LEN>()?;
+                let secret_required = match r.u8()? {
+                    0 => false,
+                    1 => true,
+                    _ => return Err(r.invalid("secret-required flag is not 0 or 1")),
+                };
+                InterceptMessage::Challenge(Challenge {
+                    nonce,
+                    secret_required,
                 })
             }
             ty::REJECT => {
@@ -611,25 +647,52 @@ impl WireMessage for InterceptMessage {
 /// Appends a Hello frame.
 pub fn encode_hello(h: &Hello, out: &mut Vec<u8>) -> Result<(), EncodeError> {
     check_len("copier name", h.name.len(), MAX_NAME_LEN)?;
-    if let Some(t) = &h.token {
-        check_len("token", t.len(), MAX_TOKEN_LEN)?;
-    }
     frame(out, ty::HELLO, |o| {
         o.extend_from_slice(&MAGIC);
         o.extend_from_slice(&h.version.to_be_bytes());
         o.push(h.name.len() as u8);
         o.extend_from_slice(h.name.as_bytes());
-        match &h.token {
-            None => o.push(0),
-            Some(t) => {
-                o.push(1);
-                o.extend_from_slice(&(t.len() as u16).to_be_bytes());
-                o.extend_from_slice(t);
-            }
-        }
         o.extend_from_slice(&h.features.to_be_bytes());
         Ok(())
     })
+}
+
+/// Appends a Challenge frame.
+pub fn encode_challenge(c: &Challenge, out: &mut Vec<u8>) -> Result<(), EncodeError> {
+    frame(out, ty::CHALLENGE, |o| {
+        o.extend_from_slice(&MAGIC);
+        o.extend_from_slice(&PROTOCOL_VERSION.to_be_bytes());
+        o.extend_from_slice(&c.nonce);
+        o.push(u8::from(c.secret_required));
+        Ok(())
+    })
+}
+
+/// Appends an Auth frame.
+pub fn encode_auth(a: &Auth, out: &mut Vec<u8>) -> Result<(), EncodeError> {
+    frame(out, ty::AUTH, |o| {
+        o.extend_from_slice(&a.nonce);
+        write_proof(a.proof.as_ref(), o);
+        Ok(())
+    })
+}
+
+fn write_proof(p: Option<&Proof>, o: &mut Vec<u8>) {
+    match p {
+        None => o.push(0),
+        Some(p) => {
+            o.push(1);
+            o.extend_from_slice(p);
+        }
+    }
+}
+
+fn read_proof(r: &mut Reader<'_>) -> Result<Option<Proof>, DecodeError> {
+    match r.u8()? {
+        0 => Ok(None),
+        1 => Ok(Some(r.array::<PROOF_LEN>()?)),
+        _ => Err(r.invalid("proof presence flag is not 0 or 1")),
+    }
 }
 
 /// Appends a Welcome frame.
@@ -652,6 +715,7 @@ pub fn encode_welcome(w: &Welcome, out: &mut Vec<u8>) -> Result<(), EncodeError>
             }
         }
         o.extend_from_slice(&w.features.to_be_bytes());
+        write_proof(w.proof.as_ref(), o);
         Ok(())
     })
 }
@@ -1216,19 +1280,74 @@ mod tests {
     fn hello_layout_is_as_documented() {
         let mut out = Vec::new();
         encode_hello(
-            &Hello::new("c1", Some(b"k".to_vec())).with_features(FEATURE_PAYLOAD_HASHES),
+            &Hello::new("c1").with_features(FEATURE_PAYLOAD_HASHES),
             &mut out,
         )
         .unwrap();
         assert_eq!(
             out,
             [
-                0, 0, 0, 18, // length: type + 17-byte body
-                0x01, b'T', b'S', b'H', b'D', 0, 3, // type, magic, version
+                0, 0, 0, 14, // length: type + 13-byte body
+                0x01, b'T', b'S', b'H', b'D', 0, 4, // type, magic, version
                 2, b'c', b'1', // name
-                1, 0, 1, b'k', // token
                 0, 0, 0, 1, // features
             ]
+        );
+    }
+
+    #[test]
+    fn handshake_layouts_are_as_documented() {
+        let mut out = Vec::new();
+        let c = Challenge {
+            nonce: [0xab; NONCE_LEN],
+            secret_required: true,
+        };
+        encode_challenge(&c, &mut out).unwrap();
+        let mut want = vec![0, 0, 0, 40, 0x87, b'T', b'S', b'H', b'D', 0, 4];
+        want.extend([0xab; NONCE_LEN]);
+        want.push(1);
+        assert_eq!(out, want);
+        assert_eq!(
+            decode_all::<InterceptMessage>(&out).unwrap(),
+            [InterceptMessage::Challenge(c)]
+        );
+
+        for proof in [None, Some([0xcd; PROOF_LEN])] {
+            let a = Auth {
+                nonce: [0x11; NONCE_LEN],
+                proof,
+            };
+            let mut out = Vec::new();
+            encode_auth(&a, &mut out).unwrap();
+            let body = NONCE_LEN + 1 + if proof.is_some() { PROOF_LEN } else { 0 };
+            assert_eq!(out[..5], [0, 0, 0, 1 + body as u8, 0x06]);
+            assert_eq!(out[5..5 + NONCE_LEN], [0x11; NONCE_LEN]);
+            assert_eq!(out[5 + NONCE_LEN], u8::from(proof.is_some()));
+            assert_eq!(
+                decode_all::<CopierMessage>(&out).unwrap(),
+                [CopierMessage::Auth(a)]
+            );
+        }
+        // A bad presence flag or a short proof is refused, never guessed at.
+        let mut bad = Vec::new();
+        encode_auth(
+            &Auth {
+                nonce: [0; NONCE_LEN],
+                proof: Some([0; PROOF_LEN]),
+            },
+            &mut bad,
+        )
+        .unwrap();
+        bad[5 + NONCE_LEN] = 2;
+        assert!(matches!(
+            decode_all::<CopierMessage>(&bad),
+            Err(DecodeError::Invalid { .. })
+        ));
+        let mut short = vec![0; NONCE_LEN];
+        short.extend([1, 0, 0, 0, 0, 0]);
+        assert_eq!(
+            CopierMessage::decode(0x06, &short),
+            Err(DecodeError::Truncated { ty: 0x06 })
         );
     }
 
@@ -1332,7 +1451,7 @@ mod tests {
         let mut out = Vec::new();
         let h = Hello {
             version: 7,
-            ..Hello::new("old", None)
+            ..Hello::new("old")
         };
         encode_hello(&h, &mut out).unwrap();
         let err = decode_all::<CopierMessage>(&out).unwrap_err();
@@ -1581,6 +1700,7 @@ mod tests {
                 payload_prefix: 0,
                 mysql_head,
                 features: FEATURE_PAYLOAD_HASHES,
+                proof: mysql_head.map(|_| [5; PROOF_LEN]),
             };
             let mut out = Vec::new();
             encode_welcome(&w, &mut out).unwrap();
@@ -1595,14 +1715,19 @@ mod tests {
             payload_prefix: 0,
             mysql_head: Some(MAX_MYSQL_HEAD as u16 + 1),
             features: 0,
+            proof: None,
         };
         assert!(encode_welcome(&too_long, &mut Vec::new()).is_err());
     }
 
     #[test]
-    fn hello_debug_hides_the_token() {
-        let s = format!("{:?}", Hello::new("c", Some(b"secret".to_vec())));
-        assert!(!s.contains("secret"));
+    fn auth_debug_hides_the_proof() {
+        let a = Auth {
+            nonce: [0; NONCE_LEN],
+            proof: Some([0x41; PROOF_LEN]),
+        };
+        let s = format!("{a:?}");
+        assert!(!s.contains("65") && !s.contains("41"), "{s}");
     }
 
     fn arb_addr() -> impl Strategy<Value = SocketAddrV4> {
@@ -1687,14 +1812,11 @@ mod tests {
     fn arb_copier_message() -> impl Strategy<Value = CopierMessage> {
         let addrs = || proptest::collection::vec(arb_addr(), 0..40);
         prop_oneof![
-            (
-                "\\PC{0,40}",
-                proptest::option::of(proptest::collection::vec(any::<u8>(), 0..64)),
-                any::<u32>(),
-            )
-                .prop_map(|(name, token, features)| {
-                    CopierMessage::Hello(Hello::new(&name, token).with_features(features))
-                }),
+            ("\\PC{0,40}", any::<u32>(),).prop_map(|(name, features)| {
+                CopierMessage::Hello(Hello::new(&name).with_features(features))
+            }),
+            (any::<[u8; NONCE_LEN]>(), any::<Option<[u8; PROOF_LEN]>>())
+                .prop_map(|(nonce, proof)| CopierMessage::Auth(Auth { nonce, proof })),
             addrs().prop_map(CopierMessage::Claim),
             addrs().prop_map(CopierMessage::Release),
             any::<u64>().prop_map(CopierMessage::Ping),
@@ -1722,16 +1844,24 @@ mod tests {
                 any::<u16>(),
                 proptest::option::of(0..=MAX_MYSQL_HEAD as u16),
                 any::<u32>(),
+                any::<Option<[u8; PROOF_LEN]>>(),
             )
-                .prop_map(|(name, payload_prefix, mysql_head, features)| {
+                .prop_map(|(name, payload_prefix, mysql_head, features, proof)| {
                     InterceptMessage::Welcome(Welcome {
                         version: PROTOCOL_VERSION,
                         name: truncate_utf8(&name, MAX_NAME_LEN).to_owned(),
                         payload_prefix,
                         mysql_head,
                         features,
+                        proof,
                     })
                 }),
+            (any::<[u8; NONCE_LEN]>(), any::<bool>()).prop_map(|(nonce, secret_required)| {
+                InterceptMessage::Challenge(Challenge {
+                    nonce,
+                    secret_required,
+                })
+            }),
             ("\\PC{0,80}", any::<u16>()).prop_map(|(reason, version)| {
                 InterceptMessage::Reject(Reject {
                     version,

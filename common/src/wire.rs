@@ -409,20 +409,38 @@ fn pseudo_header_sum(src: Ipv4Addr, dst: Ipv4Addr, tcp_len: u16) -> u32 {
         + u32::from(tcp_len)
 }
 
-/// One's-complement sum of `data` added to `sum` (not yet folded).
-pub fn checksum_add(mut sum: u32, data: &[u8]) -> u32 {
-    let mut chunks = data.chunks_exact(2);
+/// One's-complement sum of `data` added to `sum` (not yet folded; at most 0x1_fffe).
+///
+/// `data` is summed as big-endian 16-bit words (a last odd byte padded with zero), but eight
+/// bytes at a time: 2^16 = 1 modulo 0xffff, so the sum of the 64-bit big-endian words (with
+/// the carries added back, end-around) folds to the same 16 bits as the sum of the 16-bit
+/// words (RFC 1071, 2.(B)). This is the copier's per-byte cost for every payload it sends;
+/// the word-by-word loop it replaces took about four times the instructions.
+pub fn checksum_add(sum: u32, data: &[u8]) -> u32 {
+    let mut acc = u64::from(sum);
+    let mut chunks = data.chunks_exact(8);
     for c in &mut chunks {
-        sum = sum.wrapping_add(u32::from(u16::from_be_bytes([c[0], c[1]])));
-        // Fold early enough that a 64 KiB packet cannot overflow.
-        if sum > 0xffff_0000 {
-            sum = (sum & 0xffff) + (sum >> 16);
-        }
+        let w = u64::from_be_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]);
+        let (s, carry) = acc.overflowing_add(w);
+        acc = s + u64::from(carry);
     }
-    if let [last] = chunks.remainder() {
-        sum = sum.wrapping_add(u32::from(*last) << 8);
+    let mut rest = chunks.remainder();
+    // The tail (0-7 bytes) as big-endian 16-bit words; it cannot overflow what is left.
+    let mut tail = 0u64;
+    while let [a, b, more @ ..] = rest {
+        tail += u64::from(u16::from_be_bytes([*a, *b]));
+        rest = more;
     }
-    sum
+    if let [last] = rest {
+        tail += u64::from(*last) << 8;
+    }
+    let (s, carry) = acc.overflowing_add(tail);
+    acc = s + u64::from(carry);
+    // 64 -> 32 -> 17 bits; each step keeps the value modulo 0xffff.
+    let acc = (acc & 0xffff_ffff) + (acc >> 32);
+    let acc = (acc & 0xffff) + (acc >> 16);
+    let acc = (acc & 0xffff) + (acc >> 16);
+    acc as u32
 }
 
 /// Folds a one's-complement sum and returns the checksum to put on the wire.
@@ -593,7 +611,39 @@ mod tests {
         assert_eq!(seq::max(0xffff_fff0, 5), 5);
     }
 
+    /// The RFC 1071 definition, word by word: what [`checksum_add`] must equal once folded.
+    fn reference_sum(mut sum: u32, data: &[u8]) -> u32 {
+        for c in data.chunks(2) {
+            let w = u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]);
+            sum = sum.wrapping_add(u32::from(w));
+            sum = (sum & 0xffff) + (sum >> 16);
+        }
+        sum
+    }
+
+    #[test]
+    fn checksum_of_all_ones_and_odd_lengths() {
+        let ones = [0xffu8; 65535];
+        for len in [0, 1, 2, 7, 8, 9, 15, 16, 17, 1500, 65535] {
+            assert_eq!(
+                checksum_fold(checksum_add(0, &ones[..len])),
+                checksum_fold(reference_sum(0, &ones[..len])),
+                "length {len}"
+            );
+        }
+        assert_eq!(
+            checksum_fold(checksum_add(u32::MAX, &ones)),
+            checksum_fold(reference_sum(0xffff, &ones))
+        );
+    }
+
     proptest! {
+        #[test]
+        fn fast_checksum_equals_the_word_by_word_sum(data in proptest::collection::vec(any::<u8>(), 0..3000),
+                                                     start in 0u32..0x2_0000) {
+            prop_assert_eq!(checksum_fold(checksum_add(start, &data)), checksum_fold(reference_sum(start, &data)));
+        }
+
         #[test]
         fn parse_never_panics(frame in proptest::collection::vec(any::<u8>(), 0..200), dlt in 0i32..300) {
             if let Some(link) = LinkType::from_dlt(dlt) {

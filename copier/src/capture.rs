@@ -1,5 +1,6 @@
 //! The capture edge: libpcap on the production interface, in non-blocking mode so the engine
-//! loop can wait on it together with the control channel.
+//! loop can wait on it together with the control channel. The live copier reads a TPACKET_V3
+//! mmap ring (see [`LiveCapture::open_live`]) and drains everything ready after each wakeup.
 //!
 //! This room only turns frames into parsed packets and counts what it cannot parse. It never
 //! interprets TCP: that is the engine's job.
@@ -83,13 +84,37 @@ impl LiveCapture {
     /// Opens `interface` with `filter` (BPF). `buffer_bytes` is the kernel ring size: the larger,
     /// the fewer drops during bursts.
     pub fn open(interface: &str, filter: &str, buffer_bytes: i32) -> Result<Self> {
-        Self::open_with(interface, filter, buffer_bytes, pcap::Precision::Micro)
+        Self::open_with(interface, filter, buffer_bytes, pcap::Precision::Micro, 0)
+    }
+
+    /// Like [`LiveCapture::open`], with the kernel handing packets over in blocks retired at
+    /// most `block_ms` after their first packet (`--capture-block-ms`; 0: immediate mode).
+    ///
+    /// libpcap 1.10 on Linux maps a TPACKET_V3 ring only without immediate mode; immediate
+    /// mode falls back to TPACKET_V2, which wakes the copier for every packet. Measured in
+    /// the lab (docs/BENCHMARKS.md, issue 9) a 1 ms block saves about a third of the
+    /// copier's user time per packet and some system time, for at most 1 ms more delay
+    /// before a captured packet is mirrored; capture timestamps (production's latencies in
+    /// the report) are the kernel's and do not move.
+    pub fn open_live(
+        interface: &str,
+        filter: &str,
+        buffer_bytes: i32,
+        block_ms: u16,
+    ) -> Result<Self> {
+        Self::open_with(
+            interface,
+            filter,
+            buffer_bytes,
+            pcap::Precision::Micro,
+            i32::from(block_ms),
+        )
     }
 
     /// Like [`LiveCapture::open`], with nanosecond timestamps for [`LiveCapture::drain_frames`]:
     /// a recording keeps the kernel's full timestamp resolution.
     pub fn open_nanos(interface: &str, filter: &str, buffer_bytes: i32) -> Result<Self> {
-        Self::open_with(interface, filter, buffer_bytes, pcap::Precision::Nano)
+        Self::open_with(interface, filter, buffer_bytes, pcap::Precision::Nano, 0)
     }
 
     fn open_with(
@@ -97,10 +122,14 @@ impl LiveCapture {
         filter: &str,
         buffer_bytes: i32,
         precision: pcap::Precision,
+        block_ms: i32,
     ) -> Result<Self> {
         let cap = pcap::Capture::from_device(interface)
             .with_context(|| format!("no capture device {interface:?} (see `ip link`)"))?
-            .immediate_mode(true)
+            // See `open_live`: 0 is immediate mode (TPACKET_V2 in libpcap 1.10, a wakeup per
+            // packet); otherwise TPACKET_V3 blocks retired after at most `block_ms`.
+            .immediate_mode(block_ms == 0)
+            .timeout(block_ms)
             .precision(precision)
             .snaplen(SNAPLEN)
             .buffer_size(buffer_bytes)
@@ -244,5 +273,74 @@ fn next_frame(cap: &mut pcap::Capture<pcap::Active>, nanos: bool) -> Result<Opti
 impl AsRawFd for LiveCapture {
     fn as_raw_fd(&self) -> RawFd {
         self.cap.as_raw_fd()
+    }
+}
+
+/// `--workers`: joining a kernel fan-out group, so several captures of one process share the
+/// traffic flow by flow instead of each seeing all of it.
+pub mod fanout {
+    use std::os::fd::RawFd;
+
+    use anyhow::{bail, Result};
+
+    // From <linux/if_packet.h>; the libc crate does not export them on every target.
+    const SOL_PACKET: libc::c_int = 263;
+    const PACKET_FANOUT: libc::c_int = 18;
+    const PACKET_FANOUT_HASH: u32 = 0;
+    const PACKET_FANOUT_FLAG_DEFRAG: u32 = 0x8000;
+
+    /// Joins the AF_PACKET socket `fd` to fan-out group `group`, spread by flow hash. The
+    /// kernel's fan-out hash (`__skb_get_hash_symmetric`) is symmetric, so both directions of a
+    /// TCP connection reach the same member; DEFRAG reassembles IP fragments first so they hash
+    /// like their flow. Every member must join with the same type and flags.
+    pub fn join(fd: RawFd, group: u16) -> Result<()> {
+        let arg: u32 = u32::from(group) | ((PACKET_FANOUT_HASH | PACKET_FANOUT_FLAG_DEFRAG) << 16);
+        // SAFETY: `arg` lives across the call and its size is passed; `fd` is a socket we own.
+        let rc = unsafe {
+            libc::setsockopt(
+                fd,
+                SOL_PACKET,
+                PACKET_FANOUT,
+                std::ptr::from_ref(&arg).cast(),
+                std::mem::size_of::<u32>() as libc::socklen_t,
+            )
+        };
+        if rc != 0 {
+            let e = std::io::Error::last_os_error();
+            bail!(
+                "cannot join capture fan-out group {group} (PACKET_FANOUT): {e} (needs Linux \
+                 3.1+ and an AF_PACKET capture; run with --workers 1 otherwise)"
+            );
+        }
+        Ok(())
+    }
+
+    /// A fan-out group id for this process: groups are per network namespace, so two copiers
+    /// (or a copier and an intercept) on one host must not pick the same id. Derived from the
+    /// process id, which is unique among live processes of the host.
+    pub fn group_for_process(salt: u16) -> u16 {
+        let pid = std::process::id();
+        ((pid ^ (pid >> 16)) as u16) ^ salt
+    }
+}
+
+impl LiveCapture {
+    /// `--workers`: joins this capture to fan-out group `group` (see [`fanout::join`]).
+    pub fn join_fanout(&self, group: u16) -> Result<()> {
+        fanout::join(self.cap.as_raw_fd(), group)
+    }
+
+    /// Reads and forgets what the capture holds now (at most `limit` frames): after the
+    /// members of a fan-out group have joined, what each captured before joining was seen by
+    /// every member, and would be mirrored twice. Returns how many were dropped.
+    pub fn discard_backlog(&mut self, limit: usize) -> Result<usize> {
+        let mut n = 0;
+        while n < limit {
+            if next_frame(&mut self.cap, self.nanos)?.is_none() {
+                break;
+            }
+            n += 1;
+        }
+        Ok(n)
     }
 }

@@ -59,6 +59,20 @@ pub struct Args {
     #[arg(long, env = "TCPSHADOW_CAPTURE_BUFFER_MB", default_value_t = 64)]
     pub capture_buffer_mb: u32,
 
+    /// Longest wait, in ms, before the kernel hands captured packets over (a TPACKET_V3
+    /// block timeout): one wakeup per block instead of one per packet. 0: immediate mode
+    /// (a wakeup per packet, no added delay; more CPU).
+    #[arg(long, env = "TCPSHADOW_CAPTURE_BLOCK_MS", default_value_t = 1, value_parser = clap::value_parser!(u16).range(0..=100))]
+    pub capture_block_ms: u16,
+
+    /// Capture threads (1 to 64). N > 1: N captures share the traffic by flow hash (kernel
+    /// PACKET_FANOUT, both directions of a connection on one thread), each with its own
+    /// engines, its own share of --client-ip-pool and its own control connection to intercept
+    /// (it counts N copiers). The status line, summary, metrics and report add them up. Each
+    /// capture gets its own --capture-buffer-mb.
+    #[arg(long, env = "TCPSHADOW_WORKERS", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub workers: u32,
+
     /// --config, --print-config, --log.
     #[command(flatten)]
     pub config: ops::config::ConfigArgs,
@@ -68,12 +82,21 @@ pub struct Args {
 #[derive(clap::Args, Debug, Clone)]
 pub struct MirrorArgs {
     /// Test server to mirror to, IP:PORT. Must not be this host's own production server.
-    #[arg(long, env = "TCPSHADOW_TARGET")]
-    pub target: Option<SocketAddrV4>,
+    /// Repeatable (or comma-separated): the connections are spread over the test servers, each
+    /// connection to one, chosen by a fixed hash of the client's address and port (a restarted
+    /// copier places a connection where it was); needs --client-ip-pool.
+    #[arg(long, env = "TCPSHADOW_TARGET", value_delimiter = ',')]
+    pub target: Vec<SocketAddrV4>,
 
     /// Intercept daemon's control address, HOST:PORT (it relays the test server's replies).
-    #[arg(long, env = "TCPSHADOW_INTERCEPT")]
-    pub intercept: SocketAddr,
+    /// With several --target: one --intercept for all, or one per --target in the same order.
+    #[arg(
+        long,
+        env = "TCPSHADOW_INTERCEPT",
+        value_delimiter = ',',
+        required = true
+    )]
+    pub intercept: Vec<SocketAddr>,
 
     /// Rewrite mirrored client addresses into this range (CIDR), e.g. 198.19.0.0/16, so the test
     /// server's routes need not cover the real clients. The client port is kept.
@@ -104,8 +127,16 @@ pub struct MirrorArgs {
     #[arg(long, env = "TCPSHADOW_MYSQL_DEFAULT_DB")]
     pub mysql_default_db: Option<String>,
 
-    /// Shared token sent in the hello to intercept (first line of the file).
-    #[arg(long, env = "TCPSHADOW_TOKEN_FILE")]
+    /// File holding the control channel's shared secret: a copy of intercept's --secret-file
+    /// (at least 16 bytes, e.g. `head -c 32 /dev/urandom | base64`; chmod 600, or it is
+    /// refused). The copier proves it holds it and checks that intercept does; it never crosses
+    /// the wire.
+    #[arg(long, env = "TCPSHADOW_SECRET_FILE", value_name = "PATH")]
+    pub secret_file: Option<PathBuf>,
+
+    /// Removed: the cleartext token of control protocol 3. Refused with a pointer to
+    /// --secret-file.
+    #[arg(long, env = "TCPSHADOW_TOKEN_FILE", hide = true)]
     pub token_file: Option<PathBuf>,
 
     /// Seconds between status lines (0: none).
@@ -198,22 +229,68 @@ impl MirrorArgs {
         (self.status_interval > 0).then(|| Duration::from_secs(self.status_interval))
     }
 
-    /// The routes for production port `port`: `--target` is required here (a live copier with
-    /// `--map` builds its routes in [`Args::routes`]).
-    pub fn route(&self, port: u16) -> Result<Route> {
-        match self.target {
-            Some(target) => Ok(Route {
+    /// The routes for production port `port`, one per `--target`: `--target` is required
+    /// here (a live copier with `--map` builds its routes in [`Args::routes`]).
+    pub fn route(&self, port: u16) -> Result<Vec<Route>> {
+        if self.target.is_empty() {
+            bail!("--target HOST:PORT is required (the test server to mirror to)");
+        }
+        Ok(self
+            .target
+            .iter()
+            .map(|&target| Route {
                 prod_port: port,
                 target,
-            }),
-            None => bail!("--target HOST:PORT is required (the test server to mirror to)"),
+            })
+            .collect())
+    }
+
+    /// The first (or only) intercept: `--map` routes and the first `--target` use it.
+    pub fn first_intercept(&self) -> SocketAddr {
+        // `required = true` keeps the list non-empty; the fallback only serves a caller that
+        // built MirrorArgs by hand.
+        self.intercept
+            .first()
+            .copied()
+            .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 36524)))
+    }
+
+    /// Which of `--intercept` relays target `target`'s replies: the one paired with it by
+    /// order when there is one per `--target`, else the first.
+    pub fn intercept_index(&self, target: SocketAddrV4) -> usize {
+        if self.intercept.len() <= 1 {
+            return 0;
         }
+        self.target
+            .iter()
+            .position(|t| *t == target)
+            .filter(|i| *i < self.intercept.len())
+            .unwrap_or(0)
     }
 
     /// Refuses set-ups that would hurt production or cannot work.
     pub fn validate(&self) -> Result<()> {
-        if let Some(target) = self.target {
+        if self.token_file.is_some() {
+            bail!("{TOKEN_FILE_GONE}");
+        }
+        for &target in &self.target {
             validate_target("--target", &format!("--target {target}"), target)?;
+        }
+        let mut seen = self.target.clone();
+        seen.sort_unstable();
+        seen.dedup();
+        if seen.len() < self.target.len() {
+            bail!(
+                "a --target is given twice; to mirror each connection several times use --multiply"
+            );
+        }
+        if self.intercept.len() > 1 && self.intercept.len() != self.target.len() {
+            bail!(
+                "{} --intercept for {} --target: give one --intercept for all targets, or one \
+                 per --target in the same order (the first --target's first)",
+                self.intercept.len(),
+                self.target.len()
+            );
         }
         if self.read_only && self.protocol != Protocol::Mysql {
             bail!(
@@ -268,19 +345,26 @@ impl MirrorArgs {
         Ok(())
     }
 
-    pub fn token(&self) -> Result<Option<Vec<u8>>> {
-        let Some(path) = &self.token_file else {
+    /// The control channel's secret from --secret-file, if given.
+    pub fn secret(&self) -> Result<Option<common::auth::Secret>> {
+        if self.token_file.is_some() {
+            bail!("{TOKEN_FILE_GONE}");
+        }
+        let Some(path) = &self.secret_file else {
             return Ok(None);
         };
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read --token-file {}", path.display()))?;
-        let line = text.lines().next().unwrap_or("").trim();
-        if line.is_empty() {
-            bail!("--token-file {} is empty", path.display());
-        }
-        Ok(Some(line.as_bytes().to_vec()))
+        let raw = ops::secret::read_secret_file("--secret-file", path)?;
+        let secret = common::auth::Secret::new(&raw)
+            .with_context(|| format!("--secret-file {}", path.display()))?;
+        Ok(Some(secret))
     }
 }
+
+/// Said when the removed --token-file is given.
+pub const TOKEN_FILE_GONE: &str =
+    "--token-file (token-file, TCPSHADOW_TOKEN_FILE) was replaced by \
+    --secret-file: the secret no longer crosses the wire (control protocol 4). Rename the flag \
+    on both hosts; the same file works if it holds at least 16 bytes and is chmod 600";
 
 /// A test server must be a unicast address that is not this host's: the copier runs on the
 /// production host, and mirroring onto itself would double production's load.
@@ -308,16 +392,16 @@ impl Args {
     /// Where each production port goes: --port to --target (if --target is given), then
     /// every --map.
     pub fn routes(&self) -> Result<Vec<Route>> {
-        let mut routes = Vec::with_capacity(1 + self.map.len());
-        match (self.mirror.target, self.port) {
-            (Some(_), _) => routes.push(self.mirror.route(self.port())?),
-            (None, _) if self.map.is_empty() => {
+        let mut routes = Vec::with_capacity(self.mirror.target.len() + self.map.len());
+        match (self.mirror.target.is_empty(), self.port) {
+            (false, _) => routes.extend(self.mirror.route(self.port())?),
+            (true, _) if self.map.is_empty() => {
                 bail!("--target HOST:PORT is required (the test server to mirror to), or --map PORT=HOST:PORT")
             }
-            (None, Some(p)) => bail!(
+            (true, Some(p)) => bail!(
                 "--port {p} has no --target: add --target HOST:PORT, or write it as --map {p}=HOST:PORT"
             ),
-            (None, None) => {}
+            (true, None) => {}
         }
         for m in &self.map {
             let shown = format!("--map {}={}", m.prod_port, m.target);
@@ -345,6 +429,7 @@ impl Args {
     pub fn validate(&self) -> Result<()> {
         self.mirror.validate()?;
         self.mirror.validate_routes(&self.routes()?)?;
+        self.validate_workers()?;
         if let Some(dsn) = &self.prod_dsn {
             if let Err(e) = dsn.get() {
                 bail!("--prod-dsn: {e}");
@@ -352,6 +437,33 @@ impl Args {
             if self.mirror.protocol != Protocol::Mysql {
                 bail!("--prod-dsn recovers MySQL session state: it needs --protocol mysql");
             }
+        }
+        Ok(())
+    }
+}
+
+impl Args {
+    /// `--workers N` with what the other flags need: a pool big enough for N shares, and no
+    /// `--prod-dsn` (its own connection must be skipped by every worker; not done yet).
+    fn validate_workers(&self) -> Result<()> {
+        if self.workers <= 1 {
+            return Ok(());
+        }
+        if self.prod_dsn.is_some() {
+            bail!(
+                "--prod-dsn is not supported with --workers {} yet: use --workers 1",
+                self.workers
+            );
+        }
+        let routes = self.routes()?;
+        let Some(first) = routes.first() else {
+            return Ok(());
+        };
+        let template = crate::driver::engine_config(&self.mirror, *first, false);
+        let pairs: Vec<_> = routes.iter().map(|r| (r.prod_port, r.target)).collect();
+        if let Err(e) = Fleet::check_workers(&template, &pairs, self.mirror.multiply, self.workers)
+        {
+            bail!("--workers {}: {e}", self.workers);
         }
         Ok(())
     }
@@ -426,9 +538,11 @@ pub enum Protocol {
     Tcp,
 }
 
-/// Whether `ip` is assigned to an interface of this host: binding to it succeeds only then.
+/// Whether `ip` is assigned to an interface of this host: listed by getifaddrs(3), or
+/// bindable (which also catches local routes such as all of 127.0.0.0/8).
 fn is_local_address(ip: Ipv4Addr) -> bool {
-    UdpSocket::bind(SocketAddrV4::new(ip, 0)).is_ok()
+    ops::host::ipv4_addrs().iter().any(|a| a.addr == ip)
+        || UdpSocket::bind(SocketAddrV4::new(ip, 0)).is_ok()
 }
 
 pub fn parse_cidr(s: &str) -> Result<(Ipv4Addr, u8), String> {
@@ -472,6 +586,15 @@ mod tests {
         ]);
         let err = a.validate().unwrap_err().to_string();
         assert!(err.contains("production server itself"), "{err}");
+        // Any address of this host's interfaces, whatever the port (the loop guard).
+        for own in ops::host::ipv4_addrs() {
+            let t = SocketAddrV4::new(own.addr, 3307);
+            let err = validate_target("--target", "--target", t).unwrap_err();
+            assert!(
+                err.to_string().contains("production server itself"),
+                "{own:?}"
+            );
+        }
     }
 
     #[test]
@@ -601,6 +724,77 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("production server itself"), "{err}");
+    }
+
+    #[test]
+    fn several_targets_pair_with_their_intercepts() {
+        let a = args(&[
+            "--target",
+            "198.18.0.3:3306",
+            "--target",
+            "198.18.0.5:3306",
+            "--intercept",
+            "198.18.0.6:36524",
+            "--client-ip-pool",
+            "198.19.0.0/24",
+        ]);
+        assert_eq!(
+            a.routes().unwrap(),
+            vec![
+                route(3306, "198.18.0.3:3306"),
+                route(3306, "198.18.0.5:3306")
+            ]
+        );
+        assert_eq!(a.mirror.intercept.len(), 2);
+        assert_eq!(
+            a.mirror.intercept_index("198.18.0.3:3306".parse().unwrap()),
+            0
+        );
+        assert_eq!(
+            a.mirror.intercept_index("198.18.0.5:3306".parse().unwrap()),
+            1
+        );
+        a.validate().unwrap();
+        // One intercept for both is fine too.
+        let one = Args::try_parse_from([
+            "copier",
+            "--intercept",
+            "198.18.0.4:36524",
+            "--target",
+            "198.18.0.3:3306,198.18.0.5:3306",
+            "--client-ip-pool",
+            "198.19.0.0/24",
+        ])
+        .unwrap();
+        one.validate().unwrap();
+        assert_eq!(
+            one.mirror
+                .intercept_index("198.18.0.5:3306".parse().unwrap()),
+            0
+        );
+        // Three intercepts for two targets: which goes with which?
+        let err = args(&[
+            "--target",
+            "198.18.0.3:3306,198.18.0.5:3306",
+            "--intercept",
+            "198.18.0.6:1,198.18.0.7:1",
+            "--client-ip-pool",
+            "198.19.0.0/24",
+        ])
+        .validate()
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("3 --intercept for 2 --target"), "{err}");
+        let err = args(&["--target", "198.18.0.3:3306,198.18.0.5:3306"])
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--client-ip-pool"), "{err}");
+        let err = args(&["--target", "198.18.0.3:3306,198.18.0.3:3306"])
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("twice"), "{err}");
     }
 
     #[test]

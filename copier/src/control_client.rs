@@ -1,7 +1,8 @@
 //! The copier's end of the control channel to intercept.
 //!
 //! Two background threads keep one connection alive: the *connection* thread connects (with
-//! exponential backoff), says Hello, reads Feedback and Mysql frames and hands each batch to
+//! exponential backoff), says Hello, answers intercept's Challenge (proving it holds
+//! `--secret-file`'s secret, and checking intercept's proof back), reads Feedback and Mysql frames and hands each batch to
 //! the engine thread through one bounded channel (so they keep intercept's order), waking it; the *writer* thread owns the set of claimed
 //! client addresses, sends Claims and Releases as the engine opens and closes sessions, re-sends
 //! the whole set after every (re)connect, and pings.
@@ -20,9 +21,11 @@ use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
+use common::auth::{Nonce, Secret};
 use common::control::{
-    encode_claim, encode_hello, encode_ping, encode_release, DecodeError, FrameDecoder, Hello,
-    InterceptMessage, MysqlEvent, TestFeedback, Welcome, MAX_ADDRS_PER_FRAME,
+    encode_auth, encode_claim, encode_hello, encode_ping, encode_release, Auth, Challenge,
+    DecodeError, FrameDecoder, Hello, InterceptMessage, MysqlEvent, TestFeedback, Welcome,
+    MAX_ADDRS_PER_FRAME,
 };
 
 /// What intercept relays, in the order it sent it. For any session, a MySQL event arrives after
@@ -43,6 +46,8 @@ pub struct ClientConfig {
     /// intercept's control address (its `--listen`).
     pub intercept: SocketAddr,
     pub hello: Hello,
+    /// `--secret-file`: proves this copier to intercept, and intercept to it.
+    pub secret: Option<Secret>,
     /// Feedback and Mysql batches buffered for the engine before new ones are dropped.
     pub queue_batches: usize,
     /// First and longest wait between connection attempts (doubling in between).
@@ -60,10 +65,11 @@ pub struct ClientConfig {
 }
 
 impl ClientConfig {
-    pub fn new(intercept: SocketAddr, hello: Hello) -> Self {
+    pub fn new(intercept: SocketAddr, hello: Hello, secret: Option<Secret>) -> Self {
         ClientConfig {
             intercept,
             hello,
+            secret,
             queue_batches: 4096,
             backoff_min: Duration::from_millis(100),
             backoff_max: Duration::from_secs(5),
@@ -86,7 +92,8 @@ pub struct ClientStats {
     pub reconnects: u64,
     /// Attempts that failed before a Welcome (refused, timed out, rejected).
     pub connect_failures: u64,
-    /// Hellos intercept rejected (wrong version or token).
+    /// Handshakes that ended in a refusal: intercept's Reject (wrong version or secret, over
+    /// its --max-copiers) or ours (intercept could not prove it holds the secret).
     pub rejects: u64,
     pub frames_in: u64,
     pub frames_out: u64,
@@ -130,9 +137,10 @@ impl ControlClient {
     pub fn spawn(
         addr: SocketAddr,
         hello: Hello,
+        secret: Option<Secret>,
         wake: impl Fn() + Send + 'static,
     ) -> io::Result<(ControlHandle, Receiver<Relayed>)> {
-        Self::spawn_with(ClientConfig::new(addr, hello), wake)
+        Self::spawn_with(ClientConfig::new(addr, hello, secret), wake)
     }
 
     pub fn spawn_with(
@@ -219,9 +227,21 @@ impl ControlHandle {
         self.shared.welcome.lock().ok().and_then(|w| w.clone())
     }
 
-    /// Why intercept last refused us, if it did.
+    /// Why intercept last refused us (or we it), if it did.
     pub fn last_reject(&self) -> Option<String> {
         self.shared.last_reject.lock().ok().and_then(|r| r.clone())
+    }
+
+    /// Why the handshake was refused, while no connection has been welcomed yet, when the
+    /// reason is a mistake in the set-up (secret, protocol version, --allow) that waiting will
+    /// not fix.
+    pub fn refused_before_welcome(&self) -> Option<String> {
+        if self.shared.connects.load(Ordering::Relaxed) > 0
+            || !self.shared.refused_for_good.load(Ordering::Relaxed)
+        {
+            return None;
+        }
+        self.last_reject()
     }
 
     /// Stops the client and waits for its threads: at once when connected or backing off, at
@@ -270,6 +290,8 @@ enum Command {
 #[derive(Default)]
 struct Shared {
     stop: AtomicBool,
+    /// The last refusal was about the secret or the version, not a passing condition.
+    refused_for_good: AtomicBool,
     connected: AtomicBool,
     connects: AtomicU64,
     connect_failures: AtomicU64,
@@ -310,6 +332,10 @@ enum End {
     Timeout,
     Garbage(DecodeError),
     Rejected(String),
+    /// The handshake failed on our side: intercept could not prove it holds the secret.
+    Auth(String),
+    /// intercept closed the connection before answering the Hello.
+    ClosedUnanswered,
     Protocol(&'static str),
     /// The engine dropped its receiver: nobody wants feedback any more.
     EngineGone,
@@ -324,6 +350,12 @@ impl fmt::Display for End {
             End::Timeout => write!(f, "no answer from intercept within the timeout"),
             End::Garbage(e) => write!(f, "invalid frame from intercept: {e}"),
             End::Rejected(r) => write!(f, "intercept refused this copier: {r}"),
+            End::Auth(r) => write!(f, "refused intercept: {r}"),
+            End::ClosedUnanswered => write!(
+                f,
+                "intercept closed the connection without answering the Hello (is this host \
+                 outside intercept's --allow? intercept's log says why)"
+            ),
             End::Protocol(w) => write!(f, "protocol error: {w}"),
             End::EngineGone => write!(f, "engine stopped"),
             End::Stopped => write!(f, "stopped"),
@@ -351,10 +383,18 @@ fn connection_loop(
                 }
                 bump(&shared.connect_failures, 1);
                 failures += 1;
-                if let End::Rejected(reason) = &end {
+                if let End::Rejected(_) | End::Auth(_) | End::ClosedUnanswered = &end {
                     bump(&shared.rejects, 1);
+                    // A full intercept (--max-copiers) makes room eventually; a secret, a
+                    // version or an address outside --allow (closed unanswered) never changes.
+                    let for_good = match &end {
+                        End::Rejected(r) => !r.contains("--max-copiers"),
+                        End::Auth(_) | End::ClosedUnanswered => true,
+                        _ => false,
+                    };
+                    shared.refused_for_good.store(for_good, Ordering::Relaxed);
                     if let Ok(mut r) = shared.last_reject.lock() {
-                        *r = Some(reason.clone());
+                        *r = Some(end.to_string());
                     }
                 }
                 // 1st, 2nd, 4th, 8th... failure: an outage of hours logs a dozen lines.
@@ -469,8 +509,30 @@ fn handshake(
     }
     stream.write_all(&out).map_err(End::Io)?;
     let mut dec = FrameDecoder::new();
+    let challenge = match read_message(&mut stream, &mut dec, buf) {
+        Ok(InterceptMessage::Challenge(c)) => c,
+        Ok(InterceptMessage::Reject(r)) => return Err(End::Rejected(r.reason)),
+        Ok(_) => {
+            return Err(End::Protocol(
+                "intercept sent something before its Challenge",
+            ))
+        }
+        // Closed unread: what intercept does to an address outside its --allow.
+        Err(End::Closed) => return Err(End::ClosedUnanswered),
+        Err(End::Io(e)) if e.kind() == io::ErrorKind::ConnectionReset => {
+            return Err(End::ClosedUnanswered)
+        }
+        Err(e) => return Err(e),
+    };
+    let auth = answer_challenge(&challenge, cfg.secret.as_ref()).map_err(End::Auth)?;
+    out.clear();
+    if encode_auth(&auth, &mut out).is_err() {
+        return Err(End::Protocol("Auth does not encode"));
+    }
+    stream.write_all(&out).map_err(End::Io)?;
     match read_message(&mut stream, &mut dec, buf)? {
         InterceptMessage::Welcome(w) => {
+            check_welcome(&w, &challenge, &auth, cfg.secret.as_ref()).map_err(End::Auth)?;
             stream
                 .set_read_timeout(Some(cfg.idle_timeout))
                 .map_err(End::Io)?;
@@ -478,6 +540,47 @@ fn handshake(
         }
         InterceptMessage::Reject(r) => Err(End::Rejected(r.reason)),
         _ => Err(End::Protocol("intercept sent something before its Welcome")),
+    }
+}
+
+/// The Auth answering intercept's Challenge: a fresh nonce and, with a secret, the proof. A
+/// copier with a secret refuses an intercept that does not check one: it could not prove it is
+/// the intercept the secret was shared with. Also used by `copier doctor`.
+pub fn answer_challenge(ch: &Challenge, secret: Option<&Secret>) -> Result<Auth, String> {
+    if secret.is_some() && !ch.secret_required {
+        return Err(
+            "intercept does not check a secret (it runs without --secret-file), so it \
+                    cannot prove it is the intercept this copier's --secret-file is shared with; \
+                    give intercept the same --secret-file"
+                .into(),
+        );
+    }
+    let nonce: Nonce = ops::secret::random_bytes()
+        .map_err(|e| format!("cannot read random bytes for the handshake: {e}"))?;
+    Ok(Auth {
+        nonce,
+        proof: secret.map(|k| k.copier_proof(&ch.nonce, &nonce)),
+    })
+}
+
+/// Checks intercept's proof in its Welcome (with a secret; without one there is nothing to
+/// check). Also used by `copier doctor`.
+pub fn check_welcome(
+    w: &Welcome,
+    ch: &Challenge,
+    auth: &Auth,
+    secret: Option<&Secret>,
+) -> Result<(), String> {
+    let Some(secret) = secret else {
+        return Ok(());
+    };
+    match &w.proof {
+        Some(p) if secret.verify_intercept(&ch.nonce, &auth.nonce, p) => Ok(()),
+        _ => Err(format!(
+            "{} did not prove it holds this copier's secret: it is not the intercept configured \
+             with the same --secret-file",
+            w.name
+        )),
     }
 }
 
@@ -573,6 +676,7 @@ fn read_feedback(
             InterceptMessage::Pong(_) => continue,
             InterceptMessage::Reject(r) => break End::Rejected(r.reason),
             InterceptMessage::Welcome(_) => break End::Protocol("second Welcome"),
+            InterceptMessage::Challenge(_) => break End::Protocol("second Challenge"),
             // Only `copier doctor` asks for one, on a connection of its own.
             InterceptMessage::DoctorReport(_) => break End::Protocol("unasked DoctorReport"),
         };
@@ -708,15 +812,22 @@ fn writer_loop(cfg: &ClientConfig, shared: &Shared, cmds: &Receiver<Command>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use common::control::{encode_feedback, encode_welcome, CopierMessage, PROTOCOL_VERSION};
+    use common::auth::NONCE_LEN;
+    use common::control::{
+        encode_challenge, encode_feedback, encode_welcome, CopierMessage, PROTOCOL_VERSION,
+    };
     use std::net::{Ipv4Addr, TcpListener};
 
     fn addr(n: u8) -> SocketAddrV4 {
         SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, n), 40000)
     }
 
-    /// A hand-driven intercept on 127.0.0.1: accepts one connection and says Welcome.
-    fn accept_welcomed(l: &TcpListener) -> (TcpStream, FrameDecoder<CopierMessage>) {
+    /// A hand-driven intercept on 127.0.0.1: accepts one connection, challenges it and says
+    /// Welcome, with a proof made with `secret` (`None`: an intercept without a secret).
+    fn accept_with(
+        l: &TcpListener,
+        secret: Option<&Secret>,
+    ) -> (TcpStream, FrameDecoder<CopierMessage>) {
         let (mut s, _) = l.accept().unwrap();
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         let mut dec = FrameDecoder::new();
@@ -724,6 +835,21 @@ mod tests {
             CopierMessage::Hello(h) => assert_eq!(h.name, "t"),
             other => panic!("expected Hello, got {other:?}"),
         }
+        let nonce = [0x42; NONCE_LEN];
+        let mut out = Vec::new();
+        encode_challenge(
+            &Challenge {
+                nonce,
+                secret_required: secret.is_some(),
+            },
+            &mut out,
+        )
+        .unwrap();
+        s.write_all(&out).unwrap();
+        let auth = match next(&mut s, &mut dec) {
+            CopierMessage::Auth(a) => a,
+            other => panic!("expected Auth, got {other:?}"),
+        };
         let mut out = Vec::new();
         let welcome = Welcome {
             version: PROTOCOL_VERSION,
@@ -731,10 +857,15 @@ mod tests {
             payload_prefix: 64,
             mysql_head: Some(16),
             features: 0,
+            proof: secret.map(|k| k.intercept_proof(&nonce, &auth.nonce)),
         };
         encode_welcome(&welcome, &mut out).unwrap();
         s.write_all(&out).unwrap();
         (s, dec)
+    }
+
+    fn accept_welcomed(l: &TcpListener) -> (TcpStream, FrameDecoder<CopierMessage>) {
+        accept_with(l, None)
     }
 
     fn next(s: &mut TcpStream, dec: &mut FrameDecoder<CopierMessage>) -> CopierMessage {
@@ -765,6 +896,7 @@ mod tests {
                 }),
                 CopierMessage::Ping(_) => {}
                 CopierMessage::Hello(_) => panic!("second Hello"),
+                CopierMessage::Auth(_) => panic!("second Auth"),
                 CopierMessage::Doctor(_) => panic!("a running copier never asks the doctor"),
             }
         }
@@ -776,7 +908,7 @@ mod tests {
         let config = ClientConfig {
             backoff_min: Duration::from_millis(10),
             backoff_max: Duration::from_millis(50),
-            ..ClientConfig::new(l.local_addr().unwrap(), Hello::new("t", None))
+            ..ClientConfig::new(l.local_addr().unwrap(), Hello::new("t"), None)
         };
         let (handle, rx) = ControlClient::spawn_with(config, || {}).unwrap();
         handle.claim(addr(1));
@@ -820,6 +952,64 @@ mod tests {
         let st = handle.stats();
         assert_eq!(st.connects, 2);
         assert_eq!(st.claimed, 2);
+        handle.shutdown();
+    }
+
+    fn wait_until(mut cond: impl FnMut() -> bool, what: &str) {
+        let until = Instant::now() + Duration::from_secs(10);
+        while !cond() {
+            assert!(Instant::now() < until, "timed out waiting for {what}");
+            thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    #[test]
+    fn an_intercept_that_cannot_prove_the_secret_is_refused() {
+        let key = Secret::new(b"the real shared secret").unwrap();
+        let impostor = Secret::new(b"some other secret entirely").unwrap();
+        for intercept_secret in [Some(&impostor), None] {
+            let l = TcpListener::bind("127.0.0.1:0").unwrap();
+            let config = ClientConfig {
+                backoff_min: Duration::from_secs(5),
+                ..ClientConfig::new(l.local_addr().unwrap(), Hello::new("t"), Some(key.clone()))
+            };
+            let (handle, _rx) = ControlClient::spawn_with(config, || {}).unwrap();
+            if intercept_secret.is_some() {
+                let _conn = accept_with(&l, intercept_secret);
+                wait_until(|| handle.last_reject().is_some(), "the refusal");
+                let why = handle.refused_before_welcome().unwrap();
+                assert!(why.contains("did not prove"), "{why}");
+            } else {
+                // An intercept without a secret: the copier does not even answer its Challenge.
+                let (mut s, _) = l.accept().unwrap();
+                let mut dec = FrameDecoder::<CopierMessage>::new();
+                assert!(matches!(next(&mut s, &mut dec), CopierMessage::Hello(_)));
+                let mut out = Vec::new();
+                let ch = Challenge {
+                    nonce: [1; NONCE_LEN],
+                    secret_required: false,
+                };
+                encode_challenge(&ch, &mut out).unwrap();
+                s.write_all(&out).unwrap();
+                wait_until(|| handle.last_reject().is_some(), "the refusal");
+                let why = handle.last_reject().unwrap();
+                assert!(why.contains("--secret-file"), "{why}");
+            }
+            let st = handle.stats();
+            assert_eq!((st.connects, st.rejects), (0, 1));
+            handle.shutdown();
+        }
+    }
+
+    #[test]
+    fn a_copier_with_the_secret_checks_intercepts_proof_and_connects() {
+        let key = Secret::new(b"the real shared secret").unwrap();
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let config = ClientConfig::new(l.local_addr().unwrap(), Hello::new("t"), Some(key.clone()));
+        let (handle, _rx) = ControlClient::spawn_with(config, || {}).unwrap();
+        let _conn = accept_with(&l, Some(&key));
+        wait_until(|| handle.stats().connected, "the connection");
+        assert_eq!(handle.refused_before_welcome(), None);
         handle.shutdown();
     }
 }

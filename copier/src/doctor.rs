@@ -70,7 +70,7 @@ pub fn run(args: &DoctorArgs) -> Report {
                 .join(", "),
             Err(_) => "no route".into(),
         },
-        m.intercept,
+        m.first_intercept(),
         m.client_ip_pool
             .map(|(a, l)| format!(", client pool {a}/{l}"))
             .unwrap_or_default()
@@ -115,15 +115,15 @@ pub fn run(args: &DoctorArgs) -> Report {
     conntrack(&mut r);
     clock(&mut r);
 
-    let token = match m.token() {
+    let secret = match m.secret() {
         Ok(t) => t,
         Err(e) => {
-            r.add(Check::fail("token", format!("{e:#}")));
+            r.add(Check::fail("secret", format!("{e:#}")));
             return finish(r);
         }
     };
-    let hello = Hello::new(&format!("copier-doctor@{}", host::hostname()), token);
-    let mut link = match intercept_link(&mut r, m.intercept, hello, m.protocol) {
+    let hello = Hello::new(&format!("copier-doctor@{}", host::hostname()));
+    let mut link = match intercept_link(&mut r, m.first_intercept(), hello, secret.as_ref(), m.protocol) {
         Some(l) => l,
         None => {
             r.add(Check::warn(
@@ -412,11 +412,13 @@ impl Link {
     }
 }
 
-/// Hello/Welcome: intercept reachable, same version, token accepted.
+/// Hello, Challenge, Auth, Welcome: intercept reachable, same version, each side holding the
+/// same secret (or neither).
 fn intercept_link(
     r: &mut Report,
     addr: SocketAddr,
     hello: Hello,
+    secret: Option<&common::auth::Secret>,
     protocol: Protocol,
 ) -> Option<Link> {
     let stream = match TcpStream::connect_timeout(&addr, Duration::from_secs(3)) {
@@ -451,9 +453,29 @@ fn intercept_link(
         buf: vec![0; 64 * 1024],
         ports: None,
     };
-    let answer = link
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut answer = link
         .send(&CopierMessage::Hello(hello))
-        .and_then(|()| link.recv_until(Instant::now() + Duration::from_secs(5)));
+        .and_then(|()| link.recv_until(deadline));
+    if let Ok(Some(InterceptMessage::Challenge(ch))) = &answer {
+        let ch = ch.clone();
+        let auth = match crate::control_client::answer_challenge(&ch, secret) {
+            Ok(a) => a,
+            Err(why) => {
+                r.add(Check::fail("intercept", format!("{addr}: {why}")));
+                return None;
+            }
+        };
+        answer = link
+            .send(&CopierMessage::Auth(auth.clone()))
+            .and_then(|()| link.recv_until(deadline));
+        if let Ok(Some(InterceptMessage::Welcome(w))) = &answer {
+            if let Err(why) = crate::control_client::check_welcome(w, &ch, &auth, secret) {
+                r.add(Check::fail("intercept", format!("{addr}: {why}")));
+                return None;
+            }
+        }
+    }
     match answer {
         Ok(Some(InterceptMessage::Welcome(w))) => {
             link.ports = w
@@ -479,8 +501,13 @@ fn intercept_link(
             r.add(Check::ok(
                 "intercept",
                 format!(
-                    "{addr} answers: {}, control protocol {PROTOCOL_VERSION}, {framing}",
-                    w.name
+                    "{addr} answers: {}, control protocol {PROTOCOL_VERSION}, {framing}, {}",
+                    w.name,
+                    if secret.is_some() {
+                        "both hold the same secret"
+                    } else {
+                        "open control channel (no --secret-file on either side)"
+                    }
                 ),
             ));
             Some(link)
@@ -748,7 +775,7 @@ fn no_syn_ack(r: &mut Report, client: Ipv4Addr, route: &Route, args: &DoctorArgs
         Some((a, l)) => format!("{a}/{l}"),
         None => format!("{client}/32"),
     };
-    let assist = match args.daemon.mirror.intercept {
+    let assist = match args.daemon.mirror.first_intercept() {
         SocketAddr::V4(a) => a.ip().to_string(),
         SocketAddr::V6(a) => a.ip().to_string(),
     };
@@ -864,7 +891,7 @@ mod tests {
             .unwrap();
         assert_eq!(p.args.probe_wait_ms, 500);
         assert_eq!(
-            p.args.daemon.mirror.intercept,
+            p.args.daemon.mirror.first_intercept(),
             "198.18.0.4:36524".parse().unwrap()
         );
     }

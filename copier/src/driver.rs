@@ -4,8 +4,9 @@
 //! # What this room is for
 //!
 //! [`Driver`] owns the session engines (a [`Fleet`]: one per `--map` route and `--multiply`
-//! copy), the raw sender, the control channel to intercept
-//! (and the eventfd its thread wakes us with), the optional `--prod-dsn` state lookup, the
+//! copy), the raw sender, the control channel to intercept (one per `--intercept` when
+//! several `--target` each have theirs; sessions are claimed at their target's intercept), and
+//! the eventfd their threads wake us with; the optional `--prod-dsn` state lookup, the
 //! status line and the counters of the edges. It feeds the engine, sends what the engine
 //! transmits, tells intercept which addresses to relay (claims/releases), asks production for
 //! the state of picked-up connections, prints status, drains on stop, and sums everything up.
@@ -93,6 +94,18 @@ pub struct Plan {
     pub prod_dsn_wait: Duration,
 }
 
+/// One capture worker of `--workers N` (see `run`): its driver mirrors the connections the
+/// kernel's fan-out hands this worker, with its own engines (its own share of
+/// `--client-ip-pool`) and its own control connection; the status line, `--metrics` and the
+/// report belong to the coordinator, which sums the workers' snapshots.
+#[derive(Clone, Debug)]
+pub struct Worker {
+    pub index: u32,
+    pub count: u32,
+    /// The coordinator's report sink: every worker's observations go into one report.
+    pub report: Option<ReportHooks>,
+}
+
 /// What [`Driver::pump`] found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Pump {
@@ -107,8 +120,11 @@ pub struct Driver {
     fleet: Fleet,
     sample_percent: Option<f64>,
     sender: RawSender,
-    control: ControlHandle,
-    relayed: Receiver<Relayed>,
+    /// One control connection per `--intercept` (several only with several `--target`), and
+    /// what each has relayed.
+    links: Vec<(ControlHandle, Receiver<Relayed>)>,
+    /// Which link claims the sessions of each target (`--target` paired with `--intercept`).
+    link_of_target: Vec<(SocketAddrV4, usize)>,
     waker: Waker,
     lookup: Option<StateLookup>,
     own: Option<OwnAddress>,
@@ -135,9 +151,29 @@ impl Driver {
     /// Opens the raw sender, starts the control client and waits up to 5 s for intercept, then
     /// logs in on production if `plan.prod_dsn` is set. `now` starts the status interval.
     pub fn start(args: &MirrorArgs, plan: Plan, now: Instant) -> Result<Self> {
+        Self::start_with(args, plan, now, None)
+    }
+
+    /// [`Driver::start`] for capture worker `worker` of several: no status line, metrics or
+    /// report of its own (see [`Worker`]), its share of the pool, `#INDEX` in its Hello name.
+    pub fn start_worker(
+        args: &MirrorArgs,
+        plan: Plan,
+        now: Instant,
+        worker: Worker,
+    ) -> Result<Self> {
+        Self::start_with(args, plan, now, Some(worker))
+    }
+
+    fn start_with(
+        args: &MirrorArgs,
+        plan: Plan,
+        now: Instant,
+        worker: Option<Worker>,
+    ) -> Result<Self> {
         let anchor = (std::time::Instant::now(), now);
         let recovery_wait = plan.prod_dsn.is_some().then_some(plan.prod_dsn_wait);
-        let mut report = args.collects().then(|| {
+        let mut report = (args.collects() && worker.is_none()).then(|| {
             Reporting::new(
                 now,
                 args.report.clone(),
@@ -146,12 +182,12 @@ impl Driver {
                 args.report_literals,
             )
         });
-        let fleet = build_fleet(
-            args,
-            &plan,
-            recovery_wait,
-            report.as_ref().map(Reporting::hooks),
-        )?;
+        let hooks = match &worker {
+            Some(w) => w.report.clone(),
+            None => report.as_ref().map(Reporting::hooks),
+        };
+        let slot = worker.as_ref().map_or((0, 1), |w| (w.index, w.count));
+        let fleet = build_fleet_for(args, &plan, recovery_wait, hooks, slot)?;
         if let (Some(r), Some(first)) = (&mut report, plan.routes.first()) {
             r.set_endpoints(
                 format!("{}:{}", hostname(), first.prod_port),
@@ -159,39 +195,53 @@ impl Driver {
             );
         }
         // Bound before anything else starts: a taken port is a start-up mistake to fix now.
-        let metrics = args
-            .metrics
-            .map(|addr| MetricsPublisher::start(addr, args.metrics_top_digests, now))
-            .transpose()?;
+        let metrics = match worker {
+            Some(_) => None,
+            None => args
+                .metrics
+                .map(|addr| MetricsPublisher::start(addr, args.metrics_top_digests, now))
+                .transpose()?,
+        };
         let sender = RawSender::open()?;
         let waker = Waker::new().context("cannot create an eventfd")?;
-        let name = format!("copier@{}", hostname());
-        let wake = waker.clone();
-        let mut hello = Hello::new(&name, args.token()?);
-        if args.compare_results {
-            // intercept hashes the test server's payloads only for copiers that ask.
-            hello = hello.with_features(FEATURE_PAYLOAD_HASHES);
+        let name = match &worker {
+            // intercept tells copiers apart by connection; the suffix is for its log.
+            Some(w) => format!("copier@{}#{}", hostname(), w.index),
+            None => format!("copier@{}", hostname()),
+        };
+        let secret = args.secret()?;
+        let mut links = Vec::with_capacity(args.intercept.len());
+        for &addr in &args.intercept {
+            let wake = waker.clone();
+            let mut hello = Hello::new(&name);
+            if args.compare_results {
+                // intercept hashes the test server's payloads only for copiers that ask.
+                hello = hello.with_features(FEATURE_PAYLOAD_HASHES);
+            }
+            let link = ControlClient::spawn(addr, hello, secret.clone(), move || wake.wake())
+                .with_context(|| format!("cannot start the control channel to intercept {addr}"))?;
+            links.push(link);
         }
-        let (control, relayed) = ControlClient::spawn(args.intercept, hello, move || wake.wake())
-            .with_context(|| {
-            format!(
-                "cannot start the control channel to intercept {}",
-                args.intercept
-            )
-        })?;
-        wait_for_intercept(&control, args.intercept);
-        if let (true, Some(w)) = (args.compare_results, control.welcome()) {
-            if w.features & FEATURE_PAYLOAD_HASHES == 0 {
-                tracing::warn!(
-                    "--compare-results: intercept {} does not hash the test server's replies \
-                     (is it in --protocol mysql mode?): only row counts and errors are compared",
-                    args.intercept
-                );
-                if let Some(r) = &mut report {
-                    r.set_compare_results(false);
+        for ((control, _), &addr) in links.iter().zip(&args.intercept) {
+            wait_for_intercept(control, addr)?;
+            if let (true, Some(w)) = (args.compare_results, control.welcome()) {
+                if w.features & FEATURE_PAYLOAD_HASHES == 0 {
+                    tracing::warn!(
+                        "--compare-results: intercept {addr} does not hash the test server's \
+                         replies (is it in --protocol mysql mode?): only row counts and errors \
+                         are compared"
+                    );
+                    if let Some(r) = &mut report {
+                        r.set_compare_results(false);
+                    }
                 }
             }
         }
+        let link_of_target = plan
+            .routes
+            .iter()
+            .map(|r| (r.target, args.intercept_index(r.target)))
+            .collect();
         let lookup = start_lookup(plan.prod_dsn, &waker)?;
         let own = lookup.as_ref().map(|l| l.own_address().clone());
         let buf = vec![0u8; fleet.transmit_buffer_len()];
@@ -199,12 +249,12 @@ impl Driver {
             fleet,
             sample_percent: args.sample.map(|s| s.percent()),
             sender,
-            control,
-            relayed,
+            links,
+            link_of_target,
             waker,
             lookup,
             own,
-            status: StatusLine::new(now, args.status_interval()),
+            status: StatusLine::new(now, args.status_interval().filter(|_| worker.is_none())),
             buf,
             drain_secs: args.drain_secs,
             stopping_since: None,
@@ -283,7 +333,40 @@ impl Driver {
     pub fn pump(&mut self, now: Instant) -> Pump {
         self.waker.reset();
         self.last_now = now;
-        while let Ok(relayed) = self.relayed.try_recv() {
+        for k in 0..self.links.len() {
+            self.take_relayed(now, k);
+        }
+        if let Some(lookup) = &self.lookup {
+            while let Some(answer) = lookup.try_answer() {
+                let ev = match &answer.state {
+                    Some(state) => TestEvent::App(state),
+                    None => TestEvent::App(&NotRecovered),
+                };
+                self.fleet.on_test_event(now, answer.mirrored, &ev);
+            }
+        }
+        if self.fleet.next_deadline().is_some_and(|d| d <= now) {
+            self.fleet.on_timeout(now);
+        }
+        self.transmit(now);
+        self.handle_events();
+        if let Some(r) = &mut self.report {
+            r.drain();
+            r.maybe_write(now, signals::take_report_request());
+        }
+        if let Some(since) = self.stopping_since {
+            let drained = self.fleet.queued_bytes() == 0;
+            if drained || now.saturating_since(since) >= Duration::from_secs(self.drain_secs) {
+                self.reset_all(now);
+                return Pump::Done;
+            }
+        }
+        Pump::Running
+    }
+
+    /// What link `k`'s intercept relayed since the last call.
+    fn take_relayed(&mut self, now: Instant, k: usize) {
+        while let Ok(relayed) = self.links[k].1.try_recv() {
             match relayed {
                 Relayed::Feedback(batch) => {
                     for fb in &batch {
@@ -317,32 +400,6 @@ impl Driver {
                 }
             }
         }
-        if let Some(lookup) = &self.lookup {
-            while let Some(answer) = lookup.try_answer() {
-                let ev = match &answer.state {
-                    Some(state) => TestEvent::App(state),
-                    None => TestEvent::App(&NotRecovered),
-                };
-                self.fleet.on_test_event(now, answer.mirrored, &ev);
-            }
-        }
-        if self.fleet.next_deadline().is_some_and(|d| d <= now) {
-            self.fleet.on_timeout(now);
-        }
-        self.transmit(now);
-        self.handle_events();
-        if let Some(r) = &mut self.report {
-            r.drain();
-            r.maybe_write(now, signals::take_report_request());
-        }
-        if let Some(since) = self.stopping_since {
-            let drained = self.fleet.queued_bytes() == 0;
-            if drained || now.saturating_since(since) >= Duration::from_secs(self.drain_secs) {
-                self.reset_all(now);
-                return Pump::Done;
-            }
-        }
-        Pump::Running
     }
 
     /// A standard-clock instant on the engine's clock.
@@ -427,13 +484,19 @@ impl Driver {
             engine: self.fleet.stats(),
             capture: *capture,
             send: self.sender.stats,
-            control: self.control.stats(),
+            control: self.control_stats(),
             transform_names: self.fleet.transform_counter_names(),
             lookup: self.lookup.as_ref().map(StateLookup::stats),
             copies: self.fleet.copies(),
             sample_percent: self.sample_percent,
             report: None,
         }
+    }
+
+    /// Relayed feedback for another worker's addresses (`--workers`; intercept broadcasts
+    /// what nobody has claimed yet, so a few are expected at connection starts).
+    pub fn feedback_foreign(&self) -> u64 {
+        self.fleet.feedback_foreign()
     }
 
     /// The comparison report as of `now` (`--report` or `--metrics` in MySQL mode).
@@ -486,13 +549,24 @@ impl Driver {
             own_skipped = self.own_skipped,
             "MySQL packet summaries received; own packets skipped"
         );
+        if self.fleet.feedback_foreign() > 0 {
+            // Expected in small numbers: intercept broadcasts replies nobody has claimed yet
+            // (a SYN-ACK racing its Claim) to every copier connection.
+            tracing::info!(
+                "feedback_foreign={}: relayed feedback for addresses outside this copier's \
+                 --client-ip-pool share (another copier's or worker's), dropped",
+                self.fleet.feedback_foreign()
+            );
+        }
         self.close();
         snap
     }
 
     fn close(self) {
         drop(self.lookup);
-        self.control.shutdown();
+        for (control, _) in self.links {
+            control.shutdown();
+        }
     }
 
     fn reset_all(&mut self, now: Instant) {
@@ -502,8 +576,29 @@ impl Driver {
 
     fn transmit(&mut self, now: Instant) {
         while let Some((n, target)) = self.fleet.poll_transmit(now, &mut self.buf) {
-            self.sender.send(&self.buf[..n], target);
+            self.sender.queue(&self.buf[..n], target);
         }
+        // One sendmmsg per cycle (per 64 packets): nothing waits for a later cycle.
+        self.sender.flush();
+    }
+
+    /// The control connection that claims `mirrored`: the intercept of its engine's target.
+    fn link(&self, mirrored: SocketAddrV4) -> &ControlHandle {
+        let k = self
+            .fleet
+            .target_of(mirrored)
+            .and_then(|t| self.link_of_target.iter().find(|(x, _)| *x == t))
+            .map_or(0, |(_, k)| *k);
+        &self.links[k.min(self.links.len() - 1)].0
+    }
+
+    /// The control connections' counters, summed (`connected` only while all are up).
+    fn control_stats(&self) -> crate::control_client::ClientStats {
+        let mut total = self.links[0].0.stats();
+        for (c, _) in &self.links[1..] {
+            add_client_stats(&mut total, &c.stats());
+        }
+        total
     }
 
     fn handle_events(&mut self) {
@@ -514,22 +609,55 @@ impl Driver {
                     mirrored,
                     picked_up,
                 } => {
-                    self.control.claim(mirrored);
+                    self.link(mirrored).claim(mirrored);
                     if let (true, Some(lookup)) = (picked_up, &self.lookup) {
                         lookup.request(client, mirrored);
                     }
                 }
-                EngineEvent::SessionReleased { mirrored } => self.control.release(mirrored),
+                EngineEvent::SessionReleased { mirrored } => self.link(mirrored).release(mirrored),
                 EngineEvent::SessionClosed {
                     client,
                     reason: CloseReason::NotMirrorable,
                     why,
                     ..
-                } => self.not_mirrorable.note(client, why.unwrap_or("unknown")),
+                } => {
+                    let why = why.unwrap_or("unknown");
+                    // Re-established on the client's next data (engine/recovery.rs), not left
+                    // alone: counted as such, no warning.
+                    let recovers = crate::engine::lost_test_answers(why)
+                        && self
+                            .fleet
+                            .engines()
+                            .iter()
+                            .any(|e| e.config().pickup_midstream);
+                    if !recovers {
+                        self.not_mirrorable.note(client, why);
+                    }
+                }
                 EngineEvent::SessionClosed { .. } => {}
             }
         }
     }
+}
+
+/// Adds `o` to `t`: several control connections (several `--intercept`, `--workers`) shown as
+/// one. `connected` only while all are.
+pub(crate) fn add_client_stats(
+    t: &mut crate::control_client::ClientStats,
+    o: &crate::control_client::ClientStats,
+) {
+    t.connected &= o.connected;
+    t.connects += o.connects;
+    t.reconnects += o.reconnects;
+    t.connect_failures += o.connect_failures;
+    t.rejects += o.rejects;
+    t.frames_in += o.frames_in;
+    t.frames_out += o.frames_out;
+    t.feedback_received += o.feedback_received;
+    t.feedback_dropped += o.feedback_dropped;
+    t.mysql_received += o.mysql_received;
+    t.mysql_dropped += o.mysql_dropped;
+    t.claimed += o.claimed;
 }
 
 fn framed_at_us(ev: &MysqlEvent) -> Option<u32> {
@@ -546,6 +674,17 @@ pub fn build_fleet(
     plan: &Plan,
     recovery_wait: Option<Duration>,
     report: Option<ReportHooks>,
+) -> Result<Fleet> {
+    build_fleet_for(args, plan, recovery_wait, report, (0, 1))
+}
+
+/// [`build_fleet`] for capture worker `worker.0` of `worker.1`.
+pub fn build_fleet_for(
+    args: &MirrorArgs,
+    plan: &Plan,
+    recovery_wait: Option<Duration>,
+    report: Option<ReportHooks>,
+    worker: (u32, u32),
 ) -> Result<Fleet> {
     let Some(first) = plan.routes.first() else {
         bail!("nothing to mirror: give --port and --target (or --map)");
@@ -571,14 +710,33 @@ pub fn build_fleet(
             }
         );
     }
-    let fleet = Fleet::new(&template, &routes, args.multiply, |cfg| match &mysql {
-        // Engines are route by route, the copies of a route next to each other.
-        Some(f) => {
-            let copy = cfg.pool_slice.0 % copies;
-            Engine::with_transform(cfg, Box::new(f.clone().for_copy(copy)))
+    let mut fleet = Fleet::for_worker(
+        &template,
+        &routes,
+        args.multiply,
+        worker,
+        |cfg| match &mysql {
+            // Engines are route by route, the copies of a route next to each other.
+            Some(f) => {
+                let copy = cfg.pool_slice.0 % copies;
+                Engine::with_transform(cfg, Box::new(f.clone().for_copy(copy)))
+            }
+            None => Engine::new(cfg),
+        },
+    )?;
+    if args.target.len() > 1 {
+        // Several --target: each connection of their port goes to one of them (placement).
+        let mut ports: Vec<u16> = plan
+            .routes
+            .iter()
+            .filter(|r| args.target.contains(&r.target))
+            .map(|r| r.prod_port)
+            .collect();
+        ports.dedup();
+        for port in ports {
+            fleet.spread(port, &args.target);
         }
-        None => Engine::new(cfg),
-    })?;
+    }
     Ok(fleet)
 }
 
@@ -707,12 +865,17 @@ impl OncePerClient {
 /// retransmission timeout; the capture meanwhile keeps what arrives in its kernel buffer.
 /// Never waits forever: an intercept that is down must not keep production unobserved, and
 /// the engine retransmits until the channel is up.
-fn wait_for_intercept(control: &ControlHandle, addr: std::net::SocketAddr) {
+fn wait_for_intercept(control: &ControlHandle, addr: std::net::SocketAddr) -> Result<()> {
     const PATIENCE: Duration = Duration::from_secs(5);
     let started = std::time::Instant::now();
     while !control.stats().connected && started.elapsed() < PATIENCE {
         if signals::stop_requested() {
-            return;
+            return Ok(());
+        }
+        // A refused handshake (secret, version, --allow) is a set-up mistake: say it and stop
+        // rather than mirror without feedback.
+        if let Some(why) = control.refused_before_welcome() {
+            bail!("control channel to intercept {addr}: {why}");
         }
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -723,6 +886,7 @@ fn wait_for_intercept(control: &ControlHandle, addr: std::net::SocketAddr) {
             PATIENCE.as_secs()
         );
     }
+    Ok(())
 }
 
 fn hostname() -> String {

@@ -135,6 +135,39 @@ pub fn render_copier_metrics(s: &Snapshot, report: Option<&Report>, top_n: usize
             en.closed(r),
         );
     }
+    // Fault recovery (engine/recovery.rs): sessions that lost only their test-side connection.
+    e.family(
+        "tcpshadow_copier_sessions_reestablished_total",
+        Kind::Counter,
+        "Sessions re-established through the pickup path after losing their test-side \
+         connection, by why it ended.",
+    );
+    for r in CloseReason::ALL {
+        let n = en.sessions_reestablished[r.index()];
+        if n > 0 || r.is_test_side_loss() {
+            e.sample(
+                "tcpshadow_copier_sessions_reestablished_total",
+                &[("reason", r.as_str())],
+                n,
+            );
+        }
+    }
+    e.gauge(
+        "tcpshadow_copier_sessions_awaiting_reestablish",
+        "Closed sessions waiting for their client's next data to be re-established.",
+        en.sessions_awaiting_reestablish,
+    );
+    e.counter(
+        "tcpshadow_copier_reestablish_deferred_total",
+        "Client packets of waiting sessions not used to re-establish them yet (pacing while \
+         the test server does not answer).",
+        en.reestablish_deferred,
+    );
+    e.counter(
+        "tcpshadow_copier_stale_test_connections_reset_total",
+        "Older connections the test server still held on a new session's address, reset.",
+        en.stale_test_connections_reset,
+    );
     e.counters(
         "tcpshadow_copier_sessions_not_mirrored_total",
         "New connections not mirrored, by reason.",

@@ -693,7 +693,7 @@ impl ProgressFigures {
 /// recording are picked up (their state is not recoverable from production: it has moved on).
 pub fn plan(args: &ReplayArgs) -> Result<Plan> {
     Ok(Plan {
-        routes: vec![args.mirror.route(args.port)?],
+        routes: args.mirror.route(args.port)?,
         pickup_midstream: true,
         prod_dsn: None,
         prod_dsn_wait: Duration::from_secs(3),
@@ -714,8 +714,11 @@ pub fn run(args: &ReplayArgs) -> Result<(crate::status::Snapshot, ReplayReport)>
         args.speed,
         args.mirror
             .target
-            .map_or_else(String::new, |t| t.to_string()),
-        args.mirror.intercept
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", "),
+        args.mirror.first_intercept()
     );
     let mut progress = Progress::new(clock.now(), args.mirror.status_interval());
     // Set when the first packet is fed: the schedule starts there, not while intercept connects.

@@ -3,6 +3,14 @@
 //!
 //! This room owns the live capture and its pacing; everything else (engine, sender, control
 //! channel, lookups, status, drain) is the [`Driver`]'s. It holds no TCP logic.
+//!
+//! With `--workers N` (N > 1) it runs N capture threads, each with its own capture joined to
+//! one kernel fan-out group (PACKET_FANOUT by symmetric flow hash: a connection's packets, both
+//! directions, all reach one thread) and its own [`Driver`] (engines on its share of the pool,
+//! its own raw socket and control connection). This thread then only coordinates: it sums the
+//! workers' snapshots for the status line, `--metrics` and the summary, and owns the one
+//! comparison report every worker's sessions observe into. Workers never share a session, so
+//! nothing on the packet path is locked; a worker publishes its snapshot a few times a second.
 
 use std::os::fd::AsRawFd;
 use std::time::Duration;
@@ -37,11 +45,15 @@ pub fn plan(args: &Args) -> Result<Plan> {
 }
 
 pub fn run(args: &Args) -> Result<Snapshot> {
+    if args.workers > 1 {
+        return workers::run(args);
+    }
     let clock = MonotonicClock::new();
     let plan = plan(args)?;
     let filter = args.capture_filter()?;
     let buffer = i32::try_from(u64::from(args.capture_buffer_mb) << 20).unwrap_or(i32::MAX);
-    let mut capture = LiveCapture::open(&args.interface, &filter, buffer)?;
+    let mut capture =
+        LiveCapture::open_live(&args.interface, &filter, buffer, args.capture_block_ms)?;
     let routes = plan
         .routes
         .iter()
@@ -49,10 +61,11 @@ pub fn run(args: &Args) -> Result<Snapshot> {
         .collect::<Vec<_>>()
         .join(", ");
     let mut driver = Driver::start(&args.mirror, plan, clock.now())?;
+    drop_privileges()?;
     tracing::info!(
         "mirroring {routes} on {} (intercept {}), filter: {filter}",
         args.interface,
-        args.mirror.intercept
+        args.mirror.first_intercept()
     );
 
     loop {
@@ -82,6 +95,20 @@ pub fn run(args: &Args) -> Result<Snapshot> {
     Ok(driver.finish(&capture.stats))
 }
 
+/// Once the capture, the raw socket and the metrics listener are open, the live copier needs no
+/// capability at all: reconnecting to intercept, --prod-dsn, reports and SIGHUP reloads are
+/// plain sockets and files. Dropped in every thread, with no_new_privs.
+fn drop_privileges() -> Result<()> {
+    let dropped = ops::privs::drop_all_but(&[]).map_err(|e| {
+        anyhow::anyhow!(
+            "cannot drop capabilities after opening the capture (refusing to run with more than \
+             needed): {e}"
+        )
+    })?;
+    tracing::info!("capabilities dropped: {}", dropped.describe());
+    Ok(())
+}
+
 /// The wall clock, nanoseconds since the Unix epoch (the capture timestamps' clock).
 fn wall_nanos() -> u64 {
     std::time::SystemTime::now()
@@ -101,4 +128,406 @@ fn capture_time(now: Instant, wall: u64, at: u64) -> Instant {
         n.saturating_sub((wall - at).min(LIMIT))
     };
     Instant::from_nanos(t)
+}
+
+mod workers {
+    use std::collections::HashSet;
+    use std::net::SocketAddrV4;
+    use std::os::fd::AsRawFd;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    use anyhow::{anyhow, Result};
+    use common::clock::{Instant, MonotonicClock};
+    use common::wire::TcpPacket;
+
+    use super::{capture_time, plan, wall_nanos, CAPTURE_BUDGET};
+    use crate::capture::{fanout, CaptureStats, LiveCapture};
+    use crate::cli::Args;
+    use crate::driver::{Driver, Plan, Pump, Worker};
+    use crate::metrics::MetricsPublisher;
+    use crate::report::reporting::Reporting;
+    use crate::signals;
+    use crate::status::{Snapshot, StatusLine};
+
+    /// How often a worker hands its counters to the coordinator.
+    const PUBLISH: Duration = Duration::from_millis(250);
+    /// The coordinator's tick (status line, metrics, report writes, stop checks).
+    const TICK: Duration = Duration::from_millis(100);
+    /// Frames captured before every member had joined the fan-out group, dropped (see
+    /// [`LiveCapture::discard_backlog`]); bounded so a flood cannot keep start-up busy.
+    const BACKLOG_LIMIT: usize = 1 << 20;
+    /// Connections remembered per worker for the cross-worker check at the end.
+    const FLOWS_REMEMBERED: usize = 1 << 16;
+
+    /// What one worker has counted so far.
+    #[derive(Clone, Default)]
+    struct Figures {
+        snap: Snapshot,
+        feedback_foreign: u64,
+        done: bool,
+    }
+
+    /// Connections (both ends, ordered) whose SYN, FIN or RST a worker saw: with a symmetric
+    /// fan-out no connection appears at two workers. Only control segments are looked at, so
+    /// it costs nothing per data packet.
+    #[derive(Default)]
+    struct FlowsSeen(HashSet<(SocketAddrV4, SocketAddrV4)>);
+
+    impl FlowsSeen {
+        fn note(&mut self, pkt: &TcpPacket<'_>) {
+            let f = pkt.flags;
+            if !(f.syn() || f.fin() || f.rst()) || self.0.len() >= FLOWS_REMEMBERED {
+                return;
+            }
+            let a = SocketAddrV4::new(pkt.src, pkt.src_port);
+            let b = SocketAddrV4::new(pkt.dst, pkt.dst_port);
+            self.0.insert(if a <= b { (a, b) } else { (b, a) });
+        }
+    }
+
+    pub(super) fn run(args: &Args) -> Result<Snapshot> {
+        let n = args.workers;
+        let clock = MonotonicClock::new();
+        let plan = plan(args)?;
+        let filter = args.capture_filter()?;
+        let buffer = i32::try_from(u64::from(args.capture_buffer_mb) << 20).unwrap_or(i32::MAX);
+        let group = fanout::group_for_process(0);
+        let mut captures = Vec::with_capacity(n as usize);
+        for _ in 0..n {
+            let capture =
+                LiveCapture::open_live(&args.interface, &filter, buffer, args.capture_block_ms)?;
+            capture.join_fanout(group)?;
+            captures.push(capture);
+        }
+        let mut discarded = 0;
+        for c in &mut captures {
+            discarded += c.discard_backlog(BACKLOG_LIMIT)?;
+        }
+        let mirror = &args.mirror;
+        let start = clock.now();
+        let mut report = mirror.collects().then(|| {
+            Reporting::new(
+                start,
+                mirror.report.clone(),
+                mirror.report_interval(),
+                mirror.compare_results,
+                mirror.report_literals,
+            )
+        });
+        if let (Some(r), Some(first)) = (&mut report, plan.routes.first()) {
+            r.set_endpoints(
+                format!("{}:{}", hostname(), first.prod_port),
+                first.target.to_string(),
+            );
+        }
+        let mut metrics = mirror
+            .metrics
+            .map(|addr| MetricsPublisher::start(addr, mirror.metrics_top_digests, start))
+            .transpose()?;
+        let hooks = report.as_ref().map(Reporting::hooks);
+        // Each worker opens its raw socket in its own thread, after this point: the capability
+        // drop of the single-worker path would have to wait for all of them (not done yet).
+        tracing::warn!(
+            "--workers {n}: capabilities are not dropped yet in multi-worker mode (they are with \
+             --workers 1)"
+        );
+        tracing::info!(
+            "{n} capture workers in fan-out group {group} on {} (intercept {}), filter: {filter} \
+             ({discarded} frames captured before the group formed dropped)",
+            args.interface,
+            mirror.first_intercept()
+        );
+        let figures: Vec<Mutex<Figures>> = (0..n).map(|_| Mutex::new(Figures::default())).collect();
+        let abort = AtomicBool::new(false);
+        let mut status = StatusLine::new(start, mirror.status_interval());
+        let results = std::thread::scope(|scope| {
+            let handles: Vec<_> = captures
+                .into_iter()
+                .enumerate()
+                .map(|(i, capture)| {
+                    let worker = Worker {
+                        index: i as u32,
+                        count: n,
+                        report: hooks.clone(),
+                    };
+                    let (plan, clock, figures, abort) = (plan.clone(), &clock, &figures[i], &abort);
+                    std::thread::Builder::new()
+                        .name(format!("capture-{i}"))
+                        .spawn_scoped(scope, move || {
+                            let r = run_worker(args, plan, capture, worker, clock, figures, abort);
+                            if r.is_err() {
+                                // One worker down: stop the others (they drain as on SIGTERM).
+                                abort.store(true, Ordering::SeqCst);
+                            }
+                            if let Ok(mut f) = figures.lock() {
+                                f.done = true;
+                            }
+                            r
+                        })
+                        .inspect_err(|_| {
+                            abort.store(true, Ordering::SeqCst);
+                            if let Ok(mut f) = figures.lock() {
+                                f.done = true;
+                            }
+                        })
+                })
+                .collect();
+            // Coordinate until every worker is done.
+            loop {
+                let now = clock.now();
+                let all = current(&figures);
+                if all.iter().all(|f| f.done) {
+                    break;
+                }
+                if let Some(r) = &mut report {
+                    r.drain();
+                    r.maybe_write(now, signals::take_report_request());
+                }
+                let line_due = status.due(now);
+                if line_due || metrics.as_ref().is_some_and(|m| m.due(now)) {
+                    let mut snap = sum(&all);
+                    if let Some(r) = &mut report {
+                        snap.report = Some(r.figures(now, line_due));
+                    }
+                    if line_due {
+                        status.print(now, &snap);
+                    }
+                    if let Some(m) = &mut metrics {
+                        if m.due(now) {
+                            let full = report.as_ref().map(|r| r.report(now));
+                            m.publish(now, &snap, full.as_ref());
+                        }
+                    }
+                }
+                std::thread::sleep(TICK);
+            }
+            handles
+                .into_iter()
+                .map(|h| match h {
+                    Ok(h) => h
+                        .join()
+                        .unwrap_or_else(|_| Err(anyhow!("a capture worker panicked"))),
+                    Err(e) => Err(anyhow!("cannot start a capture thread: {e}")),
+                })
+                .collect::<Vec<_>>()
+        });
+        let now = clock.now();
+        let mut finals = Vec::with_capacity(results.len());
+        let mut flows: Vec<FlowsSeen> = Vec::with_capacity(results.len());
+        let mut first_error = None;
+        for (i, r) in results.into_iter().enumerate() {
+            match r {
+                Ok((f, seen)) => {
+                    finals.push(f);
+                    flows.push(seen);
+                }
+                Err(e) => {
+                    first_error.get_or_insert(e.context(format!("capture worker {i}")));
+                    if let Ok(f) = figures[i].lock() {
+                        finals.push(f.clone());
+                    }
+                }
+            }
+        }
+        let mut snap = sum(&finals);
+        let mut full = None;
+        if let Some(r) = &mut report {
+            r.drain();
+            r.write(now);
+            snap.report = Some(r.figures(now, false));
+            full = Some(r.report(now));
+        }
+        if let Some(m) = &mut metrics {
+            m.publish(Instant::default(), &snap, full.as_ref());
+        }
+        for (i, f) in finals.iter().enumerate() {
+            let e = &f.snap.engine;
+            tracing::info!(
+                "worker {i}: sessions opened={} picked_up={} captured={} (client {} prod {}) \
+                 sent={} feedback={} feedback_foreign={} kernel_drops={}",
+                e.sessions_opened,
+                e.sessions_picked_up,
+                f.snap.capture.frames,
+                e.captured_client_to_prod,
+                e.captured_prod_to_client,
+                e.segments_sent,
+                e.feedback_received,
+                f.feedback_foreign,
+                f.snap.capture.kernel_dropped + f.snap.capture.if_dropped,
+            );
+        }
+        tracing::info!(
+            "workers: {} connections seen by two workers (of {} seen)",
+            shared_flows(&flows),
+            flows.iter().map(|f| f.0.len()).sum::<usize>()
+        );
+        if let Some(e) = first_error {
+            eprint!(
+                "{}",
+                crate::status::summary(&snap, now.saturating_since(start))
+            );
+            return Err(e);
+        }
+        Ok(snap)
+    }
+
+    /// Connections seen (SYN, FIN or RST) by more than one worker.
+    fn shared_flows(flows: &[FlowsSeen]) -> usize {
+        let mut count = 0;
+        for (i, a) in flows.iter().enumerate() {
+            count +=
+                a.0.iter()
+                    .filter(|k| flows[i + 1..].iter().any(|b| b.0.contains(k)))
+                    .count();
+        }
+        count
+    }
+
+    fn current(figures: &[Mutex<Figures>]) -> Vec<Figures> {
+        figures
+            .iter()
+            .map(|f| f.lock().map(|g| g.clone()).unwrap_or_default())
+            .collect()
+    }
+
+    /// One worker's loop: today's single-thread loop, with the stop also coming from `abort`
+    /// and the counters handed to the coordinator every [`PUBLISH`].
+    fn run_worker(
+        args: &Args,
+        plan: Plan,
+        mut capture: LiveCapture,
+        worker: Worker,
+        clock: &MonotonicClock,
+        figures: &Mutex<Figures>,
+        abort: &AtomicBool,
+    ) -> Result<(Figures, FlowsSeen)> {
+        let mut driver = Driver::start_worker(&args.mirror, plan, clock.now(), worker)?;
+        let mut seen = FlowsSeen::default();
+        let mut next_publish = clock.now();
+        loop {
+            let now = clock.now();
+            let wall = wall_nanos();
+            if abort.load(Ordering::Relaxed) {
+                driver.begin_drain(now);
+            }
+            if !driver.poll_stop(now) {
+                let drained = capture.drain(CAPTURE_BUDGET, |at, pkt| {
+                    seen.note(pkt);
+                    driver.feed_at(now, capture_time(now, wall, at), pkt)
+                });
+                if let Err(e) = drained {
+                    publish(figures, &driver, &mut capture);
+                    return Err(driver.fail(now, &capture.stats, e));
+                }
+            }
+            if driver.pump(now) == Pump::Done {
+                break;
+            }
+            if now >= next_publish {
+                publish(figures, &driver, &mut capture);
+                next_publish = now + PUBLISH;
+            }
+            let wake = driver.next_wake(clock.now()).min(PUBLISH);
+            driver.wait(&[capture.as_raw_fd()], wake);
+        }
+        capture.refresh_kernel_stats();
+        let foreign = driver.feedback_foreign();
+        let snap = driver.finish(&capture.stats);
+        let f = Figures {
+            snap,
+            feedback_foreign: foreign,
+            done: true,
+        };
+        Ok((f, seen))
+    }
+
+    fn publish(figures: &Mutex<Figures>, driver: &Driver, capture: &mut LiveCapture) {
+        capture.refresh_kernel_stats();
+        let snap = driver.snapshot(&capture.stats);
+        if let Ok(mut f) = figures.lock() {
+            f.snap = snap;
+            f.feedback_foreign = driver.feedback_foreign();
+        }
+    }
+
+    /// The workers' counters as one copier's.
+    fn sum(all: &[Figures]) -> Snapshot {
+        let mut total = match all.first() {
+            Some(f) => f.snap.clone(),
+            None => return Snapshot::default(),
+        };
+        for f in &all[1..] {
+            let s = &f.snap;
+            total.engine.merge(&s.engine);
+            add_capture(&mut total.capture, &s.capture);
+            let (t, o) = (&mut total.send, &s.send);
+            t.packets += o.packets;
+            t.bytes += o.bytes;
+            t.would_block += o.would_block;
+            t.errors += o.errors;
+            crate::driver::add_client_stats(&mut total.control, &s.control);
+        }
+        total
+    }
+
+    fn add_capture(t: &mut CaptureStats, o: &CaptureStats) {
+        t.frames += o.frames;
+        t.parsed += o.parsed;
+        t.truncated += o.truncated;
+        t.not_ipv4 += o.not_ipv4;
+        t.not_tcp += o.not_tcp;
+        t.bad_header += o.bad_header;
+        t.fragments += o.fragments;
+        t.snapped += o.snapped;
+        t.kernel_dropped += o.kernel_dropped;
+        t.if_dropped += o.if_dropped;
+    }
+
+    fn hostname() -> String {
+        std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|s| s.trim().to_string())
+            .unwrap_or_else(|_| "unknown".into())
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+        use common::wire::{TcpFlags, TcpOptions};
+
+        fn pkt(src: &str, dst: &str, flags: u8) -> TcpPacket<'static> {
+            let (src, dst): (SocketAddrV4, SocketAddrV4) =
+                (src.parse().unwrap(), dst.parse().unwrap());
+            TcpPacket {
+                src: *src.ip(),
+                dst: *dst.ip(),
+                src_port: src.port(),
+                dst_port: dst.port(),
+                seq: 1,
+                ack: 0,
+                flags: TcpFlags(flags),
+                window: 1000,
+                options: TcpOptions::default(),
+                ip_id: 0,
+                ttl: 64,
+                payload: &[],
+                payload_len: 0,
+            }
+        }
+
+        #[test]
+        fn a_connection_seen_by_two_workers_is_counted_once() {
+            let (c, p, o) = ("198.18.0.10:40000", "198.18.0.2:3306", "198.18.0.11:40001");
+            let (mut a, mut b) = (FlowsSeen::default(), FlowsSeen::default());
+            a.note(&pkt(c, p, TcpFlags::SYN));
+            a.note(&pkt(o, p, TcpFlags::SYN));
+            a.note(&pkt(o, p, TcpFlags::ACK)); // data segments are not looked at
+            b.note(&pkt(p, c, TcpFlags::SYN | TcpFlags::ACK));
+            b.note(&pkt(p, o, TcpFlags::ACK));
+            assert_eq!(a.0.len(), 2);
+            assert_eq!(b.0.len(), 1);
+            assert_eq!(shared_flows(&[a, b]), 1);
+        }
+    }
 }

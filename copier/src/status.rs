@@ -181,13 +181,15 @@ impl StatusLine {
             None => String::new(),
         };
         tracing::info!(
-            "sessions active={} new={} picked_up={} closed={} abandoned={} | captured {:.0}/s (client {} prod {}) \
+            "sessions active={} new={} picked_up={} closed={} abandoned={} reestablished={} awaiting={} | captured {:.0}/s (client {} prod {}) \
              | sent {:.0}/s retrans={} rst={} | feedback {:.0}/s | kernel_drops={} | {}{shaping}{report}",
             e.sessions_active,
             e.sessions_opened - l.sessions_opened,
             e.sessions_picked_up - l.sessions_picked_up,
             e.closed_total() - l.closed_total(),
             s.abandoned() - self.last.abandoned(),
+            e.reestablished_total() - l.reestablished_total(),
+            e.sessions_awaiting_reestablish,
             rate(s.capture.frames, self.last.capture.frames),
             e.captured_client_to_prod,
             e.captured_prod_to_client,
@@ -262,6 +264,22 @@ pub fn summary(s: &Snapshot, elapsed: Duration) -> String {
             );
         }
     }
+    if e.reestablished_total() > 0 || e.stale_test_connections_reset > 0 {
+        let by: Vec<String> = CloseReason::ALL
+            .iter()
+            .filter(|r| e.sessions_reestablished[r.index()] > 0)
+            .map(|r| format!("{}={}", r.as_str(), e.sessions_reestablished[r.index()]))
+            .collect();
+        let _ = writeln!(
+            out,
+            "  recovery: {} sessions re-established after losing their test-side connection ({}); \
+             {} still waiting; {} stale test connections reset",
+            e.reestablished_total(),
+            by.join(" "),
+            e.sessions_awaiting_reestablish,
+            e.stale_test_connections_reset,
+        );
+    }
     let _ = writeln!(
         out,
         "  captured: {} frames ({} client->prod, {} prod->client packets); {} kernel drops",
@@ -281,6 +299,11 @@ pub fn summary(s: &Snapshot, elapsed: Duration) -> String {
         e.retransmit_timeouts,
         e.fast_retransmits,
         e.rsts_sent
+    );
+    let _ = writeln!(
+        out,
+        "  raw socket: {} packets in {} send calls",
+        s.send.packets, s.send.syscalls
     );
     let _ = writeln!(
         out,

@@ -8,6 +8,7 @@
 #   <name>-prod    MariaDB "production" (+ copier later)          198.18.<i>.2
 #   <name>-test    MariaDB "test"; routes the clients via assist  198.18.<i>.3
 #   <name>-assist  intercept later; ip_forward=0 (replies die)    198.18.<i>.4
+#   <name>-prod2   optional (LAB_PROD2=1 at `up`): a second "production" MariaDB, same data  198.18.<i>.5
 #   <name>-br      the bridge br0, one port per host
 #
 # <i> is the lab index, allocated per lab name (lowest free, 0..255), so several labs can run at once;
@@ -73,10 +74,10 @@ commands:
   list                  all labs known on this machine
   env                   print KEY='value' lines describing the lab (eval "$(lab.sh env)")
   exec HOST [CMD...]    run CMD (default: a shell) in HOST's namespace, with the env variables set;
-                        HOST is client, prod, test, assist or br
+                        HOST is client, prod, test, assist, br (or prod2 with LAB_PROD2=1)
   load [OPTIONS] [SYSBENCH ARGS...]
                         run sysbench; options: --test oltp_read_only|oltp_read_write|... (default
-                        oltp_read_only), --threads N (8), --time S (10), --target prod|test (prod),
+                        oltp_read_only), --threads N (8), --time S (10), --target prod|prod2|test (prod),
                         --from HOST (client for prod, test itself for test: the client cannot
                         reach test directly); other args go to sysbench (e.g. --report-interval=1)
   counters HOST [--all] SHOW GLOBAL STATUS counters of HOST (prod|test) as `name value` lines
@@ -93,6 +94,10 @@ environment for `up` (defaults in brackets):
   LAB_MYSQLD_ARGS       extra mariadbd options for both servers (whitespace-separated)
   LAB_PROD_MYSQLD_ARGS  extra options for prod only
   LAB_TEST_MYSQLD_ARGS  extra options for test only, e.g. "--skip-grant-tables"
+  LAB_PROD2=1           also a second production host prod2 (198.18.<i>.5, its own MariaDB with
+                        prod's data and options; `load --target prod2`, `counters prod2`): several
+                        copiers sharing one intercept and test server (docs/scaling.md); it
+                        routes the client pool via assist, so it can also be a second target
   LAB_MARIADBD, LAB_MARIADB, LAB_SYSBENCH, ...  paths of the tools
 EOF
 }
@@ -164,6 +169,7 @@ set_names() {
     LAB_TEST_NS=$LAB_NAME-test
     LAB_ASSIST_NS=$LAB_NAME-assist
     LAB_BR_NS=$LAB_NAME-br
+    LAB_PROD2_NS=$LAB_NAME-prod2
     LAB_IFACE=eth0
     LAB_BRIDGE=br0
     # Accounts created in the golden data directory (part of its layout: bump GOLDEN_LAYOUT).
@@ -189,19 +195,42 @@ join_words() {
 ns_of() {
     case $1 in
     client | prod | test | assist | br) printf '%s-%s' "$LAB_NAME" "$1" ;;
-    *) die "unknown host '$1' (hosts: client prod test assist br)" ;;
+    prod2) [[ $LAB_PROD2 == 1 ]] || die "this lab has no prod2 (bring it up with LAB_PROD2=1)"
+        printf '%s-%s' "$LAB_NAME" "$1" ;;
+    *) die "unknown host '$1' (hosts: client prod test assist br, prod2 with LAB_PROD2=1)" ;;
     esac
 }
 
 server_host() {
     case $1 in
     prod | test) ;;
+    prod2) [[ $LAB_PROD2 == 1 ]] || die "this lab has no prod2 (bring it up with LAB_PROD2=1)" ;;
     *) die "'$1' runs no MariaDB server (servers: prod test)" ;;
     esac
 }
 
 ns_exists() { [[ -e /run/netns/$1 ]]; }
-all_ns() { printf '%s\n' "$LAB_CLIENT_NS" "$LAB_PROD_NS" "$LAB_TEST_NS" "$LAB_ASSIST_NS" "$LAB_BR_NS"; }
+all_ns() {
+    printf '%s\n' "$LAB_CLIENT_NS" "$LAB_PROD_NS" "$LAB_TEST_NS" "$LAB_ASSIST_NS" "$LAB_BR_NS"
+    if [[ $LAB_PROD2 == 1 ]]; then printf '%s\n' "$LAB_PROD2_NS"; fi
+}
+
+# prod2 (LAB_PROD2=1 at `up`): one more host and server. Decided once, before anything reads
+# HOSTS or SERVERS: from the environment at `up`, afterwards from what the lab has (its recorded
+# env or its namespace), so `down` removes it whatever the caller's environment says.
+LAB_PROD2=${LAB_PROD2:-0}
+enable_prod2() {
+    if [[ $LAB_PROD2 != 1 ]]; then
+        if grep -qs "^LAB_PROD2='1'" "$LAB_ENV_FILE" || ns_exists "$LAB_PROD2_NS"; then
+            LAB_PROD2=1
+        fi
+    fi
+    [[ $LAB_PROD2 == 1 ]] || return 0
+    HOSTS+=(prod2)
+    SERVERS+=(prod2)
+    ENV_VARS+=(LAB_PROD2_IP LAB_PROD2_NS LAB_PROD2_IF LAB_PROD2_MAC
+        LAB_PROD2_DATADIR LAB_PROD2_SOCKET LAB_PROD2_PIDFILE LAB_PROD2_ERRLOG LAB_PROD2_SERVER_ARGS)
+}
 
 # Upper-case host name, for variable names: prod -> PROD.
 uc() { printf '%s' "${1^^}"; }
@@ -233,6 +262,8 @@ set_plan() {
     LAB_PROD_IP=198.18.$i.2
     LAB_TEST_IP=198.18.$i.3
     LAB_ASSIST_IP=198.18.$i.4
+    LAB_PROD2_IP=198.18.$i.5
+    LAB_PROD2_MAC=$(mac_of "$i" 5)
     LAB_CLIENT_MAC=$(mac_of "$i" 10)
     LAB_PROD_MAC=$(mac_of "$i" 2)
     LAB_TEST_MAC=$(mac_of "$i" 3)
@@ -260,7 +291,7 @@ ENV_VARS=(
     LAB_PROD_DATADIR LAB_PROD_SOCKET LAB_PROD_PIDFILE LAB_PROD_ERRLOG
     LAB_TEST_DATADIR LAB_TEST_SOCKET LAB_TEST_PIDFILE LAB_TEST_ERRLOG
     LAB_PROD_SERVER_ARGS LAB_TEST_SERVER_ARGS
-    LAB_MARIADB_VERSION LAB_GOLDEN
+    LAB_MARIADB_VERSION LAB_GOLDEN LAB_PROD2
 )
 
 write_lab_env() {
@@ -349,9 +380,9 @@ host_cpus() { # host_cpus HOST: prints a taskset CPU list, or nothing for "no pi
     [[ ${LAB_PIN:-1} != 0 ]] || return 0
     n=$(nproc)
     if ((n >= 4)); then
-        case $h in client) echo 0 ;; prod) echo 1 ;; test) echo 2 ;; assist) echo 3 ;; esac
+        case $h in client) echo 0 ;; prod | prod2) echo 1 ;; test) echo 2 ;; assist) echo 3 ;; esac
     elif ((n >= 2)); then
-        case $h in client | prod) echo 0 ;; test | assist) echo 1 ;; esac
+        case $h in client | prod | prod2) echo 0 ;; test | assist) echo 1 ;; esac
     fi
 }
 
@@ -437,6 +468,11 @@ net_up() {
         "$IP" -n "$LAB_TEST_NS" route add "$extra/32" via "$LAB_ASSIST_IP" dev "$LAB_IFACE"
     done
     "$IP" -n "$LAB_TEST_NS" route add "$LAB_POOL" via "$LAB_ASSIST_IP" dev "$LAB_IFACE"
+    # prod2 routes the pool via assist too, so it can also stand in as a second test server
+    # (a copier with two --target); as a production host it never talks to pool addresses.
+    if [[ $LAB_PROD2 == 1 ]]; then
+        "$IP" -n "$LAB_PROD2_NS" route add "$LAB_POOL" via "$LAB_ASSIST_IP" dev "$LAB_IFACE"
+    fi
 }
 
 # Kill every process still inside the lab's namespaces (tcpdump, sysbench, copier... started with
@@ -485,7 +521,7 @@ server_args() { # server_args HOST -> SARGS
     local h=$1 extra
     common_server_args "$LAB_DIR/$h"
     SARGS+=("--port=$LAB_MYSQL_PORT" --bind-address=0.0.0.0 "--max-connections=$LAB_MAX_CONNECTIONS")
-    [[ $h == prod ]] && SARGS+=(--performance-schema=ON)
+    [[ $h == prod || $h == prod2 ]] && SARGS+=(--performance-schema=ON)
     extra=$(var "LAB_$(uc "$h")_SERVER_ARGS")
     local -a words=()
     read -r -a words <<<"$extra" || true
@@ -716,6 +752,7 @@ cmd_up() {
     t0=$(now)
     LAB_PROD_SERVER_ARGS=$(join_words "${LAB_MYSQLD_ARGS:-}" "${LAB_PROD_MYSQLD_ARGS:-}")
     LAB_TEST_SERVER_ARGS=$(join_words "${LAB_MYSQLD_ARGS:-}" "${LAB_TEST_MYSQLD_ARGS:-}")
+    LAB_PROD2_SERVER_ARGS=$LAB_PROD_SERVER_ARGS
     [[ $LAB_TABLES =~ ^[1-9][0-9]*$ && $LAB_TABLE_SIZE =~ ^[1-9][0-9]*$ ]] ||
         die "LAB_TABLES and LAB_TABLE_SIZE must be positive integers"
     ensure_golden
@@ -845,7 +882,7 @@ cmd_status() {
         test) state="routes: $("$IP" -n "$ns" route show | awk '/via/ { print $1 }' | paste -sd' ') via $LAB_ASSIST_IP" ;;
         assist) state="ip_forward=$(nsx "$ns" sysctl -n net.ipv4.ip_forward)" ;;
         esac
-        if [[ $h == prod || $h == test ]]; then
+        if [[ $h == prod || $h == prod2 || $h == test ]]; then
             pid=$(server_pid "$h")
             if [[ -n $pid ]] && admin_ping "$LAB_DIR/$h/mysqld.sock"; then
                 state="mariadbd up (pid $pid)${state:+; $state}"
@@ -955,13 +992,17 @@ cmd_load() {
     local ip
     case $target in
     prod) ip=$LAB_PROD_IP ;;
+    prod2)
+        server_host prod2
+        ip=$LAB_PROD2_IP
+        ;;
     test) ip=$LAB_TEST_IP ;;
-    *) die "load: --target is prod or test" ;;
+    *) die "load: --target is prod, prod2 or test" ;;
     esac
     # The client cannot talk to test directly (test routes the clients via assist), so a load on
     # test runs inside test itself unless --from says otherwise.
     if [[ -z $from ]]; then
-        if [[ $target == prod ]]; then from=client; else from="test"; fi
+        if [[ $target == test ]]; then from="test"; else from=client; fi
     fi
     info "load: sysbench $test, $threads threads, ${time}s, from $from to $target ($ip:$LAB_MYSQL_PORT)"
     hostx "$from" "$SYSBENCH" "$test" --db-driver=mysql --mysql-host="$ip" --mysql-port="$LAB_MYSQL_PORT" \
@@ -1125,6 +1166,7 @@ esac
     exit 0
 }
 set_names
+enable_prod2
 
 case $CMD in
 up) cmd_up ;;

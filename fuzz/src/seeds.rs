@@ -12,10 +12,11 @@
 use std::net::Ipv4Addr;
 
 use common::control::{
-    encode_claim, encode_doctor, encode_doctor_report, encode_feedback, encode_hello, encode_mysql,
-    encode_ping, encode_pong, encode_reject, encode_release, encode_welcome, ArpTarget,
-    DoctorCheck, DoctorQuery, DoctorReport, Hello, MysqlEvent, MysqlPacket, Reject, TestFeedback,
-    Welcome, FEATURE_PAYLOAD_HASHES, PROTOCOL_VERSION,
+    encode_auth, encode_challenge, encode_claim, encode_doctor, encode_doctor_report,
+    encode_feedback, encode_hello, encode_mysql, encode_ping, encode_pong, encode_reject,
+    encode_release, encode_welcome, ArpTarget, Auth, Challenge, DoctorCheck, DoctorQuery,
+    DoctorReport, Hello, MysqlEvent, MysqlPacket, Reject, TestFeedback, Welcome,
+    FEATURE_PAYLOAD_HASHES, PROTOCOL_VERSION,
 };
 use common::mysql::packet::write_packet;
 use common::wire::{emit_ipv4_tcp, SegmentRepr, TcpFlags, TcpOptions};
@@ -115,7 +116,15 @@ fn wire() -> Vec<Vec<u8>> {
 fn control() -> Vec<Vec<u8>> {
     let mut from_copier = Vec::new();
     encode_hello(
-        &Hello::new("copier-a", Some(vec![7; 32])).with_features(FEATURE_PAYLOAD_HASHES),
+        &Hello::new("copier-a").with_features(FEATURE_PAYLOAD_HASHES),
+        &mut from_copier,
+    )
+    .unwrap();
+    encode_auth(
+        &Auth {
+            nonce: [3; 32],
+            proof: Some([9; 32]),
+        },
         &mut from_copier,
     )
     .unwrap();
@@ -139,6 +148,14 @@ fn control() -> Vec<Vec<u8>> {
     .unwrap();
 
     let mut from_intercept = Vec::new();
+    encode_challenge(
+        &Challenge {
+            nonce: [5; 32],
+            secret_required: true,
+        },
+        &mut from_intercept,
+    )
+    .unwrap();
     encode_welcome(
         &Welcome {
             version: PROTOCOL_VERSION,
@@ -146,6 +163,7 @@ fn control() -> Vec<Vec<u8>> {
             payload_prefix: 64,
             mysql_head: Some(16),
             features: FEATURE_PAYLOAD_HASHES,
+            proof: Some([11; 32]),
         },
         &mut from_intercept,
     )

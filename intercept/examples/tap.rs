@@ -22,7 +22,7 @@ fn main() -> anyhow::Result<()> {
         .nth(1)
         .unwrap_or_else(|| "127.0.0.1:36524".into())
         .parse()?;
-    let (handle, rx) = ControlClient::spawn(addr, Hello::new("tap", None), || {})?;
+    let (handle, rx) = ControlClient::spawn(addr, Hello::new("tap"), None, || {})?;
     let mut out = BufWriter::with_capacity(1 << 20, std::io::stdout().lock());
     let mut connected = false;
     let mut next_stats = Instant::now();

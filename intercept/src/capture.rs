@@ -122,6 +122,58 @@ impl PcapSource {
     }
 }
 
+impl PcapSource {
+    /// `--workers`: joins this capture to the process's fan-out group `group`, spread by flow
+    /// hash (PACKET_FANOUT_HASH, symmetric in the kernel, with DEFRAG so fragments hash like
+    /// their flow): each reply connection is read by one worker only, which keeps its MySQL
+    /// framing whole. Every member joins with the same type and flags.
+    pub fn join_fanout(&self, group: u16) -> anyhow::Result<()> {
+        // From <linux/if_packet.h>; the libc crate does not export them on every target.
+        const SOL_PACKET: libc::c_int = 263;
+        const PACKET_FANOUT: libc::c_int = 18;
+        const PACKET_FANOUT_HASH: u32 = 0;
+        const PACKET_FANOUT_FLAG_DEFRAG: u32 = 0x8000;
+        let arg: u32 = u32::from(group) | ((PACKET_FANOUT_HASH | PACKET_FANOUT_FLAG_DEFRAG) << 16);
+        // SAFETY: `arg` lives across the call and its size is passed; the fd is our socket.
+        let rc = unsafe {
+            libc::setsockopt(
+                self.cap.as_raw_fd(),
+                SOL_PACKET,
+                PACKET_FANOUT,
+                std::ptr::from_ref(&arg).cast(),
+                std::mem::size_of::<u32>() as libc::socklen_t,
+            )
+        };
+        if rc != 0 {
+            bail!(
+                "cannot join capture fan-out group {group} on {} (PACKET_FANOUT): {} (run with \
+                 --workers 1)",
+                self.interface,
+                std::io::Error::last_os_error()
+            );
+        }
+        Ok(())
+    }
+
+    /// Reads and forgets what the capture holds now (at most `limit` frames): what members
+    /// captured before the whole fan-out group had formed, every member saw. Returns how many.
+    pub fn discard_backlog(&mut self, limit: usize) -> anyhow::Result<usize> {
+        let mut n = 0;
+        while n < limit && self.poll_segment(|_| {})? {
+            n += 1;
+        }
+        self.captured = 0;
+        Ok(n)
+    }
+}
+
+/// A fan-out group id for this process: groups are per network namespace, so two daemons on
+/// one host must not share one. The process id is unique among the host's live processes.
+pub fn fanout_group() -> u16 {
+    let pid = std::process::id();
+    (pid ^ (pid >> 16)) as u16
+}
+
 fn open_error(iface: &str, e: pcap::Error) -> anyhow::Error {
     let msg = e.to_string();
     let lower = msg.to_ascii_lowercase();

@@ -161,7 +161,7 @@ pub fn standalone_checks(setup: &Setup, arp: &[(Ipv4Addr, bool)]) -> Vec<Check> 
             None => None,
         };
         match segment {
-            Some((iface, src)) => out.extend(arp_checks(&iface, src, arp)),
+            Some((iface, src)) => out.extend(arp_checks(&iface, src, arp, None)),
             None => out.push(Check::warn(
                 "arp",
                 "not checked: give --server (the test server) or a capture --interface, so the \
@@ -250,17 +250,22 @@ fn hello(addr: SocketAddr) -> Result<String, String> {
         TcpStream::connect_timeout(&target, Duration::from_secs(2)).map_err(|e| e.to_string())?;
     let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
     let mut out = Vec::new();
-    encode_hello(&Hello::new("intercept-doctor", None), &mut out).map_err(|e| e.to_string())?;
+    encode_hello(&Hello::new("intercept-doctor"), &mut out).map_err(|e| e.to_string())?;
     s.write_all(&out).map_err(|e| e.to_string())?;
     let mut dec = FrameDecoder::<InterceptMessage>::new();
     let mut buf = [0u8; 4096];
     loop {
         match dec.next_message() {
-            Ok(Some(InterceptMessage::Welcome(w))) => return Ok(w.name),
-            Ok(Some(InterceptMessage::Reject(r))) if r.reason.contains("token") => {
-                // A token-protected intercept: it is one, and it speaks our version.
-                return Ok("token required".into());
+            // The Challenge is enough: only an intercept of our version sends one. The doctor
+            // goes no further (it would need the secret, and intercept would log a refusal).
+            Ok(Some(InterceptMessage::Challenge(c))) => {
+                return Ok(if c.secret_required {
+                    "secret required".into()
+                } else {
+                    "open control channel".into()
+                })
             }
+            Ok(Some(InterceptMessage::Welcome(w))) => return Ok(w.name),
             Ok(Some(InterceptMessage::Reject(r))) => return Err(r.reason),
             Ok(Some(_)) => return Err("unexpected first frame".into()),
             Ok(None) => {}
@@ -333,8 +338,14 @@ fn capture_check(setup: &Setup) -> Check {
     }
 }
 
-/// Who answers ARP for `targets` (address, whether it is a pool address) on `iface`.
-pub fn arp_checks(iface: &str, src: Ipv4Addr, targets: &[(Ipv4Addr, bool)]) -> Vec<Check> {
+/// Who answers ARP for `targets` (address, whether it is a pool address) on `iface`, on `sock`
+/// (opened before the daemon dropped CAP_NET_RAW) or a socket opened now.
+pub fn arp_checks(
+    iface: &str,
+    src: Ipv4Addr,
+    targets: &[(Ipv4Addr, bool)],
+    sock: Option<&ops::arp::ArpSocket>,
+) -> Vec<Check> {
     let mut out = Vec::new();
     let own_pool: Vec<Ipv4Addr> = targets
         .iter()
@@ -353,7 +364,11 @@ pub fn arp_checks(iface: &str, src: Ipv4Addr, targets: &[(Ipv4Addr, bool)]) -> V
         ));
     }
     let addrs: Vec<Ipv4Addr> = targets.iter().map(|(a, _)| *a).collect();
-    let answers = match ops::arp::probe(iface, src, &addrs, ARP_WAIT) {
+    let probed = match sock {
+        Some(s) => s.probe(iface, src, &addrs, ARP_WAIT),
+        None => ops::arp::probe(iface, src, &addrs, ARP_WAIT),
+    };
+    let answers = match probed {
         Ok(a) => a,
         Err(e) => {
             out.push(Check::warn(
@@ -424,8 +439,13 @@ fn join_ips(ips: &[Ipv4Addr]) -> String {
     s.join(", ")
 }
 
-/// The running daemon's answer to a copier's doctor.
-pub fn answer(setup: &Setup, q: &DoctorQuery) -> DoctorReport {
+/// The running daemon's answer to a copier's doctor; `arp` is the socket it opened for ARP
+/// checks before dropping its capabilities (`None`: open one now, which needs CAP_NET_RAW).
+pub fn answer(
+    setup: &Setup,
+    q: &DoctorQuery,
+    arp: Option<&std::sync::Mutex<ops::arp::ArpSocket>>,
+) -> DoctorReport {
     let mut checks = forwarding_checks(setup);
     match host::route_to(q.target) {
         Ok(r) => {
@@ -463,7 +483,9 @@ pub fn answer(setup: &Setup, q: &DoctorQuery) -> DoctorReport {
                 let targets: Vec<(Ipv4Addr, bool)> =
                     q.arp.iter().map(|a| (a.addr, a.pool)).collect();
                 if let Some(i) = &r.iface {
-                    checks.extend(arp_checks(i, r.src, &targets));
+                    // One probe at a time on the shared socket: answers would mix.
+                    let guard = arp.map(|m| m.lock().unwrap_or_else(|p| p.into_inner()));
+                    checks.extend(arp_checks(i, r.src, &targets, guard.as_deref()));
                 }
             }
         }

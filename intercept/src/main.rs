@@ -1,7 +1,7 @@
 //! The intercept binary: CLI, wiring and the status line. Everything else is in the library.
 
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::time::Duration;
@@ -83,9 +83,23 @@ struct Cli {
     #[arg(long, env = "TCPSHADOW_MYSQL_IDLE_SECS", default_value_t = 32_400, value_parser = clap::value_parser!(u64).range(1..))]
     mysql_idle_secs: u64,
 
-    /// File holding a shared secret that copiers must present (same file on both hosts).
-    #[arg(long, env = "TCPSHADOW_TOKEN_FILE")]
+    /// File holding the control channel's shared secret (the copiers get a copy; at least 16
+    /// bytes, e.g. `head -c 32 /dev/urandom | base64`; chmod 600, or it is refused). A copier
+    /// must prove it holds it, and intercept proves it back; it never crosses the wire.
+    /// Without it the control channel is open to anyone allowed by --allow (warned at start).
+    #[arg(long, env = "TCPSHADOW_SECRET_FILE", value_name = "PATH")]
+    secret_file: Option<PathBuf>,
+
+    /// Removed: the cleartext token of control protocol 3. Refused with a pointer to
+    /// --secret-file.
+    #[arg(long, env = "TCPSHADOW_TOKEN_FILE", hide = true)]
     token_file: Option<PathBuf>,
+
+    /// Copier addresses allowed to connect, as CIDR (or one address); repeatable or
+    /// comma-separated. Connections from elsewhere are closed before anything is read
+    /// (logged and counted). Not given: every address may connect (warned at start).
+    #[arg(long, env = "TCPSHADOW_ALLOW", value_name = "CIDR", value_delimiter = ',', value_parser = parse_arp_check)]
+    allow: Vec<(Ipv4Addr, u8)>,
 
     /// Most copier connections served at once; further ones are refused with a reason
     /// (counted in the status line's `rejected`). Each costs two threads and their buffers.
@@ -105,6 +119,13 @@ struct Cli {
     /// Kernel capture buffer, in MiB: absorbs bursts while intercept is busy.
     #[arg(long, env = "TCPSHADOW_BUFFER_MIB", default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=4096))]
     buffer_mib: u32,
+
+    /// Capture threads (1 to 64). N > 1: N captures share the replies by flow hash (kernel
+    /// PACKET_FANOUT; each connection on one thread, its MySQL framing whole), each relaying
+    /// to the copier that claimed the session. Each capture gets its own --buffer-mib. Not
+    /// with --on-test-host.
+    #[arg(long, env = "TCPSHADOW_WORKERS", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    workers: u32,
 
     /// Feedback batches queued per copier before its feedback is dropped (counted).
     #[arg(long, env = "TCPSHADOW_QUEUE_BATCHES", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
@@ -306,8 +327,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     if cli.on_host.cleanup {
         return onhost::cleanup();
     }
-    let token = cli.token_file.as_deref().map(read_token).transpose()?;
-    if let Some(warning) = open_listen_warning(cli.listen, token.is_some()) {
+    let secret = read_secret(&cli)?;
+    for warning in open_channel_warnings(cli.listen, secret.is_some(), &cli.allow) {
         tracing::warn!("{warning}");
     }
     if cli.interface == "lo" && matches!(cli.direction, DirectionArg::Out) {
@@ -318,6 +339,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         );
     }
     let payload_prefix = cli.payload_prefix();
+    if cli.workers > 1 && cli.on_host.on_test_host {
+        bail!(
+            "--workers {} fans out the pcap capture; --on-test-host reads one queue: use \
+             --workers 1 there",
+            cli.workers
+        );
+    }
     // Capture first: a missing privilege is the most likely mistake, and nothing should be
     // listening for copiers when it happens.
     let mut source = if cli.on_host.on_test_host {
@@ -335,19 +363,15 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             },
         )?)
     } else {
-        ReplyCapture::Pcap(PcapSource::open(&CaptureOptions {
-            interface: cli.interface.clone(),
-            ports: cli.ports(),
-            server: cli.server,
-            payload: if cli.mysql() {
-                CapturedPayload::Whole
-            } else {
-                CapturedPayload::Prefix(usize::from(payload_prefix))
-            },
-            direction: cli.direction.into(),
-            buffer_bytes: cli.buffer_mib as usize * 1024 * 1024,
-        })?)
+        ReplyCapture::Pcap(PcapSource::open(&capture_options(&cli, payload_prefix))?)
     };
+
+    let mut more = Vec::new();
+    if let ReplyCapture::Pcap(first) = &mut source {
+        if cli.workers > 1 {
+            more = open_workers(&cli, first, payload_prefix)?;
+        }
+    }
 
     // Before the control server: a taken metrics port is a start-up mistake to fix now.
     let metrics = match cli.metrics {
@@ -372,15 +396,19 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         listener,
         ServerConfig {
             name: format!("intercept@{} port {}", hostname(), cli.ports_label()),
-            token,
+            secret,
+            allow: cli.allow.clone(),
             payload_prefix,
             mysql_head: cli.mysql().then_some(cli.mysql_head),
             queue_batches: cli.queue_batches as usize,
             max_copiers: cli.max_copiers as usize,
             doctor: Some({
                 let setup = doctor_setup(&cli);
+                // Opened now, while CAP_NET_RAW is still held: a copier's doctor asks for ARP
+                // checks later. Without it the check says it cannot send.
+                let arp = ops::arp::ArpSocket::open().ok().map(std::sync::Mutex::new);
                 intercept::server::DoctorHook(std::sync::Arc::new(move |q| {
-                    intercept::doctor::answer(&setup, q)
+                    intercept::doctor::answer(&setup, q, arp.as_ref())
                 }))
             }),
             ..ServerConfig::default()
@@ -389,8 +417,23 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     )
     .context("cannot start the control server")?;
     tracing::info!(listen = %server.local_addr(), protocol = ?cli.protocol, "waiting for copiers");
+    drop_privileges(cli.on_host.on_test_host)?;
 
     signals::install();
+    if !more.is_empty() {
+        let ReplyCapture::Pcap(first) = source else {
+            bail!("--workers needs the pcap capture");
+        };
+        let mut sources = vec![first];
+        sources.extend(more);
+        return workers::run(
+            &cli,
+            sources,
+            &server,
+            events_rx,
+            metrics.as_ref().map(|m| &m.0),
+        );
+    }
     let mut path = ReplyPath::new(
         Relay::new(cli.batch as usize),
         usize::from(payload_prefix),
@@ -445,47 +488,267 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     result
 }
 
-/// Said at start when copiers' control connections are open to the network without a token.
-fn open_listen_warning(listen: SocketAddr, has_token: bool) -> Option<String> {
-    (!has_token && !listen.ip().is_loopback()).then(|| {
-        format!(
-            "--listen {listen} is not a loopback address and no --token-file is set: any host \
-             that can reach it can claim sessions; set --token-file on both sides"
-        )
-    })
+/// Said once at start for each way the control channel is open.
+fn open_channel_warnings(
+    listen: SocketAddr,
+    has_secret: bool,
+    allow: &[(Ipv4Addr, u8)],
+) -> Vec<String> {
+    let mut out = Vec::new();
+    if !has_secret {
+        out.push(format!(
+            "the control channel is open: no --secret-file, so anything that can reach --listen \
+             {listen} can connect as a copier, claim sessions and read the test server's replies; \
+             set --secret-file on intercept and every copier"
+        ));
+    }
+    if allow.is_empty() && !listen.ip().is_loopback() {
+        out.push(format!(
+            "no --allow: copiers may connect to {listen} from any address; list the copiers' \
+             networks with --allow CIDR"
+        ));
+    }
+    out
 }
 
-fn read_token(path: &Path) -> anyhow::Result<Vec<u8>> {
-    let raw = std::fs::read(path)
-        .with_context(|| format!("cannot read --token-file {}", path.display()))?;
-    let token = raw.trim_ascii_end().to_vec();
-    if token.is_empty() {
-        bail!(
-            "--token-file {} is empty: put a secret in it (e.g. `head -c 32 /dev/urandom | base64 > FILE`)",
-            path.display()
-        );
+/// `--workers N`: opens N-1 more captures like `first`, joins all N to one fan-out group and
+/// drops what they captured before the group was whole (every member saw it).
+fn open_workers(
+    cli: &Cli,
+    first: &mut PcapSource,
+    payload_prefix: u16,
+) -> anyhow::Result<Vec<PcapSource>> {
+    let group = intercept::capture::fanout_group();
+    first.join_fanout(group)?;
+    let mut more = Vec::new();
+    for _ in 1..cli.workers {
+        let s = PcapSource::open(&capture_options(cli, payload_prefix))?;
+        s.join_fanout(group)?;
+        more.push(s);
     }
-    if token.len() > common::control::MAX_TOKEN_LEN {
-        bail!(
-            "--token-file {} holds {} bytes; the protocol allows at most {}",
-            path.display(),
-            token.len(),
-            common::control::MAX_TOKEN_LEN
-        );
+    let mut discarded = first.discard_backlog(1 << 20)?;
+    for s in &mut more {
+        discarded += s.discard_backlog(1 << 20)?;
     }
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        if let Ok(meta) = std::fs::metadata(path) {
-            if meta.permissions().mode() & 0o077 != 0 {
-                tracing::warn!(
-                    "--token-file {} is readable by other users; `chmod 600` it",
-                    path.display()
+    tracing::info!(
+        "{} capture workers in fan-out group {group} ({discarded} replies captured before the \
+         group formed dropped)",
+        cli.workers
+    );
+    Ok(more)
+}
+
+fn capture_options(cli: &Cli, payload_prefix: u16) -> CaptureOptions {
+    CaptureOptions {
+        interface: cli.interface.clone(),
+        ports: cli.ports(),
+        server: cli.server,
+        payload: if cli.mysql() {
+            CapturedPayload::Whole
+        } else {
+            CapturedPayload::Prefix(usize::from(payload_prefix))
+        },
+        direction: cli.direction.into(),
+        buffer_bytes: cli.buffer_mib as usize * 1024 * 1024,
+    }
+}
+
+/// `--workers N`: one capture thread per fan-out member, each with its own reply path (relay
+/// and MySQL framing) fed every routing change; this thread only sums their counters.
+mod workers {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::mpsc::{self, Receiver};
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    use intercept::capture::PcapSource;
+    use intercept::metrics::render_intercept_metrics;
+    use intercept::pump::{self, PumpConfig, ReplyPath, Status};
+    use intercept::relay::{Relay, RelayEvent};
+    use intercept::server::ControlServer;
+    use intercept::signals;
+    use tcpshadow_metrics::Published;
+
+    use super::{Cli, LINE_SLACK, METRICS_INTERVAL};
+
+    /// How often a worker hands its counters over.
+    const PUBLISH: Duration = Duration::from_millis(500);
+
+    pub(super) fn run(
+        cli: &Cli,
+        sources: Vec<PcapSource>,
+        server: &ControlServer,
+        events: Receiver<RelayEvent>,
+        metrics: Option<&Published>,
+    ) -> anyhow::Result<()> {
+        let n = sources.len();
+        // Every worker's relay must know every copier and claim: the server's events are
+        // copied to each, in order, by one thread (a claim reaches all relays before the
+        // copier's next claim does).
+        let (txs, rxs): (Vec<_>, Vec<_>) = (0..n).map(|_| mpsc::channel()).unzip();
+        std::thread::Builder::new()
+            .name("relay-events".into())
+            .spawn(move || {
+                while let Ok(ev) = events.recv() {
+                    for tx in &txs {
+                        let _ = tx.send(RelayEvent::clone(&ev));
+                    }
+                }
+            })?;
+        let stop = AtomicBool::new(false);
+        let latest: Vec<Mutex<(Status, bool)>> = (0..n)
+            .map(|_| Mutex::new((Status::default(), false)))
+            .collect();
+        let status_interval =
+            (cli.status_interval > 0).then(|| Duration::from_secs(cli.status_interval));
+        let results = std::thread::scope(|scope| {
+            let handles: Vec<_> = sources
+                .into_iter()
+                .zip(rxs)
+                .enumerate()
+                .map(|(i, (mut source, rx))| {
+                    let (latest, stop) = (&latest[i], &stop);
+                    let mut path = ReplyPath::new(
+                        Relay::new(cli.batch as usize),
+                        usize::from(cli.payload_prefix()),
+                        cli.sessions(),
+                    );
+                    std::thread::Builder::new()
+                        .name(format!("capture-{i}"))
+                        .spawn_scoped(scope, move || {
+                            let config = PumpConfig {
+                                status_interval: Some(PUBLISH),
+                                ..PumpConfig::default()
+                            };
+                            let r = pump::run(&mut source, &mut path, &rx, stop, config, |p, s| {
+                                let st = pump::status(p, s, Default::default());
+                                if let Ok(mut l) = latest.lock() {
+                                    l.0 = st;
+                                }
+                            });
+                            let st = pump::status(&path, &mut source, Default::default());
+                            if let Ok(mut l) = latest.lock() {
+                                *l = (st, true);
+                            }
+                            if r.is_err() {
+                                // One capture failed: stop the others, exit with its error.
+                                stop.store(true, Ordering::SeqCst);
+                            }
+                            r
+                        })
+                })
+                .collect();
+            let mut last_line = std::time::Instant::now();
+            let mut last_metrics = std::time::Instant::now();
+            loop {
+                if signals::STOP.load(Ordering::Relaxed) {
+                    stop.store(true, Ordering::SeqCst);
+                }
+                let (sum, done) = total(&latest, server);
+                if done == n {
+                    break;
+                }
+                if let Some(m) = metrics {
+                    if last_metrics.elapsed() >= METRICS_INTERVAL {
+                        m.set(render_intercept_metrics(&sum));
+                        last_metrics = std::time::Instant::now();
+                    }
+                }
+                if status_interval.is_some_and(|i| last_line.elapsed() + LINE_SLACK >= i) {
+                    tracing::info!("status: {sum}");
+                    last_line = std::time::Instant::now();
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            handles
+                .into_iter()
+                .map(|h| match h {
+                    Ok(h) => h
+                        .join()
+                        .unwrap_or_else(|_| Err(anyhow::anyhow!("a capture worker panicked"))),
+                    Err(e) => {
+                        stop.store(true, Ordering::SeqCst);
+                        Err(anyhow::anyhow!("cannot start a capture thread: {e}"))
+                    }
+                })
+                .collect::<Vec<_>>()
+        });
+        let (summary, _) = total(&latest, server);
+        if let Some(m) = metrics {
+            m.set(render_intercept_metrics(&summary));
+        }
+        for (i, l) in latest.iter().enumerate() {
+            if let Ok(l) = l.lock() {
+                let r = &l.0.relay;
+                tracing::info!(
+                    "worker {i}: captured={} routed={} unclaimed_broadcast={} mysql_sessions_framed={}",
+                    l.0.source.captured,
+                    r.routed,
+                    r.unclaimed,
+                    l.0.mysql.map_or(0, |(m, _)| m.sessions_framed)
                 );
             }
         }
+        tracing::info!("final: {summary}");
+        if signals::STOP.load(Ordering::Relaxed) {
+            tracing::info!("stopped by signal");
+        }
+        results
+            .into_iter()
+            .collect::<anyhow::Result<Vec<()>>>()
+            .map(|_| ())
     }
-    Ok(token)
+
+    /// The workers' latest counters summed, and how many workers have finished.
+    fn total(latest: &[Mutex<(Status, bool)>], server: &ControlServer) -> (Status, usize) {
+        let mut sum: Option<Status> = None;
+        let mut done = 0;
+        for l in latest {
+            let Ok(l) = l.lock() else { continue };
+            done += usize::from(l.1);
+            match &mut sum {
+                Some(s) => s.add(&l.0),
+                None => sum = Some(l.0),
+            }
+        }
+        let mut sum = sum.unwrap_or_default();
+        sum.server = server.stats();
+        (sum, done)
+    }
+}
+
+fn read_secret(cli: &Cli) -> anyhow::Result<Option<common::auth::Secret>> {
+    if cli.token_file.is_some() {
+        bail!(
+            "--token-file (token-file, TCPSHADOW_TOKEN_FILE) was replaced by --secret-file: the \
+             secret no longer crosses the wire (control protocol 4). Rename the flag on both \
+             hosts; the same file works if it holds at least 16 bytes and is chmod 600"
+        );
+    }
+    let Some(path) = &cli.secret_file else {
+        return Ok(None);
+    };
+    let raw = ops::secret::read_secret_file("--secret-file", path)?;
+    let secret = common::auth::Secret::new(&raw)
+        .with_context(|| format!("--secret-file {}", path.display()))?;
+    Ok(Some(secret))
+}
+
+/// Once the capture, the listeners and the ARP socket are open, keeps only what is still
+/// needed: nothing on an assist host; CAP_NET_ADMIN on the test host (`--on-test-host`), for
+/// the queue's verdicts and removing the nftables table at exit.
+fn drop_privileges(on_test_host: bool) -> anyhow::Result<()> {
+    let keep: &[u32] = if on_test_host {
+        &[ops::privs::CAP_NET_ADMIN]
+    } else {
+        &[]
+    };
+    let dropped = ops::privs::drop_all_but(keep).context(
+        "cannot drop capabilities after opening the capture (refusing to run with more than \
+         needed)",
+    )?;
+    tracing::info!("capabilities dropped: {}", dropped.describe());
+    Ok(())
 }
 
 fn hostname() -> String {
@@ -544,18 +807,37 @@ mod tests {
     }
 
     #[test]
-    fn an_open_listen_without_a_token_is_warned_about() {
+    fn an_open_control_channel_is_warned_about() {
         let open: SocketAddr = "0.0.0.0:36524".parse().unwrap();
         let lo: SocketAddr = "127.0.0.1:36524".parse().unwrap();
-        let lo6: SocketAddr = "[::1]:36524".parse().unwrap();
-        let w = open_listen_warning(open, false).unwrap();
+        let allow = [(Ipv4Addr::new(198, 18, 0, 2), 32)];
+        let w = open_channel_warnings(open, false, &[]);
+        assert_eq!(w.len(), 2, "{w:?}");
         assert!(
-            w.contains("--token-file") && w.contains("0.0.0.0:36524"),
-            "{w}"
+            w[0].contains("--secret-file") && w[0].contains("0.0.0.0:36524"),
+            "{w:?}"
         );
-        assert!(open_listen_warning(open, true).is_none());
-        assert!(open_listen_warning(lo, false).is_none());
-        assert!(open_listen_warning(lo6, false).is_none());
+        assert!(w[1].contains("--allow"), "{w:?}");
+        assert!(open_channel_warnings(open, true, &allow).is_empty());
+        assert_eq!(open_channel_warnings(lo, false, &[]).len(), 1);
+        assert!(open_channel_warnings(lo, true, &[]).is_empty());
+        let cli = Cli::try_parse_from([
+            "intercept",
+            "--port",
+            "3306",
+            "--allow",
+            "198.18.0.2,198.19.0.0/16",
+            "--allow",
+            "10.0.0.0/8",
+        ])
+        .unwrap();
+        assert_eq!(cli.allow.len(), 3);
+        assert_eq!(cli.allow[0], (Ipv4Addr::new(198, 18, 0, 2), 32));
+        assert!(Cli::try_parse_from(["intercept", "--port", "1", "--allow", "x/8"]).is_err());
+        let cli =
+            Cli::try_parse_from(["intercept", "--port", "1", "--token-file", "/etc/t"]).unwrap();
+        let e = read_secret(&cli).unwrap_err().to_string();
+        assert!(e.contains("--secret-file"), "{e}");
         let cli = Cli::try_parse_from(["intercept", "--port", "3306"]).unwrap();
         assert_eq!(cli.max_copiers, 64);
         assert!(

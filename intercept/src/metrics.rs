@@ -156,6 +156,19 @@ pub fn render_intercept_metrics(s: &Status) -> String {
         .map(|(k, v)| (vec![("result", k)], v)),
     );
     e.counters(
+        "tcpshadow_intercept_control_refused_total",
+        "Control connections refused, by reason: not_allowed (outside --allow, closed unread), \
+         no_secret, bad_secret, version, full (--max-copiers).",
+        [
+            ("not_allowed", c.refused_allow),
+            ("no_secret", c.refused_no_secret),
+            ("bad_secret", c.refused_bad_secret),
+            ("version", c.refused_version),
+            ("full", c.refused_full),
+        ]
+        .map(|(k, v)| (vec![("reason", k)], v)),
+    );
+    e.counters(
         "tcpshadow_intercept_control_addresses_total",
         "Addresses received in Claim and Release frames.",
         [("claim", c.claimed_addrs), ("release", c.released_addrs)]

@@ -53,7 +53,10 @@ impl ReplyPath {
 
     pub fn on_segment(&mut self, now: Instant, pkt: &TcpPacket<'_>) {
         let fb = TestFeedback::from_packet(pkt, self.prefix);
-        if let Some(m) = &mut self.mysql {
+        // With no copier connected (intercept just restarted) the events would be dropped, and
+        // a session first seen mid-stream says `FramingLost` only once: frame nothing until a
+        // copier is there to be told, so the copier of a surviving session learns it.
+        if let (Some(m), true) = (&mut self.mysql, self.relay.copiers() > 0) {
             m.set_hashing(self.relay.wants_payload_hashes());
             m.on_segment(now, pkt, &mut self.events);
         }
@@ -142,6 +145,66 @@ pub struct Status {
     pub server: ServerStatsSnapshot,
 }
 
+impl Status {
+    /// Adds another capture worker's counters (`--workers`). Copiers and claims are the same
+    /// at every worker (each hears every Claim), so the larger is kept, not the sum.
+    pub fn add(&mut self, o: &Status) {
+        self.copiers = self.copiers.max(o.copiers);
+        self.claimed = self.claimed.max(o.claimed);
+        let (s, t) = (&mut self.source, &o.source);
+        s.captured += t.captured;
+        let (p, q) = (&mut s.parse_errors, &t.parse_errors);
+        p.truncated += q.truncated;
+        p.not_ipv4 += q.not_ipv4;
+        p.not_tcp += q.not_tcp;
+        p.bad_ip_header += q.bad_ip_header;
+        p.bad_tcp_header += q.bad_tcp_header;
+        p.fragment += q.fragment;
+        p.other += q.other;
+        s.kernel = match (s.kernel, t.kernel) {
+            (Some(a), Some(b)) => Some(KernelStats {
+                received: a.received.wrapping_add(b.received),
+                dropped: a.dropped.wrapping_add(b.dropped),
+                if_dropped: a.if_dropped.wrapping_add(b.if_dropped),
+            }),
+            (a, b) => a.or(b),
+        };
+        let (r, q) = (&mut self.relay, &o.relay);
+        r.routed += q.routed;
+        r.unclaimed += q.unclaimed;
+        r.no_copier += q.no_copier;
+        r.relayed += q.relayed;
+        r.dropped_queue_full += q.dropped_queue_full;
+        r.mysql_relayed += q.mysql_relayed;
+        r.mysql_dropped += q.mysql_dropped;
+        r.mysql_no_copier += q.mysql_no_copier;
+        // Every worker applies every Claim and Release: counted once.
+        r.claims = r.claims.max(q.claims);
+        r.releases = r.releases.max(q.releases);
+        r.claims_moved = r.claims_moved.max(q.claims_moved);
+        r.claims_refused = r.claims_refused.max(q.claims_refused);
+        self.mysql = match (self.mysql, o.mysql) {
+            (Some((mut a, n)), Some((b, m))) => {
+                a.sessions_framed += b.sessions_framed;
+                a.packets += b.packets;
+                a.framing_lost += b.framing_lost;
+                a.lost_midstream += b.lost_midstream;
+                a.lost_gap += b.lost_gap;
+                a.lost_snapped += b.lost_snapped;
+                a.sessions_shed += b.sessions_shed;
+                a.sessions_expired += b.sessions_expired;
+                let (x, y) = (&mut a.reassembly, &b.reassembly);
+                x.duplicates += y.duplicates;
+                x.holes += y.holes;
+                x.ooo_held += y.ooo_held;
+                x.ooo_dropped += y.ooo_dropped;
+                Some((a, n + m))
+            }
+            (a, b) => a.or(b),
+        };
+    }
+}
+
 impl fmt::Display for Status {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let r = &self.relay;
@@ -204,9 +267,12 @@ impl fmt::Display for Status {
         let s = &self.server;
         write!(
             f,
-            " control: accepted={} rejected={} bad_frames={} timeouts={}",
+            " control: accepted={} rejected={} refused(allow/secret)={}/{} bad_frames={} \
+             timeouts={}",
             s.accepted,
             s.rejected,
+            s.refused_allow,
+            s.refused_no_secret + s.refused_bad_secret,
             s.garbage,
             s.timeouts + s.write_failures
         )

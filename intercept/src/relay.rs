@@ -49,7 +49,7 @@ impl Batch {
 }
 
 /// Changes to the routing table, sent by the control server's reader threads.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub enum RelayEvent {
     /// A copier completed its handshake; `tx` feeds its writer thread.
     Connected {

@@ -1,25 +1,31 @@
-//! The control server: accepts copiers, checks their Hello, turns their Claims and Releases into
+//! The control server: accepts copiers, authenticates them, turns their Claims and Releases into
 //! [`RelayEvent`]s and writes their feedback.
+//!
+//! A connection from outside [`ServerConfig::allow`] is closed before any of its bytes is read.
+//! Then the handshake (`docs/protocol.md`): Hello, Challenge (a fresh nonce), Auth (the copier's
+//! proof that it holds `--secret-file`'s secret, checked in constant time), Welcome (our proof
+//! back). Each refusal is one log line naming the peer and the reason, and is counted.
 //!
 //! Each copier gets a reader thread (handshake, claims, pings) and a writer thread fed by a
 //! bounded queue that only the relay fills. Nothing here may ever block the capture thread, and
-//! a misbehaving copier (garbage, wrong version, bad token, silence) costs only its own
+//! a misbehaving copier (garbage, wrong version, bad secret, silence) costs only its own
 //! connection. Connections are capped ([`ServerConfig::max_copiers`]): each costs threads and
-//! buffers, and without a token anyone who can reach the port can open them. Connections over
-//! the cap are refused, with a Reject saying why, by one shared thread.
+//! buffers, and the cap is reached before the handshake. Connections over the cap are refused,
+//! with a Reject saying why, by one shared thread. The secret itself is never logged nor sent.
 
 use std::io::{self, Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use common::auth::{Nonce, Secret};
 use common::control::{
-    encode_doctor_report, encode_feedback, encode_mysql, encode_pong, encode_reject,
-    encode_welcome, CopierMessage, DecodeError, DoctorQuery, DoctorReport, FrameDecoder, Hello,
-    Reject, Welcome, FEATURE_PAYLOAD_HASHES, PROTOCOL_VERSION,
+    encode_challenge, encode_doctor_report, encode_feedback, encode_mysql, encode_pong,
+    encode_reject, encode_welcome, Challenge, CopierMessage, DecodeError, DoctorQuery,
+    DoctorReport, FrameDecoder, Reject, Welcome, FEATURE_PAYLOAD_HASHES, PROTOCOL_VERSION,
 };
 
 use crate::relay::{CopierId, Outgoing, RelayEvent};
@@ -29,8 +35,10 @@ use crate::relay::{CopierId, Outgoing, RelayEvent};
 pub struct ServerConfig {
     /// Who this intercept is, told to copiers in the Welcome.
     pub name: String,
-    /// When set, a copier's Hello must carry this token.
-    pub token: Option<Vec<u8>>,
+    /// When set, a copier must prove it holds this secret (and intercept proves it back).
+    pub secret: Option<Secret>,
+    /// Copier addresses (network, prefix length) allowed to connect; empty allows all.
+    pub allow: Vec<(Ipv4Addr, u8)>,
     /// Payload bytes kept per feedback, told to copiers in the Welcome.
     pub payload_prefix: u16,
     /// `Some(--mysql-head)` when MySQL packets are framed, told to copiers in the Welcome.
@@ -65,7 +73,8 @@ impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
             name: "intercept".into(),
-            token: None,
+            secret: None,
+            allow: Vec::new(),
             payload_prefix: 64,
             mysql_head: None,
             queue_batches: 1024,
@@ -88,6 +97,14 @@ pub struct ServerStats {
     pub rejected: AtomicU64,
     /// Connections refused because `max_copiers` were already open (also in `rejected`).
     pub refused_full: AtomicU64,
+    /// Connections from outside `allow`, closed unread (not in `accepted`).
+    pub refused_allow: AtomicU64,
+    /// Copiers refused for presenting no proof while intercept has a secret (also in `rejected`).
+    pub refused_no_secret: AtomicU64,
+    /// Copiers refused for a proof that does not match the secret (also in `rejected`).
+    pub refused_bad_secret: AtomicU64,
+    /// Copiers refused for speaking another protocol version (also in `rejected`).
+    pub refused_version: AtomicU64,
     /// Control connections open right now.
     pub active: AtomicU64,
     /// Connections closed because they sent bytes that are not a valid frame.
@@ -104,6 +121,8 @@ pub struct ServerStats {
     /// Batches the writer could not encode (a bug, never expected).
     pub encode_errors: AtomicU64,
     last_garbage_log: Mutex<Option<Instant>>,
+    /// Refusal log lines, per reason: when the last was written and how many were not since.
+    refusal_logs: Mutex<[(Option<Instant>, u64); 4]>,
 }
 
 /// A plain copy of [`ServerStats`], for status lines.
@@ -114,6 +133,10 @@ pub struct ServerStatsSnapshot {
     pub closed: u64,
     pub rejected: u64,
     pub refused_full: u64,
+    pub refused_allow: u64,
+    pub refused_no_secret: u64,
+    pub refused_bad_secret: u64,
+    pub refused_version: u64,
     pub active: u64,
     pub garbage: u64,
     pub timeouts: u64,
@@ -133,6 +156,10 @@ impl ServerStats {
             closed: g(&self.closed),
             rejected: g(&self.rejected),
             refused_full: g(&self.refused_full),
+            refused_allow: g(&self.refused_allow),
+            refused_no_secret: g(&self.refused_no_secret),
+            refused_bad_secret: g(&self.refused_bad_secret),
+            refused_version: g(&self.refused_version),
             active: g(&self.active),
             garbage: g(&self.garbage),
             timeouts: g(&self.timeouts),
@@ -141,6 +168,26 @@ impl ServerStats {
             released_addrs: g(&self.released_addrs),
             pongs_dropped: g(&self.pongs_dropped),
             encode_errors: g(&self.encode_errors),
+        }
+    }
+
+    /// Whether a refusal for `why` is logged now: the first of each kind always, then at most
+    /// every 10 s (a copier with the wrong secret retries every few seconds, forever). Returns
+    /// how many were not logged since the last line.
+    fn refusal_log_due(&self, why: Refusal) -> Option<u64> {
+        let Ok(mut logs) = self.refusal_logs.lock() else {
+            return Some(0);
+        };
+        let (last, quiet) = &mut logs[why as usize];
+        match *last {
+            Some(t) if t.elapsed() < Duration::from_secs(10) => {
+                *quiet += 1;
+                None
+            }
+            _ => {
+                *last = Some(Instant::now());
+                Some(std::mem::take(quiet))
+            }
         }
     }
 
@@ -162,6 +209,98 @@ impl ServerStats {
 
 fn bump(c: &AtomicU64) {
     c.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Why a copier was refused, for the log line and the counters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Refusal {
+    NotAllowed = 0,
+    NoSecret = 1,
+    BadSecret = 2,
+    Version = 3,
+}
+
+impl Refusal {
+    /// The log line's reason, saying how to fix it.
+    fn reason(self) -> &'static str {
+        match self {
+            Refusal::NotAllowed => {
+                "address not in --allow (add its network to intercept's --allow)"
+            }
+            Refusal::NoSecret => {
+                "no secret (intercept has --secret-file; give the copier the same --secret-file)"
+            }
+            Refusal::BadSecret => "bad secret (check --secret-file on both hosts)",
+            Refusal::Version => {
+                "other protocol version (run the same tcpshadow release on both hosts)"
+            }
+        }
+    }
+
+    /// What the copier is told.
+    fn reject_reason(self) -> &'static str {
+        match self {
+            Refusal::NotAllowed => "this copier's address is not in intercept's --allow",
+            Refusal::NoSecret => {
+                "intercept requires a shared secret: start the copier with --secret-file (a copy \
+                 of intercept's --secret-file)"
+            }
+            Refusal::BadSecret => {
+                "bad secret: the copier's --secret-file does not hold the same secret as \
+                 intercept's (check --secret-file on both hosts)"
+            }
+            Refusal::Version => "",
+        }
+    }
+
+    fn counter(self, s: &ServerStats) -> &AtomicU64 {
+        match self {
+            Refusal::NotAllowed => &s.refused_allow,
+            Refusal::NoSecret => &s.refused_no_secret,
+            Refusal::BadSecret => &s.refused_bad_secret,
+            Refusal::Version => &s.refused_version,
+        }
+    }
+}
+
+/// Counts a refusal and logs it (rate-limited per reason) as one line naming the peer.
+fn log_refusal(ctx: &Ctx, peer: SocketAddr, name: Option<&str>, why: Refusal, detail: &str) {
+    bump(why.counter(&ctx.stats));
+    if let Some(quiet) = ctx.stats.refusal_log_due(why) {
+        let who = match name {
+            Some(n) => format!("copier {peer} ({n})"),
+            None => format!("copier {peer}"),
+        };
+        let more = if quiet > 0 {
+            format!("; {quiet} more such refusals since the last line")
+        } else {
+            String::new()
+        };
+        tracing::warn!("{who} refused: {}{detail}{more}", why.reason());
+    }
+}
+
+/// Whether `peer` may connect: in one of the `allow` networks, or `allow` is empty. IPv6 peers
+/// are allowed only as IPv4-mapped addresses of an allowed network.
+pub fn allowed(allow: &[(Ipv4Addr, u8)], peer: IpAddr) -> bool {
+    if allow.is_empty() {
+        return true;
+    }
+    let ip = match peer {
+        IpAddr::V4(ip) => ip,
+        IpAddr::V6(ip) => match ip.to_ipv4_mapped() {
+            Some(ip) => ip,
+            None => return false,
+        },
+    };
+    allow.iter().any(|&(net, len)| {
+        let mask = if len == 0 {
+            0
+        } else {
+            u32::MAX << (32 - u32::from(len.min(32)))
+        };
+        u32::from(ip) & mask == u32::from(net) & mask
+    })
 }
 
 /// A running control server. Its threads live as long as the process.
@@ -234,6 +373,13 @@ fn accept_loop(listener: TcpListener, ctx: Arc<Ctx>, events: Sender<RelayEvent>)
     loop {
         match listener.accept() {
             Ok((stream, peer)) => {
+                if !allowed(&ctx.config.allow, peer.ip()) {
+                    // Closed before reading a byte: a stranger learns nothing but that the
+                    // port is open.
+                    log_refusal(&ctx, peer, None, Refusal::NotAllowed, "");
+                    drop(stream);
+                    continue;
+                }
                 bump(&ctx.stats.accepted);
                 let max = ctx.config.max_copiers as u64;
                 if ctx.stats.active.load(Ordering::Relaxed) >= max {
@@ -334,8 +480,21 @@ fn serve(
             let _ = conn.reject(ctx, "the first frame must be a Hello");
             return;
         }
-        Err(End::Garbage(e @ DecodeError::VersionMismatch { .. })) => {
-            let _ = conn.reject(ctx, &e.to_string());
+        Err(End::Garbage(DecodeError::VersionMismatch { theirs, ours })) => {
+            log_refusal(
+                ctx,
+                peer,
+                None,
+                Refusal::Version,
+                &format!(": it speaks control protocol version {theirs}, this intercept {ours}"),
+            );
+            let _ = conn.reject(
+                ctx,
+                &format!(
+                    "this copier speaks control protocol version {theirs}, intercept speaks \
+                     version {ours}: run the same tcpshadow release on both hosts"
+                ),
+            );
             return;
         }
         Err(end) => {
@@ -344,11 +503,16 @@ fn serve(
             return;
         }
     };
-    if let Some(reason) = check_hello(cfg, &hello) {
-        tracing::warn!(%peer, copier = %hello.name, "refused copier: {reason}");
-        let _ = conn.reject(ctx, reason);
-        return;
-    }
+    let proof = match authenticate(ctx, &mut conn, peer, &hello.name) {
+        Ok(p) => p,
+        Err(end) => {
+            if let Some(end) = end {
+                log_end(ctx, peer, Some(&hello.name), end);
+            }
+            let _ = conn.stream.shutdown(Shutdown::Both);
+            return;
+        }
+    };
 
     let welcome = Welcome {
         version: PROTOCOL_VERSION,
@@ -361,6 +525,7 @@ fn serve(
         } else {
             0
         },
+        proof,
     };
     let mut out = Vec::new();
     if let Err(e) = encode_welcome(&welcome, &mut out) {
@@ -427,6 +592,7 @@ fn serve(
                 continue;
             }
             CopierMessage::Hello(_) => break End::Protocol("second Hello on one connection"),
+            CopierMessage::Auth(_) => break End::Protocol("second Auth on one connection"),
             CopierMessage::Doctor(q) => {
                 tracing::info!(%peer, copier = %hello.name, target = %q.target, "doctor query");
                 let report = match &cfg.doctor {
@@ -461,26 +627,48 @@ fn serve(
     let _ = conn.stream.shutdown(Shutdown::Both);
 }
 
-/// Why a Hello is refused, or `None` if it is accepted.
-fn check_hello(cfg: &ServerConfig, hello: &Hello) -> Option<&'static str> {
-    let expected = cfg.token.as_deref()?;
-    match hello.token.as_deref() {
-        None => Some(
-            "this intercept requires a token: give the copier the same token file as intercept's --token-file",
-        ),
-        Some(t) if !constant_time_eq(t, expected) => Some(
-            "wrong token: the copier's token file must hold the same secret as intercept's --token-file",
-        ),
-        Some(_) => None,
+/// Challenge and Auth: returns intercept's proof for the Welcome (`None` without a secret), or
+/// why the connection ends (`None` when the refusal was already logged and the Reject sent).
+fn authenticate(
+    ctx: &Ctx,
+    conn: &mut Conn,
+    peer: SocketAddr,
+    name: &str,
+) -> Result<Option<common::auth::Proof>, Option<End>> {
+    let server_nonce: Nonce = match ops::secret::random_bytes() {
+        Ok(n) => n,
+        Err(e) => {
+            tracing::error!("cannot read random bytes for a challenge: {e}");
+            return Err(Some(End::Io(e)));
+        }
+    };
+    let secret = ctx.config.secret.as_ref();
+    let mut out = Vec::new();
+    let challenge = Challenge {
+        nonce: server_nonce,
+        secret_required: secret.is_some(),
+    };
+    if encode_challenge(&challenge, &mut out).is_err() {
+        return Err(Some(End::Protocol("Challenge does not encode")));
     }
-}
-
-/// Compares without an early exit, so response timing does not leak how much of a guess matched.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    conn.stream.write_all(&out).map_err(|e| Some(End::Io(e)))?;
+    let auth = match conn.read_message() {
+        Ok(CopierMessage::Auth(a)) => a,
+        Ok(_) => return Err(Some(End::Protocol("the second frame must be an Auth"))),
+        Err(end) => return Err(Some(end)),
+    };
+    let Some(secret) = secret else {
+        // An open channel: nothing to check, nothing to prove.
+        return Ok(None);
+    };
+    let refusal = match &auth.proof {
+        None => Refusal::NoSecret,
+        Some(p) if !secret.verify_copier(&server_nonce, &auth.nonce, p) => Refusal::BadSecret,
+        Some(_) => return Ok(Some(secret.intercept_proof(&server_nonce, &auth.nonce))),
+    };
+    log_refusal(ctx, peer, Some(name), refusal, "");
+    let _ = conn.reject(ctx, refusal.reject_reason());
+    Err(None)
 }
 
 fn log_end(ctx: &Ctx, peer: SocketAddr, name: Option<&str>, end: End) {
@@ -607,29 +795,64 @@ fn encode_outgoing(m: &Outgoing, out: &mut Vec<u8>, stats: &ServerStats) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use common::control::{encode_hello, InterceptMessage};
+    use common::auth::NONCE_LEN;
+    use common::control::{encode_auth, encode_hello, Auth, Hello, InterceptMessage};
     use std::sync::mpsc;
 
     const WAIT: Duration = Duration::from_secs(10);
 
-    /// Connects to 127.0.0.1, sends a Hello and returns the first answer.
-    fn hello(addr: SocketAddr) -> (TcpStream, Option<InterceptMessage>) {
-        let mut s = TcpStream::connect(addr).unwrap();
-        s.set_read_timeout(Some(WAIT)).unwrap();
-        let mut out = Vec::new();
-        encode_hello(&Hello::new("c", None), &mut out).unwrap();
-        s.write_all(&out).unwrap();
-        let mut dec = FrameDecoder::<InterceptMessage>::new();
+    fn secret(s: &str) -> Secret {
+        Secret::new(s.as_bytes()).unwrap()
+    }
+
+    fn read_one(
+        s: &mut TcpStream,
+        dec: &mut FrameDecoder<InterceptMessage>,
+    ) -> Option<InterceptMessage> {
         let mut buf = [0u8; 4096];
         loop {
             if let Some(m) = dec.next_message().unwrap() {
-                return (s, Some(m));
+                return Some(m);
             }
             match s.read(&mut buf) {
-                Ok(0) | Err(_) => return (s, None),
+                Ok(0) | Err(_) => return None,
                 Ok(n) => dec.feed(&buf[..n]),
             }
         }
+    }
+
+    /// Connects to 127.0.0.1, says Hello, answers a Challenge with `secret`'s proof (none
+    /// without one) and returns the answer after that (or the first answer if it was not a
+    /// Challenge), plus the nonces for checking intercept's proof.
+    fn hello_with(
+        addr: SocketAddr,
+        secret: Option<&Secret>,
+    ) -> (TcpStream, Option<InterceptMessage>, Option<(Nonce, Nonce)>) {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(WAIT)).unwrap();
+        let mut out = Vec::new();
+        encode_hello(&Hello::new("c"), &mut out).unwrap();
+        s.write_all(&out).unwrap();
+        let mut dec = FrameDecoder::<InterceptMessage>::new();
+        let ch = match read_one(&mut s, &mut dec) {
+            Some(InterceptMessage::Challenge(c)) => c,
+            other => return (s, other, None),
+        };
+        let client_nonce = [0x5a; NONCE_LEN];
+        let auth = Auth {
+            nonce: client_nonce,
+            proof: secret.map(|k| k.copier_proof(&ch.nonce, &client_nonce)),
+        };
+        let mut out = Vec::new();
+        encode_auth(&auth, &mut out).unwrap();
+        s.write_all(&out).unwrap();
+        let m = read_one(&mut s, &mut dec);
+        (s, m, Some((ch.nonce, client_nonce)))
+    }
+
+    fn hello(addr: SocketAddr) -> (TcpStream, Option<InterceptMessage>) {
+        let (s, m, _) = hello_with(addr, None);
+        (s, m)
     }
 
     fn wait_for(mut cond: impl FnMut() -> bool, what: &str) {
@@ -640,15 +863,20 @@ mod tests {
         }
     }
 
+    fn start(config: ServerConfig) -> ControlServer {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let (events, events_rx) = mpsc::channel();
+        // The relay end stays open for the test's lifetime.
+        std::mem::forget(events_rx);
+        ControlServer::start(listener, config, events).unwrap()
+    }
+
     #[test]
     fn connections_over_the_cap_are_refused_with_a_reason() {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let (events, _events_rx) = mpsc::channel();
-        let config = ServerConfig {
+        let server = start(ServerConfig {
             max_copiers: 2,
             ..ServerConfig::default()
-        };
-        let server = ControlServer::start(listener, config, events).unwrap();
+        });
         let addr = server.local_addr();
         let (first, m) = hello(addr);
         assert!(matches!(m, Some(InterceptMessage::Welcome(_))), "{m:?}");
@@ -674,18 +902,107 @@ mod tests {
     }
 
     #[test]
-    fn token_rules() {
-        let mut cfg = ServerConfig::default();
-        let hello = |t: Option<&[u8]>| Hello::new("c", t.map(|t| t.to_vec()));
+    fn copiers_must_prove_the_secret_and_intercept_proves_it_back() {
+        let key = secret("0123456789abcdef-the-secret");
+        let server = start(ServerConfig {
+            secret: Some(key.clone()),
+            ..ServerConfig::default()
+        });
+        let addr = server.local_addr();
+
+        let (_s, m, _) = hello_with(addr, None);
+        match m {
+            Some(InterceptMessage::Reject(r)) => {
+                assert!(r.reason.contains("--secret-file"), "{}", r.reason)
+            }
+            other => panic!("expected a Reject, got {other:?}"),
+        }
+        let wrong = secret("0123456789abcdef-the-secreT");
+        let (_s, m, _) = hello_with(addr, Some(&wrong));
+        match m {
+            Some(InterceptMessage::Reject(r)) => {
+                assert!(r.reason.contains("bad secret"), "{}", r.reason);
+                assert!(!r.reason.contains("the-secret"), "{}", r.reason);
+            }
+            other => panic!("expected a Reject, got {other:?}"),
+        }
+        let (_s, m, nonces) = hello_with(addr, Some(&key));
+        let (sn, cn) = nonces.unwrap();
+        match m {
+            Some(InterceptMessage::Welcome(w)) => {
+                assert!(key.verify_intercept(&sn, &cn, &w.proof.unwrap()));
+                assert!(!wrong.verify_intercept(&sn, &cn, &w.proof.unwrap()));
+            }
+            other => panic!("expected a Welcome, got {other:?}"),
+        }
+        // Counted just after the Welcome is written.
+        wait_for(|| server.stats().welcomed == 1, "the welcome count");
+        let st = server.stats();
         assert_eq!(
-            check_hello(&cfg, &hello(Some(b"x"))),
-            None,
-            "no token required"
+            (
+                st.refused_no_secret,
+                st.refused_bad_secret,
+                st.rejected,
+                st.welcomed
+            ),
+            (1, 1, 2, 1)
         );
-        cfg.token = Some(b"secret".to_vec());
-        assert!(check_hello(&cfg, &hello(None)).is_some());
-        assert!(check_hello(&cfg, &hello(Some(b"secreT"))).is_some());
-        assert!(check_hello(&cfg, &hello(Some(b"secret!"))).is_some());
-        assert_eq!(check_hello(&cfg, &hello(Some(b"secret"))), None);
+    }
+
+    #[test]
+    fn without_a_secret_anyone_allowed_gets_in_without_a_proof() {
+        let server = start(ServerConfig::default());
+        let (_s, m, _) = hello_with(server.local_addr(), None);
+        match m {
+            Some(InterceptMessage::Welcome(w)) => assert_eq!(w.proof, None),
+            other => panic!("expected a Welcome, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn addresses_outside_allow_are_closed_unread() {
+        let server = start(ServerConfig {
+            allow: vec![(Ipv4Addr::new(198, 18, 0, 254), 32)],
+            ..ServerConfig::default()
+        });
+        let (_s, m) = hello(server.local_addr());
+        assert_eq!(m, None);
+        wait_for(|| server.stats().refused_allow == 1, "the refusal count");
+        let st = server.stats();
+        assert_eq!((st.accepted, st.active), (0, 0));
+
+        let open = start(ServerConfig {
+            allow: vec![(Ipv4Addr::new(127, 0, 0, 0), 8)],
+            ..ServerConfig::default()
+        });
+        let (_s, m) = hello(open.local_addr());
+        assert!(matches!(m, Some(InterceptMessage::Welcome(_))), "{m:?}");
+    }
+
+    #[test]
+    fn allow_matching() {
+        let v4 = |s: &str| IpAddr::V4(s.parse().unwrap());
+        assert!(allowed(&[], v4("203.0.113.9")));
+        let allow = [
+            (Ipv4Addr::new(198, 18, 0, 0), 24),
+            (Ipv4Addr::new(10, 1, 2, 3), 32),
+        ];
+        assert!(allowed(&allow, v4("198.18.0.2")));
+        assert!(allowed(&allow, v4("10.1.2.3")));
+        assert!(!allowed(&allow, v4("10.1.2.4")));
+        assert!(!allowed(&allow, v4("198.18.1.2")));
+        assert!(allowed(&allow, "::ffff:198.18.0.7".parse().unwrap()));
+        assert!(!allowed(&allow, "2001:db8::1".parse().unwrap()));
+        assert!(allowed(&[(Ipv4Addr::UNSPECIFIED, 0)], v4("8.8.8.8")));
+    }
+
+    #[test]
+    fn refusal_lines_are_rate_limited_per_reason() {
+        let st = ServerStats::default();
+        assert_eq!(st.refusal_log_due(Refusal::BadSecret), Some(0));
+        assert_eq!(st.refusal_log_due(Refusal::BadSecret), None);
+        assert_eq!(st.refusal_log_due(Refusal::BadSecret), None);
+        // Another reason has its own line.
+        assert_eq!(st.refusal_log_due(Refusal::NoSecret), Some(0));
     }
 }

@@ -10,8 +10,10 @@ use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
+use common::auth::Secret;
 use common::control::{
-    encode_hello, FrameDecoder, Hello, InterceptMessage, MysqlEvent, TestFeedback,
+    encode_auth, encode_hello, Auth, FrameDecoder, Hello, InterceptMessage, MysqlEvent,
+    TestFeedback,
 };
 use common::wire::{emit_ipv4_tcp, SegmentRepr, TcpFlags, TcpOptions};
 use copier::control_client::{ClientConfig, ControlClient, ControlHandle, Relayed};
@@ -184,7 +186,7 @@ impl Copier {
         Self::connect_with(ClientConfig {
             backoff_min: Duration::from_millis(10),
             backoff_max: Duration::from_millis(200),
-            ..ClientConfig::new(addr, Hello::new(name, None))
+            ..ClientConfig::new(addr, Hello::new(name), None)
         })
     }
 
@@ -433,11 +435,8 @@ fn a_garbage_frame_closes_only_that_connection() {
     // A welcomed copier that later sends garbage is cut off too, and only it.
     let mut rogue = TcpStream::connect(icpt.addr()).unwrap();
     rogue.set_read_timeout(Some(WAIT)).unwrap();
-    let mut out = Vec::new();
-    encode_hello(&Hello::new("rogue", None), &mut out).unwrap();
-    rogue.write_all(&out).unwrap();
     let mut dec = FrameDecoder::<InterceptMessage>::new();
-    let welcome = read_one(&mut rogue, &mut dec);
+    let welcome = handshake_raw(&mut rogue, &mut dec, "rogue", None);
     assert!(matches!(welcome, Some(InterceptMessage::Welcome(_))));
     rogue.write_all(&[0, 0, 0, 1, 0x77]).unwrap();
     wait_for(
@@ -449,6 +448,31 @@ fn a_garbage_frame_closes_only_that_connection() {
     assert_eq!(a.recv(1), [(client_addr(10), 5)]);
     assert!(a.handle.stats().connected);
     assert_eq!(a.handle.stats().reconnects, 0);
+}
+
+/// Hello, then an Auth answering the Challenge (with `secret`'s proof); the answer to that.
+fn handshake_raw(
+    s: &mut TcpStream,
+    dec: &mut FrameDecoder<InterceptMessage>,
+    name: &str,
+    secret: Option<&Secret>,
+) -> Option<InterceptMessage> {
+    let mut out = Vec::new();
+    encode_hello(&Hello::new(name), &mut out).unwrap();
+    s.write_all(&out).unwrap();
+    let ch = match read_one(s, dec)? {
+        InterceptMessage::Challenge(c) => c,
+        other => return Some(other),
+    };
+    let nonce = [9u8; common::auth::NONCE_LEN];
+    let auth = Auth {
+        nonce,
+        proof: secret.map(|k| k.copier_proof(&ch.nonce, &nonce)),
+    };
+    out.clear();
+    encode_auth(&auth, &mut out).unwrap();
+    s.write_all(&out).unwrap();
+    read_one(s, dec)
 }
 
 fn read_one(
@@ -468,9 +492,10 @@ fn read_one(
 }
 
 #[test]
-fn wrong_version_and_wrong_token_are_rejected_with_a_reason() {
+fn wrong_version_and_wrong_secret_are_rejected_with_a_reason() {
+    let key = Secret::new(b"s3cret-s3cret-s3cret").unwrap();
     let icpt = Intercept::start(ServerConfig {
-        token: Some(b"s3cret".to_vec()),
+        secret: Some(key.clone()),
         ..ServerConfig::default()
     });
 
@@ -479,14 +504,18 @@ fn wrong_version_and_wrong_token_are_rejected_with_a_reason() {
     let mut out = Vec::new();
     let hello = Hello {
         version: 0,
-        ..Hello::new("old-copier", Some(b"s3cret".to_vec()))
+        ..Hello::new("old-copier")
     };
     encode_hello(&hello, &mut out).unwrap();
     old.write_all(&out).unwrap();
     let mut dec = FrameDecoder::<InterceptMessage>::new();
     match read_one(&mut old, &mut dec) {
         Some(InterceptMessage::Reject(r)) => {
-            assert!(r.reason.contains("version 0"), "{}", r.reason)
+            assert!(
+                r.reason.contains("version 0") && r.reason.contains("same tcpshadow release"),
+                "{}",
+                r.reason
+            )
         }
         other => panic!("expected a Reject, got {other:?}"),
     }
@@ -494,19 +523,57 @@ fn wrong_version_and_wrong_token_are_rejected_with_a_reason() {
     let wrong = ClientConfig {
         backoff_min: Duration::from_millis(10),
         backoff_max: Duration::from_millis(50),
-        ..ClientConfig::new(icpt.addr(), Hello::new("c", Some(b"guess".to_vec())))
+        ..ClientConfig::new(
+            icpt.addr(),
+            Hello::new("c"),
+            Some(Secret::new(b"a guess of a secret").unwrap()),
+        )
     };
     let (handle, _rx) = ControlClient::spawn_with(wrong, || {}).unwrap();
     wait_for(|| handle.stats().rejects >= 2, "rejections");
     assert!(!handle.stats().connected);
-    assert!(handle.last_reject().unwrap().contains("token"));
+    let why = handle.refused_before_welcome().unwrap();
+    assert!(why.contains("bad secret"), "{why}");
     handle.shutdown();
 
-    let right = Copier::connect_with(ClientConfig::new(
-        icpt.addr(),
-        Hello::new("c", Some(b"s3cret".to_vec())),
-    ));
+    let none = ClientConfig {
+        backoff_min: Duration::from_millis(10),
+        backoff_max: Duration::from_millis(50),
+        ..ClientConfig::new(icpt.addr(), Hello::new("c"), None)
+    };
+    let (handle, _rx) = ControlClient::spawn_with(none, || {}).unwrap();
+    wait_for(|| handle.stats().rejects >= 1, "rejection");
+    let why = handle.refused_before_welcome().unwrap();
+    assert!(why.contains("--secret-file"), "{why}");
+    handle.shutdown();
+
+    let right = Copier::connect_with(ClientConfig::new(icpt.addr(), Hello::new("c"), Some(key)));
     assert!(right.handle.stats().connected);
+    let st = icpt.server.stats();
+    assert_eq!(st.refused_version, 1);
+    assert!(
+        st.refused_bad_secret >= 2 && st.refused_no_secret >= 1,
+        "{st:?}"
+    );
+}
+
+#[test]
+fn a_copier_with_a_secret_refuses_an_intercept_without_one() {
+    let icpt = Intercept::start(ServerConfig::default());
+    let cfg = ClientConfig {
+        backoff_min: Duration::from_millis(10),
+        backoff_max: Duration::from_millis(50),
+        ..ClientConfig::new(
+            icpt.addr(),
+            Hello::new("c"),
+            Some(Secret::new(b"only the copier has it").unwrap()),
+        )
+    };
+    let (handle, _rx) = ControlClient::spawn_with(cfg, || {}).unwrap();
+    wait_for(|| handle.stats().rejects >= 1, "refusal");
+    let why = handle.refused_before_welcome().unwrap();
+    assert!(why.contains("does not check a secret"), "{why}");
+    handle.shutdown();
 }
 
 /// Forwards TCP between the client and the server so a test can cut connections.
@@ -613,7 +680,7 @@ fn a_copier_that_comes_up_before_intercept_connects_when_it_appears() {
     let config = ClientConfig {
         backoff_min: Duration::from_millis(10),
         backoff_max: Duration::from_millis(100),
-        ..ClientConfig::new(addr, Hello::new("early", None))
+        ..ClientConfig::new(addr, Hello::new("early"), None)
     };
     let (handle, rx) = ControlClient::spawn_with(config, || {}).unwrap();
     handle.claim(client_addr(10));
@@ -647,7 +714,7 @@ fn pings_keep_a_quiet_connection_alive() {
     });
     let a = Copier::connect_with(ClientConfig {
         ping_interval: Duration::from_millis(50),
-        ..ClientConfig::new(icpt.addr(), Hello::new("quiet", None))
+        ..ClientConfig::new(icpt.addr(), Hello::new("quiet"), None)
     });
     thread::sleep(Duration::from_millis(800));
     let s = a.handle.stats();
@@ -658,17 +725,37 @@ fn pings_keep_a_quiet_connection_alive() {
     // A peer that says Hello and then nothing is closed after the idle timeout.
     let mut silent = TcpStream::connect(icpt.addr()).unwrap();
     silent.set_read_timeout(Some(WAIT)).unwrap();
-    let mut out = Vec::new();
-    encode_hello(&Hello::new("silent", None), &mut out).unwrap();
-    silent.write_all(&out).unwrap();
     let mut dec = FrameDecoder::<InterceptMessage>::new();
     assert!(matches!(
-        read_one(&mut silent, &mut dec),
+        handshake_raw(&mut silent, &mut dec, "silent", None),
         Some(InterceptMessage::Welcome(_))
     ));
     assert_eq!(read_one(&mut silent, &mut dec), None, "closed");
     wait_for(
         || icpt.server.stats().timeouts == 1,
         "the timeout to be counted",
+    );
+}
+
+/// Issue 8, intercept restarted: the test server's replies that arrive before any copier is
+/// back must not use up the one `FramingLost` of a session intercept now sees mid-stream, or
+/// the copier would wait for answers that never come.
+#[test]
+fn a_restarted_intercept_tells_the_returning_copier_that_framing_is_lost() {
+    let icpt = Intercept::start_mysql();
+    let c = client_addr(20);
+    // Replies of a session that was open before this intercept started; nobody connected.
+    icpt.reply(c, 7000, TcpFlags::ACK | TcpFlags::PSH, b"mid-reply");
+    // Give the pump time to handle it before the copier is there (if it has not, the copier
+    // hears about the first reply instead, which is as good).
+    thread::sleep(Duration::from_millis(100));
+    let a = Copier::connect(icpt.addr(), "copier-a");
+    a.handle.claim(c);
+    icpt.await_claims(1);
+    icpt.reply(c, 7009, TcpFlags::ACK | TcpFlags::PSH, b"more");
+    let got = seen(&a.rx, |g| g.iter().any(|s| matches!(s, Seen::Lost(..))));
+    assert!(
+        got.iter().any(|s| matches!(s, Seen::Lost(x, _) if *x == c)),
+        "the copier must hear that framing is lost: {got:#?}"
     );
 }

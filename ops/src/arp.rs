@@ -77,6 +77,51 @@ pub fn probe(
     targets: &[Ipv4Addr],
     wait: Duration,
 ) -> io::Result<Vec<ArpAnswer>> {
+    ArpSocket::open()?.probe(iface, sender, targets, wait)
+}
+
+/// A packet socket for ARP probes, opened while the process has CAP_NET_RAW so that a daemon
+/// can still probe after dropping it (a running intercept answers `copier doctor`). It receives
+/// nothing until its first probe binds it to an interface; after that it stays bound and its
+/// receive buffer (bounded by the kernel) holds that segment's ARP traffic until the next probe
+/// drains it.
+pub struct ArpSocket {
+    fd: OwnedFd,
+}
+
+impl ArpSocket {
+    /// Opens the socket (protocol 0: no packet is queued yet). Needs CAP_NET_RAW.
+    pub fn open() -> io::Result<ArpSocket> {
+        // SAFETY: plain socket(2); the descriptor is owned by `fd` from here on.
+        let raw = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
+        if raw < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `raw` is a descriptor we just opened and own.
+        Ok(ArpSocket {
+            fd: unsafe { OwnedFd::from_raw_fd(raw) },
+        })
+    }
+
+    /// [`probe`] on this socket; needs no capability.
+    pub fn probe(
+        &self,
+        iface: &str,
+        sender: Ipv4Addr,
+        targets: &[Ipv4Addr],
+        wait: Duration,
+    ) -> io::Result<Vec<ArpAnswer>> {
+        probe_on(&self.fd, iface, sender, targets, wait)
+    }
+}
+
+fn probe_on(
+    fd: &OwnedFd,
+    iface: &str,
+    sender: Ipv4Addr,
+    targets: &[Ipv4Addr],
+    wait: Duration,
+) -> io::Result<Vec<ArpAnswer>> {
     let mac = crate::host::mac_of(iface).ok_or_else(|| {
         io::Error::new(
             io::ErrorKind::NotFound,
@@ -90,19 +135,6 @@ pub fn probe(
     if index == 0 {
         return Err(io::Error::last_os_error());
     }
-    // SAFETY: plain socket(2); the descriptor is owned by `fd` from here on.
-    let raw = unsafe {
-        libc::socket(
-            libc::AF_PACKET,
-            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-            i32::from(ETH_P_ARP.to_be()),
-        )
-    };
-    if raw < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `raw` is a descriptor we just opened and own.
-    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
     // SAFETY: an all-zero sockaddr_ll is valid; the fields set below are plain integers.
     let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
     sll.sll_family = libc::AF_PACKET as u16;
@@ -122,6 +154,18 @@ pub fn probe(
     if rc != 0 {
         return Err(io::Error::last_os_error());
     }
+    // Whatever an earlier probe left queued is stale.
+    let mut buf = [0u8; 2048];
+    // SAFETY: reads at most buf.len() bytes into our buffer, without waiting.
+    while unsafe {
+        libc::recv(
+            fd.as_raw_fd(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            libc::MSG_DONTWAIT,
+        )
+    } > 0
+    {}
     for target in targets.iter().take(MAX_TARGETS) {
         let frame = request_frame(mac, sender, *target);
         // SAFETY: sends our buffer to the broadcast address in `sll`; both outlive the call.
@@ -144,7 +188,6 @@ pub fn probe(
     let wanted: std::collections::HashSet<Ipv4Addr> = targets.iter().copied().collect();
     let mut seen = BTreeMap::new();
     let deadline = Instant::now() + wait;
-    let mut buf = [0u8; 2048];
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {

@@ -5,9 +5,13 @@
 //! in a running daemon (the log filter), naming what needs a restart. [`check`]: the doctor's
 //! findings and how they are printed. [`host`]: facts about this host (sysctls, capabilities,
 //! interfaces, clock, conntrack). [`arp`]: who answers ARP for an address on a segment.
+//! [`privs`]: dropping capabilities once the privileged sockets are open. [`secret`]: the
+//! control channel's `--secret-file` and random nonces.
 
 pub mod arp;
 pub mod check;
 pub mod config;
 pub mod host;
+pub mod privs;
 pub mod reload;
+pub mod secret;

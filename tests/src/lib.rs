@@ -66,6 +66,8 @@ pub enum Host {
     Assist,
     /// The namespace holding the bridge.
     Bridge,
+    /// The optional second production host (`LAB_PROD2=1` at `up`).
+    Prod2,
 }
 
 impl Host {
@@ -76,6 +78,7 @@ impl Host {
             Host::Test => "test",
             Host::Assist => "assist",
             Host::Bridge => "br",
+            Host::Prod2 => "prod2",
         }
     }
 
@@ -86,6 +89,7 @@ impl Host {
             Host::Test => "LAB_TEST",
             Host::Assist => "LAB_ASSIST",
             Host::Bridge => "LAB_BR",
+            Host::Prod2 => "LAB_PROD2",
         }
     }
 }

@@ -19,6 +19,17 @@
 //! * Let two engines share a pool address, or run several engines without a pool (their
 //!   sessions would all send from the real client's address): [`Fleet::new`] refuses.
 //!
+//! `--workers N`: each capture worker runs a fleet of its own ([`Fleet::for_worker`]); the pool
+//! is cut into `workers x routes x copies` slices and worker `w` takes the `w`-th run of them,
+//! so sessions of different workers never share a mirrored address either. Feedback for an
+//! address in another worker's slices (intercept broadcasts what nobody has claimed yet) is
+//! counted as foreign and dropped.
+//!
+//! Several `--target` for one production port ([`Fleet::spread`]): those routes share the
+//! port's connections instead of each mirroring all of them. A connection goes to one of them,
+//! chosen by a fixed hash of the client's address and port ([`placement`]), the same in every
+//! copier run, so a restarted copier (or a connection picked up mid-stream) lands where it was.
+//!
 //! `max_sessions` applies per engine. `sample` is decided once per route, by one [`Sampler`]
 //! that the route's copies share: its decisions depend on what it has seen (the share so far,
 //! which connections it took), and one decision handed to every copy keeps the copies of a
@@ -67,6 +78,9 @@ struct Route {
     /// Whether an earlier route has the same production port (its packets are then already
     /// counted as captured there).
     port_seen_before: bool,
+    /// `(position, size)` in its placement group ([`Fleet::spread`]): the route takes only the
+    /// connections whose [`placement`] hash picks `position`.
+    spread: Option<(u32, u32)>,
 }
 
 /// See the module documentation.
@@ -81,11 +95,16 @@ pub struct Fleet {
     pool: Option<AddressPool>,
     /// Round-robin start of `poll_transmit`, so one busy engine cannot starve the others.
     next_tx: usize,
+    /// `(index, count)` of this fleet's capture worker (`(0, 1)` without `--workers`).
+    worker: (u32, u32),
     /// Captured packets of no route's port.
     captured_ignored: u64,
     /// Relayed feedback and events for an address in no engine's slice.
     feedback_unrouted: u64,
     test_events_unrouted: u64,
+    /// Relayed feedback for an address outside this fleet's slices (another worker's or
+    /// another copier's; counted in `unrouted` too).
+    feedback_foreign: u64,
 }
 
 impl Fleet {
@@ -95,11 +114,29 @@ impl Fleet {
         template: &EngineConfig,
         routes: &[(u16, SocketAddrV4)],
         copies: u32,
+        make: impl FnMut(EngineConfig) -> Engine,
+    ) -> Result<Self, FleetError> {
+        Self::for_worker(template, routes, copies, (0, 1), make)
+    }
+
+    /// Like [`Fleet::new`], for capture worker `worker.0` of `worker.1` (`--workers`): its
+    /// engines take their pool slices from the worker's own share of the pool.
+    pub fn for_worker(
+        template: &EngineConfig,
+        routes: &[(u16, SocketAddrV4)],
+        copies: u32,
+        worker: (u32, u32),
         mut make: impl FnMut(EngineConfig) -> Engine,
     ) -> Result<Self, FleetError> {
-        Self::check(template, routes, copies)?;
+        let workers = worker.1.max(1);
+        let worker = (worker.0.min(workers - 1), workers);
+        Self::check_workers(template, routes, copies, workers)?;
         let copies = copies.max(1) as usize;
         let count = routes.len() * copies;
+        // Without a pool a lone engine per worker sends from the real client address: a
+        // client flow lives on one worker only, so workers cannot collide.
+        let slices = count as u32 * workers;
+        let offset = worker.0 * count as u32;
         let pool = template
             .client_ip_pool
             .and_then(|(net, prefix)| AddressPool::new(net, prefix, Ipv4Addr::UNSPECIFIED));
@@ -111,12 +148,13 @@ impl Fleet {
                 prod_port,
                 first: engines.len(),
                 port_seen_before: routes[..r].iter().any(|(p, _)| *p == prod_port),
+                spread: None,
             });
             for _ in 0..copies {
                 let mut cfg = template.clone();
                 cfg.prod_port = prod_port;
                 cfg.target = target;
-                cfg.pool_slice = (engines.len() as u32, count as u32);
+                cfg.pool_slice = (offset + engines.len() as u32, slices);
                 engines.push(make(cfg));
             }
             // The route decides for its copies: theirs are dropped unused.
@@ -133,9 +171,11 @@ impl Fleet {
             copies,
             pool,
             next_tx: 0,
+            worker,
             captured_ignored: 0,
             feedback_unrouted: 0,
             test_events_unrouted: 0,
+            feedback_foreign: 0,
         })
     }
 
@@ -146,19 +186,35 @@ impl Fleet {
         routes: &[(u16, SocketAddrV4)],
         copies: u32,
     ) -> Result<(), FleetError> {
+        Self::check_workers(template, routes, copies, 1)
+    }
+
+    /// [`Fleet::check`] for `workers` capture workers, each with its own fleet and share of
+    /// the pool.
+    pub fn check_workers(
+        template: &EngineConfig,
+        routes: &[(u16, SocketAddrV4)],
+        copies: u32,
+        workers: u32,
+    ) -> Result<(), FleetError> {
         if routes.is_empty() {
             return Err(FleetError::NoRoutes);
         }
         let copies = copies.max(1) as usize;
         let count = routes.len() * copies;
+        // Only the pool is shared between workers: without one, each worker's lone engine
+        // mirrors from the client's own address, which no other worker sees.
+        let slices_total = u32::try_from(count)
+            .unwrap_or(u32::MAX)
+            .saturating_mul(workers.max(1));
         let pool = template
             .client_ip_pool
             .and_then(|(net, prefix)| AddressPool::new(net, prefix, Ipv4Addr::UNSPECIFIED));
-        if count > 1 {
+        if count > 1 || (slices_total > 1 && pool.is_some()) {
             let (Some(pool), Some((net, prefix))) = (pool, template.client_ip_pool) else {
                 return Err(FleetError::NeedPool { engines: count });
             };
-            let slices = u32::try_from(count).unwrap_or(u32::MAX);
+            let slices = slices_total;
             let distinct_targets = {
                 let mut t: Vec<Ipv4Addr> = routes.iter().map(|(_, t)| *t.ip()).collect();
                 t.sort_unstable();
@@ -180,12 +236,44 @@ impl Fleet {
                 if too_small {
                     return Err(FleetError::PoolTooSmall {
                         usable: pool.usable(),
-                        engines: count,
+                        engines: slices as usize,
                     });
                 }
             }
         }
         Ok(())
+    }
+
+    /// Spreads the connections of `prod_port` over the routes to `targets` (several
+    /// `--target`): each connection goes to one of them (by [`placement`], in the order of
+    /// `targets`) instead of to each. Routes of the port to other targets (`--map`) still get
+    /// every connection.
+    pub fn spread(&mut self, prod_port: u16, targets: &[SocketAddrV4]) {
+        let size = targets.len() as u32;
+        if size < 2 {
+            return;
+        }
+        let mut first_seen = None;
+        for r in &mut self.routes {
+            if r.prod_port != prod_port {
+                continue;
+            }
+            let target = self.engines[r.first].config().target;
+            if let Some(pos) = targets.iter().position(|t| *t == target) {
+                r.spread = Some((pos as u32, size));
+                // The group's routes see disjoint packets: each counts its captures.
+                match first_seen {
+                    None => first_seen = Some(r.port_seen_before),
+                    Some(before) => r.port_seen_before = before,
+                }
+            }
+        }
+    }
+
+    /// The target of the engine owning `mirrored`, if any (to find its intercept).
+    pub fn target_of(&self, mirrored: SocketAddrV4) -> Option<SocketAddrV4> {
+        self.owner(mirrored)
+            .map(|i| self.engines[i].config().target)
     }
 
     /// The engines, route by route, copies of a route next to each other.
@@ -214,6 +302,16 @@ impl Fleet {
         for (r, sampler) in self.routes.iter().zip(&mut self.samplers) {
             if r.prod_port == pkt.dst_port || r.prod_port == pkt.src_port {
                 taken = true;
+                if let Some((pos, size)) = r.spread {
+                    let client = if pkt.dst_port == r.prod_port {
+                        SocketAddrV4::new(pkt.src, pkt.src_port)
+                    } else {
+                        SocketAddrV4::new(pkt.dst, pkt.dst_port)
+                    };
+                    if placement(client, size) != pos {
+                        continue;
+                    }
+                }
                 let verdict = match sampler {
                     Some(s) => s.judge(now, pkt),
                     None => Verdict::IN,
@@ -234,7 +332,12 @@ impl Fleet {
     pub fn on_feedback(&mut self, now: Instant, fb: &TestFeedback) {
         match self.owner(fb.client) {
             Some(i) => self.engines[i].on_feedback(now, fb),
-            None => self.feedback_unrouted += 1,
+            None => {
+                self.feedback_unrouted += 1;
+                if self.is_foreign(fb.client) {
+                    self.feedback_foreign += 1;
+                }
+            }
         }
     }
 
@@ -343,15 +446,47 @@ impl Fleet {
         total
     }
 
-    fn owner(&self, mirrored: SocketAddrV4) -> Option<usize> {
-        if self.engines.len() == 1 {
-            return Some(0);
-        }
-        let slices = self.engines.len() as u32;
-        self.pool?
-            .slice_of(*mirrored.ip(), slices)
-            .map(|i| i as usize)
+    /// Relayed feedback items for addresses outside this fleet's pool slices: another
+    /// worker's (`--workers`) or another copier's sharing the intercept. Only counted with a
+    /// pool (without one the real client addresses cannot be told apart).
+    pub fn feedback_foreign(&self) -> u64 {
+        self.feedback_foreign
     }
+
+    /// The engine whose pool slice holds `mirrored`. Without a pool there is one engine (see
+    /// [`Fleet::check`]), mirroring from the real client addresses: it owns everything.
+    fn owner(&self, mirrored: SocketAddrV4) -> Option<usize> {
+        let count = self.engines.len() as u32;
+        let (worker, workers) = self.worker;
+        let Some(pool) = self.pool else {
+            return (count == 1).then_some(0);
+        };
+        let slice = pool.slice_of(*mirrored.ip(), count * workers)?;
+        let first = worker * count;
+        (first..first + count)
+            .contains(&slice)
+            .then(|| (slice - first) as usize)
+    }
+
+    /// Whether `mirrored` is none of this fleet's addresses although it has a pool: another
+    /// worker's, or another copier's that shares the intercept (both get what intercept
+    /// broadcasts because nobody has claimed it yet).
+    fn is_foreign(&self, mirrored: SocketAddrV4) -> bool {
+        self.pool.is_some() && self.owner(mirrored).is_none()
+    }
+}
+
+/// Which of `size` spread targets a client connection goes to: a fixed mix of the client's
+/// address and port (no per-process seed), so the answer is the same in every run.
+pub fn placement(client: SocketAddrV4, size: u32) -> u32 {
+    let mut h = (u64::from(u32::from(*client.ip())) << 16) | u64::from(client.port());
+    // splitmix64's finaliser: every input bit moves every output bit.
+    h ^= h >> 30;
+    h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    h ^= h >> 27;
+    h = h.wrapping_mul(0x94d0_49bb_1331_11eb);
+    h ^= h >> 31;
+    (h % u64::from(size.max(1))) as u32
 }
 
 #[cfg(test)]
@@ -507,6 +642,74 @@ mod tests {
         assert_eq!(st.captured_ignored, 1);
         assert_eq!(st.feedback_unknown_session, 1);
         assert_eq!(st.sessions_opened, 1);
+    }
+
+    #[test]
+    fn workers_mirror_from_disjoint_shares_of_the_pool() {
+        let routes = [(3306, TARGET)];
+        let make = |w| Fleet::for_worker(&template(), &routes, 2, (w, 2), Engine::new).unwrap();
+        let (mut a, mut b) = (make(0), make(1));
+        let pool = AddressPool::new(POOL.0, POOL.1, Ipv4Addr::UNSPECIFIED).unwrap();
+        let mut slices = HashSet::new();
+        let mut mirrored = Vec::new();
+        for (f, port) in [(&mut a, 40000u16), (&mut b, 40001)] {
+            let c = SocketAddrV4::new(*CLIENT.ip(), port);
+            capture(f, &packet(c, PROD, C, 0, SYN, b"", Default::default()));
+            for (s, _) in drain(f) {
+                slices.insert(pool.slice_of(*s.src.ip(), 4).unwrap());
+                mirrored.push(s.src);
+            }
+        }
+        assert_eq!(slices.len(), 4, "2 workers x 2 copies, one slice each");
+        // Worker 0's addresses are foreign to worker 1: dropped and counted there.
+        syn_ack(&mut b, mirrored[0], TARGET);
+        assert_eq!(b.feedback_foreign(), 1);
+        assert_eq!(b.stats().feedback_unknown_session, 1);
+        syn_ack(&mut a, mirrored[0], TARGET);
+        assert_eq!(a.feedback_foreign(), 0);
+        assert_eq!(a.stats().feedback_unknown_session, 0);
+        // Without a pool, one engine per worker is fine (real client addresses), more are not.
+        let mut no_pool = template();
+        no_pool.client_ip_pool = None;
+        assert!(Fleet::check_workers(&no_pool, &routes, 1, 4).is_ok());
+        assert_eq!(
+            Fleet::check_workers(&no_pool, &routes, 2, 4),
+            Err(FleetError::NeedPool { engines: 2 })
+        );
+        let mut tiny = template();
+        tiny.client_ip_pool = Some((Ipv4Addr::new(198, 19, 0, 0), 30));
+        assert!(matches!(
+            Fleet::check_workers(&tiny, &routes, 1, 4),
+            Err(FleetError::PoolTooSmall { engines: 4, .. })
+        ));
+    }
+
+    #[test]
+    fn spread_targets_each_get_a_share_of_the_connections_and_keep_it() {
+        let routes = [(3306, TARGET), (3306, TARGET2)];
+        let mut f = fleet(&routes, 1);
+        f.spread(3306, &[TARGET, TARGET2]);
+        let mut per_target: HashMap<Ipv4Addr, usize> = HashMap::new();
+        for port in 40000..40200u16 {
+            let c = SocketAddrV4::new(*CLIENT.ip(), port);
+            capture(&mut f, &packet(c, PROD, C, 0, SYN, b"", Default::default()));
+            let sent = drain(&mut f);
+            assert_eq!(sent.len(), 1, "{c}: one SYN, to one target");
+            let (s, to) = &sent[0];
+            let want = [TARGET, TARGET2][placement(c, 2) as usize];
+            assert_eq!(s.dst, want, "{c}");
+            *per_target.entry(*to).or_default() += 1;
+            assert_eq!(f.target_of(s.src), Some(want));
+        }
+        let (a, b) = (per_target[TARGET.ip()], per_target[TARGET2.ip()]);
+        assert!((70..=130).contains(&a) && a + b == 200, "{a} / {b}");
+        let st = f.stats();
+        assert_eq!(st.captured_client_to_prod, 200, "each packet counted once");
+        assert_eq!(st.sessions_opened, 200);
+        // Fixed: the same client lands on the same target in any run.
+        let c = SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 10), 51234);
+        assert_eq!(placement(c, 2), placement(c, 2));
+        assert_eq!(placement(c, 1), 0);
     }
 
     #[test]

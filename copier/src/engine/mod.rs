@@ -83,15 +83,19 @@
 //!   mirrored address; sessions with something to send wait in a round-robin ready queue.
 
 mod fleet;
+mod flowhash;
 mod pool;
 mod ranges;
 mod reassembly;
+mod recovery;
 mod rtt;
 mod sample;
 mod session;
 mod stats;
 mod transform;
 
+#[cfg(test)]
+mod recovery_tests;
 #[cfg(test)]
 mod sim_tests;
 #[cfg(test)]
@@ -109,7 +113,9 @@ use common::control::TestFeedback;
 use common::wire::{emit_ipv4_tcp, SegmentRepr, TcpPacket};
 
 pub use fleet::{Fleet, FleetError};
+use flowhash::FlowHash;
 use pool::AddressPool;
+pub use recovery::lost_test_answers;
 pub use sample::Sample;
 use sample::{Sampler, Verdict};
 use session::{Outcome, Session, Start};
@@ -286,6 +292,12 @@ impl CloseReason {
         }
     }
 
+    /// Whether a session ending for this reason may have lost only its test-side connection
+    /// and be re-established (see `recovery.rs`; `NotMirrorable` only for some causes).
+    pub fn is_test_side_loss(self) -> bool {
+        recovery::test_side_loss(self) || self == Self::NotMirrorable
+    }
+
     /// Whether ending for this reason means we send the test server a RST (we abort; it did
     /// not end the connection itself).
     pub fn sends_reset(self) -> bool {
@@ -341,8 +353,8 @@ pub struct Engine {
     pool: Option<AddressPool>,
     slots: Vec<Slot>,
     free: Vec<u32>,
-    by_flow: HashMap<FlowKey, SessionId>,
-    by_mirror: HashMap<SocketAddrV4, SessionId>,
+    by_flow: HashMap<FlowKey, SessionId, FlowHash>,
+    by_mirror: HashMap<SocketAddrV4, SessionId, FlowHash>,
     /// Earliest deadline per session, lazily invalidated: an entry is live only if its session
     /// still exists and `Session::heap_at` equals its instant.
     timers: BinaryHeap<Reverse<(Instant, u32, u32)>>,
@@ -359,6 +371,8 @@ pub struct Engine {
     /// `--sample`'s decisions; `None` without sampling, or when a [`Fleet`] decides for all
     /// copies of a route.
     sampler: Option<Sampler>,
+    /// Paces re-establishing sessions while the test server does not answer (`recovery.rs`).
+    gate: recovery::Gate,
 }
 
 impl Engine {
@@ -380,8 +394,8 @@ impl Engine {
             pool,
             slots: Vec::with_capacity(presize),
             free: Vec::new(),
-            by_flow: HashMap::with_capacity(presize),
-            by_mirror: HashMap::with_capacity(presize),
+            by_flow: HashMap::with_capacity_and_hasher(presize, FlowHash::default()),
+            by_mirror: HashMap::with_capacity_and_hasher(presize, FlowHash::default()),
             timers: BinaryHeap::with_capacity(presize),
             ready: VecDeque::with_capacity(presize.min(4096)),
             control_out: VecDeque::with_capacity(64),
@@ -392,6 +406,7 @@ impl Engine {
             factory: transform::FactorySlot(factory),
             captured_at: None,
             sampler: Sampler::for_engine(&cfg),
+            gate: recovery::Gate::default(),
             cfg,
         }
     }
@@ -503,7 +518,9 @@ impl Engine {
                 if new_isn {
                     self.release(id);
                     self.open_session(now, pkt, Start::Syn);
-                } else {
+                } else if self.try_reestablish(now, id, pkt) {
+                    // A new session took the packet through the pickup path.
+                } else if let Some(s) = slot_session(&mut self.slots, id) {
                     s.touch_lingering(now, &self.cfg);
                     self.stats.captured_stale += 1;
                     self.schedule(id);
@@ -580,8 +597,55 @@ impl Engine {
             }
             return;
         }
+        if let Some(rst) = s.stale_connection_reset(fb, self.cfg.ttl) {
+            self.stats.stale_test_connections_reset += 1;
+            if self.control_out.len() < CONTROL_QUEUE_CAP {
+                self.control_out.push_back(rst);
+            } else {
+                self.stats.control_queue_dropped += 1;
+            }
+        }
+        let was_syn_sent = s.phase == session::Phase::SynSent;
         let out = s.on_feedback(now, &self.cfg, &mut self.stats, fb);
+        if was_syn_sent && s.phase == session::Phase::Established {
+            // The test server answers: sessions waiting for it may all come back.
+            self.gate.succeeded();
+        }
         self.settle(id, now, out);
+    }
+
+    /// A client packet for a session waiting to be re-established (see `recovery.rs`): if
+    /// it carries data and the pacing allows, the old session is forgotten and a new one
+    /// starts from this packet through the pickup path. Returns whether that happened.
+    fn try_reestablish(&mut self, now: Instant, id: SessionId, pkt: &TcpPacket<'_>) -> bool {
+        let Some(s) = slot_session(&mut self.slots, id) else {
+            return false;
+        };
+        let Some(revival) = s.revival else {
+            return false;
+        };
+        let f = pkt.flags;
+        if pkt.payload.is_empty() || f.fin() || f.rst() || f.syn() || !self.cfg.pickup_midstream {
+            return false;
+        }
+        if now < revival.not_before || !self.gate.admit(now, self.cfg.handshake_timeout) {
+            self.stats.reestablish_deferred += 1;
+            return false;
+        }
+        self.release(id);
+        let key = FlowKey {
+            client: SocketAddrV4::new(pkt.src, pkt.src_port),
+            prod_ip: pkt.dst,
+        };
+        self.open_session(now, pkt, Start::Pickup);
+        let Some(new) = self.by_flow.get(&key).copied() else {
+            return true; // not opened (shed, pool exhausted): counted there
+        };
+        if let Some(s) = slot_session(&mut self.slots, new) {
+            s.revived_after = Some(revival.attempts);
+        }
+        self.stats.sessions_reestablished[revival.reason.index()] += 1;
+        true
     }
 
     /// Something learnt about the test server's side of the session that sends from
@@ -867,6 +931,21 @@ impl Engine {
         } else {
             None
         };
+        s.revival = if self.cfg.pickup_midstream {
+            s.revival(reason, now)
+        } else {
+            None
+        };
+        if s.revival.is_some() {
+            self.stats.sessions_awaiting_reestablish += 1;
+        }
+        // A handshake timeout says nothing about the test server if it did answer (the client
+        // never finished its own handshake with production).
+        if recovery::unreachable(reason)
+            && (reason != CloseReason::HandshakeTimeout || s.phase == session::Phase::SynSent)
+        {
+            self.gate.failed(now);
+        }
         s.enter_linger(now + self.cfg.linger, reason == CloseReason::Completed);
         self.stats.sessions_active -= 1;
         self.stats.sessions_lingering += 1;
@@ -901,6 +980,9 @@ impl Engine {
         self.free.push(id.idx);
         debug_assert!(s.is_lingering());
         self.stats.sessions_lingering -= 1;
+        if s.revival.is_some() {
+            self.stats.sessions_awaiting_reestablish -= 1;
+        }
         let key = FlowKey {
             client: s.client,
             prod_ip: s.prod_ip,

@@ -122,6 +122,16 @@ pub struct EngineStats {
     pub test_events_unknown_session: u64,
 
     // --- transforms ---
+    /// Sessions re-established through the pickup path after losing only their test-side
+    /// connection, by why that connection ended (`CloseReason::index`).
+    pub sessions_reestablished: [u64; CloseReason::COUNT],
+    /// Closed sessions now waiting to be re-established on their client's next data (gauge).
+    pub sessions_awaiting_reestablish: u64,
+    /// Client packets of waiting sessions not used to re-establish them yet (pacing).
+    pub reestablish_deferred: u64,
+    /// Older connections on our 4-tuple that the test server still held, reset so our SYN
+    /// could get through (after a copier restart, or a lost RST).
+    pub stale_test_connections_reset: u64,
     /// Counters the sessions' transforms bump, by the id they define; see
     /// `Engine::transform_counter_names`.
     pub transform: TransformStats,
@@ -134,6 +144,11 @@ impl EngineStats {
 
     pub fn closed_total(&self) -> u64 {
         self.sessions_closed.iter().sum()
+    }
+
+    /// Sessions re-established after losing their test-side connection, for any reason.
+    pub fn reestablished_total(&self) -> u64 {
+        self.sessions_reestablished.iter().sum()
     }
 
     /// Adds the counters of another copy of the same captured traffic (`--multiply`): its
@@ -217,9 +232,19 @@ impl EngineStats {
             feedback_out_of_order,
             feedback_test_retransmits,
             test_events_unknown_session,
+            sessions_awaiting_reestablish,
+            reestablish_deferred,
+            stale_test_connections_reset,
         );
         self.transform.merge(&o.transform);
         for (a, b) in self.sessions_closed.iter_mut().zip(o.sessions_closed) {
+            *a += b;
+        }
+        for (a, b) in self
+            .sessions_reestablished
+            .iter_mut()
+            .zip(o.sessions_reestablished)
+        {
             *a += b;
         }
     }

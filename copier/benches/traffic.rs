@@ -1,0 +1,468 @@
+//! Scripted production traffic for the session engine, with a fake clock and no I/O: many
+//! concurrent sysbench-like sessions (a small request, a result set of a few hundred bytes,
+//! the client's ACK of it, the test server's reply relayed by intercept), so the engine's
+//! per-packet path can be measured (`benches/engine.rs`) and checked for allocations
+//! (`tests/engine_allocs.rs`).
+//!
+//! What a round of one session feeds the engine (the *input packets* the benchmarks count):
+//! the client's request and production's reply as captured, the client's pure ACK of that
+//! reply, and the test server's reply as one `TestFeedback`; with the MySQL layer also the
+//! reply's MySQL packet summaries, as intercept relays them (events, not counted as
+//! packets). The engine sends two packets per round: the request and a pure ACK.
+//!
+//! This file must never do I/O or read a clock: the figures must not depend on the machine's
+//! network, only on the engine's code.
+
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::clock::Instant;
+use common::control::{MysqlEvent, MysqlPacket, TestFeedback};
+use common::wire::{TcpFlags, TcpOptions, TcpPacket};
+use copier::credentials::Credentials;
+use copier::engine::{Engine, EngineConfig, EngineEvent, TestEvent};
+use copier::mysql::{MysqlConfig, MysqlFactory};
+
+const PROD: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
+const PROD_PORT: u16 = 3306;
+const TARGET: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 3), 3306);
+
+/// MariaDB 10.11's greeting to sysbench (from common/src/mysql/fixtures.rs).
+const GREETING: &str = concat!(
+    "0a352e352e352d31302e31312e31392d4d6172696144422d302b64656231327531000a0000006079615a21337c3a00fe",
+    "f7080200ff81150000000000001d000000483d373c656a653c3c557779006d7973716c5f6e61746976655f7061737377",
+    "6f726400",
+);
+/// sysbench's HandshakeResponse41 (MariaDB Connector/C 3.3.20), payload only.
+const LOGIN: &str = concat!(
+    "8ca2bf00000010002d000000000000000000000000000000000000001d00000073620014115c1b28b2b7a64e",
+    "e157e2a8a7a733a3fc1eade7736274657374006d7973716c5f6e61746976655f70617373776f7264006b035f6f73054c",
+    "696e75780c5f636c69656e745f6e616d650a6c69626d617269616462045f70696404343534360f5f636c69656e745f76",
+    "657273696f6e06332e332e3230095f706c6174666f726d067838365f36340c5f7365727665725f686f7374093132372e",
+    "302e302e31",
+);
+const OK: &[u8] = &[0, 0, 0, 2, 0, 0, 0];
+
+fn hex(s: &str) -> Vec<u8> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex"))
+        .collect()
+}
+
+fn framed(seq: u8, payload: &[u8], out: &mut Vec<u8>) {
+    let len = payload.len() as u32;
+    out.extend_from_slice(&len.to_le_bytes()[..3]);
+    out.push(seq);
+    out.extend_from_slice(payload);
+}
+
+fn lenenc_str(s: &[u8], out: &mut Vec<u8>) {
+    out.push(s.len() as u8);
+    out.extend_from_slice(s);
+}
+
+/// A text-protocol result set of one VARCHAR column and `rows` rows of `width` bytes each
+/// (sysbench's point select returns one row of 120 bytes): its MySQL packets, payloads only.
+fn result_set(rows: usize, width: usize) -> Vec<Vec<u8>> {
+    let mut col = Vec::new();
+    for s in [&b"def"[..], b"sbtest", b"sbtest1", b"sbtest1", b"c", b"c"] {
+        lenenc_str(s, &mut col);
+    }
+    col.extend_from_slice(&[
+        0x0c, 0x21, 0x00, 0xe0, 0x01, 0, 0, 0xfe, 0x01, 0x10, 0, 0, 0,
+    ]);
+    let eof = vec![0xfe, 0, 0, 0x02, 0];
+    let mut packets = vec![vec![1u8], col, eof.clone()];
+    for r in 0..rows {
+        let mut row = Vec::new();
+        let value: Vec<u8> = (0..width).map(|i| b'0' + ((i + r) % 10) as u8).collect();
+        lenenc_str(&value, &mut row);
+        packets.push(row);
+    }
+    packets.push(eof);
+    packets
+}
+
+/// Which engine the traffic drives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layer {
+    /// `--protocol tcp`: bytes mirrored as they are.
+    Tcp,
+    /// `--protocol mysql` with logins forwarded unchanged (no credentials): the MySQL
+    /// transform frames both directions and tracks every reply.
+    Mysql,
+}
+
+struct Flow {
+    client: SocketAddrV4,
+    /// Next client sequence number (client -> prod and our stream toward test: the same).
+    c_seq: u32,
+    /// Next production sequence number (prod -> client).
+    p_seq: u32,
+    /// Next test-server sequence number.
+    t_seq: u32,
+    /// Client TSval, advancing.
+    ts: u32,
+    /// Intercept's stream offset of the next MySQL packet of the test server.
+    t_offset: u64,
+}
+
+/// See the module documentation.
+pub struct Traffic {
+    pub engine: Engine,
+    layer: Layer,
+    flows: Vec<Flow>,
+    now: Instant,
+    buf: Vec<u8>,
+    /// The request every round sends (a framed COM_QUERY), and the reply (framed).
+    request: Vec<u8>,
+    reply: Vec<u8>,
+    /// One reusable feedback and one reusable MySQL event per reply packet: no allocation per
+    /// round on the script's side (their `head`s are allocated once, here).
+    feedback: TestFeedback,
+    events: Vec<MysqlEvent>,
+    pub packets_in: u64,
+    pub packets_out: u64,
+    pub bytes_out: u64,
+    /// Why the first session that closed while opening did.
+    closed: Option<String>,
+}
+
+fn pkt<'a>(
+    src: SocketAddrV4,
+    dst: SocketAddrV4,
+    seq: u32,
+    ack: u32,
+    flags: u8,
+    ts: Option<(u32, u32)>,
+    payload: &'a [u8],
+) -> TcpPacket<'a> {
+    TcpPacket {
+        src: *src.ip(),
+        dst: *dst.ip(),
+        src_port: src.port(),
+        dst_port: dst.port(),
+        seq,
+        ack,
+        flags: TcpFlags(flags),
+        window: 502,
+        options: TcpOptions {
+            timestamps: ts,
+            ..TcpOptions::default()
+        },
+        ip_id: 0,
+        ttl: 64,
+        payload,
+        payload_len: payload.len() as u32,
+    }
+}
+
+const A: u8 = TcpFlags::ACK;
+const PA: u8 = TcpFlags::ACK | TcpFlags::PSH;
+
+impl Traffic {
+    /// `sessions` connections, opened and logged in (MySQL), ready for [`Traffic::round`].
+    pub fn new(layer: Layer, sessions: usize) -> Self {
+        let mut cfg = EngineConfig::new(PROD_PORT, TARGET);
+        cfg.max_sessions = sessions.max(1);
+        let engine = match layer {
+            Layer::Tcp => Engine::new(cfg),
+            Layer::Mysql => {
+                let config = MysqlConfig {
+                    forward_without_credentials: true,
+                    ..MysqlConfig::default()
+                };
+                let random: copier::mysql::RandomBytes = Arc::new(|b: &mut [u8]| {
+                    b.fill(7);
+                    true
+                });
+                let factory = MysqlFactory::new(config, Arc::new(Credentials::default()), random);
+                Engine::with_transform(cfg, Box::new(factory))
+            }
+        };
+        let mut request = Vec::new();
+        let mut query = vec![0x03];
+        query.extend_from_slice(b"SELECT c FROM sbtest1 WHERE id=50321");
+        framed(0, &query, &mut request);
+        let reply_packets = result_set(1, 120);
+        let mut reply = Vec::new();
+        for (i, p) in reply_packets.iter().enumerate() {
+            framed(i as u8 + 1, p, &mut reply);
+        }
+        let events = reply_packets
+            .iter()
+            .enumerate()
+            .map(|(i, p)| MysqlEvent::Packet {
+                client: SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0),
+                packet: MysqlPacket {
+                    stream_offset: 0,
+                    tcp_seq: 0,
+                    seq_id: i as u8 + 1,
+                    len: p.len() as u32,
+                    head: p[..p.len().min(16)].to_vec(),
+                    hash: None,
+                    framed_at_us: 0,
+                },
+            })
+            .collect();
+        let buf = vec![0u8; engine.transmit_buffer_len()];
+        let mut t = Traffic {
+            engine,
+            layer,
+            flows: Vec::with_capacity(sessions),
+            now: Instant::from_nanos(1_000_000_000),
+            buf,
+            request,
+            reply,
+            feedback: TestFeedback {
+                client: SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0),
+                server: TARGET,
+                seq: 0,
+                ack: 0,
+                flags: TcpFlags(A),
+                window: 509,
+                options: TcpOptions::default(),
+                payload_len: 0,
+                payload_prefix: Vec::new(),
+            },
+            events,
+            packets_in: 0,
+            packets_out: 0,
+            bytes_out: 0,
+            closed: None,
+        };
+        for i in 0..sessions {
+            t.open(i);
+        }
+        t.drain();
+        while let Some(ev) = t.engine.poll_event() {
+            if let EngineEvent::SessionClosed { why, reason, .. } = ev {
+                t.closed.get_or_insert(format!("{reason:?} ({why:?})"));
+            }
+        }
+        t
+    }
+
+    /// Input packets per [`Traffic::round`] of one session.
+    pub const PACKETS_PER_ROUND: u64 = 4;
+
+    fn prod_addr() -> SocketAddrV4 {
+        SocketAddrV4::new(PROD, PROD_PORT)
+    }
+
+    fn drain(&mut self) {
+        while let Some(n) = self.engine.poll_transmit(self.now, &mut self.buf) {
+            self.packets_out += 1;
+            self.bytes_out += n as u64;
+        }
+    }
+
+    fn capture(&mut self, p: &TcpPacket<'_>) {
+        self.packets_in += 1;
+        self.engine.on_captured(self.now, p);
+    }
+
+    fn test_feedback(&mut self, i: usize, ack: u32, len: u32, flags: u8) {
+        let f = &self.flows[i];
+        let fb = &mut self.feedback;
+        fb.client = f.client;
+        fb.seq = f.t_seq;
+        fb.ack = ack;
+        fb.flags = TcpFlags(flags);
+        fb.payload_len = len;
+        fb.options.timestamps = Some((f.ts, f.ts));
+        self.packets_in += 1;
+        self.engine.on_feedback(self.now, &self.feedback);
+        self.flows[i].t_seq = f.t_seq.wrapping_add(len);
+    }
+
+    /// Intercept's summaries of the test server's packets `packets` (payloads), as relayed.
+    fn test_mysql(&mut self, i: usize, packets: &[Vec<u8>], first_seq_id: u8) {
+        let client = self.flows[i].client;
+        for (k, p) in packets.iter().enumerate() {
+            let offset = self.flows[i].t_offset;
+            let ev = MysqlEvent::Packet {
+                client,
+                packet: MysqlPacket {
+                    stream_offset: offset,
+                    tcp_seq: offset as u32,
+                    seq_id: first_seq_id + k as u8,
+                    len: p.len() as u32,
+                    head: p[..p.len().min(common::control::MAX_MYSQL_HEAD)].to_vec(),
+                    hash: None,
+                    framed_at_us: 0,
+                },
+            };
+            self.flows[i].t_offset += 4 + p.len() as u64;
+            self.engine
+                .on_test_event(self.now, client, &TestEvent::Mysql(&ev));
+        }
+    }
+
+    /// Opens session `i`: both handshakes, and for MySQL the greeting and the login.
+    fn open(&mut self, i: usize) {
+        let client = SocketAddrV4::new(
+            Ipv4Addr::new(198, 18, 1 + (i >> 14) as u8, 10),
+            10_000 + (i & 0x3fff) as u16,
+        );
+        let isn = 0x1000_0000u32.wrapping_mul(i as u32 + 1);
+        self.flows.push(Flow {
+            client,
+            c_seq: isn.wrapping_add(1),
+            p_seq: 0x5000_0001u32.wrapping_add(i as u32 * 7919),
+            t_seq: 0x7000_0001u32.wrapping_add(i as u32 * 104_729),
+            ts: 1000,
+            t_offset: 0,
+        });
+        let prod = Self::prod_addr();
+        let mut syn = pkt(client, prod, isn, 0, TcpFlags::SYN, Some((1000, 0)), &[]);
+        syn.options.mss = Some(1460);
+        syn.options.window_scale = Some(7);
+        self.capture(&syn);
+        self.drain();
+        let f = &self.flows[i];
+        let (p_seq, t_seq) = (f.p_seq, f.t_seq);
+        self.feedback.options = TcpOptions {
+            mss: Some(1460),
+            window_scale: Some(7),
+            sack_permitted: false,
+            timestamps: Some((500, 1000)),
+        };
+        self.flows[i].t_seq = t_seq.wrapping_sub(1);
+        self.test_feedback(i, isn.wrapping_add(1), 0, TcpFlags::SYN | A);
+        self.flows[i].t_seq = t_seq;
+        self.feedback.options = TcpOptions::default();
+        let synack = pkt(
+            prod,
+            client,
+            p_seq.wrapping_sub(1),
+            isn.wrapping_add(1),
+            TcpFlags::SYN | A,
+            Some((500, 1000)),
+            &[],
+        );
+        self.capture(&synack);
+        let ack = pkt(
+            client,
+            prod,
+            isn.wrapping_add(1),
+            p_seq,
+            A,
+            Some((1001, 500)),
+            &[],
+        );
+        self.capture(&ack);
+        self.drain();
+        if self.layer == Layer::Mysql {
+            self.login(i);
+        }
+    }
+
+    fn login(&mut self, i: usize) {
+        let prod = Self::prod_addr();
+        let client = self.flows[i].client;
+        let greeting = hex(GREETING);
+        let mut bytes = Vec::new();
+        framed(0, &greeting, &mut bytes);
+        let (p_seq, c_seq) = (self.flows[i].p_seq, self.flows[i].c_seq);
+        let g = pkt(prod, client, p_seq, c_seq, PA, Some((501, 1001)), &bytes);
+        self.capture(&g);
+        self.flows[i].p_seq = p_seq.wrapping_add(bytes.len() as u32);
+        let c_seq = self.flows[i].c_seq;
+        self.test_feedback(i, c_seq, bytes.len() as u32, PA);
+        self.test_mysql(i, std::slice::from_ref(&greeting), 0);
+        self.drain();
+        let mut login = Vec::new();
+        framed(1, &hex(LOGIN), &mut login);
+        let (p_seq, c_seq) = (self.flows[i].p_seq, self.flows[i].c_seq);
+        let l = pkt(client, prod, c_seq, p_seq, PA, Some((1002, 501)), &login);
+        self.capture(&l);
+        self.flows[i].c_seq = c_seq.wrapping_add(login.len() as u32);
+        self.drain();
+        let mut ok = Vec::new();
+        framed(2, OK, &mut ok);
+        let (p_seq, c_seq) = (self.flows[i].p_seq, self.flows[i].c_seq);
+        let o = pkt(prod, client, p_seq, c_seq, PA, Some((502, 1002)), &ok);
+        self.capture(&o);
+        self.flows[i].p_seq = p_seq.wrapping_add(ok.len() as u32);
+        let c_seq = self.flows[i].c_seq;
+        self.test_feedback(i, c_seq, ok.len() as u32, PA);
+        self.test_mysql(i, &[OK.to_vec()], 2);
+        self.drain();
+    }
+
+    /// One request/response round of every session, then what the engine sends.
+    pub fn round(&mut self) {
+        for i in 0..self.flows.len() {
+            self.round_of(i);
+        }
+    }
+
+    /// One round of session `i` (see the module documentation).
+    pub fn round_of(&mut self, i: usize) {
+        let prod = Self::prod_addr();
+        let f = &mut self.flows[i];
+        f.ts = f.ts.wrapping_add(1);
+        let (client, c_seq, p_seq, ts) = (f.client, f.c_seq, f.p_seq, f.ts);
+        let req_len = self.request.len() as u32;
+        let reply_len = self.reply.len() as u32;
+        self.now = self.now + Duration::from_micros(20);
+        let request = std::mem::take(&mut self.request);
+        let p = pkt(client, prod, c_seq, p_seq, PA, Some((ts, ts)), &request);
+        self.capture(&p);
+        self.request = request;
+        self.drain();
+        let c_next = c_seq.wrapping_add(req_len);
+        let reply = std::mem::take(&mut self.reply);
+        let r = pkt(prod, client, p_seq, c_next, PA, Some((ts, ts)), &reply);
+        self.capture(&r);
+        self.reply = reply;
+        let p_next = p_seq.wrapping_add(reply_len);
+        let a = pkt(client, prod, c_next, p_next, A, Some((ts, ts)), &[]);
+        self.capture(&a);
+        self.test_feedback(i, c_next, reply_len, PA);
+        if self.layer == Layer::Mysql {
+            self.relay_reply(i);
+        }
+        self.drain();
+        let f = &mut self.flows[i];
+        f.c_seq = c_next;
+        f.p_seq = p_next;
+    }
+
+    /// The reply's MySQL summaries, reusing the pre-built events (no allocation per round).
+    fn relay_reply(&mut self, i: usize) {
+        let client = self.flows[i].client;
+        let mut events = std::mem::take(&mut self.events);
+        for ev in &mut events {
+            let MysqlEvent::Packet { client: c, packet } = ev else {
+                continue;
+            };
+            *c = client;
+            packet.stream_offset = self.flows[i].t_offset;
+            packet.tcp_seq = packet.stream_offset as u32;
+            self.flows[i].t_offset += 4 + u64::from(packet.len);
+            self.engine
+                .on_test_event(self.now, client, &TestEvent::Mysql(ev));
+        }
+        self.events = events;
+    }
+
+    /// Whether every session is still live (nothing was abandoned): the script is only a
+    /// benchmark if the engine accepts it as real traffic.
+    pub fn check(&self) -> Result<(), String> {
+        let s = self.engine.stats();
+        if s.sessions_active as usize != self.flows.len() {
+            return Err(format!(
+                "{} of {} sessions live; closed: {:?}, first because {:?}",
+                s.sessions_active,
+                self.flows.len(),
+                s.sessions_closed,
+                self.closed
+            ));
+        }
+        Ok(())
+    }
+}

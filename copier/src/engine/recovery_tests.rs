@@ -1,0 +1,305 @@
+//! Fault recovery with a fake clock: sessions that lost only their test-side connection come
+//! back through the pickup path, paced while the test server is away; a test server still
+//! holding an older connection on our 4-tuple has it reset.
+
+use std::net::SocketAddrV4;
+use std::time::Duration;
+
+use common::wire::{TcpFlags, TcpOptions};
+
+use super::recovery::{HOLD_MIN, PROBE_MAX, PROBE_MIN};
+use super::tests::{cfg, ms, Sent, C, CLIENT, H, T};
+use super::{CloseReason, EngineConfig, EngineEvent};
+
+const SYN: u8 = TcpFlags::SYN;
+const ACK: u8 = TcpFlags::ACK;
+const FIN: u8 = TcpFlags::FIN;
+const RST: u8 = TcpFlags::RST;
+const PSH: u8 = TcpFlags::PSH;
+
+fn pickup_cfg() -> EngineConfig {
+    let mut c = cfg();
+    c.pickup_midstream = true;
+    c
+}
+
+fn syns(sent: &[Sent]) -> Vec<&Sent> {
+    sent.iter().filter(|s| s.flags == SYN).collect()
+}
+
+/// An established session that sent "abc" and then was reset by the test server.
+fn reset_by_test(h: &mut H) {
+    h.establish();
+    h.client(C.wrapping_add(1), ACK | PSH, b"abc");
+    h.drain();
+    h.fb(T + 1, C.wrapping_add(4), ACK, 65535, 0);
+    h.fb(T + 1, 0, RST, 0, 0);
+    assert_eq!(h.closed_reason(), Some(CloseReason::TestReset));
+    assert!(h.drain().is_empty(), "no answer to the test server's RST");
+}
+
+fn reestablished(h: &H, reason: CloseReason) -> u64 {
+    h.e.stats().sessions_reestablished[reason.index()]
+}
+
+#[test]
+fn a_session_reset_by_the_test_server_comes_back_on_the_clients_next_data() {
+    let mut h = H::new(pickup_cfg());
+    reset_by_test(&mut h);
+    assert_eq!(h.e.stats().sessions_awaiting_reestablish, 1);
+    // A pure ACK does not bring it back: there is nothing to start a stream from.
+    h.client(C.wrapping_add(4), ACK, b"");
+    assert!(h.drain().is_empty());
+    assert_eq!(reestablished(&h, CloseReason::TestReset), 0);
+
+    h.client(C.wrapping_add(4), ACK | PSH, b"def");
+    assert_eq!(
+        h.events(),
+        vec![
+            EngineEvent::SessionReleased { mirrored: CLIENT },
+            EngineEvent::SessionOpened {
+                client: CLIENT,
+                mirrored: CLIENT,
+                picked_up: true
+            },
+        ]
+    );
+    let syn = h.drain();
+    assert_eq!(syn.len(), 1);
+    assert_eq!((syn[0].flags, syn[0].seq), (SYN, C.wrapping_add(3)));
+    assert_eq!(reestablished(&h, CloseReason::TestReset), 1);
+    assert_eq!(h.e.stats().sessions_awaiting_reestablish, 0);
+    assert_eq!(h.e.stats().sessions_picked_up, 1);
+
+    // The new session carries on from the packet that brought it back.
+    h.fb(T + 500, C.wrapping_add(4), SYN | ACK, 65535, 0);
+    let out = h.drain();
+    assert_eq!(out[0].payload, b"def");
+    assert_eq!(out[0].seq, C.wrapping_add(4));
+}
+
+#[test]
+fn sessions_that_ended_on_the_client_side_stay_closed() {
+    for ending in ["client rst", "prod rst", "client fin"] {
+        let mut h = H::new(pickup_cfg());
+        h.establish();
+        let s = C.wrapping_add(1);
+        match ending {
+            "client rst" => h.client(s, RST, b""),
+            "prod rst" => h.prod(s, RST | ACK),
+            _ => {
+                h.client(s, ACK | FIN, b"");
+                h.drain();
+                // The test server resets instead of closing.
+                h.fb(T + 1, 0, RST, 0, 0);
+            }
+        }
+        h.drain();
+        h.client(s.wrapping_add(1), ACK | PSH, b"late");
+        assert!(syns(&h.drain()).is_empty(), "{ending}: no new SYN");
+        assert_eq!(h.e.stats().reestablished_total(), 0, "{ending}");
+        assert_eq!(h.e.stats().sessions_awaiting_reestablish, 0, "{ending}");
+    }
+}
+
+#[test]
+fn without_pickup_nothing_is_reestablished() {
+    let mut h = H::default();
+    reset_by_test(&mut h);
+    h.client(C.wrapping_add(4), ACK | PSH, b"def");
+    assert!(h.drain().is_empty());
+    assert_eq!(h.e.stats().reestablished_total(), 0);
+    assert_eq!(h.e.stats().sessions_awaiting_reestablish, 0);
+}
+
+#[test]
+fn a_handshake_timeout_of_a_client_that_never_finished_its_own_is_not_reestablished() {
+    let mut h = H::new(pickup_cfg());
+    h.client(C, SYN, b"");
+    h.drain();
+    // The test server answers, the client never acknowledges production's SYN-ACK.
+    h.fb(T, C.wrapping_add(1), SYN | ACK, 65535, 0);
+    h.run_for(Duration::from_secs(11));
+    assert_eq!(h.closed_reason(), Some(CloseReason::HandshakeTimeout));
+    assert_eq!(h.e.stats().sessions_awaiting_reestablish, 0);
+}
+
+/// `n` established sessions (client ports 40000..), each reset by the test server.
+fn many_reset(h: &mut H, n: u16) -> Vec<SocketAddrV4> {
+    let clients: Vec<_> = (0..n)
+        .map(|i| SocketAddrV4::new(*CLIENT.ip(), 40000 + i))
+        .collect();
+    for &c in &clients {
+        h.mirrored = c;
+        h.client_from(c, C, SYN, b"", TcpOptions::default());
+        h.drain();
+        h.fb(T, C.wrapping_add(1), SYN | ACK, 65535, 0);
+        h.client_from(c, C.wrapping_add(1), ACK, b"", TcpOptions::default());
+        h.drain();
+        h.fb(T + 1, 0, RST, 0, 0);
+    }
+    h.events();
+    assert_eq!(u64::from(n), h.e.stats().sessions_awaiting_reestablish);
+    clients
+}
+
+fn client_data(h: &mut H, clients: &[SocketAddrV4], seq: u32) -> Vec<Sent> {
+    for &c in clients {
+        h.client_from(c, seq, ACK | PSH, b"q", TcpOptions::default());
+    }
+    h.drain()
+}
+
+#[test]
+fn while_the_test_server_refuses_one_probe_per_interval_then_all_come_back() {
+    let mut h = H::new(pickup_cfg());
+    let clients = many_reset(&mut h, 50);
+    let mut seq = C.wrapping_add(1);
+    // The first to send data tries at once and is refused (the server is restarting).
+    h.client_from(clients[0], seq, ACK | PSH, b"q", TcpOptions::default());
+    let syn = h.drain();
+    assert_eq!(syns(&syn).len(), 1);
+    h.mirrored = clients[0];
+    h.fb(0, syn[0].seq.wrapping_add(1), RST | ACK, 0, 0);
+    assert_eq!(h.e.stats().closed(CloseReason::TestRefused), 1);
+
+    // Every client keeps sending: at most one SYN per probe interval, whatever their number.
+    let mut probes = 0;
+    let mut elapsed = Duration::ZERO;
+    while elapsed < Duration::from_secs(2) {
+        seq = seq.wrapping_add(1);
+        let sent = client_data(&mut h, &clients, seq);
+        let out = syns(&sent);
+        assert!(out.len() <= 1, "{} SYNs at once", out.len());
+        if let Some(probe) = out.first() {
+            probes += 1;
+            h.mirrored = probe.src;
+            h.fb(0, probe.seq.wrapping_add(1), RST | ACK, 0, 0);
+        }
+        h.advance(ms(5));
+        elapsed += ms(5);
+    }
+    let most = (2000 / PROBE_MIN.as_millis()) as u32;
+    let least = (2000 / PROBE_MAX.as_millis()) as u32 / 2;
+    assert!(
+        probes >= least && probes <= most,
+        "{probes} probes in 2 s (interval {PROBE_MIN:?}..{PROBE_MAX:?})"
+    );
+    assert!(h.e.stats().reestablish_deferred > 1000);
+
+    // The server is back: the next probe is accepted, and then every session returns at once.
+    let mut back = None;
+    for _ in 0..100 {
+        seq = seq.wrapping_add(1);
+        let sent = client_data(&mut h, &clients, seq);
+        if let Some(probe) = syns(&sent).first() {
+            back = Some((probe.src, probe.seq));
+            break;
+        }
+        h.advance(ms(5));
+    }
+    let (probe, iss) = back.expect("a probe within PROBE_MAX");
+    h.mirrored = probe;
+    h.fb(T, iss.wrapping_add(1), SYN | ACK, 65535, 0);
+    h.drain();
+    seq = seq.wrapping_add(1);
+    let sent = client_data(&mut h, &clients, seq);
+    assert_eq!(syns(&sent).len(), 49, "all the others come back together");
+    assert_eq!(h.e.stats().sessions_awaiting_reestablish, 0);
+    assert!(h.e.stats().reestablished_total() >= 50);
+}
+
+#[test]
+fn a_session_reset_again_right_after_coming_back_waits_longer_each_time() {
+    let mut h = H::new(pickup_cfg());
+    reset_by_test(&mut h);
+    let mut seq = C.wrapping_add(4);
+    let mut waits = Vec::new();
+    for _ in 0..4 {
+        // Comes back on the first data it is allowed to.
+        let start = h.now;
+        let syn = loop {
+            h.client(seq, ACK | PSH, b"x");
+            seq = seq.wrapping_add(1);
+            if let Some(s) = h.drain().into_iter().find(|s| s.flags == SYN) {
+                break s;
+            }
+            h.advance(ms(10));
+        };
+        waits.push(h.now - start);
+        // Accepted, then reset at once (say the test server refuses the login).
+        h.fb(T, syn.seq.wrapping_add(1), SYN | ACK, 65535, 0);
+        h.drain();
+        h.fb(T + 1, 0, RST, 0, 0);
+        h.drain();
+    }
+    assert_eq!(
+        waits[0],
+        Duration::ZERO,
+        "the first loss comes back at once"
+    );
+    assert!(waits[1] >= HOLD_MIN, "{waits:?}");
+    assert!(waits[2] >= HOLD_MIN * 2, "{waits:?}");
+    assert!(waits[3] >= HOLD_MIN * 4, "{waits:?}");
+}
+
+#[test]
+fn a_waiting_session_holds_no_bytes_and_is_forgotten_when_the_client_goes_quiet() {
+    let mut h = H::new(pickup_cfg());
+    reset_by_test(&mut h);
+    assert_eq!(h.e.queued_bytes(), 0);
+    h.run_for(Duration::from_secs(11));
+    assert!(h
+        .events()
+        .contains(&EngineEvent::SessionReleased { mirrored: CLIENT }));
+    assert_eq!(h.e.stats().sessions_awaiting_reestablish, 0);
+    assert_eq!(h.e.stats().sessions_lingering, 0);
+}
+
+#[test]
+fn an_older_connection_on_our_tuple_is_reset_and_our_syn_repeated_at_once() {
+    let mut h = H::new(pickup_cfg());
+    let s = 123_456;
+    h.client(s, ACK | PSH, b"SELECT 1");
+    let syn = h.drain();
+    assert_eq!((syn[0].flags, syn[0].seq), (SYN, s - 1));
+    // The test server still has the connection the killed copier left: challenge ACK.
+    h.fb(T + 77, 999_999, ACK, 65535, 0);
+    let out = h.drain();
+    assert_eq!(out.len(), 2, "{out:?}");
+    assert_eq!((out[0].flags, out[0].seq), (RST, 999_999));
+    assert_eq!((out[1].flags, out[1].seq), (SYN, s - 1));
+    assert_eq!(h.e.stats().stale_test_connections_reset, 1);
+    // Then the handshake completes as usual and the data flows.
+    h.fb(T, s, SYN | ACK, 65535, 0);
+    let out = h.drain();
+    assert_eq!(out[0].payload, b"SELECT 1");
+    // A RST, or the ACK of our own SYN, is never answered that way.
+    assert_eq!(h.e.stats().stale_test_connections_reset, 1);
+}
+
+#[test]
+fn a_long_outage_slows_the_probes_down_to_one_a_second() {
+    use super::recovery::{PROBE_PATIENT_AFTER, PROBE_SLOW_MAX};
+    let mut h = H::new(pickup_cfg());
+    let clients = many_reset(&mut h, 10);
+    let mut seq = C.wrapping_add(1);
+    let mut probes_at = Vec::new();
+    let start = h.now;
+    while h.now - start < PROBE_PATIENT_AFTER + Duration::from_secs(10) {
+        seq = seq.wrapping_add(1);
+        let sent = client_data(&mut h, &clients, seq);
+        for probe in syns(&sent) {
+            probes_at.push(h.now - start);
+            h.mirrored = probe.src;
+            h.fb(0, probe.seq.wrapping_add(1), RST | ACK, 0, 0);
+        }
+        h.advance(ms(10));
+    }
+    let late = probes_at
+        .iter()
+        .filter(|t| **t > PROBE_PATIENT_AFTER + PROBE_SLOW_MAX)
+        .count();
+    assert!(late <= 10, "{late} probes in the last 9 s: {probes_at:?}");
+    assert!(late >= 7, "probing goes on: {probes_at:?}");
+}

@@ -1,0 +1,623 @@
+//! Issue 8, "faults survived": the mirror outlives each fault below while sysbench
+//! `oltp_read_only` (8 threads) runs from the client against production, and production never
+//! notices.
+//!
+//! * intercept killed (SIGKILL) and restarted;
+//! * copier killed (SIGKILL) and restarted;
+//! * the test server's mariadbd restarted;
+//! * loss, delay and reordering (`tc netem`) on the path from the copier to the test server;
+//! * intercept stalled (SIGSTOP) for 5 s, then SIGCONT.
+//!
+//! For each: production sysbench sees no errors; the test server executes at least 0.99 of
+//! production's queries in the window after recovery (both servers' `Questions` sampled at the
+//! same moments); the copier's peak RSS (`VmHWM`) stays under the budget; and 15 s after the load
+//! ends nothing mirrored is left open on the test server.
+//!
+//! One lab serves all five faults in turn (bring-up is the slow part). The windows are tunable:
+//! `TCPSHADOW_FAULT_PRE_SECS` (load before the fault, 5), `TCPSHADOW_FAULT_WINDOW_SECS` (the
+//! measured window after recovery, 20), `TCPSHADOW_FAULT_LEFTOVER_SECS` (longest wait after
+//! the load for the test server to be clean, 15; polled, so a clean one passes early), `TCPSHADOW_FAULT_NETEM_SECS` (how long netem stays, 8),
+//! `TCPSHADOW_FAULTS` (a comma-separated subset of intercept,copier,test,netem,stall).
+
+use std::process::{Child, Command, Stdio};
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context, Result};
+use tcpshadow_tests::mirror::{release_bin, CONTROL_PORT};
+use tcpshadow_tests::{Background, Host, Lab};
+
+/// The copier's memory bound in these runs, MiB (until `--max-memory` exists, the bound the
+/// acceptance compares `VmHWM` with).
+const MEMORY_BUDGET_MIB: u64 = 256;
+
+fn env_secs(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
+/// The copier and intercept of the lab, each restartable with the same arguments.
+struct Rig {
+    lab: Lab,
+    intercept_args: Vec<String>,
+    copier_args: Vec<String>,
+    intercept: Option<Background>,
+    copier: Option<Background>,
+    /// What earlier copier and intercept processes printed (they are replaced by restarts).
+    past_copier_output: String,
+    past_intercept_output: String,
+}
+
+impl Rig {
+    fn up() -> Result<Rig> {
+        tcpshadow_tests::mirror::build()?;
+        let lab = Lab::up("ft")?;
+        let creds = lab.credentials_file()?;
+        let dsn = format!(
+            "mysql://{}:{}@{}:3306",
+            lab.var("LAB_RO_USER"),
+            lab.var("LAB_RO_PASSWORD"),
+            lab.ip(Host::Prod)
+        );
+        let listen = format!("{}:{CONTROL_PORT}", lab.ip(Host::Assist));
+        let intercept_args = vec![
+            release_bin("intercept")?.to_string_lossy().into_owned(),
+            "--port".into(),
+            "3306".into(),
+            "--interface".into(),
+            lab.var("LAB_IFACE").into(),
+            "--listen".into(),
+            listen.clone(),
+            "--status-interval".into(),
+            "2".into(),
+        ];
+        let copier_args = vec![
+            release_bin("copier")?.to_string_lossy().into_owned(),
+            "--port".into(),
+            "3306".into(),
+            "--interface".into(),
+            lab.var("LAB_IFACE").into(),
+            "--target".into(),
+            format!("{}:3306", lab.ip(Host::Test)),
+            "--intercept".into(),
+            listen,
+            "--status-interval".into(),
+            "2".into(),
+            "--mysql-credentials".into(),
+            creds,
+            "--mysql-default-user".into(),
+            lab.var("LAB_USER").into(),
+            "--mysql-default-db".into(),
+            "sbtest".into(),
+            "--prod-dsn".into(),
+            dsn,
+        ];
+        let mut rig = Rig {
+            lab,
+            intercept_args,
+            copier_args,
+            intercept: None,
+            copier: None,
+            past_copier_output: String::new(),
+            past_intercept_output: String::new(),
+        };
+        rig.start_intercept()?;
+        rig.start_copier()?;
+        Ok(rig)
+    }
+
+    fn start_intercept(&mut self) -> Result<()> {
+        let args: Vec<&str> = self.intercept_args.iter().map(String::as_str).collect();
+        let mut bg = self.lab.spawn(Host::Assist, &args)?;
+        bg.wait_for_output("waiting for copiers", Duration::from_secs(10))?;
+        self.intercept = Some(bg);
+        Ok(())
+    }
+
+    fn start_copier(&mut self) -> Result<()> {
+        let args: Vec<&str> = self.copier_args.iter().map(String::as_str).collect();
+        let mut bg = self.lab.spawn(Host::Prod, &args)?;
+        bg.wait_for_output(
+            "control channel to intercept is up",
+            Duration::from_secs(15),
+        )?;
+        self.copier = Some(bg);
+        Ok(())
+    }
+
+    fn copier_pid(&self) -> Result<u32> {
+        self.copier
+            .as_ref()
+            .and_then(Background::pid)
+            .context("no copier running")
+    }
+
+    fn intercept_pid(&self) -> Result<u32> {
+        self.intercept
+            .as_ref()
+            .and_then(Background::pid)
+            .context("no intercept running")
+    }
+
+    /// The copier's peak resident set so far, KiB.
+    fn copier_hwm_kib(&self) -> Result<u64> {
+        vm_hwm_kib(self.copier_pid()?)
+    }
+}
+
+/// `VmHWM` of a process, KiB.
+fn vm_hwm_kib(pid: u32) -> Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .with_context(|| format!("reading /proc/{pid}/status"))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .context("no VmHWM")
+}
+
+/// The process's executable name; makes sure a signal goes where it is meant to.
+fn comm(pid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
+fn signal(pid: u32, sig: &str, expect: &str) -> Result<()> {
+    let name = comm(pid);
+    ensure!(
+        name == expect,
+        "pid {pid} is {name:?}, not {expect:?}: not signalling it"
+    );
+    let st = Command::new("kill")
+        .args([&format!("-{sig}"), &pid.to_string()])
+        .status()?;
+    ensure!(st.success(), "kill -{sig} {pid} failed");
+    Ok(())
+}
+
+fn wait_gone(pid: u32, timeout: Duration) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    while std::path::Path::new(&format!("/proc/{pid}/stat")).exists() {
+        // A killed child stays a zombie until reaped; that counts as gone.
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        if stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
+        {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            bail!("pid {pid} still alive after {timeout:?}");
+        }
+        sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fault {
+    InterceptKilled,
+    CopierKilled,
+    TestRestarted,
+    Netem,
+    InterceptStalled,
+}
+
+impl Fault {
+    const ALL: [Fault; 5] = [
+        Fault::InterceptKilled,
+        Fault::CopierKilled,
+        Fault::TestRestarted,
+        Fault::Netem,
+        Fault::InterceptStalled,
+    ];
+
+    fn key(self) -> &'static str {
+        match self {
+            Fault::InterceptKilled => "intercept",
+            Fault::CopierKilled => "copier",
+            Fault::TestRestarted => "test",
+            Fault::Netem => "netem",
+            Fault::InterceptStalled => "stall",
+        }
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            Fault::InterceptKilled => "a. intercept SIGKILLed and restarted",
+            Fault::CopierKilled => "b. copier SIGKILLed and restarted",
+            Fault::TestRestarted => "c. test mariadbd restarted",
+            Fault::Netem => "d. netem loss 2% delay 20ms 10ms reorder 25% toward test",
+            Fault::InterceptStalled => "e. intercept SIGSTOP 5 s, SIGCONT",
+        }
+    }
+
+    /// Longest the fault itself may take, for sizing the load.
+    fn budget_secs(self, netem_secs: u64) -> u64 {
+        match self {
+            Fault::InterceptKilled | Fault::CopierKilled => 4,
+            Fault::TestRestarted => 10,
+            Fault::Netem => netem_secs + 2,
+            Fault::InterceptStalled => 6,
+        }
+    }
+}
+
+/// What one fault run measured.
+struct Outcome {
+    fault: Fault,
+    prod_errors: u64,
+    prod_window: u64,
+    test_window: u64,
+    fidelity: f64,
+    hwm_mib: f64,
+    leftovers: u64,
+    threads_over_baseline: i64,
+    fault_secs: f64,
+    /// (prod, test) Questions while the fault lasted, when both servers kept counting.
+    during: Option<(u64, u64)>,
+    /// Seconds after the load until the test server was clean (or the full wait).
+    clean_after: f64,
+}
+
+fn spawn_load(lab: &Lab, secs: u64) -> Result<Child> {
+    Ok(lab
+        .command(&[
+            "load",
+            "--test",
+            "oltp_read_only",
+            "--threads",
+            "8",
+            "--time",
+            &secs.to_string(),
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?)
+}
+
+fn sysbench_errors(out: &str) -> Option<u64> {
+    out.lines()
+        .map(str::trim)
+        .find_map(|l| l.strip_prefix("ignored errors:"))
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+}
+
+/// Sessions of the lab's user still open on the test server (mirrored clients; `lab.sh sql`
+/// and `counters` log in as root).
+fn mirrored_on_test(lab: &Lab) -> Result<u64> {
+    let n = lab.sql(
+        Host::Test,
+        &format!(
+            "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE USER = '{}'",
+            lab.var("LAB_USER")
+        ),
+    )?;
+    n.trim().parse().context("PROCESSLIST count")
+}
+
+/// Applies the fault; returns once it is over (the faulty part is back).
+fn inject(rig: &mut Rig, fault: Fault, netem_secs: u64) -> Result<()> {
+    match fault {
+        Fault::InterceptKilled => {
+            let pid = rig.intercept_pid()?;
+            signal(pid, "KILL", "intercept")?;
+            wait_gone(pid, Duration::from_secs(5))?;
+            if let Some(old) = rig.intercept.take() {
+                let run = old.finish(Duration::ZERO)?;
+                rig.past_intercept_output.push_str(&run.stderr);
+            }
+            rig.start_intercept()?;
+        }
+        Fault::CopierKilled => {
+            let pid = rig.copier_pid()?;
+            signal(pid, "KILL", "copier")?;
+            wait_gone(pid, Duration::from_secs(5))?;
+            if let Some(old) = rig.copier.take() {
+                let run = old.finish(Duration::ZERO)?;
+                rig.past_copier_output.push_str(&run.stderr);
+                rig.past_copier_output
+                    .push_str("\n--- copier SIGKILLed here and restarted ---\n");
+            }
+            rig.start_copier()?;
+        }
+        Fault::TestRestarted => {
+            let out = rig.lab.command(&["restart", "test"]).output()?;
+            ensure!(
+                out.status.success(),
+                "lab.sh restart test failed:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Fault::Netem => {
+            // The bridge's port toward test: its egress is everything the copier sends the test
+            // server (nothing else of the lab's traffic goes into test over the network).
+            let ns = rig.lab.netns(Host::Bridge).to_string();
+            let tc = |args: &[&str]| -> Result<std::process::Output> {
+                Ok(Command::new("ip")
+                    .args(["netns", "exec", &ns, "tc"])
+                    .args(args)
+                    .output()?)
+            };
+            let netem = tc(&[
+                "qdisc", "add", "dev", "test", "root", "netem", "loss", "2%", "delay", "20ms",
+                "10ms", "reorder", "25%",
+            ])?;
+            if netem.status.success() {
+                println!("netem: tc qdisc netem on the bridge port toward test");
+                sleep(Duration::from_secs(netem_secs));
+                let del = tc(&["qdisc", "del", "dev", "test", "root"])?;
+                ensure!(del.status.success(), "tc qdisc del failed");
+            } else {
+                // A kernel without sch_netem (this lab machine's): the same impairment in
+                // userspace, on the packets arriving at test for its MySQL port (only the
+                // copier's), through NFQUEUE.
+                println!(
+                    "netem: tc says {:?}; using tests/tools/nfq_netem.py on test's NFQUEUE",
+                    String::from_utf8_lossy(&netem.stderr).trim()
+                );
+                let script = format!("{}/tools/nfq_netem.py", env!("CARGO_MANIFEST_DIR"));
+                let mut shaper = rig.lab.spawn(
+                    Host::Test,
+                    &["python3", &script, "7", "2", "20", "10", "25"],
+                )?;
+                shaper.wait_for_output("nfq-netem ready", Duration::from_secs(10))?;
+                let rule = |op: &'static str| -> Vec<&'static str> {
+                    vec![
+                        "iptables",
+                        "-t",
+                        "raw",
+                        op,
+                        "PREROUTING",
+                        "-p",
+                        "tcp",
+                        "--dport",
+                        "3306",
+                        "-j",
+                        "NFQUEUE",
+                        "--queue-num",
+                        "7",
+                    ]
+                };
+                rig.lab.exec_ok(Host::Test, &rule("-I"))?;
+                sleep(Duration::from_secs(netem_secs));
+                rig.lab.exec_ok(Host::Test, &rule("-D"))?;
+                let out = shaper.stop()?;
+                println!("{}", out.stdout.trim());
+            }
+        }
+        Fault::InterceptStalled => {
+            let pid = rig.intercept_pid()?;
+            signal(pid, "STOP", "intercept")?;
+            sleep(Duration::from_secs(5));
+            signal(pid, "CONT", "intercept")?;
+        }
+    }
+    Ok(())
+}
+
+fn run_fault(rig: &mut Rig, fault: Fault) -> Result<Outcome> {
+    let pre = env_secs("TCPSHADOW_FAULT_PRE_SECS", 5);
+    let window = env_secs("TCPSHADOW_FAULT_WINDOW_SECS", 20);
+    let leftover_wait = env_secs("TCPSHADOW_FAULT_LEFTOVER_SECS", 15);
+    let netem_secs = env_secs("TCPSHADOW_FAULT_NETEM_SECS", 8);
+    let lab_threads0 = rig.lab.counters(Host::Test)?.get("Threads_connected");
+    let total = pre + fault.budget_secs(netem_secs) + window + 2;
+    println!(
+        "--- {}: sysbench oltp_read_only 8 threads {total} s, fault after {pre} s",
+        fault.describe()
+    );
+    let load = spawn_load(&rig.lab, total)?;
+    let started = Instant::now();
+    sleep(Duration::from_secs(pre));
+    let (pf0, tf0) = (rig.lab.counters(Host::Prod)?, rig.lab.counters(Host::Test)?);
+    let fault_at = Instant::now();
+    let hwm_before = rig.copier_hwm_kib().unwrap_or(0);
+    if let Err(e) = inject(rig, fault, netem_secs) {
+        // Let the load finish so the next fault starts from a quiet lab.
+        let _ = load.wait_with_output();
+        return Err(e);
+    }
+    let recovered = Instant::now();
+    let fault_secs = (recovered - fault_at).as_secs_f64();
+    ensure!(
+        recovered + Duration::from_secs(window) < started + Duration::from_secs(total),
+        "{}: the fault took {fault_secs:.1} s, too long for the load ({total} s)",
+        fault.describe()
+    );
+    // Threads_connected on test restarts with the server.
+    let baseline_threads = if fault == Fault::TestRestarted {
+        1
+    } else {
+        lab_threads0
+    };
+    let (p0, t0) = (rig.lab.counters(Host::Prod)?, rig.lab.counters(Host::Test)?);
+    // During the fault, for the record only (the test server restarts its counters).
+    let during = if fault == Fault::TestRestarted {
+        None
+    } else {
+        Some((p0.questions_since(&pf0), t0.questions_since(&tf0)))
+    };
+    sleep(Duration::from_secs(window));
+    let (p1, t1) = (rig.lab.counters(Host::Prod)?, rig.lab.counters(Host::Test)?);
+    let hwm = rig.copier_hwm_kib()?.max(hwm_before);
+    let out = load.wait_with_output()?;
+    let sysbench = String::from_utf8_lossy(&out.stdout).into_owned();
+    ensure!(
+        out.status.success(),
+        "{}: production sysbench failed:\n{sysbench}\n{}",
+        fault.describe(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let prod_errors = sysbench_errors(&sysbench).context("sysbench output")?;
+    let prod_window = p1.questions_since(&p0);
+    let test_window = t1.questions_since(&t0);
+    let fidelity = test_window as f64 / prod_window.max(1) as f64;
+    // Nothing can open a mirrored session once the load is over (no client packets), so what
+    // is clean earlier stays clean: poll, and wait the full time only for leftovers.
+    let load_end = Instant::now();
+    let (leftovers, threads) = loop {
+        let leftovers = mirrored_on_test(&rig.lab)?;
+        let threads = rig.lab.counters(Host::Test)?.get("Threads_connected");
+        let clean = leftovers == 0 && threads <= baseline_threads;
+        if clean || load_end.elapsed() >= Duration::from_secs(leftover_wait) {
+            break (leftovers, threads);
+        }
+        sleep(Duration::from_millis(500));
+    };
+    let clean_after = load_end.elapsed().as_secs_f64();
+    let outcome = Outcome {
+        fault,
+        prod_errors,
+        prod_window,
+        test_window,
+        fidelity,
+        hwm_mib: hwm as f64 / 1024.0,
+        leftovers,
+        threads_over_baseline: threads as i64 - baseline_threads as i64,
+        fault_secs,
+        during,
+        clean_after,
+    };
+    if let Some((p, t)) = outcome.during {
+        println!(
+            "{}: during the fault: prod {p} test {t} ({:.4})",
+            fault.describe(),
+            t as f64 / p.max(1) as f64
+        );
+    }
+    println!(
+        "{}: fault {:.1} s; prod errors {}; window {window} s after recovery: prod {} test {} \
+         fidelity {:.4}; copier VmHWM {:.1} MiB; {} mirrored sessions and {:+} threads on test \
+         {:.1} s after the load (limit {leftover_wait} s)",
+        fault.describe(),
+        outcome.fault_secs,
+        outcome.prod_errors,
+        outcome.prod_window,
+        outcome.test_window,
+        outcome.fidelity,
+        outcome.hwm_mib,
+        outcome.leftovers,
+        outcome.threads_over_baseline,
+        outcome.clean_after,
+    );
+    Ok(outcome)
+}
+
+fn check(o: &Outcome) -> Vec<String> {
+    let mut bad = Vec::new();
+    let what = o.fault.describe();
+    if o.prod_errors != 0 {
+        bad.push(format!(
+            "{what}: production sysbench saw {} errors",
+            o.prod_errors
+        ));
+    }
+    if o.fidelity < 0.99 {
+        bad.push(format!(
+            "{what}: fidelity {:.4} after recovery (test {} of prod {})",
+            o.fidelity, o.test_window, o.prod_window
+        ));
+    }
+    if o.hwm_mib >= MEMORY_BUDGET_MIB as f64 {
+        bad.push(format!(
+            "{what}: copier VmHWM {:.1} MiB over {MEMORY_BUDGET_MIB} MiB",
+            o.hwm_mib
+        ));
+    }
+    if o.leftovers != 0 || o.threads_over_baseline > 0 {
+        bad.push(format!(
+            "{what}: {} mirrored sessions ({:+} threads) left on test",
+            o.leftovers, o.threads_over_baseline
+        ));
+    }
+    bad
+}
+
+#[test]
+fn mirror_survives_faults() -> Result<()> {
+    let wanted: Vec<Fault> = match std::env::var("TCPSHADOW_FAULTS") {
+        Ok(list) if !list.trim().is_empty() => {
+            let mut v = Vec::new();
+            for k in list.split(',').map(str::trim) {
+                match Fault::ALL.iter().find(|f| f.key() == k) {
+                    Some(f) => v.push(*f),
+                    None => bail!(
+                        "TCPSHADOW_FAULTS: unknown fault {k:?} (intercept,copier,test,netem,stall)"
+                    ),
+                }
+            }
+            v
+        }
+        _ => Fault::ALL.to_vec(),
+    };
+    let mut rig = Rig::up()?;
+    let mut outcomes = Vec::new();
+    let mut failures = Vec::new();
+    for fault in wanted {
+        match run_fault(&mut rig, fault) {
+            Ok(o) => {
+                failures.extend(check(&o));
+                outcomes.push(o);
+            }
+            Err(e) => failures.push(format!("{}: {e:#}", fault.describe())),
+        }
+        // A fault that left a process down would spoil the next one.
+        if rig.intercept.is_none() {
+            rig.start_intercept()?;
+        }
+        if rig.copier.is_none() {
+            rig.start_copier()?;
+        }
+    }
+    println!("\n| fault | prod sysbench errors | fidelity after recovery | copier VmHWM | left on test (clean after) |");
+    println!("|---|---|---|---|---|");
+    for o in &outcomes {
+        println!(
+            "| {} | {} | {:.4} ({} / {}) | {:.1} MiB | {} sessions, {:+} threads ({:.1} s) |",
+            o.fault.describe(),
+            o.prod_errors,
+            o.fidelity,
+            o.test_window,
+            o.prod_window,
+            o.hwm_mib,
+            o.leftovers,
+            o.threads_over_baseline,
+            o.clean_after
+        );
+    }
+    let copier = rig.copier.take();
+    let intercept = rig.intercept.take();
+    let mut copier_out = rig.past_copier_output.clone();
+    if let Some(c) = copier {
+        copier_out.push_str(&c.stop()?.stderr);
+    }
+    let mut intercept_out = rig.past_intercept_output.clone();
+    if let Some(i) = intercept {
+        intercept_out.push_str(&i.stop()?.stderr);
+    }
+    println!("--- copier:\n{copier_out}");
+    println!("--- intercept (last 40 lines):");
+    for l in intercept_out
+        .lines()
+        .rev()
+        .take(40)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+    {
+        println!("{l}");
+    }
+    ensure!(
+        failures.is_empty(),
+        "faults not survived:\n{}",
+        failures.join("\n")
+    );
+    Ok(())
+}
