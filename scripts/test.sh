@@ -26,3 +26,6 @@ else
 fi
 step cargo build --workspace --all-targets
 step cargo test --workspace --no-fail-fast
+# A short bounded run of every fuzz target against its committed corpus (the long runs that
+# reached 10 million executions each are in docs/RELIABILITY.md); a crash fails the suite.
+step ./scripts/fuzz.sh --seconds "${TCPSHADOW_FUZZ_SECONDS:-5}"
