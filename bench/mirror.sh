@@ -115,8 +115,12 @@ one_run() {
     local cu0 cs0 iu0 is0 cu1 cs1 iu1 is1
     read -r cu0 cs0 < <(cpu_ticks "$cpid")
     read -r iu0 is0 < <(cpu_ticks "$ipid")
-    "$LAB" load --test "$TEST" --threads "$threads" --time "$TIME" -- "${SYSBENCH_EXTRA[@]}" \
-        >"$LAB_DIR/sysbench-$threads.log"
+    if ! "$LAB" load --test "$TEST" --threads "$threads" --time "$TIME" -- "${SYSBENCH_EXTRA[@]}" \
+        >"$LAB_DIR/sysbench-$threads.log" 2>&1; then
+        echo "bench/mirror.sh: sysbench failed at $threads threads; the end of its log:" >&2
+        tail -5 "$LAB_DIR/sysbench-$threads.log" >&2
+        exit 1
+    fi
     net_questions prod "$p0"
     local prod_q=$Q
     net_questions test "$t0"
@@ -155,7 +159,7 @@ echo "|---|---|---|---|---|---|---|---|---|---|---|"
 for threads in $THREADS; do
     rows=()
     for run in $(seq "$RUNS"); do
-        row=$(one_run "$threads")
+        row=$(one_run "$threads") || exit 1
         echo "run $run, $threads threads: $row" >&2
         rows+=("$row")
     done

@@ -520,7 +520,10 @@ common_server_args() {
 server_args() { # server_args HOST -> SARGS
     local h=$1 extra
     common_server_args "$LAB_DIR/$h"
-    SARGS+=("--port=$LAB_MYSQL_PORT" --bind-address=0.0.0.0 "--max-connections=$LAB_MAX_CONNECTIONS")
+    # sysbench prepares about 20 statements per connection: 1,000 connections pass MariaDB's
+    # default max_prepared_stmt_count (16382).
+    SARGS+=("--port=$LAB_MYSQL_PORT" --bind-address=0.0.0.0 "--max-connections=$LAB_MAX_CONNECTIONS"
+        "--max-prepared-stmt-count=$((LAB_MAX_CONNECTIONS * 40))")
     [[ $h == prod || $h == prod2 ]] && SARGS+=(--performance-schema=ON)
     extra=$(var "LAB_$(uc "$h")_SERVER_ARGS")
     local -a words=()
