@@ -13,7 +13,8 @@
 # holding the MEDIAN of each column over the runs. A thread count is also a connection count
 # (sysbench opens one per thread), so --threads 1000 is the 1,000-connection run.
 # Run as root. Builds the release binaries, brings up its own lab (LAB_NAME, default bench) and
-# tears it down.
+# tears it down; each run's daemon and sysbench logs are kept in BENCH_LOGS
+# (/tmp/tcpshadow-bench-logs/THREADS-RUN/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [[ -d $HOME/.cargo/bin ]] && export PATH=$HOME/.cargo/bin:$PATH
@@ -46,6 +47,7 @@ fi
     { echo "bench/mirror.sh: --runs and --time take positive integers" >&2 && exit 2; }
 
 export LAB_NAME=${LAB_NAME:-bench}
+LOGS=${BENCH_LOGS:-/tmp/tcpshadow-bench-logs}
 LAB=deploy/lab/lab.sh
 BIN=$PWD/target/release
 TICK=$(getconf CLK_TCK)
@@ -161,6 +163,10 @@ for threads in $THREADS; do
     for run in $(seq "$RUNS"); do
         row=$(one_run "$threads") || exit 1
         echo "run $run, $threads threads: $row" >&2
+        # Each run's logs outlive the lab, for a look at whatever the table shows.
+        mkdir -p "$LOGS/$threads-$run"
+        cp "$LAB_DIR"/copier.log "$LAB_DIR"/intercept.log "$LAB_DIR/sysbench-$threads.log" \
+            "$LOGS/$threads-$run/" 2>/dev/null || true
         rows+=("$row")
     done
     # The median of each column, taken on its own (a run's fidelity and CPU need not come from the
