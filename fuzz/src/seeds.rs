@@ -2,7 +2,7 @@
 //! MariaDB and its clients (`common/src/mysql/fixtures.rs`), frames made by our own emitter and
 //! encoders, a pcap and a pcapng file, the shipped config file. The fuzzer starts from these and
 //! mutates; they are written to `fuzz/corpus/<target>/` by
-//! `TCPSHADOW_FUZZ_SEEDS=1 cargo test -p intercept --test fuzz_corpus -- --ignored write_seeds`
+//! `cargo run -p intercept --example fuzz_seeds`
 //! and then minimised together with what the fuzzer found (`cargo fuzz cmin`).
 //!
 //! Layouts follow the harnesses in `harness.rs` (a selector byte, then the input, or a small

@@ -49,25 +49,6 @@ fn harnesses_take_any_short_input() {
     }
 }
 
-/// Writes the seed inputs (`fuzz/src/seeds.rs`) into `fuzz/corpus/<target>/seed-N`, when
-/// `TCPSHADOW_FUZZ_SEEDS=1`. Run after changing a harness's input layout, then minimise the
-/// corpus again (docs/RELIABILITY.md, "Hostile input and fuzzing").
-#[test]
-#[ignore]
-fn write_seeds() {
-    if std::env::var_os("TCPSHADOW_FUZZ_SEEDS").is_none() {
-        return;
-    }
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus");
-    for (name, seeds) in seeds::all() {
-        let dir = root.join(name);
-        std::fs::create_dir_all(&dir).unwrap();
-        for (i, s) in seeds.iter().enumerate() {
-            std::fs::write(dir.join(format!("seed-{i}")), s).unwrap();
-        }
-    }
-}
-
 #[test]
 fn seeds_pass_their_harness() {
     for (name, seeds) in seeds::all() {

@@ -141,7 +141,9 @@ mod tests {
         }
         // 1024 keys into 1024 buckets: a uniform hash fills about 63% of them.
         assert!(low.len() > 550, "{} buckets used", low.len());
-        assert_eq!(top.len(), 128, "every control-byte value appears");
+        // 1024 keys into 128 control-byte values: a uniform hash leaves one out about 4% of
+        // the time (the seed is random), nine or more practically never.
+        assert!(top.len() >= 120, "{} control-byte values used", top.len());
     }
 
     #[test]
