@@ -588,19 +588,13 @@ fn is_local_address(ip: Ipv4Addr) -> bool {
         || UdpSocket::bind(SocketAddrV4::new(ip, 0)).is_ok()
 }
 
+/// A client-ip pool: CIDR (parsed by `ops::host::parse_cidr`), /8 to /30 (a pool needs room).
 pub fn parse_cidr(s: &str) -> Result<(Ipv4Addr, u8), String> {
-    let (addr, len) = s
-        .split_once('/')
-        .ok_or_else(|| format!("{s:?} is not CIDR (expected e.g. 198.19.0.0/16)"))?;
-    let addr: Ipv4Addr = addr.parse().map_err(|e| format!("{addr:?}: {e}"))?;
-    let len: u8 = len
-        .parse()
-        .map_err(|e| format!("prefix length {len:?}: {e}"))?;
+    let (addr, len) = ops::host::parse_cidr(s)?;
     if !(8..=30).contains(&len) {
         return Err(format!("prefix length /{len} must be between /8 and /30"));
     }
-    let mask = u32::MAX << (32 - len);
-    Ok((Ipv4Addr::from(u32::from(addr) & mask), len))
+    Ok((addr, len))
 }
 
 #[cfg(test)]

@@ -79,17 +79,11 @@ pub struct OnHostArgs {
 /// `198.19.0.0/16` -> (network, prefix). /8 at the widest: a pool is a range set aside for
 /// mirrored clients, never "everything".
 pub fn parse_pool(s: &str) -> Result<(Ipv4Addr, u8), String> {
-    let (addr, len) = s
-        .split_once('/')
-        .ok_or_else(|| format!("{s:?} is not CIDR (expected e.g. 198.19.0.0/16)"))?;
-    let addr: Ipv4Addr = addr.parse().map_err(|e| format!("{addr:?}: {e}"))?;
-    let len: u8 = len
-        .parse()
-        .map_err(|e| format!("prefix length {len:?}: {e}"))?;
+    let (addr, len) = ops::host::parse_cidr(s)?;
     if !(8..=32).contains(&len) {
         return Err(format!("prefix length /{len} must be between /8 and /32"));
     }
-    Ok((Ipv4Addr::from(u32::from(addr) & mask(len)), len))
+    Ok((addr, len))
 }
 
 fn mask(prefix: u8) -> u32 {
