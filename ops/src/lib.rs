@@ -5,8 +5,9 @@
 //! in a running daemon (the log filter), naming what needs a restart. [`check`]: the doctor's
 //! findings and how they are printed. [`host`]: facts about this host (sysctls, capabilities,
 //! interfaces, clock, conntrack). [`arp`]: who answers ARP for an address on a segment.
-//! [`privs`]: dropping capabilities once the privileged sockets are open. [`secret`]: the
-//! control channel's `--secret-file` and random nonces.
+//! [`privs`]: dropping capabilities once the privileged sockets are open. [`sched`]: the
+//! packet path's scheduling priority (`--capture-priority`). [`secret`]: the control
+//! channel's `--secret-file` and random nonces.
 
 pub mod arp;
 pub mod check;
@@ -14,4 +15,5 @@ pub mod config;
 pub mod host;
 pub mod privs;
 pub mod reload;
+pub mod sched;
 pub mod secret;
