@@ -66,6 +66,14 @@ pub struct Args {
     #[arg(long, env = "TCPSHADOW_CAPTURE_BLOCK_MS", default_value_t = 1, value_parser = clap::value_parser!(u16).range(0..=100))]
     pub capture_block_ms: u16,
 
+    /// Scheduling priority of the capture and its threads: high (nice -20), realtime
+    /// (SCHED_RR 1) or normal (as started). A capture that waits for the CPU behind many
+    /// runnable threads (a burst of connections) overflows its ring and loses packets for
+    /// good; its CPU is bounded by the traffic. Raising needs CAP_SYS_NICE at start (or
+    /// systemd's Nice=); without it the copier says so and runs as started.
+    #[arg(long, env = "TCPSHADOW_CAPTURE_PRIORITY", value_enum, default_value_t = ops::sched::Priority::High)]
+    pub capture_priority: ops::sched::Priority,
+
     /// Capture threads (1 to 64). N > 1: N captures share the traffic by flow hash (kernel
     /// PACKET_FANOUT, both directions of a connection on one thread), each with its own
     /// engines, its own share of --client-ip-pool and its own control connection to intercept

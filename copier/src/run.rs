@@ -54,6 +54,9 @@ pub fn run(args: &Args) -> Result<Snapshot> {
     let buffer = args.capture_buffer_bytes()?;
     let mut capture =
         LiveCapture::open_live(&args.interface, &filter, buffer, args.capture_block_ms)?;
+    // Before the driver starts its control threads (they inherit it) and before the
+    // capabilities go (raising needs CAP_SYS_NICE).
+    raise_priority(args);
     let routes = plan
         .routes
         .iter()
@@ -93,6 +96,24 @@ pub fn run(args: &Args) -> Result<Snapshot> {
     }
     capture.refresh_kernel_stats();
     Ok(driver.finish(&capture.stats))
+}
+
+/// `--capture-priority`: this thread runs the capture loop, and the threads started after it
+/// (control connections, `--workers`) inherit its priority. Not raised: said once, and the
+/// copier runs as started (a busy host may then starve the capture: kernel drops).
+fn raise_priority(args: &Args) {
+    let asked = args.capture_priority;
+    match ops::sched::raise(asked) {
+        Ok(r) => tracing::info!("capture priority: {}", r.describe()),
+        Err(e) => tracing::warn!(
+            "cannot raise the capture's scheduling priority (--capture-priority {}): {e}; it runs \
+             as started, and behind many runnable threads (a burst of connections) the capture \
+             ring may overflow (kernel drops). Grant CAP_SYS_NICE, or start it with nice -n -20 \
+             (systemd: Nice=-20), or pass --capture-priority normal to silence this",
+            clap::ValueEnum::to_possible_value(&asked)
+                .map_or_else(String::new, |v| v.get_name().to_owned())
+        ),
+    }
 }
 
 /// Once the capture, the raw socket and the metrics listener are open, the live copier needs no
@@ -201,6 +222,8 @@ mod workers {
             capture.join_fanout(group)?;
             captures.push(capture);
         }
+        // Before the worker threads start: they inherit it.
+        super::raise_priority(args);
         let mut discarded = 0;
         for c in &mut captures {
             discarded += c.discard_backlog(BACKLOG_LIMIT)?;
