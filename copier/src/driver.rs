@@ -853,9 +853,11 @@ fn start_lookup(dsn: Option<ProdDsn>, waker: &Waker) -> Result<Option<StateLooku
 
 /// Says once per client address (bounded) that its sessions cannot be mirrored, and why: the
 /// user should know, but one line per connection would flood the log.
+/// The first line for a reason that has a remedy also names it (once per reason).
 #[derive(Default)]
 struct OncePerClient {
     seen: std::collections::HashSet<std::net::Ipv4Addr>,
+    remedied: std::collections::HashSet<String>,
 }
 
 impl OncePerClient {
@@ -863,12 +865,31 @@ impl OncePerClient {
 
     fn note(&mut self, client: SocketAddrV4, why: &str) {
         if self.seen.len() < Self::MAX && self.seen.insert(*client.ip()) {
+            let fix = match remedy(why) {
+                Some(r) if self.remedied.insert(why.to_owned()) => format!(" {r}"),
+                _ => String::new(),
+            };
             tracing::warn!(
                 "sessions from {} cannot be mirrored ({why}); they are left alone and counted \
-                 (said once per client address)",
+                 (said once per client address).{fix}",
                 client.ip()
             );
         }
+    }
+}
+
+/// What the user can do about sessions left alone for `why`, when there is something.
+fn remedy(why: &str) -> Option<&'static str> {
+    match why {
+        // The copier saw no login for these (open before it started, or their SYN was lost,
+        // e.g. to kernel capture drops): it must log in with an account of its own.
+        "pickup_no_default_user" => Some(
+            "Connections whose login the copier did not capture (open before it started, or \
+             their start lost to kernel drops) are picked up with a login of its own: pass \
+             --mysql-default-user USER (an account in --mysql-credentials), or --prod-dsn so \
+             each gets its own user and schema from production.",
+        ),
+        _ => None,
     }
 }
 
@@ -905,4 +926,19 @@ fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_string())
         .unwrap_or_else(|_| "unknown".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::remedy;
+
+    #[test]
+    fn a_pickup_without_credentials_names_both_ways_to_fix_it() {
+        let r = remedy("pickup_no_default_user").unwrap();
+        assert!(
+            r.contains("--mysql-default-user") && r.contains("--prod-dsn"),
+            "{r}"
+        );
+        assert_eq!(remedy("not_mirrorable_tls"), None);
+    }
 }
