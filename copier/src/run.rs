@@ -102,18 +102,7 @@ pub fn run(args: &Args) -> Result<Snapshot> {
 /// (control connections, `--workers`) inherit its priority. Not raised: said once, and the
 /// copier runs as started (a busy host may then starve the capture: kernel drops).
 fn raise_priority(args: &Args) {
-    let asked = args.capture_priority;
-    match ops::sched::raise(asked) {
-        Ok(r) => tracing::info!("capture priority: {}", r.describe()),
-        Err(e) => tracing::warn!(
-            "cannot raise the capture's scheduling priority (--capture-priority {}): {e}; it runs \
-             as started, and behind many runnable threads (a burst of connections) the capture \
-             ring may overflow (kernel drops). Grant CAP_SYS_NICE, or start it with nice -n -20 \
-             (systemd: Nice=-20), or pass --capture-priority normal to silence this",
-            clap::ValueEnum::to_possible_value(&asked)
-                .map_or_else(String::new, |v| v.get_name().to_owned())
-        ),
-    }
+    ops::sched::raise_logged(args.capture_priority);
 }
 
 /// Once the capture, the raw socket and the metrics listener are open, the live copier needs no

@@ -121,6 +121,15 @@ struct Cli {
     #[arg(long, env = "TCPSHADOW_BUFFER_MIB", default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=4096))]
     buffer_mib: u32,
 
+    /// Scheduling priority of the capture and its threads: high (nice -20), realtime
+    /// (SCHED_RR 1) or normal (as started). A capture that waits for the CPU behind many
+    /// runnable threads (the test server answering a burst of connections) overflows its ring
+    /// and loses replies for good; its CPU is bounded by the traffic. Raising needs
+    /// CAP_SYS_NICE at start (or systemd's Nice=); without it intercept says so and runs as
+    /// started.
+    #[arg(long, env = "TCPSHADOW_CAPTURE_PRIORITY", value_enum, default_value_t = ops::sched::Priority::High)]
+    capture_priority: ops::sched::Priority,
+
     /// Memory intercept may use, in MiB (32 to 65536): a quarter at most for the capture ring
     /// (--buffer-mib), a quarter for the copiers' feedback queues together (one copier's at most
     /// a quarter of that; beyond, its feedback is dropped and counted), 3/8
@@ -405,6 +414,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     } else {
         ReplyCapture::Pcap(PcapSource::open(&capture_options(&cli, payload_prefix))?)
     };
+
+    // Before the workers and the control server's threads start (they inherit it) and before
+    // the capabilities go (raising needs CAP_SYS_NICE).
+    ops::sched::raise_logged(cli.capture_priority);
 
     let mut more = Vec::new();
     if let ReplyCapture::Pcap(first) = &mut source {

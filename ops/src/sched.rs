@@ -99,6 +99,22 @@ pub fn raise(p: Priority) -> io::Result<Raised> {
     }
 }
 
+/// [`raise`] for a daemon's `--capture-priority`, logged: what was set, or (once, as a
+/// warning) why not and what to do. The daemon runs on either way.
+pub fn raise_logged(p: Priority) {
+    match raise(p) {
+        Ok(r) => tracing::info!("capture priority: {}", r.describe()),
+        Err(e) => tracing::warn!(
+            "cannot raise the capture's scheduling priority (--capture-priority {}): {e}; it runs \
+             as started, and behind many runnable threads (a burst of connections) its ring may \
+             overflow (kernel drops). Grant CAP_SYS_NICE, or start it with `nice -n -20` \
+             (systemd: Nice=-20), or pass --capture-priority normal to silence this",
+            clap::ValueEnum::to_possible_value(&p)
+                .map_or_else(String::new, |v| v.get_name().to_owned())
+        ),
+    }
+}
+
 /// The calling thread's id: on Linux the nice value belongs to a thread, and
 /// `setpriority(PRIO_PROCESS, 0)` is the calling thread only; naming it makes that explicit.
 fn tid() -> libc::id_t {
