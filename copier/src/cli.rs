@@ -715,6 +715,21 @@ mod tests {
     }
 
     #[test]
+    fn the_capture_runs_at_high_priority_unless_told_otherwise() {
+        use ops::sched::Priority;
+        // The 1,000-connection burst starved a normal-priority capture (docs/BENCHMARKS.md).
+        assert_eq!(args(&[]).capture_priority, Priority::High);
+        assert_eq!(
+            args(&["--capture-priority", "realtime"]).capture_priority,
+            Priority::Realtime
+        );
+        assert_eq!(
+            args(&["--capture-priority", "normal"]).capture_priority,
+            Priority::Normal
+        );
+    }
+
+    #[test]
     fn map_adds_to_or_replaces_port_and_target() {
         let a = args(&["--port", "3306", "--target", "198.18.0.3:3306"]);
         assert_eq!(a.routes().unwrap(), vec![route(3306, "198.18.0.3:3306")]);
