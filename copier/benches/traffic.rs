@@ -93,6 +93,10 @@ pub enum Layer {
     /// `--protocol mysql` with logins forwarded unchanged (no credentials): the MySQL
     /// transform frames both directions and tracks every reply.
     Mysql,
+    /// `--protocol mysql` with `--mysql-credentials`: every login is recomputed for the test
+    /// server's nonce (what the lab's idle-session benchmark does; `examples/idle_memory.rs`).
+    #[allow(dead_code)] // the engine benchmark does not use it
+    MysqlCredentials,
 }
 
 struct Flow {
@@ -165,20 +169,32 @@ const PA: u8 = TcpFlags::ACK | TcpFlags::PSH;
 impl Traffic {
     /// `sessions` connections, opened and logged in (MySQL), ready for [`Traffic::round`].
     pub fn new(layer: Layer, sessions: usize) -> Self {
+        Self::with_limit(layer, sessions, sessions)
+    }
+
+    /// As [`Traffic::new`], with the engine's tables sized for `max_sessions` (the copier's
+    /// `--max-sessions`) rather than for exactly `sessions`.
+    pub fn with_limit(layer: Layer, sessions: usize, max_sessions: usize) -> Self {
         let mut cfg = EngineConfig::new(PROD_PORT, TARGET);
-        cfg.max_sessions = sessions.max(1);
+        cfg.max_sessions = max_sessions.max(sessions).max(1);
         let engine = match layer {
             Layer::Tcp => Engine::new(cfg),
-            Layer::Mysql => {
+            Layer::Mysql | Layer::MysqlCredentials => {
+                let with_credentials = layer == Layer::MysqlCredentials;
                 let config = MysqlConfig {
-                    forward_without_credentials: true,
+                    forward_without_credentials: !with_credentials,
                     ..MysqlConfig::default()
+                };
+                let credentials = if with_credentials {
+                    Credentials::parse("sb:test-password").expect("credentials")
+                } else {
+                    Credentials::default()
                 };
                 let random: copier::mysql::RandomBytes = Arc::new(|b: &mut [u8]| {
                     b.fill(7);
                     true
                 });
-                let factory = MysqlFactory::new(config, Arc::new(Credentials::default()), random);
+                let factory = MysqlFactory::new(config, Arc::new(credentials), random);
                 Engine::with_transform(cfg, Box::new(factory))
             }
         };
@@ -211,7 +227,7 @@ impl Traffic {
         let mut t = Traffic {
             engine,
             layer,
-            flows: Vec::with_capacity(sessions),
+            flows: Vec::with_capacity(max_sessions.max(sessions)),
             now: Instant::from_nanos(1_000_000_000),
             buf,
             request,
@@ -233,16 +249,21 @@ impl Traffic {
             bytes_out: 0,
             closed: None,
         };
-        for i in 0..sessions {
-            t.open(i);
+        t.open_sessions(sessions);
+        t
+    }
+
+    /// Opens `n` more sessions (see [`Traffic::new`]).
+    pub fn open_sessions(&mut self, n: usize) {
+        for _ in 0..n {
+            self.open(self.flows.len());
         }
-        t.drain();
-        while let Some(ev) = t.engine.poll_event() {
+        self.drain();
+        while let Some(ev) = self.engine.poll_event() {
             if let EngineEvent::SessionClosed { why, reason, .. } = ev {
-                t.closed.get_or_insert(format!("{reason:?} ({why:?})"));
+                self.closed.get_or_insert(format!("{reason:?} ({why:?})"));
             }
         }
-        t
     }
 
     /// Input packets per [`Traffic::round`] of one session.
@@ -355,7 +376,7 @@ impl Traffic {
         );
         self.capture(&ack);
         self.drain();
-        if self.layer == Layer::Mysql {
+        if self.layer != Layer::Tcp {
             self.login(i);
         }
     }
@@ -423,7 +444,7 @@ impl Traffic {
         let a = pkt(client, prod, c_next, p_next, A, Some((ts, ts)), &[]);
         self.capture(&a);
         self.test_feedback(i, c_next, reply_len, PA);
-        if self.layer == Layer::Mysql {
+        if self.layer != Layer::Tcp {
             self.relay_reply(i);
         }
         self.drain();

@@ -56,7 +56,7 @@ fn steady_state(layer: Layer, sessions: usize, rounds: usize) -> (u64, u64) {
 // One test function: the counter is global, and tests run on parallel threads.
 #[test]
 fn no_allocation_per_packet_in_steady_state() {
-    for layer in [Layer::Tcp, Layer::Mysql] {
+    for layer in [Layer::Tcp, Layer::Mysql, Layer::MysqlCredentials] {
         let (allocs, packets) = steady_state(layer, 200, 20);
         assert_eq!(packets, 200 * 20 * Traffic::PACKETS_PER_ROUND);
         assert_eq!(

@@ -234,12 +234,13 @@ pub struct FrameScanner {
     walker: Walker,
     prefix_len: usize,
     prefix: Vec<u8>,
-    /// A header reported once its prefix is complete, with the prefix length wanted.
-    waiting: Option<(FrameHeader, usize)>,
+    /// The packet being read, with the prefix length wanted: without hashing, a header
+    /// reported once its prefix is complete; with hashing, the packet being hashed.
+    // One field for both modes, and the hasher boxed: a copier keeps two scanners per
+    // session, idle ones included (docs/BENCHMARKS.md, memory per idle session).
+    pending: Option<(FrameHeader, usize)>,
     /// Hashing every payload: packets are reported at their end, with their hash.
-    hasher: Option<super::digest::PayloadHasher>,
-    /// The header of the packet being hashed.
-    current: Option<(FrameHeader, usize)>,
+    hasher: Option<Box<super::digest::PayloadHasher>>,
 }
 
 impl FrameScanner {
@@ -258,9 +259,8 @@ impl FrameScanner {
             walker: Walker::new(split),
             prefix_len,
             prefix: Vec::new(),
-            waiting: None,
+            pending: None,
             hasher: None,
-            current: None,
         }
     }
 
@@ -269,7 +269,7 @@ impl FrameScanner {
     /// prefix is copied (at most `prefix_len` bytes per packet), the payload never kept.
     pub fn with_hashes(prefix_len: usize) -> Self {
         let mut s = Self::new(prefix_len);
-        s.hasher = Some(super::digest::PayloadHasher::new());
+        s.hasher = Some(Box::default());
         s
     }
 
@@ -295,7 +295,7 @@ impl FrameScanner {
                 Piece::Header(header) => {
                     let want = (header.len as usize).min(self.prefix_len);
                     if header.part == 0 && want > 0 {
-                        self.waiting = Some((header, want));
+                        self.pending = Some((header, want));
                         self.prefix.clear();
                     } else {
                         on_packet(ScannedPacket {
@@ -306,11 +306,11 @@ impl FrameScanner {
                     }
                 }
                 Piece::Payload(data) => {
-                    let Some((header, want)) = self.waiting else {
+                    let Some((header, want)) = self.pending else {
                         continue;
                     };
                     if self.prefix.is_empty() && data.len() >= want {
-                        self.waiting = None;
+                        self.pending = None;
                         on_packet(ScannedPacket {
                             header,
                             prefix: &data[..want],
@@ -321,7 +321,7 @@ impl FrameScanner {
                     let take = (want - self.prefix.len()).min(data.len());
                     self.prefix.extend_from_slice(&data[..take]);
                     if self.prefix.len() == want {
-                        self.waiting = None;
+                        self.pending = None;
                         on_packet(ScannedPacket {
                             header,
                             prefix: &self.prefix,
@@ -347,27 +347,29 @@ impl FrameScanner {
                     } else {
                         0
                     };
-                    self.current = Some((header, want));
+                    self.pending = Some((header, want));
                     self.prefix.clear();
-                    self.hasher = Some(super::digest::PayloadHasher::new());
+                    if let Some(h) = &mut self.hasher {
+                        **h = super::digest::PayloadHasher::new();
+                    }
                 }
                 Piece::Payload(data) => {
                     if let Some(h) = &mut self.hasher {
                         h.update(data);
                     }
-                    if let Some((_, want)) = self.current {
+                    if let Some((_, want)) = self.pending {
                         let take = want.saturating_sub(self.prefix.len()).min(data.len());
                         self.prefix.extend_from_slice(&data[..take]);
                     }
                 }
                 Piece::End { .. } => {
-                    let Some((header, _)) = self.current.take() else {
+                    let Some((header, _)) = self.pending.take() else {
                         continue;
                     };
                     on_packet(ScannedPacket {
                         header,
                         prefix: &self.prefix,
-                        hash: self.hasher.map(|h| h.finish()),
+                        hash: self.hasher.as_ref().map(|h| h.finish()),
                     });
                     if self.prefix.capacity() > KEEP_CAPACITY {
                         self.prefix = Vec::new();
@@ -604,6 +606,12 @@ mod tests {
     }
 
     #[test]
+    fn a_scanner_stays_small() {
+        // A copier keeps two per mirrored session, idle ones included (issue #9).
+        assert!(std::mem::size_of::<FrameScanner>() <= 104);
+    }
+
+    #[test]
     fn header_round_trip() {
         let h = PacketHeader {
             len: 0x12_3456,
@@ -790,7 +798,7 @@ mod tests {
             }
             let mut plain = FrameScanner::with_split(prefix_len, 16);
             let mut hashing = FrameScanner::with_split(prefix_len, 16);
-            hashing.hasher = Some(crate::mysql::digest::PayloadHasher::new());
+            hashing.hasher = Some(Box::default());
             let (mut a, mut b) = (Vec::new(), Vec::new());
             for c in chunked(&stream, &cuts) {
                 plain.feed(&c, |p| a.push((p.header, p.prefix.to_vec())));

@@ -40,10 +40,11 @@ use common::clock::Instant;
 use super::{CloseReason, Engine, FlowKey, SessionId, Slot};
 
 /// Bytes charged per session whatever it holds: its slot in the table (the session struct
-/// lives inline), its entries in the two indexes (hashbrown: key, value, one control byte, at
-/// most 7/8 full), its timer-heap entry (with room for a stale one) and ready-queue entry.
+/// lives inline), its entries in the two indexes (hashbrown: key, value, one control byte; a
+/// table doubles when 7/8 full, so it is between 7/16 and 7/8 full: at most 16/7 of that per
+/// session), its timer-heap entry (with room for a stale one) and ready-queue entry.
 pub const SESSION_FIXED_BYTES: usize = size_of::<Slot>()
-    + 2 * (size_of::<FlowKey>() + size_of::<SessionId>() + 1) * 8 / 7
+    + 2 * (size_of::<FlowKey>() + size_of::<SessionId>() + 1) * 16 / 7
     + 2 * size_of::<(Instant, u32, u32)>()
     + 2 * size_of::<SessionId>()
     + size_of::<u32>();

@@ -334,3 +334,21 @@ fn fixed_size_per_session_is_small() {
     // Issue #9: at most 2 KiB of copier memory per idle mirrored session.
     const { assert!(SESSION_FIXED_BYTES <= 2048) };
 }
+
+#[test]
+fn a_session_in_line_stays_small() {
+    // Issue #9 (docs/BENCHMARKS.md, memory per idle mirrored session): every session carries
+    // these in line, idle or not, so a new field here is paid 10,000 times over. Rare state
+    // (out-of-order bytes, a transform's read-only or statement bookkeeping) is boxed.
+    use std::mem::size_of;
+    assert!(
+        size_of::<super::Slot>() <= 600,
+        "{}",
+        size_of::<super::Slot>()
+    );
+    assert!(
+        size_of::<super::reassembly::Reassembly>() <= 32,
+        "{}",
+        size_of::<super::reassembly::Reassembly>()
+    );
+}

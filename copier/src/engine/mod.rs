@@ -136,6 +136,8 @@ pub const MAX_HEADER_LEN: usize = 60;
 const CONTROL_QUEUE_CAP: usize = 4096;
 /// Events waiting for `poll_event`; beyond, the oldest is dropped and counted.
 const EVENT_QUEUE_CAP: usize = 65536;
+/// Sessions the two indexes (by flow, by mirrored address) are sized for at the start.
+const INDEX_PRESIZE: usize = 8192;
 
 /// Configuration of one engine. Build with [`EngineConfig::new`] and adjust fields.
 #[derive(Clone, Debug)]
@@ -412,12 +414,19 @@ impl Engine {
             .and_then(|(net, prefix)| AddressPool::new(net, prefix, *cfg.target.ip()))
             .and_then(|p| p.slice(slice, slices));
         let presize = cfg.max_sessions.min(1 << 16);
+        // The indexes are pre-sized for fewer sessions than the table: a hash table's entries
+        // are scattered, so every page of a table sized for 65,536 sessions is touched (and
+        // resident) long before it holds that many, about 470 bytes per session at 10,000.
+        // Beyond this they double, which costs one rehash per doubling, at a session's
+        // opening, never per packet. The slot table and the timer heap fill in order, so
+        // their unused capacity is never touched.
+        let index_presize = cfg.max_sessions.min(INDEX_PRESIZE);
         Self {
             pool,
             slots: Vec::with_capacity(presize),
             free: Vec::new(),
-            by_flow: HashMap::with_capacity_and_hasher(presize, FlowHash::default()),
-            by_mirror: HashMap::with_capacity_and_hasher(presize, FlowHash::default()),
+            by_flow: HashMap::with_capacity_and_hasher(index_presize, FlowHash::default()),
+            by_mirror: HashMap::with_capacity_and_hasher(index_presize, FlowHash::default()),
             timers: BinaryHeap::with_capacity(presize),
             ready: VecDeque::with_capacity(presize.min(4096)),
             control_out: VecDeque::with_capacity(64),
@@ -1082,6 +1091,25 @@ impl Engine {
         }
         self.events.push_back(ev);
     }
+}
+
+/// The in-line sizes of a session's parts (bytes), for the memory breakdown of
+/// `examples/idle_memory.rs` (docs/BENCHMARKS.md "Memory per idle mirrored session").
+#[doc(hidden)]
+pub fn session_layout() -> Vec<(&'static str, usize)> {
+    use std::mem::size_of;
+    vec![
+        ("engine Slot (session in line)", size_of::<Slot>()),
+        ("engine Session", size_of::<Session>()),
+        ("engine Reassembly", size_of::<reassembly::Reassembly>()),
+        ("engine by_flow entry", size_of::<(FlowKey, SessionId)>()),
+        (
+            "engine by_mirror entry",
+            size_of::<(SocketAddrV4, SessionId)>(),
+        ),
+        ("engine timer entry", size_of::<(Instant, u32, u32)>()),
+        ("SESSION_FIXED_BYTES (budget)", SESSION_FIXED_BYTES),
+    ]
 }
 
 fn slot_session(slots: &mut [Slot], id: SessionId) -> Option<&mut Session> {

@@ -12,6 +12,12 @@ pub(crate) struct Ranges<const N: usize> {
     len: usize,
 }
 
+impl<const N: usize> Default for Ranges<N> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl<const N: usize> Ranges<N> {
     pub(crate) const fn new() -> Self {
         Self {

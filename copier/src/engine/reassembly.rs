@@ -8,6 +8,7 @@
 //! server.
 
 use std::collections::VecDeque;
+use std::mem::size_of;
 
 use common::wire::seq;
 
@@ -28,6 +29,14 @@ pub(crate) enum Insert {
     Dropped,
 }
 
+/// Bytes that arrived beyond a hole, and where they lie.
+#[derive(Debug, Default)]
+struct OutOfOrder {
+    /// Bytes at client seq `next + i`; holes read as zeros and are tracked by `ranges`.
+    held: VecDeque<u8>,
+    ranges: Ranges<MAX_HOLES>,
+}
+
 #[derive(Debug)]
 pub(crate) struct Reassembly {
     /// Client sequence number of the next byte to deliver.
@@ -36,9 +45,9 @@ pub(crate) struct Reassembly {
     fin_at: Option<u32>,
     /// The FIN has been reached: every byte before it was delivered.
     fin_done: bool,
-    /// Bytes at client seq `next + i`; holes read as zeros and are tracked by `ranges`.
-    held: VecDeque<u8>,
-    ranges: Ranges<MAX_HOLES>,
+    /// What arrived beyond a hole; `None` while nothing does (nearly always: it is boxed so
+    /// that a session in order, the usual one, does not carry its 100 bytes).
+    ooo: Option<Box<OutOfOrder>>,
     /// How far ahead of `next` a segment may reach and still be held.
     limit: u32,
     /// Whether any byte was delivered yet (a mid-stream pickup may still move its start).
@@ -51,8 +60,7 @@ impl Reassembly {
             next,
             fin_at: None,
             fin_done: false,
-            held: VecDeque::new(),
-            ranges: Ranges::new(),
+            ooo: None,
             limit: u32::try_from(limit).unwrap_or(u32::MAX).min(1 << 30),
             delivered_any: false,
         }
@@ -72,21 +80,23 @@ impl Reassembly {
     }
 
     pub(crate) fn has_held(&self) -> bool {
-        !self.ranges.is_empty()
+        self.ooo.is_some()
     }
 
     pub(crate) fn held_len(&self) -> usize {
-        self.held.len()
+        self.ooo.as_ref().map_or(0, |o| o.held.len())
     }
 
     /// Heap bytes held (capacity: what the allocator handed out).
     pub(crate) fn heap_bytes(&self) -> usize {
-        self.held.capacity()
+        self.ooo
+            .as_ref()
+            .map_or(0, |o| size_of::<OutOfOrder>() + o.held.capacity())
     }
 
     /// Whether the start of the stream may still move: nothing delivered, held or finished.
     pub(crate) fn pristine(&self) -> bool {
-        !self.delivered_any && self.ranges.is_empty() && self.fin_at.is_none()
+        !self.delivered_any && self.ooo.is_none() && self.fin_at.is_none()
     }
 
     /// Moves the start of a pristine stream (mid-stream pickup that learnt the real next byte).
@@ -97,8 +107,7 @@ impl Reassembly {
 
     /// Frees held memory (session is closing).
     pub(crate) fn release(&mut self) {
-        self.held = VecDeque::new();
-        self.ranges.clear();
+        self.ooo = None;
     }
 
     /// Takes one captured segment: `data` starts at client seq `start`; `fin` if it carried
@@ -123,7 +132,8 @@ impl Reassembly {
             let at = start.wrapping_add(data.len() as u32);
             if self.fin_at.is_none()
                 && seq::ge(at, self.next)
-                && at.wrapping_sub(self.next) >= self.ranges.last_end()
+                && at.wrapping_sub(self.next)
+                    >= self.ooo.as_ref().map_or(0, |o| o.ranges.last_end())
                 && at.wrapping_sub(self.next) <= self.limit
             {
                 self.fin_at = Some(at);
@@ -156,35 +166,44 @@ impl Reassembly {
             if u64::from(rel) + u64::from(len) > u64::from(self.limit) {
                 return Insert::Dropped;
             }
-            if rel == 0 && self.ranges.is_empty() {
+            if rel == 0 && self.ooo.is_none() {
                 // The common case: in order, nothing pending. No copy.
                 deliver(data);
                 self.next = self.next.wrapping_add(len);
                 self.delivered_any = true;
             } else {
-                if !self.ranges.insert(rel, rel + len) {
+                let o = self.ooo.get_or_insert_with(Box::default);
+                if !o.ranges.insert(rel, rel + len) {
+                    if o.ranges.is_empty() {
+                        self.ooo = None;
+                    }
                     return Insert::Dropped;
                 }
                 let (rel, len) = (rel as usize, len as usize);
-                if self.held.len() < rel + len {
-                    self.held.resize(rel + len, 0);
+                if o.held.len() < rel + len {
+                    o.held.resize(rel + len, 0);
                 }
-                for (dst, src) in self.held.range_mut(rel..rel + len).zip(data) {
+                for (dst, src) in o.held.range_mut(rel..rel + len).zip(data) {
                     *dst = *src;
                 }
                 held = rel > 0;
-                if let Some((0, run)) = self.ranges.first() {
+                if let Some((0, run)) = o.ranges.first() {
                     let run_len = run as usize;
-                    let (a, b) = self.held.as_slices();
+                    let (a, b) = o.held.as_slices();
                     let from_a = a.len().min(run_len);
                     deliver(&a[..from_a]);
                     if run_len > from_a {
                         deliver(&b[..run_len - from_a]);
                     }
-                    self.held.drain(..run_len);
-                    self.ranges.shift(run);
+                    o.held.drain(..run_len);
+                    o.ranges.shift(run);
                     self.next = self.next.wrapping_add(run);
                     self.delivered_any = true;
+                }
+                if o.ranges.is_empty() {
+                    // The hole is filled: give the room back (holes are rare; a session
+                    // that has one now and then pays one allocation for each).
+                    self.ooo = None;
                 }
             }
         } else if !new_fin {

@@ -285,6 +285,13 @@ pub(crate) fn read_only_counter(kind: WriteKind) -> Counter {
 const _: () = assert!(COUNTER_NAMES.len() == Counter::ReadOnlySkippedStmtExecute as usize + 1);
 const _: () = assert!(COUNTER_NAMES.len() <= crate::engine::TRANSFORM_COUNTERS);
 
+/// The in-line sizes of a MySQL session's parts (bytes), for the memory breakdown of
+/// `examples/idle_memory.rs` (docs/BENCHMARKS.md "Memory per idle mirrored session").
+#[doc(hidden)]
+pub fn session_layout() -> Vec<(&'static str, usize)> {
+    transform::layout()
+}
+
 /// What every session of a factory shares (read-only).
 pub(crate) struct Shared {
     pub(crate) config: MysqlConfig,

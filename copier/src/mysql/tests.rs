@@ -1678,3 +1678,12 @@ fn a_reply_whose_structure_is_lost_is_cut_by_sequence_ids() {
     assert_eq!(h.count(Counter::ReplyStructureLost), 2);
     assert_eq!(h.count(Counter::ReplySeqMismatches), 0);
 }
+
+#[test]
+fn a_session_in_line_stays_small() {
+    // Issue #9 (docs/BENCHMARKS.md, memory per idle mirrored session): every MySQL session
+    // carries this struct, idle or not. Login, read-only and statement state is boxed, and
+    // per-chunk lists live with the thread, so that it stays this size.
+    let size = std::mem::size_of::<MysqlTransform>();
+    assert!(size <= 736, "{size}");
+}

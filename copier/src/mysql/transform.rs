@@ -329,12 +329,55 @@ impl ProdPacket {
     }
 }
 
-/// What a session's many small allocations (greeting and login state, scanners, the statement
-/// map's first buckets) and the allocator's own headers and rounding add to the sizes
-/// `memory_len` sums. Measured in the lab (tests/tests/budget.rs): the copier's RSS grew about
-/// 5.4 KiB per idle mirrored MySQL session while the summed sizes came to 2.8 KiB; the
-/// difference is charged flat, so that many idle sessions are bounded by what they really take.
-const SMALL_ALLOCATIONS: usize = 2560;
+/// What the allocator's own headers and rounding add to the sizes `memory_len` sums (glibc:
+/// 8 bytes and up to 15 of rounding per allocation; an idle session holds about five: this
+/// struct, the engine's send queue, the two reply queues, a packet head), and the small
+/// allocations of a login that come and go. Calibrated in the lab (`bench/idle.sh --conns
+/// 10000`, docs/BENCHMARKS.md): the copier's RSS grew 1.78 KiB per idle mirrored MySQL
+/// session while the sizes the budget sums (engine's fixed part included) came to 1.70 KiB;
+/// with this the charge is 1.96 KiB, a little above what a session really takes, so many idle
+/// sessions stay within `--max-memory`.
+const SMALL_ALLOCATIONS: usize = 256;
+
+/// `--read-only`: what was kept off the test server and must stay off.
+#[derive(Default)]
+struct Skipped {
+    /// Production's ids of statements whose prepare was not sent to the test server.
+    statements: HashSet<u32>,
+    /// SQL-level prepared statement names whose PREPARE was not sent, with its kind.
+    names: HashMap<Box<[u8]>, WriteKind>,
+}
+
+fn new_map(shared: &Shared) -> Box<StatementMap> {
+    Box::new(StatementMap::new(shared.config.max_statements))
+}
+
+/// Who a picked-up connection logs in as, and what its login said (recovery compares it).
+struct PickupLogin {
+    /// The user and schema to log in with: the defaults, or what recovery learnt.
+    user: Option<String>,
+    db: Option<String>,
+    /// What our synthetic login used.
+    login_user: Option<String>,
+    login_db: Option<Vec<u8>>,
+}
+
+/// Lists filled and emptied within one call (the packets of one captured chunk). They live
+/// with the thread, not the session: thousands of idle sessions would otherwise each keep
+/// the capacity their busiest chunk needed, while one thread only ever uses one at a time.
+/// Taken out for the call and put back, so a nested call finds an empty list (it then
+/// allocates its own, which is correct, only not free).
+#[derive(Default)]
+struct Scratch {
+    /// Commands that arrived in a chunk: command byte and serial number.
+    arrived: Vec<(Option<u8>, u64)>,
+    /// Production's packets in a chunk.
+    prod: Vec<ProdPacket>,
+}
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::new(Scratch::default());
+}
 
 /// Bytes of our own to send before the client's next command.
 struct Injection {
@@ -342,6 +385,25 @@ struct Injection {
     expect: Option<TestExpect>,
     /// A recovered statement: production's id and its SQL, registered when sent.
     register: Option<(u32, Vec<u8>)>,
+}
+
+/// In-line sizes of the parts of a [`MysqlTransform`] (see `mod.rs`'s `session_layout`).
+pub(super) fn layout() -> Vec<(&'static str, usize)> {
+    use std::mem::size_of;
+    vec![
+        ("mysql MysqlTransform", size_of::<MysqlTransform>()),
+        ("mysql FrameScanner", size_of::<FrameScanner>()),
+        ("mysql ReplyTracker", size_of::<ReplyTracker>()),
+        ("mysql StatementMap", size_of::<StatementMap>()),
+        ("mysql AuthExchange", size_of::<AuthExchange>()),
+        ("mysql ProdPacket", size_of::<ProdPacket>()),
+        ("mysql Injection", size_of::<Injection>()),
+        (
+            "mysql test_fifo item",
+            size_of::<(TestExpect, Option<u64>)>(),
+        ),
+        ("mysql prod_fifo item", size_of::<(ReplyKind, u64)>()),
+    ]
 }
 
 /// The [`StreamTransform`] of one MySQL session. See the module documentation.
@@ -354,8 +416,6 @@ pub struct MysqlTransform {
     // The client's stream as it arrives.
     arrival: FrameScanner,
     arrival_skip_login: bool,
-    /// Commands that arrived in the last chunk: command byte and serial number.
-    arrived: Vec<(Option<u8>, u64)>,
     /// Serial number of the next client command awaiting a reply, as it arrives. Both
     /// readers number the same commands the same way (packets with id 0 after the login,
     /// except those without a reply): the serial ties production's reply, the forwarding
@@ -396,11 +456,9 @@ pub struct MysqlTransform {
     // Our login on the test server.
     login: Option<Vec<u8>>,
     login_sent: bool,
-    login_user: Option<String>,
-    login_db: Option<Vec<u8>>,
-    /// Who a picked-up connection logs in as (defaults, or recovered).
-    pickup_user: Option<String>,
-    pickup_db: Option<String>,
+    /// A picked-up connection's login (`None` for every other: it is only read by recovery,
+    /// and a session whose login we saw has nothing to recover, so it keeps no strings).
+    pickup: Option<Box<PickupLogin>>,
     recovery_deadline: Option<Instant>,
     recovered: bool,
 
@@ -425,10 +483,11 @@ pub struct MysqlTransform {
     prod_fifo: VecDeque<(ReplyKind, u64)>,
     prod_prev_seq: Option<u8>,
     prod_replies: ReplyTracker,
-    prod_scratch: Vec<ProdPacket>,
 
     // Prepared statements.
-    map: StatementMap,
+    /// `None` until the first statement command: a session that never prepares one (most
+    /// text-protocol clients) does not carry an empty map's 104 bytes.
+    map: Option<Box<StatementMap>>,
     /// Production's answers to prepares the forwarding reader has not reached yet.
     prod_answers: VecDeque<PrepareAnswer>,
     /// Prepares passed (forwarded or skipped) before production's answer was seen.
@@ -442,13 +501,12 @@ pub struct MysqlTransform {
     inject_bytes: usize,
 
     // `--read-only`.
-    /// Production's ids of statements whose prepare was not sent to the test server.
-    skipped_statements: HashSet<u32>,
+    /// Statements whose prepare was not sent to the test server; `None` until there is one
+    /// (most sessions never have any, and two empty hash tables take 96 bytes in line).
+    skipped: Option<Box<Skipped>>,
     /// The client's latest COM_STMT_PREPARE was not sent: MariaDB's "last prepared" id
     /// ([`LAST_PREPARED`]) names it.
     last_prepare_skipped: bool,
-    /// SQL-level prepared statement names whose PREPARE was not sent, with its kind.
-    skipped_names: HashMap<Box<[u8]>, WriteKind>,
     /// The packets after a command that was not sent (LOCAL INFILE contents) are not sent either.
     skip_data: bool,
 }
@@ -464,7 +522,7 @@ impl fmt::Debug for MysqlTransform {
             .field("prod_phase", &self.prod_phase)
             .field("blocked", &self.blocked)
             .field("backlog", &self.backlog.len())
-            .field("statements", &self.map.len())
+            .field("statements", &self.map.as_ref().map_or(0, |m| m.len()))
             .finish_non_exhaustive()
     }
 }
@@ -472,9 +530,14 @@ impl fmt::Debug for MysqlTransform {
 impl MysqlTransform {
     pub(super) fn new(now: Instant, session: &SessionInfo, shared: Arc<Shared>, copy: u32) -> Self {
         let picked_up = session.picked_up;
-        let map = StatementMap::new(shared.config.max_statements);
-        let pickup_user = shared.config.default_user.clone();
-        let pickup_db = shared.config.default_db.clone();
+        let pickup = picked_up.then(|| {
+            Box::new(PickupLogin {
+                user: shared.config.default_user.clone(),
+                db: shared.config.default_db.clone(),
+                login_user: None,
+                login_db: None,
+            })
+        });
         let observer = shared
             .config
             .report
@@ -490,7 +553,6 @@ impl MysqlTransform {
             dead: false,
             arrival: FrameScanner::new(arrival_prefix),
             arrival_skip_login: !picked_up,
-            arrived: Vec::new(),
             arrival_serial: 0,
             fwd_serial: 0,
             dropped_by_design: false,
@@ -514,10 +576,7 @@ impl MysqlTransform {
             client_caps: Capabilities::default(),
             login: None,
             login_sent: false,
-            login_user: None,
-            login_db: None,
-            pickup_user,
-            pickup_db,
+            pickup,
             recovery_deadline: None,
             recovered: false,
             test_phase: TestPhase::Greeting,
@@ -540,17 +599,15 @@ impl MysqlTransform {
             prod_fifo: VecDeque::new(),
             prod_prev_seq: None,
             prod_replies: ReplyTracker::new(),
-            prod_scratch: Vec::new(),
-            map,
+            map: None,
             prod_answers: VecDeque::new(),
             unanswered_prepares: VecDeque::new(),
             tracking_lost: false,
             stmts_predate_us: picked_up,
             inject: VecDeque::new(),
             inject_bytes: 0,
-            skipped_statements: HashSet::new(),
+            skipped: None,
             last_prepare_skipped: false,
-            skipped_names: HashMap::new(),
             skip_data: false,
         }
     }
@@ -851,7 +908,10 @@ impl MysqlTransform {
                     out.count(Counter::ProtocolErrors as usize);
                     LOST_ANSWER
                 });
-                let r = self.map.test_answer(answer);
+                let r = self
+                    .map
+                    .get_or_insert_with(|| new_map(&self.shared))
+                    .test_answer(answer);
                 self.resolved(r, out);
             }
             TestExpect::InitDb => {
@@ -986,8 +1046,6 @@ impl MysqlTransform {
         let deprecate_eof = self.session_caps.contains(Capabilities::DEPRECATE_EOF);
         self.test_replies.set_deprecate_eof(deprecate_eof);
         self.prod_replies.set_deprecate_eof(deprecate_eof);
-        self.login_user = std::str::from_utf8(r.username).ok().map(str::to_owned);
-        self.login_db = r.database.map(<[u8]>::to_vec);
         self.send_login(&payload, plugin, server.nonce, password, out);
         Ok(())
     }
@@ -998,14 +1056,14 @@ impl MysqlTransform {
         server: TestServer,
         out: &mut TransformOutput<'_>,
     ) -> Result<(), Abandon> {
-        let Some(user) = self.pickup_user.clone() else {
+        let Some(user) = self.pickup.as_ref().and_then(|p| p.user.clone()) else {
             return Err(abandon(
                 Counter::PickupNoDefaultUser,
                 "pickup_no_default_user",
             ));
         };
         let password = self.credentials(user.as_bytes(), out)?;
-        let db = self.pickup_db.clone();
+        let db = self.pickup.as_ref().and_then(|p| p.db.clone());
         let want = if db.is_some() {
             SYNTHETIC_CAPS | Capabilities::CONNECT_WITH_DB
         } else {
@@ -1049,9 +1107,11 @@ impl MysqlTransform {
         }
         self.session_caps = caps;
         self.client_caps = server.caps & PICKUP_CLIENT_CAPS;
-        self.login_db = db.filter(|_| with_db).map(String::into_bytes);
-        self.login_user = Some(user);
         self.send_login(&payload, plugin, server.nonce, password, out);
+        if let Some(p) = &mut self.pickup {
+            p.login_db = db.filter(|_| with_db).map(String::into_bytes);
+            p.login_user = Some(user);
+        }
         out.count(Counter::PickupLogins as usize);
         Ok(())
     }
@@ -1096,18 +1156,21 @@ impl MysqlTransform {
             db,
             statements,
         } = state;
+        let Some(pickup) = self.pickup.as_deref_mut() else {
+            return;
+        };
         if self.login_sent {
-            if self.login_user.as_deref() != Some(user.as_str()) {
+            if pickup.login_user.as_deref() != Some(user.as_str()) {
                 // Not worth a COM_CHANGE_USER: statements the other user cannot run are
                 // rejected by the test server and counted.
                 out.count(Counter::RecoveryUserMismatch as usize);
             }
-            if let Some(db) = db.filter(|d| self.login_db.as_deref() != Some(d.as_bytes())) {
+            if let Some(db) = db.filter(|d| pickup.login_db.as_deref() != Some(d.as_bytes())) {
                 self.queue_injection(init_db(db.as_bytes()), out);
             }
         } else {
-            self.pickup_user = Some(user);
-            self.pickup_db = db;
+            pickup.user = Some(user);
+            pickup.db = db;
             self.recovery_deadline = None;
         }
         if !self.test_blind() {
@@ -1178,7 +1241,9 @@ impl MysqlTransform {
                 if self.test_blind() || self.tracking_lost {
                     continue;
                 }
-                self.map.register_known(*prod_id, sql);
+                self.map
+                    .get_or_insert_with(|| new_map(&self.shared))
+                    .register_known(*prod_id, sql);
             }
             if let Some(e) = inj.expect {
                 self.expect_test(e)?;
@@ -1364,7 +1429,10 @@ impl MysqlTransform {
     ) {
         match (fate, answer) {
             (Fate::Tracked, _) => {
-                let r = self.map.prod_answer(answer);
+                let r = self
+                    .map
+                    .get_or_insert_with(|| new_map(&self.shared))
+                    .prod_answer(answer);
                 self.resolved(r, out);
             }
             (Fate::Skipped, PrepareAnswer::Ok { statement_id }) => {
@@ -1376,12 +1444,17 @@ impl MysqlTransform {
 
     /// Production's statement `prod_id` was not prepared on the test server (`--read-only`).
     fn skip_statement(&mut self, prod_id: u32, out: &mut TransformOutput<'_>) {
-        if self.skipped_statements.len() >= self.shared.config.max_statements {
+        if self.skipped.as_ref().map_or(0, |k| k.statements.len())
+            >= self.shared.config.max_statements
+        {
             // Its executes then find no statement and are dropped as unknown ones.
             out.count(Counter::StatementsOverLimit as usize);
             return;
         }
-        self.skipped_statements.insert(prod_id);
+        self.skipped
+            .get_or_insert_with(Box::default)
+            .statements
+            .insert(prod_id);
     }
 
     fn lose_tracking(&mut self, out: &mut TransformOutput<'_>) {
@@ -1398,7 +1471,9 @@ impl MysqlTransform {
             Resolution::Waiting | Resolution::BothRejected | Resolution::Discarded => {}
             Resolution::Mapped { prod_id, .. } => {
                 // A reused id names the new statement.
-                self.skipped_statements.remove(&prod_id);
+                if let Some(k) = &mut self.skipped {
+                    k.statements.remove(&prod_id);
+                }
                 out.count(Counter::StatementsMapped as usize)
             }
             Resolution::TestRejected { .. } => {
@@ -1424,7 +1499,7 @@ impl MysqlTransform {
 
     /// Notes the commands production will answer, as they arrive, and numbers them.
     fn arrive(&mut self, data: &[u8], out: &mut TransformOutput<'_>) {
-        let mut pkts = mem::take(&mut self.arrived);
+        let mut pkts = SCRATCH.with(|s| mem::take(&mut s.borrow_mut().arrived));
         pkts.clear();
         let skip_login = &mut self.arrival_skip_login;
         let serial = &mut self.arrival_serial;
@@ -1461,7 +1536,11 @@ impl MysqlTransform {
         for &(code, n) in &pkts {
             self.prod_expects(ReplyKind::of_command(code), n, out);
         }
-        self.arrived = pkts;
+        pkts.clear();
+        if pkts.capacity() > 1024 {
+            pkts = Vec::new();
+        }
+        SCRATCH.with(|s| s.borrow_mut().arrived = pkts);
     }
 
     fn hold(&mut self, data: &[u8], out: &mut TransformOutput<'_>) {
@@ -1542,6 +1621,10 @@ impl MysqlTransform {
                     let client_command = self.stage == ClientStage::Commands
                         && h.seq == 0
                         && self.head.get(HEADER_LEN).is_none_or(|&c| expects_reply(c));
+                    // A login or COM_CHANGE_USER is the one big head a session collects: its
+                    // room is given back after it, so an idle session does not keep it.
+                    let auth_head = self.stage == ClientStage::Login
+                        || (h.seq == 0 && self.head.get(HEADER_LEN) == Some(&com::CHANGE_USER));
                     self.dropped_by_design = false;
                     self.dropped_refused = None;
                     match self.decide(h, out) {
@@ -1553,7 +1636,10 @@ impl MysqlTransform {
                             if client_command {
                                 self.client_command_decided(v == Verdict::Forward);
                             }
-                            self.release_head(h.len, taken, v == Verdict::Forward, out)
+                            self.release_head(h.len, taken, v == Verdict::Forward, out);
+                            if auth_head {
+                                self.head = Vec::new();
+                            }
                         }
                         Err(a) => self.give_up(a, out),
                     }
@@ -1738,7 +1824,9 @@ impl MysqlTransform {
             com::STMT_PREPARE => {
                 let tracked = !self.test_blind() && !self.tracking_lost;
                 if tracked {
-                    self.map.prepare_sent(&self.head[HEADER_LEN + 1..]);
+                    self.map
+                        .get_or_insert_with(|| new_map(&self.shared))
+                        .prepare_sent(&self.head[HEADER_LEN + 1..]);
                 }
                 self.last_prepare_skipped = false;
                 self.prepare_passed(
@@ -1758,7 +1846,9 @@ impl MysqlTransform {
             c if command::carries_statement_id(c) => return self.statement_command(c, out),
             com::CHANGE_USER => return self.change_user(h, out),
             com::RESET_CONNECTION => {
-                self.map.reset_all();
+                if let Some(m) = &mut self.map {
+                    m.reset_all();
+                }
                 self.forget_skipped();
                 self.stmts_predate_us = false;
                 out.count(Counter::ResetConnection as usize);
@@ -1791,7 +1881,10 @@ impl MysqlTransform {
             return Ok(Verdict::Forward);
         };
         if self.shared.config.read_only
-            && (self.skipped_statements.contains(&prod_id)
+            && (self
+                .skipped
+                .as_ref()
+                .is_some_and(|k| k.statements.contains(&prod_id))
                 || (prod_id == LAST_PREPARED && self.last_prepare_skipped))
         {
             self.dropped_by_design = true;
@@ -1800,7 +1893,9 @@ impl MysqlTransform {
                     out.count(Counter::ReadOnlySkippedStmtExecute as usize)
                 }
                 com::STMT_CLOSE if prod_id != LAST_PREPARED => {
-                    self.skipped_statements.remove(&prod_id);
+                    if let Some(k) = &mut self.skipped {
+                        k.statements.remove(&prod_id);
+                    }
                 }
                 _ => {}
             }
@@ -1810,9 +1905,13 @@ impl MysqlTransform {
             return Ok(self.drop_statement_command(code, UnmappedReason::Desynchronized, out));
         }
         let found = if code == com::STMT_CLOSE {
-            self.map.close(prod_id)
+            self.map
+                .get_or_insert_with(|| new_map(&self.shared))
+                .close(prod_id)
         } else {
-            self.map.lookup(prod_id)
+            self.map
+                .get_or_insert_with(|| new_map(&self.shared))
+                .lookup(prod_id)
         };
         match found {
             Ok(test_id) => {
@@ -1930,7 +2029,9 @@ impl MysqlTransform {
         if let Some(framed) = rewritten {
             self.head = framed;
         }
-        self.map.reset_all();
+        if let Some(m) = &mut self.map {
+            m.reset_all();
+        }
         self.forget_skipped();
         self.stmts_predate_us = false;
         self.change_user_in_flight = true;
@@ -1998,8 +2099,8 @@ impl MysqlTransform {
         complete: bool,
         query: bool,
     ) -> Option<WriteKind> {
-        let names = &self.skipped_names;
-        let skipped = |n: &[u8]| names.get(n).copied();
+        let names = self.skipped.as_deref().map(|k| &k.names);
+        let skipped = |n: &[u8]| names.and_then(|m| m.get(n).copied());
         let rules = Rules {
             allow_calls: self.shared.config.allow_calls,
             skipped: &skipped,
@@ -2011,20 +2112,26 @@ impl MysqlTransform {
                 match u {
                     NameUse::Prepare { name, effect } => match (kind, effect) {
                         (None, _) => {
-                            self.skipped_names.remove(&name[..]);
+                            if let Some(k) = &mut self.skipped {
+                                k.names.remove(&name[..]);
+                            }
                         }
                         (Some(k), e) => {
                             let k = match e {
                                 Effect::Write(w) => w,
                                 Effect::Read => k,
                             };
-                            if self.skipped_names.len() < self.shared.config.max_statements {
-                                self.skipped_names.insert(name.into_boxed_slice(), k);
+                            let max = self.shared.config.max_statements;
+                            let names = &mut self.skipped.get_or_insert_with(Box::default).names;
+                            if names.len() < max {
+                                names.insert(name.into_boxed_slice(), k);
                             }
                         }
                     },
                     NameUse::Deallocate { name } => {
-                        self.skipped_names.remove(&name[..]);
+                        if let Some(k) = &mut self.skipped {
+                            k.names.remove(&name[..]);
+                        }
                     }
                 }
             }
@@ -2034,8 +2141,7 @@ impl MysqlTransform {
 
     /// COM_RESET_CONNECTION and COM_CHANGE_USER drop every statement on both servers.
     fn forget_skipped(&mut self) {
-        self.skipped_statements.clear();
-        self.skipped_names.clear();
+        self.skipped = None;
         self.last_prepare_skipped = false;
         for f in &mut self.unanswered_prepares {
             if *f == Fate::Skipped {
@@ -2153,7 +2259,7 @@ impl StreamTransform for MysqlTransform {
         }
         if let Some(wait) = self.shared.config.recovery_wait {
             self.recovery_deadline = Some(now + wait);
-        } else if self.pickup_user.is_none() {
+        } else if self.pickup.as_ref().is_none_or(|p| p.user.is_none()) {
             self.give_up(
                 abandon(Counter::PickupNoDefaultUser, "pickup_no_default_user"),
                 out,
@@ -2183,7 +2289,7 @@ impl StreamTransform for MysqlTransform {
             }
             _ => {}
         }
-        let mut pkts = mem::take(&mut self.prod_scratch);
+        let mut pkts = SCRATCH.with(|s| mem::take(&mut s.borrow_mut().prod));
         pkts.clear();
         self.prod_scanner
             .feed(data, |p| pkts.push(ProdPacket::new(&p)));
@@ -2194,7 +2300,7 @@ impl StreamTransform for MysqlTransform {
         if pkts.capacity() > 1024 {
             pkts = Vec::new();
         }
-        self.prod_scratch = pkts;
+        SCRATCH.with(|s| s.borrow_mut().prod = pkts);
     }
 
     /// intercept's MySQL summaries of the test server's replies. Segments are the engine's
@@ -2242,15 +2348,19 @@ impl StreamTransform for MysqlTransform {
             + self.login.as_ref().map_or(0, Vec::capacity)
             + self.inject_bytes
             + self.inject.capacity() * size_of::<Injection>()
-            + self.arrived.capacity() * size_of::<(Option<u8>, u64)>()
             + self.test_fifo.capacity() * size_of::<(TestExpect, Option<u64>)>()
             + self.prod_fifo.capacity() * size_of::<(ReplyKind, u64)>()
-            + self.prod_scratch.capacity() * size_of::<ProdPacket>()
             + self.prod_answers.capacity() * size_of::<PrepareAnswer>()
             + self.unanswered_prepares.capacity() * size_of::<Fate>()
-            + self.skipped_statements.capacity() * (size_of::<u32>() + 1)
-            + self.skipped_names.len() * (size_of::<(Box<[u8]>, WriteKind)>() + 64)
-            + self.map.memory_len()
+            + self.skipped.as_ref().map_or(0, |k| {
+                size_of::<Skipped>()
+                    + k.statements.capacity() * (size_of::<u32>() + 1)
+                    + k.names.len() * (size_of::<(Box<[u8]>, WriteKind)>() + 64)
+            })
+            + self
+                .map
+                .as_ref()
+                .map_or(0, |m| size_of::<StatementMap>() + m.memory_len())
             + self.observer.as_ref().map_or(0, |o| o.memory_len())
     }
 
