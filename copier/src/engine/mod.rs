@@ -77,6 +77,10 @@
 //! * **ACKs.** The test server's bytes die at the assist host; we only see headers. We ACK the
 //!   highest *contiguous* end we have seen (remembering a few out-of-order ranges), never past
 //!   a hole, so lost feedback makes the test server retransmit rather than skip bytes.
+//!   Plain in-order data is acknowledged like a delayed-ACK receiver does
+//!   ([`EngineConfig::delayed_ack`]): every second segment at once, otherwise on our next
+//!   segment (the client's next command) or a short timer; in the lab each pure ACK we spare
+//!   is a veth, bridge and test-host TCP input run the copier no longer pays for.
 //! * **Timers.** Each session has one earliest deadline (RTO, persist, handshake, idle, close,
 //!   capture gap, linger); the engine keeps them in a binary heap with lazy invalidation.
 //! * **Sessions** live in a slab with generation-checked ids, indexed by captured flow and by
