@@ -163,6 +163,14 @@ impl TestFeedback {
     }
 }
 
+/// Inline room of a [`MysqlHead`]: intercept's default `--mysql-head` (16).
+pub const MYSQL_HEAD_INLINE: usize = 16;
+
+/// The first payload bytes of a MySQL packet: inline up to [`MYSQL_HEAD_INLINE`] bytes (no
+/// heap allocation per framed packet, on either side of the control channel), on the heap
+/// beyond (greetings, auth exchanges, a larger `--mysql-head`).
+pub type MysqlHead = smallvec::SmallVec<[u8; MYSQL_HEAD_INLINE]>;
+
 /// One MySQL packet the test server sent on a mirrored connection, as intercept framed it from
 /// the reassembled reply stream. The payload itself stays at intercept: only its first bytes
 /// travel.
@@ -181,7 +189,7 @@ pub struct MysqlPacket {
     /// The first payload bytes: all of them (up to [`MAX_MYSQL_HEAD`]) for the first
     /// [`MYSQL_FULL_HEAD_PACKETS`] packets, then intercept's `--mysql-head`; none for a packet
     /// that continues a [`MYSQL_MAX_PAYLOAD`]-long one.
-    pub head: Vec<u8>,
+    pub head: MysqlHead,
     /// The hash of the whole payload of this physical packet, when the copier asked for
     /// [`FEATURE_PAYLOAD_HASHES`]; `None` otherwise.
     pub hash: Option<u64>,
@@ -1125,7 +1133,7 @@ fn read_mysql(r: &mut Reader<'_>) -> Result<MysqlEvent, DecodeError> {
             if head_len as u64 > u64::from(len) {
                 return Err(r.invalid("MySQL packet head longer than its payload"));
             }
-            let head = r.bytes(head_len)?.to_vec();
+            let head = MysqlHead::from_slice(r.bytes(head_len)?);
             let hash = if kind == MYSQL_PACKET_HASHED {
                 Some(r.u64()?)
             } else {
@@ -1562,7 +1570,7 @@ mod tests {
                 tcp_seq: 0x0a0b_0c0d,
                 seq_id: 3,
                 len,
-                head: head.to_vec(),
+                head: head.into(),
                 hash: None,
                 framed_at_us: 0x0102_0304,
             },
@@ -1797,7 +1805,7 @@ mod tests {
                                 tcp_seq,
                                 seq_id,
                                 len: head.len() as u32 + extra,
-                                head,
+                                head: head.into(),
                                 hash,
                                 framed_at_us,
                             },

@@ -116,6 +116,12 @@ pub struct MirrorArgs {
     #[arg(long, env = "TCPSHADOW_MSS", default_value_t = 1460, value_parser = clap::value_parser!(u16).range(88..=65495))]
     pub mss: u16,
 
+    /// Longest wait, in ms, of an ACK for the test server's data: the client's next command
+    /// carries it, or it goes alone when this runs out; every second segment, a FIN or
+    /// anything out of order is acknowledged at once. 0: a pure ACK for every segment.
+    #[arg(long, env = "TCPSHADOW_DELAYED_ACK_MS", default_value_t = 5, value_parser = clap::value_parser!(u16).range(0..=100))]
+    pub delayed_ack_ms: u16,
+
     /// What the port speaks: `mysql` rewrites each login with the test server's own scramble
     /// and maps prepared-statement ids; `tcp` mirrors bytes as they are.
     #[arg(long, env = "TCPSHADOW_PROTOCOL", value_enum, default_value_t = Protocol::Mysql)]

@@ -753,6 +753,7 @@ pub fn engine_config(args: &MirrorArgs, route: Route, pickup_midstream: bool) ->
     cfg.client_ip_pool = args.client_ip_pool;
     cfg.sample = args.sample;
     cfg.mss = args.mss;
+    cfg.delayed_ack = Duration::from_millis(u64::from(args.delayed_ack_ms));
     cfg.pickup_midstream = pickup_midstream;
     cfg.max_sessions = args.max_sessions;
     let budget = args.memory_budget();

@@ -547,7 +547,7 @@ pub fn copier_engine(data: &[u8]) {
                         tcp_seq: 0,
                         seq_id: r.u8(),
                         len,
-                        head,
+                        head: head.into(),
                         hash: None,
                         framed_at_us: 0,
                     };

@@ -185,7 +185,7 @@ fn control() -> Vec<Vec<u8>> {
         tcp_seq: 9_000_001,
         seq_id: 0,
         len: hex(fx::CLI_GREETING).len() as u32,
-        head: hex(fx::CLI_GREETING),
+        head: hex(fx::CLI_GREETING).into(),
         hash: Some(0x1234_5678_9abc_def0),
         framed_at_us: 17,
     };

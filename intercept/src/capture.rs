@@ -31,6 +31,11 @@ pub struct CaptureOptions {
     pub direction: Direction,
     /// Kernel capture buffer; bigger absorbs longer bursts before the kernel drops.
     pub buffer_bytes: usize,
+    /// Longest wait, in ms, before the kernel hands captured replies over (a TPACKET_V3
+    /// block timeout, `--capture-block-ms`): one wakeup, one relay flush and so one control
+    /// write per block instead of per reply. 0: immediate mode (TPACKET_V2 in libpcap 1.10,
+    /// a wakeup per packet).
+    pub block_ms: u16,
 }
 
 /// The BPF filter for `opts`.
@@ -83,11 +88,15 @@ impl PcapSource {
         let iface = &opts.interface;
         let cap = Capture::from_device(iface.as_str())
             .and_then(|c| {
-                c.immediate_mode(true)
+                c.immediate_mode(opts.block_ms == 0)
                     .promisc(false)
                     .snaplen(snaplen(opts.payload))
                     .buffer_size(opts.buffer_bytes.min(i32::MAX as usize) as i32)
-                    .timeout(100)
+                    .timeout(if opts.block_ms == 0 {
+                        100
+                    } else {
+                        i32::from(opts.block_ms)
+                    })
                     .open()
             })
             .map_err(|e| open_error(iface, e))?;
@@ -258,6 +267,7 @@ mod tests {
             payload: CapturedPayload::Prefix(64),
             direction: Direction::In,
             buffer_bytes: 1 << 20,
+            block_ms: 1,
         }
     }
 

@@ -288,6 +288,8 @@ fn capture_check(setup: &Setup) -> Check {
         payload: CapturedPayload::Prefix(0),
         direction: setup.direction,
         buffer_bytes: 1 << 20,
+        // A reply must show up within the doctor's short watch, not wait for a block.
+        block_ms: 0,
     };
     let mut source = match PcapSource::open(&opts) {
         Ok(s) => s,

@@ -15,7 +15,9 @@
 //! [`crate::reassembly`] guarantees that. There is no way to find a header again after a gap
 //! (any byte may start one), so a gap ends framing for good.
 
-use common::control::{MysqlPacket, MAX_MYSQL_HEAD, MYSQL_FULL_HEAD_PACKETS, MYSQL_MAX_PAYLOAD};
+use common::control::{
+    MysqlHead, MysqlPacket, MAX_MYSQL_HEAD, MYSQL_FULL_HEAD_PACKETS, MYSQL_MAX_PAYLOAD,
+};
 use common::mysql::digest::PayloadHasher;
 
 /// Bytes of a MySQL packet header.
@@ -163,7 +165,7 @@ impl PacketFramer {
             tcp_seq: self.base_seq.wrapping_add(stream_offset as u32),
             seq_id: h[3],
             len,
-            head: Vec::with_capacity(self.head_want),
+            head: MysqlHead::with_capacity(self.head_want),
             hash: None,
             // Stamped by the caller, which has the clock.
             framed_at_us: 0,
@@ -215,7 +217,7 @@ mod tests {
                 (got[0].stream_offset, got[0].tcp_seq, got[0].len),
                 (0, 1000, 5)
             );
-            assert_eq!(got[0].head, b"hello");
+            assert_eq!(&got[0].head[..], b"hello");
             assert_eq!(
                 (got[1].stream_offset, got[1].tcp_seq, got[1].seq_id),
                 (9, 1009, 1)
@@ -232,7 +234,7 @@ mod tests {
         for (i, p) in got.iter().enumerate() {
             assert_eq!(p.seq_id, i as u8);
             assert_eq!(p.stream_offset, i as u64 * 7);
-            assert_eq!(p.head, [i as u8; 3]);
+            assert_eq!(&p.head[..], [i as u8; 3]);
         }
     }
 
@@ -251,7 +253,7 @@ mod tests {
             assert!(p.complete());
         }
         for p in &got[8..] {
-            assert_eq!(p.head, [0x17; 16]);
+            assert_eq!(&p.head[..], [0x17; 16]);
         }
         // A configured head larger than the protocol allows is capped.
         let got = frame_pieces(&[&stream], 5000);
@@ -269,7 +271,7 @@ mod tests {
         assert_eq!(out.len(), 9, "3 of 4 head bytes: not yet");
         f.feed(&row[7..9], &mut |p| out.push(p));
         assert_eq!(out.len(), 10, "head complete: out before the payload ends");
-        assert_eq!(out[9].head, [1; 4]);
+        assert_eq!(&out[9].head[..], [1; 4]);
         f.feed(&row[9..], &mut |p| out.push(p));
         assert_eq!(out.len(), 10);
         assert_eq!(f.offset(), stream.len() as u64 + row.len() as u64);
@@ -326,7 +328,7 @@ mod tests {
             (out[1].stream_offset, out[1].len, out[1].head.len()),
             (4 + u64::from(MYSQL_MAX_PAYLOAD), 3, 0)
         );
-        assert_eq!(out[2].head, b"\xfe\0\0\x02\0");
+        assert_eq!(&out[2].head[..], b"\xfe\0\0\x02\0");
         // Sequence numbers wrap; stream offsets do not.
         assert_eq!(
             out[2].tcp_seq,

@@ -130,6 +130,12 @@ struct Cli {
     #[arg(long, env = "TCPSHADOW_CAPTURE_PRIORITY", value_enum, default_value_t = ops::sched::Priority::High)]
     capture_priority: ops::sched::Priority,
 
+    /// Longest wait, in ms, before the kernel hands captured replies over (a TPACKET_V3
+    /// block timeout): one wakeup and one control write per block instead of one per reply.
+    /// 0: immediate mode (a wakeup per reply, no added delay; more CPU here and in the copier).
+    #[arg(long, env = "TCPSHADOW_CAPTURE_BLOCK_MS", default_value_t = 1, value_parser = clap::value_parser!(u16).range(0..=100))]
+    capture_block_ms: u16,
+
     /// Memory intercept may use, in MiB (32 to 65536): a quarter at most for the capture ring
     /// (--buffer-mib), a quarter for the copiers' feedback queues together (one copier's at most
     /// a quarter of that; beyond, its feedback is dropped and counted), 3/8
@@ -605,6 +611,7 @@ fn capture_options(cli: &Cli, payload_prefix: u16) -> CaptureOptions {
         },
         direction: cli.direction.into(),
         buffer_bytes: cli.buffer_mib as usize * 1024 * 1024,
+        block_ms: cli.capture_block_ms,
     }
 }
 

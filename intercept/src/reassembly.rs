@@ -277,7 +277,7 @@ mod tests {
         h.seg(&st, 5, 15).unwrap(); // overlaps the framed part
         h.seg(&st, 12, st.len()).unwrap();
         assert_eq!(h.ids(), [0, 1, 2]);
-        assert_eq!(h.out[1].head, b"ok");
+        assert_eq!(&h.out[1].head[..], b"ok");
         assert_eq!(h.stats.duplicates, 1);
         assert_eq!(h.stats.holes, 0);
     }
@@ -292,7 +292,7 @@ mod tests {
         assert_eq!((h.stats.holes, h.stats.ooo_held, h.s.held()), (1, 2, 2));
         h.seg(&st, 0, 6).unwrap();
         assert_eq!(h.ids(), [0, 1, 2]);
-        assert_eq!(h.out[0].head, b"greeting");
+        assert_eq!(&h.out[0].head[..], b"greeting");
         assert_eq!(h.s.held(), 0);
         assert_eq!(h.out[2].tcp_seq, BASE.wrapping_add(18));
     }
@@ -306,7 +306,7 @@ mod tests {
         h.seg(&st, 4, 10).unwrap(); // shorter copy at a held offset: nothing new
         h.seg(&st, 0, 5).unwrap();
         assert_eq!(h.ids(), [0, 1, 2]);
-        assert_eq!(h.out[2].head, b"more");
+        assert_eq!(&h.out[2].head[..], b"more");
     }
 
     const MSS: usize = 1460;

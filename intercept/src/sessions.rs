@@ -363,7 +363,7 @@ mod tests {
         evs.iter()
             .filter_map(|e| match e {
                 MysqlEvent::Packet { packet: p, .. } => {
-                    Some((p.stream_offset, p.seq_id, p.head.clone()))
+                    Some((p.stream_offset, p.seq_id, p.head.to_vec()))
                 }
                 MysqlEvent::FramingLost { .. } => None,
             })
@@ -688,7 +688,7 @@ mod tests {
                             tcp_seq: isn.wrapping_add(1).wrapping_add(offset as u32),
                             seq_id: *id,
                             len: p.len() as u32,
-                            head: p[..p.len().min(head)].to_vec(),
+                            head: p[..p.len().min(head)].into(),
                             hash: None,
                             framed_at_us: 0,
                         },

@@ -290,7 +290,7 @@ fn seen(rx: &RelayedReceiver, until: impl Fn(&[Seen]) -> bool) -> Vec<Seen> {
             }
             Ok(Relayed::Mysql(b, _)) => got.extend(b.into_iter().map(|e| match e {
                 MysqlEvent::Packet { client, packet: p } => {
-                    Seen::Packet(client, p.stream_offset, p.seq_id, p.head)
+                    Seen::Packet(client, p.stream_offset, p.seq_id, p.head.to_vec())
                 }
                 MysqlEvent::FramingLost { client, at_seq } => Seen::Lost(client, at_seq),
             })),

@@ -170,7 +170,14 @@ pub(crate) struct Session {
     rcv_nxt: u32,
     test_ooo: Ranges<TEST_HOLES>,
     test_fin_at: Option<u32>,
+    /// An ACK must go out now (a pure one unless data leaves first).
     ack_pending: bool,
+    /// A delayed ACK is owed by then (see `EngineConfig::delayed_ack`); any segment we send
+    /// pays it.
+    ack_at: Option<Instant>,
+    /// In-order test-server segments received since our last segment (0 or 1: the second
+    /// is acknowledged at once).
+    unacked_segs: u8,
     offer_wscale: bool,
     rcv_wscale: u8,
     ts_offer: bool,
@@ -275,6 +282,8 @@ impl Session {
             test_ooo: Ranges::new(),
             test_fin_at: None,
             ack_pending: false,
+            ack_at: None,
+            unacked_segs: 0,
             offer_wscale,
             rcv_wscale: 0,
             ts_offer: ts.is_some(),
@@ -344,6 +353,7 @@ impl Session {
             && self.our_fin_acked()
             && self.test_fin_received()
             && !self.ack_pending
+            && self.ack_at.is_none()
     }
 
     fn rcv_window(&self) -> u32 {
@@ -850,7 +860,7 @@ impl Session {
             }
         }
         self.process_ack(now, cfg, stats, fb);
-        self.process_test_segment(now, stats, fb);
+        self.process_test_segment(now, cfg, stats, fb);
         Outcome::Open
     }
 
@@ -937,7 +947,13 @@ impl Session {
         self.rto_at = (self.snd_una != self.snd_max).then(|| now + self.current_rto(cfg));
     }
 
-    fn process_test_segment(&mut self, now: Instant, stats: &mut EngineStats, fb: &TestFeedback) {
+    fn process_test_segment(
+        &mut self,
+        now: Instant,
+        cfg: &EngineConfig,
+        stats: &mut EngineStats,
+        fb: &TestFeedback,
+    ) {
         let fin = fb.flags.fin();
         let seg_len = fb.payload_len + u32::from(fin);
         if seg_len == 0 {
@@ -947,6 +963,9 @@ impl Session {
             }
             return;
         }
+        // Everything but the plain in-order case below is acknowledged at once: a repeat
+        // says our ACK was lost, a segment past a hole asks for the hole (duplicate ACK).
+        let owed = self.ack_pending;
         self.ack_pending = true;
         let end = fb.seq.wrapping_add(seg_len);
         let wnd = self.rcv_window();
@@ -962,6 +981,18 @@ impl Session {
             self.test_fin_at = Some(end.wrapping_sub(1));
         }
         if seq::le(fb.seq, self.rcv_nxt) {
+            // In order. It may wait for a delayed ACK unless it is the second unacknowledged
+            // one, closes the stream, fills a hole (the test server is waiting to learn),
+            // or we are closing ourselves (the last ACKs must not hang on a timer).
+            let plain = !fin
+                && self.test_ooo.is_empty()
+                && !self.fin_queued
+                && self.close_started.is_none();
+            if plain && !cfg.delayed_ack.is_zero() && self.unacked_segs == 0 {
+                self.ack_pending = owed;
+                self.unacked_segs = 1;
+                self.ack_at.get_or_insert(now + cfg.delayed_ack);
+            }
             let advance = end.wrapping_sub(self.rcv_nxt);
             self.rcv_nxt = end;
             self.test_ooo.shift(advance);
@@ -1011,6 +1042,7 @@ impl Session {
         at = earlier(at, self.gap_since.map(|t| t + cfg.capture_gap_timeout));
         at = earlier(at, self.rto_at);
         at = earlier(at, self.persist_at);
+        at = earlier(at, self.ack_at);
         if self.transform.is_some() {
             at = earlier(at, self.transform_deadline());
         }
@@ -1085,6 +1117,11 @@ impl Session {
                     }
                 }
             }
+        }
+        if due(self.ack_at) {
+            // No segment of ours carried it in time: a pure ACK.
+            self.ack_at = None;
+            self.ack_pending = true;
         }
         if due(self.persist_at) {
             self.persist_at = None;
@@ -1285,7 +1322,7 @@ impl Session {
                 self.snd_nxt = end;
                 self.rto_retx_pending = false;
             }
-            self.ack_pending = false;
+            self.acked_all();
             self.rto_at.get_or_insert(now + self.current_rto(cfg));
             return Some(n);
         }
@@ -1300,7 +1337,7 @@ impl Session {
             let repr = self.repr(self.snd_una.wrapping_sub(1), 0, ip_id, cfg.ttl);
             let n = emit(&repr, &[], buf, stats)?;
             self.probe_pending = false;
-            self.ack_pending = false;
+            self.acked_all();
             stats.zero_window_probes += 1;
             self.refresh_timers(now, cfg);
             return Some(n);
@@ -1308,11 +1345,18 @@ impl Session {
         if self.ack_pending {
             let repr = self.repr(self.snd_nxt, 0, ip_id, cfg.ttl);
             let n = emit(&repr, &[], buf, stats)?;
-            self.ack_pending = false;
+            self.acked_all();
             stats.pure_acks_sent += 1;
             return Some(n);
         }
         None
+    }
+
+    /// A segment carrying ACK = `rcv_nxt` left: nothing is owed any more.
+    fn acked_all(&mut self) {
+        self.ack_pending = false;
+        self.ack_at = None;
+        self.unacked_segs = 0;
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -1382,6 +1426,8 @@ impl Session {
         self.rto_at = None;
         self.persist_at = None;
         self.ack_pending = false;
+        self.ack_at = None;
+        self.unacked_segs = 0;
         self.fast_retx_pending = false;
         self.rto_retx_pending = false;
         self.probe_pending = false;

@@ -305,7 +305,7 @@ impl TestStream {
             tcp_seq: 1000u32.wrapping_add(self.offset as u32),
             seq_id: seq,
             len,
-            head: payload[..payload.len().min(keep)].to_vec(),
+            head: payload[..payload.len().min(keep)].into(),
             hash: self
                 .hashes
                 .then(|| common::mysql::digest::PayloadHasher::hash(payload)),
