@@ -276,14 +276,18 @@ impl Drop for Background {
     }
 }
 
-/// `SHOW GLOBAL STATUS` counters of one server (`lab.sh counters`).
+/// `SHOW GLOBAL STATUS` counters of one server (`lab.sh counters`), and the ordinal of the read
+/// that took them (the lab counts its reads of each server).
 #[derive(Clone, Debug, Default)]
-pub struct Counters(pub BTreeMap<String, u64>);
+pub struct Counters(pub BTreeMap<String, u64>, pub u64);
 
 impl Counters {
-    /// Questions since `before`, less the 2 that the two `counters` calls themselves add.
+    /// Questions since `before`, less what the lab's own reads added: each `counters` call adds
+    /// 2 (lab.sh), so a loop that polls the test server until it catches up must not count its
+    /// polls as mirrored queries.
     pub fn questions_since(&self, before: &Counters) -> u64 {
-        self.delta(before, "Questions").saturating_sub(2)
+        let reads = self.1.saturating_sub(before.1).max(1);
+        self.delta(before, "Questions").saturating_sub(2 * reads)
     }
 
     /// The counter `name` (e.g. `Com_stmt_execute`); panics if the server did not report it.
@@ -447,6 +451,8 @@ pub struct Lab {
     name: String,
     env: BTreeMap<String, String>,
     up: bool,
+    /// `counters` reads so far, per server (see [`Counters::questions_since`]).
+    reads: std::sync::Mutex<BTreeMap<&'static str, u64>>,
 }
 
 impl Lab {
@@ -467,6 +473,7 @@ impl Lab {
             name,
             env: BTreeMap::new(),
             up: true,
+            reads: Default::default(),
         };
         let mut cmd = lab_command(&lab.name);
         cmd.arg("up").envs(env.iter().copied());
@@ -614,7 +621,13 @@ impl Lab {
                 .with_context(|| format!("counter line {line:?}"))?;
             map.insert(name.to_string(), value);
         }
-        Ok(Counters(map))
+        let ordinal = {
+            let mut reads = self.reads.lock().unwrap_or_else(|e| e.into_inner());
+            let n = reads.entry(host.as_str()).or_insert(0);
+            *n += 1;
+            *n
+        };
+        Ok(Counters(map, ordinal))
     }
 
     /// Runs sysbench (`lab.sh load`) and returns its figures.

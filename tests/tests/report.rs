@@ -51,6 +51,7 @@ fn deltas(after: &Counters, before: &Counters) -> Counters {
                 )
             })
             .collect(),
+        after.1,
     )
 }
 
