@@ -403,6 +403,16 @@ impl<'a> Lexer<'a> {
             }
         }
     }
+
+    /// Whether a (signed) literal comes next: where `LIMIT` swallows its arguments, `-1` must
+    /// be one value, or the fingerprint of the fingerprint would swallow more than the first.
+    fn next_value(&mut self) -> bool {
+        match self.next_solid() {
+            Some(Tok::Literal) => true,
+            Some(Tok::Punct(b'-' | b'+')) => self.next_solid() == Some(Tok::Literal),
+            _ => false,
+        }
+    }
 }
 
 fn word_is(t: Option<Tok<'_>>, kw: &str) -> bool {
@@ -542,11 +552,28 @@ pub fn fingerprint_into(sql: &[u8], out: &mut Vec<u8>) -> Traits {
                 // A quoted identifier is never a keyword, so it ends the statement's first word
                 // too: "`id`call p(" must not read as a CALL the second time around.
                 first_word = false;
-                if !q.is_empty()
+                // Without its backticks the name must lex as the same one word next time: not
+                // a number (`1e5` stays quoted), and not glued to what comes before or after
+                // it (`@@v`id`` would read as `@@vid`, `` `id`values`` as `idvalues`): a space
+                // keeps them apart, as the backticks did.
+                let plain = q
+                    .first()
+                    .is_some_and(|&c| c.is_ascii_alphabetic() || c == b'_' || c == b'$')
                     && q.iter()
-                        .all(|&c| c.is_ascii_alphanumeric() || c == b'_' || c == b'$')
-                {
+                        .all(|&c| c.is_ascii_alphanumeric() || c == b'_' || c == b'$');
+                let n = o.buf.len();
+                let glued_before = match o.buf.get(n.wrapping_sub(1)) {
+                    Some(&b'.') => o.buf.get(n.wrapping_sub(2)).is_some_and(u8::is_ascii_digit),
+                    Some(&c) => is_word_byte(c) || c == b'@',
+                    None => false,
+                };
+                let glued_after = lx
+                    .byte(lx.pos)
+                    .is_some_and(|c| is_word_byte(c) || matches!(c, b'`' | b'\'' | b'"'));
+                if plain {
+                    o.space |= glued_before;
                     o.lower(q);
+                    o.space = glued_after;
                 } else {
                     o.raw(b"`");
                     o.buf.extend(q.iter().map(u8::to_ascii_lowercase));
@@ -592,27 +619,18 @@ pub fn fingerprint_into(sql: &[u8], out: &mut Vec<u8>) -> Traits {
                     limit = limit || depth == 0;
                     // `limit ?, ?` and `limit ? offset ?` -> `limit ?`.
                     let mut la = lx;
-                    if la.next_solid() == Some(Tok::Literal) {
+                    if la.next_value() {
                         let mut more = la;
                         match more.next_solid() {
-                            Some(Tok::Punct(b',')) if more.next_solid() == Some(Tok::Literal) => {
-                                la = more
-                            }
-                            Some(t)
-                                if word_is(Some(t), "offset")
-                                    && more.next_solid() == Some(Tok::Literal) =>
-                            {
-                                la = more
-                            }
+                            Some(Tok::Punct(b',')) if more.next_value() => la = more,
+                            Some(t) if word_is(Some(t), "offset") && more.next_value() => la = more,
                             _ => {}
                         }
                         // `limit 1, 2, 3` is not SQL, but its `limit ?,?` must digest the same
                         // the second time around: swallow every further `, literal`.
                         loop {
                             let mut more = la;
-                            if more.next_solid() == Some(Tok::Punct(b','))
-                                && more.next_solid() == Some(Tok::Literal)
-                            {
+                            if more.next_solid() == Some(Tok::Punct(b',')) && more.next_value() {
                                 la = more;
                             } else {
                                 break;
@@ -1045,6 +1063,19 @@ mod tests {
         let (twice, t2) = fingerprint(once.as_bytes());
         assert_eq!((once.as_str(), t1.ordered), (twice.as_str(), t2.ordered));
         assert_eq!(fp("select  limit 1, 2,'str'"), "select limit ?");
+        // Found by proptest: a signed value after the swallowed ones.
+        assert_eq!(fp(" limit 1, 2,/* c */-1"), "limit ?");
+        assert_eq!(fp(" limit 1,-1"), "limit ?");
+        assert_eq!(
+            fp("select @@v`id`values (call p("),
+            "select @@v id values (call p("
+        );
+        assert_eq!(fp("`id`0x1f"), "id ?");
+        assert_eq!(
+            fp("select `1e5`, `c`, t.`c` from `t`"),
+            "select `1e5`, c, t.c from t"
+        );
+        assert_eq!(fp("select 1,-1"), "select ?,?");
         assert_eq!(fp(";;"), "");
         assert_eq!(fp(" in (-1;"), fp(&fp(" in (-1;")));
         assert_eq!(fp("select 1;; ;select 2;;"), "select ?;select ?");
