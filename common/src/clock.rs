@@ -62,3 +62,18 @@ impl Default for MonotonicClock {
         Self::new()
     }
 }
+
+/// The real-time clock in microseconds, wrapping: the clock of the kernel's capture timestamps.
+/// intercept dates replies with it and says when it relayed them, so the copier can tell how
+/// long a reply waited at intercept. Only differences taken on one host mean anything, and a
+/// step of the clock (NTP) spoils the difference across it, so readers bound them.
+pub fn realtime_us() -> u32 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| timeval_us(d.as_secs(), u64::from(d.subsec_micros())))
+}
+
+/// A capture timestamp (seconds, microseconds) on the [`realtime_us`] scale.
+pub fn timeval_us(secs: u64, micros: u64) -> u32 {
+    secs.wrapping_mul(1_000_000).wrapping_add(micros) as u32
+}

@@ -23,8 +23,9 @@ pub const MAGIC: [u8; 4] = *b"TSHD";
 /// Version 2 added the Mysql message and the Welcome's framing fields. Version 3 added feature
 /// bits to Hello and Welcome and MySQL packet summaries carrying a payload hash. Version 4
 /// replaced the Hello's cleartext token with a challenge-response (Challenge, Auth and the
-/// Welcome's proof; see [`crate::auth`]).
-pub const PROTOCOL_VERSION: u16 = 4;
+/// Welcome's proof; see [`crate::auth`]). Version 5 added the Mysql message's `sent_at_us`,
+/// so the copier can date replies that waited in intercept's capture blocks.
+pub const PROTOCOL_VERSION: u16 = 5;
 /// Feature bit of [`Hello::features`] / [`Welcome::features`]: intercept hashes each MySQL
 /// packet's whole payload ([`MysqlPacket::hash`], with `common::mysql::digest::PayloadHasher`)
 /// so the copier can compare result checksums (`--compare-results`). Summaries are then sent
@@ -193,10 +194,11 @@ pub struct MysqlPacket {
     /// The hash of the whole payload of this physical packet, when the copier asked for
     /// [`FEATURE_PAYLOAD_HASHES`]; `None` otherwise.
     pub hash: Option<u64>,
-    /// When intercept framed the packet (its head was in, or with hashes its end), on
-    /// intercept's monotonic clock in microseconds, wrapping. Only differences between
-    /// packets mean something: several replies relayed in one frame arrive together, and
-    /// these tell how far apart the test server sent them.
+    /// When intercept's capture received the segment that completed the packet's head (or
+    /// with hashes its end): the kernel's capture timestamp, on intercept's clock in
+    /// microseconds, wrapping. Only differences mean something, with other packets and with
+    /// the frame's `sent_at_us`: how long a reply waited at intercept (capture block, batch)
+    /// before it was relayed, and how far apart the test server sent replies relayed together.
     pub framed_at_us: u32,
 }
 
@@ -416,7 +418,11 @@ pub enum InterceptMessage {
     Feedback(Vec<TestFeedback>),
     Pong(u64),
     /// MySQL packet summaries, in stream order per connection.
-    Mysql(Vec<MysqlEvent>),
+    Mysql {
+        /// When intercept encoded the frame, on the clock of [`MysqlPacket::framed_at_us`].
+        sent_at_us: u32,
+        events: Vec<MysqlEvent>,
+    },
     /// The answer to a Doctor query.
     DoctorReport(DoctorReport),
 }
@@ -542,7 +548,9 @@ impl WireMessage for InterceptMessage {
             InterceptMessage::Reject(j) => encode_reject(j, out),
             InterceptMessage::Feedback(b) => encode_feedback(b, out),
             InterceptMessage::Pong(n) => encode_pong(*n, out),
-            InterceptMessage::Mysql(b) => encode_mysql(b, out),
+            InterceptMessage::Mysql { sent_at_us, events } => {
+                encode_mysql(*sent_at_us, events, out)
+            }
             InterceptMessage::DoctorReport(d) => encode_doctor_report(d, out),
         }
     }
@@ -611,12 +619,16 @@ impl WireMessage for InterceptMessage {
             }
             ty::PONG => InterceptMessage::Pong(r.u64()?),
             ty::MYSQL => {
+                let sent_at_us = r.u32()?;
                 let count = r.u32()? as usize;
                 let mut items = Vec::with_capacity(count.min(r.buf.len() / MYSQL_LOST_LEN));
                 for _ in 0..count {
                     items.push(read_mysql(&mut r)?);
                 }
-                InterceptMessage::Mysql(items)
+                InterceptMessage::Mysql {
+                    sent_at_us,
+                    events: items,
+                }
             }
             ty::DOCTOR_REPORT => {
                 let unix_ms = r.u64()?;
@@ -819,8 +831,13 @@ pub fn encode_feedback(batch: &[TestFeedback], out: &mut Vec<u8>) -> Result<(), 
 
 /// Appends one Mysql frame carrying `batch`. A batch of at most
 /// [`MAX_MYSQL_EVENTS_PER_FRAME`] events always fits.
-pub fn encode_mysql(batch: &[MysqlEvent], out: &mut Vec<u8>) -> Result<(), EncodeError> {
+pub fn encode_mysql(
+    sent_at_us: u32,
+    batch: &[MysqlEvent],
+    out: &mut Vec<u8>,
+) -> Result<(), EncodeError> {
     frame(out, ty::MYSQL, |o| {
+        o.extend_from_slice(&sent_at_us.to_be_bytes());
         let count = u32::try_from(batch.len())
             .map_err(|_| EncodeError::FrameTooLarge { len: usize::MAX })?;
         o.extend_from_slice(&count.to_be_bytes());
@@ -1296,7 +1313,7 @@ mod tests {
             out,
             [
                 0, 0, 0, 14, // length: type + 13-byte body
-                0x01, b'T', b'S', b'H', b'D', 0, 4, // type, magic, version
+                0x01, b'T', b'S', b'H', b'D', 0, 5, // type, magic, version
                 2, b'c', b'1', // name
                 0, 0, 0, 1, // features
             ]
@@ -1311,7 +1328,7 @@ mod tests {
             secret_required: true,
         };
         encode_challenge(&c, &mut out).unwrap();
-        let mut want = vec![0, 0, 0, 40, 0x87, b'T', b'S', b'H', b'D', 0, 4];
+        let mut want = vec![0, 0, 0, 40, 0x87, b'T', b'S', b'H', b'D', 0, 5];
         want.extend([0xab; NONCE_LEN]);
         want.push(1);
         assert_eq!(out, want);
@@ -1592,11 +1609,11 @@ mod tests {
             hashed,
         ];
         let mut out = Vec::new();
-        encode_mysql(&batch, &mut out).unwrap();
+        encode_mysql(0x0a0b_0c0d, &batch, &mut out).unwrap();
         #[rustfmt::skip]
         let want = [
-            0, 0, 0, 1 + 4 + 32 + 11 + 38, // length
-            0x85, 0, 0, 0, 3, // type, count
+            0, 0, 0, 1 + 4 + 4 + 32 + 11 + 38, // length
+            0x85, 0x0a, 0x0b, 0x0c, 0x0d, 0, 0, 0, 3, // type, sent_at_us, count
             0x01, 198, 18, 0, 10, 0x9c, 0x40, // kind, client
             1, 2, 3, 4, 5, 6, 7, 8, // stream_offset
             0x0a, 0x0b, 0x0c, 0x0d, // tcp_seq
@@ -1615,11 +1632,14 @@ mod tests {
         assert_eq!(out, want);
         assert_eq!(
             out.len(),
-            FRAME_HEADER_LEN + 5 + batch.iter().map(MysqlEvent::encoded_len).sum::<usize>()
+            FRAME_HEADER_LEN + 9 + batch.iter().map(MysqlEvent::encoded_len).sum::<usize>()
         );
         assert_eq!(
             decode_all::<InterceptMessage>(&out).unwrap(),
-            [InterceptMessage::Mysql(batch.to_vec())]
+            [InterceptMessage::Mysql {
+                sent_at_us: 0x0a0b_0c0d,
+                events: batch.to_vec()
+            }]
         );
     }
 
@@ -1631,10 +1651,13 @@ mod tests {
         }
         let batch = vec![ev; MAX_MYSQL_EVENTS_PER_FRAME];
         let mut out = Vec::new();
-        encode_mysql(&batch, &mut out).unwrap();
+        encode_mysql(u32::MAX, &batch, &mut out).unwrap();
         assert_eq!(
             decode_all::<InterceptMessage>(&out).unwrap(),
-            [InterceptMessage::Mysql(batch)]
+            [InterceptMessage::Mysql {
+                sent_at_us: u32::MAX,
+                events: batch
+            }]
         );
     }
 
@@ -1659,7 +1682,7 @@ mod tests {
                 },
             ),
         ] {
-            assert_eq!(encode_mysql(&[ev], &mut out), Err(want));
+            assert_eq!(encode_mysql(0, &[ev], &mut out), Err(want));
             assert_eq!(out, b"x");
         }
     }
@@ -1667,11 +1690,11 @@ mod tests {
     #[test]
     fn mysql_bounds_are_checked_on_decode() {
         let mut ok = Vec::new();
-        encode_mysql(&[mysql_packet(&[1, 2], 2)], &mut ok).unwrap();
+        encode_mysql(0, &[mysql_packet(&[1, 2], 2)], &mut ok).unwrap();
         let body = &ok[FRAME_HEADER_LEN + 1..];
-        // Offsets inside the body: count(4) kind(1) client(6) off(8) seq(4) id(1) len(4) at(4)
-        // hlen(2).
-        let len_at = 4 + 1 + 6 + 8 + 4 + 1;
+        // Offsets inside the body: sent_at(4) count(4) kind(1) client(6) off(8) seq(4) id(1)
+        // len(4) at(4) hlen(2).
+        let len_at = 4 + 4 + 1 + 6 + 8 + 4 + 1;
         let mut long_head = body.to_vec();
         long_head[len_at..len_at + 4].copy_from_slice(&1u32.to_be_bytes());
         assert!(matches!(
@@ -1685,14 +1708,14 @@ mod tests {
             Err(DecodeError::Invalid { .. })
         ));
         let mut kind = body.to_vec();
-        kind[4] = 9;
+        kind[8] = 9;
         assert!(matches!(
             InterceptMessage::decode(0x85, &kind),
             Err(DecodeError::Invalid { .. })
         ));
         // A count larger than the body is truncation, not a huge allocation.
         let mut count = body.to_vec();
-        count[..4].copy_from_slice(&u32::MAX.to_be_bytes());
+        count[4..8].copy_from_slice(&u32::MAX.to_be_bytes());
         assert_eq!(
             InterceptMessage::decode(0x85, &count),
             Err(DecodeError::Truncated { ty: 0x85 })
@@ -1878,7 +1901,11 @@ mod tests {
             }),
             proptest::collection::vec(arb_feedback(), 0..20).prop_map(InterceptMessage::Feedback),
             any::<u64>().prop_map(InterceptMessage::Pong),
-            proptest::collection::vec(arb_mysql_event(), 0..20).prop_map(InterceptMessage::Mysql),
+            (
+                any::<u32>(),
+                proptest::collection::vec(arb_mysql_event(), 0..20)
+            )
+                .prop_map(|(sent_at_us, events)| InterceptMessage::Mysql { sent_at_us, events }),
             (
                 any::<u64>(),
                 proptest::collection::vec((0u8..=2, "\\PC{0,20}", "\\PC{0,80}"), 0..8)
@@ -1928,8 +1955,8 @@ mod tests {
         #[test]
         fn mysql_item_length_matches_encoding(batch in proptest::collection::vec(arb_mysql_event(), 0..20)) {
             let mut out = Vec::new();
-            encode_mysql(&batch, &mut out).unwrap();
-            prop_assert_eq!(out.len(), FRAME_HEADER_LEN + 5 + batch.iter().map(MysqlEvent::encoded_len).sum::<usize>());
+            encode_mysql(7, &batch, &mut out).unwrap();
+            prop_assert_eq!(out.len(), FRAME_HEADER_LEN + 9 + batch.iter().map(MysqlEvent::encoded_len).sum::<usize>());
         }
 
         #[test]

@@ -39,9 +39,11 @@ pub enum Relayed {
     /// Per-segment TCP feedback, for the session engine.
     Feedback(Vec<TestFeedback>),
     /// MySQL packet summaries (greeting, auth exchange, prepare-OK, response heads), in stream
-    /// order per session, for the MySQL layer, and when their frame was read off the socket
-    /// (the report's test latencies end there, not when the engine got round to them).
-    Mysql(Vec<MysqlEvent>, Instant),
+    /// order per session, for the MySQL layer, when their frame was read off the socket (the
+    /// report's test latencies end there, not when the engine got round to them), and the
+    /// frame's `sent_at_us` (intercept's clock, to date each packet back by how long it waited
+    /// at intercept).
+    Mysql(Vec<MysqlEvent>, Instant, u32),
 }
 
 impl Relayed {
@@ -53,7 +55,7 @@ impl Relayed {
                 b.capacity() * size_of::<TestFeedback>()
                     + b.iter().map(|f| f.payload_prefix.capacity()).sum::<usize>()
             }
-            Relayed::Mysql(b, _) => {
+            Relayed::Mysql(b, _, _) => {
                 b.capacity() * size_of::<MysqlEvent>()
                     + b.iter()
                         .map(|e| match e {
@@ -727,10 +729,10 @@ fn read_feedback(
                     &shared.feedback_dropped,
                 )
             }
-            InterceptMessage::Mysql(batch) => {
-                let n = batch.len() as u64;
+            InterceptMessage::Mysql { sent_at_us, events } => {
+                let n = events.len() as u64;
                 (
-                    Relayed::Mysql(batch, Instant::now()),
+                    Relayed::Mysql(events, Instant::now(), sent_at_us),
                     n,
                     &shared.mysql_received,
                     &shared.mysql_dropped,

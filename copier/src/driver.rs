@@ -380,22 +380,16 @@ impl Driver {
                         self.fleet.on_feedback(now, fb);
                     }
                 }
-                Relayed::Mysql(events, received) => {
+                Relayed::Mysql(events, received, sent_at_us) => {
                     self.mysql_events += events.len() as u64;
                     let received = self.engine_time(received);
-                    // A frame carries what intercept framed since its last flush: events
-                    // are dated back from the frame's arrival by how much earlier intercept
-                    // framed them than the frame's newest (intercept's clock, differences
-                    // only), so replies relayed together keep their spacing.
-                    let newest = events.iter().rev().find_map(framed_at_us);
+                    // Each packet is dated back from the frame's arrival by how long it
+                    // waited at intercept: from its capture (the kernel's timestamp, up to a
+                    // capture block before intercept saw it) to the frame's encoding, both
+                    // on intercept's clock. Only the control channel's transit is left in.
                     for ev in &events {
-                        let back = match (newest, framed_at_us(ev)) {
-                            (Some(n), Some(t)) => {
-                                Duration::from_micros(u64::from(n.wrapping_sub(t)))
-                                    .min(Duration::from_secs(1))
-                            }
-                            _ => Duration::ZERO,
-                        };
+                        let back = framed_at_us(ev)
+                            .map_or(Duration::ZERO, |t| intercept_wait(sent_at_us, t));
                         let at = Instant::from_nanos(
                             received
                                 .as_nanos()
@@ -667,6 +661,17 @@ pub(crate) fn add_client_stats(
     t.claimed += o.claimed;
 }
 
+/// How long a packet framed at `framed_us` waited at intercept before its frame was encoded at
+/// `sent_us` (intercept's clock, wrapping µs). A wait over a minute, or a negative one, is a
+/// step of intercept's clock between the two (a stalled intercept waits seconds, not that
+/// long): it dates nothing back.
+fn intercept_wait(sent_us: u32, framed_us: u32) -> Duration {
+    match sent_us.wrapping_sub(framed_us) {
+        d if d <= 60_000_000 => Duration::from_micros(u64::from(d)),
+        _ => Duration::ZERO,
+    }
+}
+
 fn framed_at_us(ev: &MysqlEvent) -> Option<u32> {
     match ev {
         MysqlEvent::Packet { packet, .. } => Some(packet.framed_at_us),
@@ -931,7 +936,31 @@ fn hostname() -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::remedy;
+    use super::{intercept_wait, remedy};
+    use std::time::Duration;
+
+    #[test]
+    fn a_reply_is_dated_back_by_its_wait_at_intercept_and_a_clock_step_dates_nothing() {
+        let us = Duration::from_micros;
+        assert_eq!(intercept_wait(1_700, 1_000), us(700));
+        // Wrapping: captured just before the µs counter wrapped, sent just after.
+        assert_eq!(intercept_wait(300, u32::MAX - 199), us(500));
+        assert_eq!(
+            intercept_wait(5_000_000, 0),
+            us(5_000_000),
+            "a stalled intercept"
+        );
+        assert_eq!(
+            intercept_wait(1_000, 1_001),
+            Duration::ZERO,
+            "clock stepped back"
+        );
+        assert_eq!(
+            intercept_wait(3_600_000_000, 0),
+            Duration::ZERO,
+            "clock stepped forward"
+        );
+    }
 
     #[test]
     fn a_pickup_without_credentials_names_both_ways_to_fix_it() {

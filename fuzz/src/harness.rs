@@ -749,7 +749,7 @@ pub fn intercept_sessions(data: &[u8]) {
         // Whatever intercept frames must fit a control frame.
         if !out.is_empty() && out.len() <= common::control::MAX_MYSQL_EVENTS_PER_FRAME {
             let mut buf = Vec::new();
-            common::control::encode_mysql(&out, &mut buf).expect("framed events encode");
+            common::control::encode_mysql(0, &out, &mut buf).expect("framed events encode");
         }
         if out.len() > 4096 {
             out.clear();

@@ -190,6 +190,7 @@ fn control() -> Vec<Vec<u8>> {
         framed_at_us: 17,
     };
     encode_mysql(
+        40,
         &[
             MysqlEvent::Packet {
                 client: addrs[0],

@@ -174,7 +174,8 @@ impl Bench {
 
     fn feed(&mut self, f: &[u8]) {
         if let Ok(pkt) = parse_frame_headers(LinkType::Ethernet, f) {
-            self.path.on_segment(self.now, &pkt);
+            self.path
+                .on_segment(self.now, (self.now.as_nanos() / 1000) as u32, &pkt);
         }
     }
 
@@ -189,7 +190,7 @@ impl Bench {
                     encode_feedback(&b.feedback, &mut self.encoded).expect("encodes");
                 }
                 if !b.mysql.is_empty() {
-                    encode_mysql(&b.mysql, &mut self.encoded).expect("encodes");
+                    encode_mysql(0, &b.mysql, &mut self.encoded).expect("encodes");
                 }
             }
         }

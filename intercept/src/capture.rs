@@ -168,7 +168,7 @@ impl PcapSource {
     /// captured before the whole fan-out group had formed, every member saw. Returns how many.
     pub fn discard_backlog(&mut self, limit: usize) -> anyhow::Result<usize> {
         let mut n = 0;
-        while n < limit && self.poll_segment(|_| {})? {
+        while n < limit && self.poll_segment(|_, _| {})? {
             n += 1;
         }
         self.captured = 0;
@@ -201,14 +201,18 @@ fn open_error(iface: &str, e: pcap::Error) -> anyhow::Error {
 }
 
 impl SegmentSource for PcapSource {
-    fn poll_segment(&mut self, f: impl FnOnce(&TcpPacket<'_>)) -> anyhow::Result<bool> {
+    fn poll_segment(&mut self, f: impl FnOnce(&TcpPacket<'_>, u32)) -> anyhow::Result<bool> {
         loop {
             match self.cap.next_packet() {
                 Ok(p) => {
                     self.captured += 1;
+                    // The kernel's receive time, not ours: with block delivery a reply
+                    // reaches us up to a block's timeout after the test server sent it.
+                    let ts = p.header.ts;
+                    let at = common::clock::timeval_us(ts.tv_sec as u64, ts.tv_usec as u64);
                     match parse_frame_headers(self.link, p.data) {
                         Ok(pkt) => {
-                            f(&pkt);
+                            f(&pkt, at);
                             return Ok(true);
                         }
                         // Counted, shown in the status line; a log line per frame would flood.

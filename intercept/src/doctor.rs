@@ -300,7 +300,7 @@ fn capture_check(setup: &Setup) -> Check {
     let mut seen = 0u64;
     let mut servers = BTreeMap::new();
     while Instant::now() < until {
-        match source.poll_segment(|p| {
+        match source.poll_segment(|p, _| {
             *servers.entry(p.src).or_insert(0u64) += 1;
         }) {
             Ok(true) => seen += 1,

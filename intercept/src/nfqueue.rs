@@ -319,7 +319,7 @@ impl ReplyQueue {
 }
 
 impl SegmentSource for ReplyQueue {
-    fn poll_segment(&mut self, f: impl FnOnce(&TcpPacket<'_>)) -> anyhow::Result<bool> {
+    fn poll_segment(&mut self, f: impl FnOnce(&TcpPacket<'_>, u32)) -> anyhow::Result<bool> {
         loop {
             if self.at >= self.end && !self.fill()? {
                 // Dry: the replies read so far are handled, drop them now.
@@ -352,7 +352,8 @@ impl SegmentSource for ReplyQueue {
                     });
                     self.pending_count += 1;
                     match parse_frame_headers(LinkType::RawIp, p.ip) {
-                        Ok(pkt) => f(&pkt),
+                        // Queued as they arrive, read at once: now is when.
+                        Ok(pkt) => f(&pkt, common::clock::realtime_us()),
                         Err(e) => self.parse_errors.count(e),
                     }
                     if self.pending_count >= VERDICT_BATCH {

@@ -339,7 +339,7 @@ impl Drop for OnHostQueue {
 }
 
 impl SegmentSource for OnHostQueue {
-    fn poll_segment(&mut self, f: impl FnOnce(&TcpPacket<'_>)) -> anyhow::Result<bool> {
+    fn poll_segment(&mut self, f: impl FnOnce(&TcpPacket<'_>, u32)) -> anyhow::Result<bool> {
         self.queue.poll_segment(f)
     }
     fn wait(&mut self, timeout: Duration) -> anyhow::Result<()> {
@@ -357,7 +357,7 @@ pub enum ReplyCapture {
 }
 
 impl SegmentSource for ReplyCapture {
-    fn poll_segment(&mut self, f: impl FnOnce(&TcpPacket<'_>)) -> anyhow::Result<bool> {
+    fn poll_segment(&mut self, f: impl FnOnce(&TcpPacket<'_>, u32)) -> anyhow::Result<bool> {
         match self {
             ReplyCapture::Pcap(s) => s.poll_segment(f),
             ReplyCapture::Queue(s) => s.poll_segment(f),

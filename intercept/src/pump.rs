@@ -21,8 +21,10 @@ use crate::sessions::{MysqlSessions, MysqlStats, SessionConfig};
 /// Where replies come from: the pcap capture in production, a channel in tests.
 pub trait SegmentSource {
     /// Hands the next captured reply to `f` if one is ready now, without blocking; whether
-    /// there was one. The packet borrows the capture's buffer, so `f` must not keep it.
-    fn poll_segment(&mut self, f: impl FnOnce(&TcpPacket<'_>)) -> anyhow::Result<bool>;
+    /// there was one. The packet borrows the capture's buffer, so `f` must not keep it. With
+    /// it goes when it was captured, on the [`common::clock::realtime_us`] scale: a capture
+    /// that hands packets over in blocks delivers them up to a block's timeout late.
+    fn poll_segment(&mut self, f: impl FnOnce(&TcpPacket<'_>, u32)) -> anyhow::Result<bool>;
     /// Sleeps until a reply may be ready or `timeout` passes (a signal may end it early).
     fn wait(&mut self, timeout: Duration) -> anyhow::Result<()>;
     /// Counters for the status line.
@@ -51,14 +53,16 @@ impl ReplyPath {
         }
     }
 
-    pub fn on_segment(&mut self, now: Instant, pkt: &TcpPacket<'_>) {
+    /// One captured reply, received by the capture at `captured_us` (see
+    /// [`SegmentSource::poll_segment`]).
+    pub fn on_segment(&mut self, now: Instant, captured_us: u32, pkt: &TcpPacket<'_>) {
         let fb = TestFeedback::from_packet(pkt, self.prefix);
         // With no copier connected (intercept just restarted) the events would be dropped, and
         // a session first seen mid-stream says `FramingLost` only once: frame nothing until a
         // copier is there to be told, so the copier of a surviving session learns it.
         if let (Some(m), true) = (&mut self.mysql, self.relay.copiers() > 0) {
             m.set_hashing(self.relay.wants_payload_hashes());
-            m.on_segment(now, pkt, &mut self.events);
+            m.on_captured(now, captured_us, pkt, &mut self.events);
         }
         // One call for both, so the events go to exactly the copiers the feedback goes to.
         self.relay.route_segment(fb, &mut self.events);
@@ -318,7 +322,7 @@ pub fn run<S: SegmentSource>(
         // Before every packet, so a Claim that arrived before the reply it is for is applied.
         drain_events(&mut path.relay, events);
         let now = clock.now();
-        if source.poll_segment(|pkt| path.on_segment(now, pkt))? {
+        if source.poll_segment(|pkt, at| path.on_segment(now, at, pkt))? {
             burst = burst.wrapping_add(1);
             // A capture that never runs dry must still report and sweep.
             if !burst.is_multiple_of(4096) {
@@ -391,7 +395,7 @@ impl ChannelSource {
 }
 
 impl SegmentSource for ChannelSource {
-    fn poll_segment(&mut self, f: impl FnOnce(&TcpPacket<'_>)) -> anyhow::Result<bool> {
+    fn poll_segment(&mut self, f: impl FnOnce(&TcpPacket<'_>, u32)) -> anyhow::Result<bool> {
         let ip = match self.ready.take() {
             Some(ip) => ip,
             None => match self.rx.try_recv() {
@@ -404,7 +408,7 @@ impl SegmentSource for ChannelSource {
             },
         };
         match parse_frame_headers(LinkType::RawIp, &ip) {
-            Ok(pkt) => f(&pkt),
+            Ok(pkt) => f(&pkt, common::clock::realtime_us()),
             Err(e) => self.parse_errors.count(e),
         }
         Ok(true)

@@ -804,7 +804,9 @@ fn encode_outgoing(m: &Outgoing, out: &mut Vec<u8>, stats: &ServerStats) {
             let my = if b.mysql.is_empty() {
                 Ok(())
             } else {
-                encode_mysql(&b.mysql, out)
+                // Encoded by the writer just before the write: the copier dates each reply
+                // back from the frame's arrival by how long it waited here.
+                encode_mysql(common::clock::realtime_us(), &b.mysql, out)
             };
             fb.and(my)
         }

@@ -126,8 +126,22 @@ impl MysqlSessions {
         self.hashing = on;
     }
 
-    /// Frames one captured reply, appending what it teaches to `out` in stream order.
+    /// Frames one captured reply, appending what it teaches to `out` in stream order; its
+    /// packets are dated `now` (in µs, wrapping).
     pub fn on_segment(&mut self, now: Instant, pkt: &TcpPacket<'_>, out: &mut Vec<MysqlEvent>) {
+        self.on_captured(now, (now.as_nanos() / 1000) as u32, pkt, out);
+    }
+
+    /// Like [`Self::on_segment`], the packets dated `captured_us`: when the capture received
+    /// the segment ([`common::clock::realtime_us`] scale), which can be up to a capture block
+    /// earlier than `now`.
+    pub fn on_captured(
+        &mut self,
+        now: Instant,
+        captured_us: u32,
+        pkt: &TcpPacket<'_>,
+        out: &mut Vec<MysqlEvent>,
+    ) {
         let client = SocketAddrV4::new(pkt.dst, pkt.dst_port);
         let flags = pkt.flags;
         let mut data_seq = pkt.seq;
@@ -170,8 +184,8 @@ impl MysqlSessions {
         s.last_seen = now;
         if let Framing::Stream(stream) = &mut s.framing {
             stream.set_hashing(self.hashing);
-            // Intercept's clock in µs, wrapping: only differences are read.
-            let at_us = (now.as_nanos() / 1000) as u32;
+            // Only differences are read (with the frame's sent_at_us, on the same clock).
+            let at_us = captured_us;
             let mut emit = |mut packet: MysqlPacket| {
                 stats.packets += 1;
                 packet.framed_at_us = at_us;

@@ -163,8 +163,8 @@ fn print_digests(r: &Report) {
 
 /// Test latency is measured on the copier's clock from sending a command (or, if the test
 /// server was still answering the session's previous one, from that answer's end) to the
-/// moment intercept's summary of the reply's end was read off the control socket, replies
-/// relayed in one frame dated apart by intercept's own clock. Production's is measured between
+/// moment intercept's summary of the reply's end was read off the control socket, less how
+/// long the reply waited at intercept (its capture block, its batch: intercept's own clock). Production's is measured between
 /// kernel capture timestamps on the production host. Both are then a few tens of microseconds
 /// for a point select on an idle lab, where scheduling jitter alone can double one side:
 /// p50s are compared over this floor.
