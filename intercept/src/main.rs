@@ -121,19 +121,24 @@ struct Cli {
     #[arg(long, env = "TCPSHADOW_BUFFER_MIB", default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=4096))]
     buffer_mib: u32,
 
-    /// Scheduling priority of the capture and its threads: high (nice -20), realtime
-    /// (SCHED_RR 1) or normal (as started). A capture that waits for the CPU behind many
-    /// runnable threads (the test server answering a burst of connections) overflows its ring
-    /// and loses replies for good; its CPU is bounded by the traffic. Raising needs
-    /// CAP_SYS_NICE at start (or systemd's Nice=); without it intercept says so and runs as
-    /// started.
-    #[arg(long, env = "TCPSHADOW_CAPTURE_PRIORITY", value_enum, default_value_t = ops::sched::Priority::High)]
+    /// Scheduling priority of the capture and its threads: normal (as started, the default),
+    /// high (nice -20) or realtime (SCHED_RR 1). Raise it only if the status line shows
+    /// kernel drops while the CPU is not saturated. Sharing a core with the test server (the
+    /// lab, --on-test-host), a raised intercept preempts it at every reply: measured in the
+    /// lab, the test server fell behind and intercept spent 3x the CPU per reply, woken per
+    /// reply instead of per handful. Raising needs CAP_SYS_NICE at start (or systemd's
+    /// Nice=); without it intercept says so and runs as started.
+    #[arg(long, env = "TCPSHADOW_CAPTURE_PRIORITY", value_enum, default_value_t = ops::sched::Priority::Normal)]
     capture_priority: ops::sched::Priority,
 
     /// Longest wait, in ms, before the kernel hands captured replies over (a TPACKET_V3
-    /// block timeout): one wakeup and one control write per block instead of one per reply.
-    /// 0: immediate mode (a wakeup per reply, no added delay; more CPU here and in the copier).
-    #[arg(long, env = "TCPSHADOW_CAPTURE_BLOCK_MS", default_value_t = 1, value_parser = clap::value_parser!(u16).range(0..=100))]
+    /// block timeout): one wakeup and one control write per block instead of one per reply,
+    /// about a third of the CPU here and less in the copier. But the copier then wakes once
+    /// per block and sends the client commands it captured meanwhile in one burst, which the
+    /// test server answers queued: the report's test latencies rise for the first command of
+    /// each burst (docs/BENCHMARKS.md). 0 (default): immediate mode, a wakeup per reply.
+    /// 1-3 suits mirroring for load when the latency report does not matter.
+    #[arg(long, env = "TCPSHADOW_CAPTURE_BLOCK_MS", default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..=100))]
     capture_block_ms: u16,
 
     /// Memory intercept may use, in MiB (32 to 65536): a quarter at most for the capture ring
