@@ -1008,7 +1008,11 @@ cmd_load() {
         if [[ $target == test ]]; then from="test"; else from=client; fi
     fi
     info "load: sysbench $test, $threads threads, ${time}s, from $from to $target ($ip:$LAB_MYSQL_PORT)"
-    hostx "$from" "$SYSBENCH" "$test" --db-driver=mysql --mysql-host="$ip" --mysql-port="$LAB_MYSQL_PORT" \
+    # setsid: the clients are another machine. In our session, the kernel's per-session
+    # scheduling groups (autogroup) would put sysbench's threads in one group with whatever else
+    # we started (the copier), which then gets 1/THREADS of a CPU: at 1,000 threads its capture
+    # waited over a second and its ring overflowed (docs/BENCHMARKS.md, "1,000 connections").
+    hostx "$from" setsid --wait "$SYSBENCH" "$test" --db-driver=mysql --mysql-host="$ip" --mysql-port="$LAB_MYSQL_PORT" \
         --mysql-user="$LAB_USER" --mysql-password="$LAB_PASSWORD" --mysql-db="$LAB_DB" \
         --tables="$LAB_TABLES" --table-size="$LAB_TABLE_SIZE" --threads="$threads" --time="$time" \
         "${extra[@]}" run
