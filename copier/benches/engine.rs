@@ -7,8 +7,7 @@
 //! Also prints the heap allocations per input packet in steady state (a counting global
 //! allocator wraps the system one), which `tests/engine_allocs.rs` asserts.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicU64, Ordering};
+use common::alloc_count::{allocations, CountingAlloc};
 
 use criterion::{criterion_group, Criterion, Throughput};
 
@@ -16,39 +15,17 @@ use criterion::{criterion_group, Criterion, Throughput};
 mod traffic;
 use traffic::{Layer, Traffic};
 
-struct Counting;
-
-static ALLOCS: AtomicU64 = AtomicU64::new(0);
-
-// SAFETY: forwards every call to the system allocator unchanged; only counts.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: same contract as ours.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: same contract as ours.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: same contract as ours.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: CountingAlloc = CountingAlloc;
 
 /// Allocations per input packet over `rounds` rounds of every session, after one warm-up round.
 fn allocs_per_packet(t: &mut Traffic, rounds: usize) -> f64 {
     t.round();
-    let (a0, p0) = (ALLOCS.load(Ordering::Relaxed), t.packets_in);
+    let (a0, p0) = (allocations(), t.packets_in);
     for _ in 0..rounds {
         t.round();
     }
-    let (a1, p1) = (ALLOCS.load(Ordering::Relaxed), t.packets_in);
+    let (a1, p1) = (allocations(), t.packets_in);
     (a1 - a0) as f64 / (p1 - p0) as f64
 }
 

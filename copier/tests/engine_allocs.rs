@@ -6,37 +6,14 @@
 //! traffic's size (one warm-up round); opening a session allocates (its buffers, its
 //! transform), and that is per connection, not per packet.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicU64, Ordering};
+use common::alloc_count::{allocations, CountingAlloc};
 
 #[path = "../benches/traffic.rs"]
 mod traffic;
 use traffic::{Layer, Traffic};
 
-struct Counting;
-
-static ALLOCS: AtomicU64 = AtomicU64::new(0);
-
-// SAFETY: forwards every call to the system allocator unchanged; only counts.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: same contract as ours.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: same contract as ours.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: same contract as ours.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: CountingAlloc = CountingAlloc;
 
 /// Allocations while every one of `sessions` sessions does `rounds` rounds, after a warm-up
 /// round; and the input packets of those rounds.
@@ -44,11 +21,11 @@ fn steady_state(layer: Layer, sessions: usize, rounds: usize) -> (u64, u64) {
     let mut t = Traffic::new(layer, sessions);
     t.check().unwrap();
     t.round();
-    let (a0, p0) = (ALLOCS.load(Ordering::Relaxed), t.packets_in);
+    let (a0, p0) = (allocations(), t.packets_in);
     for _ in 0..rounds {
         t.round();
     }
-    let (a1, p1) = (ALLOCS.load(Ordering::Relaxed), t.packets_in);
+    let (a1, p1) = (allocations(), t.packets_in);
     t.check().unwrap();
     (a1 - a0, p1 - p0)
 }

@@ -9,9 +9,8 @@
 //! Reports relayed replies per second (`Throughput::Elements`) and prints the heap
 //! allocations per reply (a counting global allocator wraps the system one).
 
-use std::alloc::{GlobalAlloc, Layout, System};
+use common::alloc_count::{allocations, CountingAlloc};
 use std::net::{Ipv4Addr, SocketAddrV4};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver};
 
 use common::clock::Instant;
@@ -24,30 +23,8 @@ use intercept::pump::ReplyPath;
 use intercept::relay::{Outgoing, Relay, RelayEvent};
 use intercept::sessions::SessionConfig;
 
-struct Counting;
-
-static ALLOCS: AtomicU64 = AtomicU64::new(0);
-
-// SAFETY: forwards every call to the system allocator unchanged; only counts.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: same contract as ours.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: same contract as ours.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: same contract as ours.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: CountingAlloc = CountingAlloc;
 
 const SESSIONS: usize = 1000;
 const FLUSH_EVERY: usize = 64;
@@ -222,11 +199,11 @@ fn reply_path(c: &mut Criterion) {
         for _ in 0..SESSIONS {
             b.reply();
         }
-        let (a0, r0) = (ALLOCS.load(Ordering::Relaxed), b.replies);
+        let (a0, r0) = (allocations(), b.replies);
         for _ in 0..10 * SESSIONS {
             b.reply();
         }
-        let (a1, r1) = (ALLOCS.load(Ordering::Relaxed), b.replies);
+        let (a1, r1) = (allocations(), b.replies);
         eprintln!(
             "intercept/{name}: {:.3} allocations per relayed reply",
             (a1 - a0) as f64 / (r1 - r0) as f64

@@ -2,11 +2,10 @@
 //! that waits for the greeting, a login rewritten to another length, a prefix injected into a
 //! picked-up connection, commands dropped, a session given up, production's replies read.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::alloc_count::{allocations, CountingAlloc};
 use common::clock::Instant;
 use common::control::TestFeedback;
 use common::wire::{parse_ipv4_tcp, TcpFlags, TcpOptions};
@@ -799,46 +798,9 @@ fn a_stuck_deadline_does_not_spin_and_pushes_after_fin_are_refused() {
 
 // ---------------------------------------------------------------------------- allocation
 
-/// Counts this thread's allocations, so a test can tell whether a code path allocates.
-struct CountingAlloc;
-
-thread_local! {
-    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
-}
-
-fn note_allocation() {
-    let _ = ALLOCATIONS.try_with(|c| c.set(c.get() + 1));
-}
-
-// SAFETY: every call is forwarded unchanged to the system allocator.
-unsafe impl GlobalAlloc for CountingAlloc {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        note_allocation();
-        // SAFETY: same contract as ours.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        note_allocation();
-        // SAFETY: same contract as ours.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        note_allocation();
-        // SAFETY: same contract as ours.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: same contract as ours.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
+// Counts this thread's allocations, so a test can tell whether a code path allocates.
 #[global_allocator]
 static ALLOCATOR: CountingAlloc = CountingAlloc;
-
-fn allocations() -> u64 {
-    ALLOCATIONS.with(Cell::get)
-}
 
 /// Reads production's replies and passes client bytes through, without allocating.
 struct CountProd;
