@@ -151,6 +151,11 @@ pub enum Counter {
     ClientAuthPacketsSwallowed,
     CommandsForwarded,
     CommandsHeldAwaitingPrepare,
+    /// A command that waited in the copier because the test server was [`MAX_IN_FLIGHT`]
+    /// commands behind production (slower, or short of CPU); sent once it caught up.
+    ///
+    /// [`MAX_IN_FLIGHT`]: transform::MAX_IN_FLIGHT
+    CommandsHeldTestBehind,
     StatementsMapped,
     ExecutesDroppedUnknownStatement,
     ExecutesDroppedRejected,
@@ -217,6 +222,7 @@ pub const COUNTER_NAMES: &[&str] = &[
     "client_auth_packets_swallowed",
     "commands_forwarded",
     "commands_held_awaiting_prepare",
+    "commands_held_test_behind",
     "statements_mapped",
     "executes_dropped_unknown_statement",
     "executes_dropped_rejected",

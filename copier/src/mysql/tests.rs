@@ -18,7 +18,7 @@ use common::mysql::handshake::{
 use common::mysql::packet::{write_packet, Oversize, PacketSplitter, MAX_PAYLOAD_LEN};
 use proptest::prelude::*;
 
-use super::transform::expects_reply;
+use super::transform::{expects_reply, MAX_IN_FLIGHT};
 use super::{
     Counter, MysqlConfig, MysqlFactory, MysqlTransform, NotRecovered, RandomBytes, RecoveredState,
 };
@@ -1686,4 +1686,36 @@ fn a_session_in_line_stays_small() {
     // per-chunk lists live with the thread, so that it stays this size.
     let size = std::mem::size_of::<MysqlTransform>();
     assert!(size <= 736, "{size}");
+}
+
+#[test]
+fn a_test_server_far_behind_holds_commands_instead_of_losing_the_session() {
+    let mut h = Harness::new(MysqlConfig::default(), false);
+    h.login(&hex(CAPI_RESPONSE));
+    let behind = MAX_IN_FLIGHT + 100;
+    for i in 0..behind {
+        h.client_packet(0, &query(&format!("SELECT {i}")));
+        h.prod_packet(1, OK);
+    }
+    // The test server has answered nothing yet: the first MAX_IN_FLIGHT commands are out, the
+    // rest wait in the copier; the session lives on.
+    assert_eq!(h.received().len(), MAX_IN_FLIGHT);
+    assert!(h.abandoned.is_none());
+    assert_eq!(h.count(Counter::CommandsHeldTestBehind), 1);
+    // Each answer lets one more command go, in the client's order.
+    for i in 0..behind {
+        h.test_packet(1, OK);
+        if i < 100 {
+            let got = h.received();
+            assert_eq!(got.len(), 1);
+            assert_eq!(got[0].1, query(&format!("SELECT {}", MAX_IN_FLIGHT + i)));
+        }
+    }
+    assert!(h.received().is_empty());
+    assert!(h.abandoned.is_none());
+    assert_eq!(h.count(Counter::CommandsForwarded), behind as u64);
+    assert_eq!(h.count(Counter::CommandsHeldTestBehind), 100);
+    assert_eq!(h.count(Counter::ProtocolErrors), 0);
+    assert_eq!(h.count(Counter::RepliesUnmatched), 0);
+    assert!(!h.t.pending());
 }

@@ -52,8 +52,13 @@ const MAX_HEAD: usize = 64 * 1024;
 /// Bytes kept of each of production's reply packets: PREPARE_OK is 12, an ERR code 3.
 const PROD_PREFIX: usize = 16;
 /// Commands awaiting a reply from one server, and prepare answers waiting for their partner.
-/// Real clients keep a handful in flight; far more means a side stopped answering.
-const MAX_IN_FLIGHT: usize = 4096;
+/// Real clients keep a handful in flight. The test server may fall this far behind production
+/// (a slower build, a starved CPU): further commands then wait in the session's backlog
+/// (bounded by `max_held_bytes`) until it catches up, rather than the session being given up.
+pub(super) const MAX_IN_FLIGHT: usize = 4096;
+/// What the test server may owe at most, our own injected commands included: a hard bound on
+/// the bookkeeping, reached only if the backpressure above failed.
+const MAX_TEST_OWED: usize = 2 * MAX_IN_FLIGHT;
 /// Buffers grown beyond this are released once empty, so one big packet does not pin memory.
 const KEEP_CAPACITY: usize = 64 * 1024;
 /// Stands in for production's answer to a prepare whose reply was never seen: the map then
@@ -436,6 +441,8 @@ pub struct MysqlTransform {
     head: Vec<u8>,
     blocked: bool,
     held_counted: bool,
+    /// The current command was counted as waiting for the test server to catch up.
+    behind_counted: bool,
     /// When a command held for the test server's PREPARE_OK stops waiting ([`HELD_TIMEOUT`]).
     held_deadline: Option<Instant>,
     /// The latest time the engine gave us (deadlines are set where no `now` is passed).
@@ -567,6 +574,7 @@ impl MysqlTransform {
             head: Vec::new(),
             blocked: false,
             held_counted: false,
+            behind_counted: false,
             held_deadline: None,
             now,
             captured: now,
@@ -950,7 +958,7 @@ impl MysqlTransform {
         if self.test_blind() {
             return Ok(());
         }
-        if self.test_fifo.len() >= MAX_IN_FLIGHT {
+        if self.test_fifo.len() >= MAX_TEST_OWED {
             return Err(protocol("test_server_not_answering"));
         }
         self.test_fifo.push_back((e, serial));
@@ -1722,6 +1730,7 @@ impl MysqlTransform {
             self.head = Vec::new();
         }
         self.held_counted = false;
+        self.behind_counted = false;
         self.held_deadline = None;
         self.fwd = body(
             len.saturating_sub(taken),
@@ -1763,6 +1772,15 @@ impl MysqlTransform {
         self.swallow_client_auth = false;
         self.skip_data = false;
         if !self.test_ready() {
+            return Ok(Verdict::Block);
+        }
+        if self.test_fifo.len() >= MAX_IN_FLIGHT && !self.test_blind() {
+            // Backpressure, not a verdict on the server: it is answering, only later than
+            // production. Each of its replies resumes the backlog one command further.
+            if !self.behind_counted {
+                self.behind_counted = true;
+                out.count(Counter::CommandsHeldTestBehind as usize);
+            }
             return Ok(Verdict::Block);
         }
         self.flush_injections(out)?;
