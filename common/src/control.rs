@@ -31,8 +31,13 @@ pub const PROTOCOL_VERSION: u16 = 5;
 /// so the copier can compare result checksums (`--compare-results`). Summaries are then sent
 /// when a packet ends rather than when its head is in.
 pub const FEATURE_PAYLOAD_HASHES: u32 = 1;
+/// Feature bit: the copier times the test server's replies (the comparison report), so
+/// intercept writes what it relays to it at once instead of gathering it for
+/// `--relay-flush-us`. Gathering costs the copier's dating nothing it can measure but moves
+/// the test server's short replies in the report (see docs/BENCHMARKS.md).
+pub const FEATURE_PROMPT_REPLIES: u32 = 2;
 /// Every feature bit this build knows; a peer's other bits are ignored.
-pub const KNOWN_FEATURES: u32 = FEATURE_PAYLOAD_HASHES;
+pub const KNOWN_FEATURES: u32 = FEATURE_PAYLOAD_HASHES | FEATURE_PROMPT_REPLIES;
 /// Bytes of the frame header (the big-endian length of type + body).
 pub const FRAME_HEADER_LEN: usize = 4;
 /// Largest accepted value of the length field (type byte + body).

@@ -42,8 +42,9 @@ pub enum Relayed {
     /// order per session, for the MySQL layer, when their frame was read off the socket (the
     /// report's test latencies end there, not when the engine got round to them), and the
     /// frame's `sent_at_us` (intercept's clock, to date each packet back by how long it waited
-    /// at intercept).
-    Mysql(Vec<MysqlEvent>, Instant, u32),
+    /// at intercept), and our realtime µs when it was read (its transit, see
+    /// [`crate::transit`]).
+    Mysql(Vec<MysqlEvent>, Instant, u32, u32),
 }
 
 impl Relayed {
@@ -55,7 +56,7 @@ impl Relayed {
                 b.capacity() * size_of::<TestFeedback>()
                     + b.iter().map(|f| f.payload_prefix.capacity()).sum::<usize>()
             }
-            Relayed::Mysql(b, _, _) => {
+            Relayed::Mysql(b, _, _, _) => {
                 b.capacity() * size_of::<MysqlEvent>()
                     + b.iter()
                         .map(|e| match e {
@@ -732,7 +733,12 @@ fn read_feedback(
             InterceptMessage::Mysql { sent_at_us, events } => {
                 let n = events.len() as u64;
                 (
-                    Relayed::Mysql(events, Instant::now(), sent_at_us),
+                    Relayed::Mysql(
+                        events,
+                        Instant::now(),
+                        sent_at_us,
+                        common::clock::realtime_us(),
+                    ),
                     n,
                     &shared.mysql_received,
                     &shared.mysql_dropped,

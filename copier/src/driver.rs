@@ -56,7 +56,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use common::clock::Instant;
-use common::control::{Hello, MysqlEvent, FEATURE_PAYLOAD_HASHES};
+use common::control::{Hello, MysqlEvent, FEATURE_PAYLOAD_HASHES, FEATURE_PROMPT_REPLIES};
 use common::wire::TcpPacket;
 
 use crate::capture::CaptureStats;
@@ -122,6 +122,8 @@ pub struct Driver {
     /// One control connection per `--intercept` (several only with several `--target`), and
     /// what each has relayed.
     links: Vec<(ControlHandle, RelayedReceiver)>,
+    /// Per link: the floor of its frames' transit.
+    transit: Vec<crate::transit::TransitFloor>,
     /// Which link claims the sessions of each target (`--target` paired with `--intercept`).
     link_of_target: Vec<(SocketAddrV4, usize)>,
     waker: Waker,
@@ -218,6 +220,11 @@ impl Driver {
                 // intercept hashes the test server's payloads only for copiers that ask.
                 hello = hello.with_features(FEATURE_PAYLOAD_HASHES);
             }
+            if report.is_some() {
+                // The report times the test server's replies: each is wanted as it comes,
+                // not gathered with others for a cheaper write.
+                hello = hello.with_features(FEATURE_PROMPT_REPLIES);
+            }
             // The control channel's part of --max-memory, shared by every link of every worker.
             let config = ClientConfig {
                 max_queue_bytes: args.memory_budget().control()
@@ -256,6 +263,7 @@ impl Driver {
             fleet,
             sample_percent: args.sample.map(|s| s.percent()),
             sender,
+            transit: vec![Default::default(); links.len()],
             links,
             link_of_target,
             waker,
@@ -340,6 +348,10 @@ impl Driver {
     pub fn pump(&mut self, now: Instant) -> Pump {
         self.waker.reset();
         self.last_now = now;
+        // What the capture just decided goes out before the relayed batch is worked through:
+        // a large batch would hold the commands back, and the report would count that wait as
+        // the test server's latency.
+        self.transmit(now);
         for k in 0..self.links.len() {
             self.take_relayed(now, k);
         }
@@ -380,16 +392,19 @@ impl Driver {
                         self.fleet.on_feedback(now, fb);
                     }
                 }
-                Relayed::Mysql(events, received, sent_at_us) => {
+                Relayed::Mysql(events, received, sent_at_us, recv_us) => {
                     self.mysql_events += events.len() as u64;
                     let received = self.engine_time(received);
                     // Each packet is dated back from the frame's arrival by how long it
                     // waited at intercept: from its capture (the kernel's timestamp, up to a
                     // capture block before intercept saw it) to the frame's encoding, both
-                    // on intercept's clock. Only the control channel's transit is left in.
+                    // on intercept's clock; and by how much longer than the quickest recent
+                    // frame this one took to reach us. Only the transit's floor is left in.
+                    let queued = self.transit[k].excess(received, recv_us, sent_at_us);
                     for ev in &events {
-                        let back = framed_at_us(ev)
-                            .map_or(Duration::ZERO, |t| intercept_wait(sent_at_us, t));
+                        let back = queued
+                            + framed_at_us(ev)
+                                .map_or(Duration::ZERO, |t| intercept_wait(sent_at_us, t));
                         let at = Instant::from_nanos(
                             received
                                 .as_nanos()

@@ -23,4 +23,5 @@ pub mod run;
 pub mod send;
 pub mod signals;
 pub mod status;
+pub mod transit;
 pub mod waker;

@@ -67,7 +67,7 @@ fn main() -> anyhow::Result<()> {
                     )?;
                 }
             }
-            Relayed::Mysql(batch, _, _) => {
+            Relayed::Mysql(batch, _, _, _) => {
                 for e in batch {
                     match e {
                         MysqlEvent::Packet { client, packet: p } => {

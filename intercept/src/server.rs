@@ -25,7 +25,8 @@ use common::auth::{Nonce, Secret};
 use common::control::{
     encode_challenge, encode_doctor_report, encode_feedback, encode_mysql, encode_pong,
     encode_reject, encode_welcome, Challenge, CopierMessage, DecodeError, DoctorQuery,
-    DoctorReport, FrameDecoder, Reject, Welcome, FEATURE_PAYLOAD_HASHES, PROTOCOL_VERSION,
+    DoctorReport, FrameDecoder, Reject, Welcome, FEATURE_PAYLOAD_HASHES, FEATURE_PROMPT_REPLIES,
+    PROTOCOL_VERSION,
 };
 
 use crate::relay::{CopierId, CopierTx, Outgoing, QueueGauge, RelayEvent};
@@ -60,6 +61,9 @@ pub struct ServerConfig {
     pub max_copiers: usize,
     /// Answers `copier doctor`'s Doctor queries (see `crate::doctor::answer`).
     pub doctor: Option<DoctorHook>,
+    /// How long a copier's writer gathers relayed batches before one write (`--relay-flush-us`),
+    /// unless the copier asked for [`FEATURE_PROMPT_REPLIES`].
+    pub relay_flush: Duration,
 }
 
 /// What answers a Doctor query: it runs on the asking connection's reader thread (it may take a
@@ -89,6 +93,7 @@ impl Default for ServerConfig {
             write_timeout: Duration::from_secs(5),
             max_copiers: 64,
             doctor: None,
+            relay_flush: Duration::ZERO,
         }
     }
 }
@@ -529,11 +534,12 @@ fn serve(
         payload_prefix: cfg.payload_prefix,
         mysql_head: cfg.mysql_head,
         // Payload hashes come from the MySQL framer: granted only when there is one.
-        features: if cfg.mysql_head.is_some() {
-            hello.features & FEATURE_PAYLOAD_HASHES
-        } else {
-            0
-        },
+        features: (hello.features & FEATURE_PROMPT_REPLIES)
+            | if cfg.mysql_head.is_some() {
+                hello.features & FEATURE_PAYLOAD_HASHES
+            } else {
+                0
+            },
         proof,
     };
     let mut out = Vec::new();
@@ -561,9 +567,14 @@ fn serve(
     );
     let gauge = tx.gauge();
     let stats = ctx.stats.clone();
+    let flush = if welcome.features & FEATURE_PROMPT_REPLIES != 0 {
+        Duration::ZERO
+    } else {
+        cfg.relay_flush
+    };
     let spawned = thread::Builder::new()
         .name(format!("copier-{id}-tx"))
-        .spawn(move || write_loop(write_half, rx, &gauge, &stats));
+        .spawn(move || write_loop(write_half, rx, flush, &gauge, &stats));
     if let Err(e) = spawned {
         tracing::warn!(%peer, "cannot start a writer thread for a copier: {e}");
         return;
@@ -751,15 +762,24 @@ impl Conn {
 
 /// Coalesces whatever is queued into one write: under load many small batches cost one
 /// syscall, and an idle queue costs no latency.
+/// Writes what the relay queued for one copier. With a `flush` period it sleeps that long after
+/// the first batch and writes everything queued by then in one go: one write, one wakeup of
+/// the copier's reader and main loop per period instead of per captured reply, which is most
+/// of both daemons' system time under load (docs/BENCHMARKS.md). Encoding waits for the end of
+/// the sleep, so each frame's `sent_at_us` still tells the copier how long its replies waited.
 fn write_loop(
     mut stream: TcpStream,
     rx: Receiver<Outgoing>,
+    flush: Duration,
     queued: &QueueGauge,
     stats: &ServerStats,
 ) {
     const COALESCE_BYTES: usize = 256 * 1024;
     let mut out = Vec::with_capacity(64 * 1024);
     while let Ok(first) = rx.recv() {
+        if !flush.is_zero() {
+            thread::sleep(flush);
+        }
         out.clear();
         queued.taken(&first);
         encode_outgoing(&first, &mut out, stats);
@@ -896,6 +916,36 @@ mod tests {
         // The relay end stays open for the test's lifetime.
         std::mem::forget(events_rx);
         ControlServer::start(listener, config, events).unwrap()
+    }
+
+    #[test]
+    fn prompt_replies_are_granted_to_whoever_asks_and_hashes_only_with_framing() {
+        let server = start(ServerConfig {
+            relay_flush: Duration::from_millis(1),
+            ..ServerConfig::default()
+        });
+        let mut s = TcpStream::connect(server.local_addr()).unwrap();
+        s.set_read_timeout(Some(WAIT)).unwrap();
+        let mut out = Vec::new();
+        let asks = FEATURE_PROMPT_REPLIES | FEATURE_PAYLOAD_HASHES;
+        encode_hello(&Hello::new("c").with_features(asks), &mut out).unwrap();
+        s.write_all(&out).unwrap();
+        let mut dec = FrameDecoder::<InterceptMessage>::new();
+        assert!(matches!(
+            read_one(&mut s, &mut dec),
+            Some(InterceptMessage::Challenge(_))
+        ));
+        out.clear();
+        let auth = Auth {
+            nonce: [1; NONCE_LEN],
+            proof: None,
+        };
+        encode_auth(&auth, &mut out).unwrap();
+        s.write_all(&out).unwrap();
+        match read_one(&mut s, &mut dec) {
+            Some(InterceptMessage::Welcome(w)) => assert_eq!(w.features, FEATURE_PROMPT_REPLIES),
+            other => panic!("expected a Welcome, got {other:?}"),
+        }
     }
 
     #[test]

@@ -288,7 +288,7 @@ fn seen(rx: &RelayedReceiver, until: impl Fn(&[Seen]) -> bool) -> Vec<Seen> {
             Ok(Relayed::Feedback(b)) => {
                 got.extend(b.iter().map(|f| Seen::Segment(f.client, f.seq)))
             }
-            Ok(Relayed::Mysql(b, _, _)) => got.extend(b.into_iter().map(|e| match e {
+            Ok(Relayed::Mysql(b, _, _, _)) => got.extend(b.into_iter().map(|e| match e {
                 MysqlEvent::Packet { client, packet: p } => {
                     Seen::Packet(client, p.stream_offset, p.seq_id, p.head.to_vec())
                 }
