@@ -255,10 +255,10 @@ fn a_test_server_far_behind_production_catches_up() -> Result<()> {
     let summary = copier.stderr;
     let held = summary
         .split_whitespace()
-        .find_map(|w| w.strip_prefix("commands_held_test_behind="))
+        .find_map(|w| w.strip_prefix("test_behind_holds="))
         .and_then(|n| n.parse::<u64>().ok())
         .unwrap_or(0);
-    println!("test server stopped 4 s: prod {prod}, test {mirrored}, commands held {held}");
+    println!("test server stopped 4 s: prod {prod}, test {mirrored}, holds {held}");
     println!("{summary}");
     ensure!(
         held > 0,

@@ -151,11 +151,12 @@ pub enum Counter {
     ClientAuthPacketsSwallowed,
     CommandsForwarded,
     CommandsHeldAwaitingPrepare,
-    /// A command that waited in the copier because the test server was [`MAX_IN_FLIGHT`]
-    /// commands behind production (slower, or short of CPU); sent once it caught up.
+    /// Times a session's commands started waiting in the copier because the test server was
+    /// [`MAX_IN_FLIGHT`] commands behind production (slower, or short of CPU); they go out
+    /// once it has caught up by a quarter of that.
     ///
     /// [`MAX_IN_FLIGHT`]: transform::MAX_IN_FLIGHT
-    CommandsHeldTestBehind,
+    TestBehindHolds,
     StatementsMapped,
     ExecutesDroppedUnknownStatement,
     ExecutesDroppedRejected,
@@ -222,7 +223,7 @@ pub const COUNTER_NAMES: &[&str] = &[
     "client_auth_packets_swallowed",
     "commands_forwarded",
     "commands_held_awaiting_prepare",
-    "commands_held_test_behind",
+    "test_behind_holds",
     "statements_mapped",
     "executes_dropped_unknown_statement",
     "executes_dropped_rejected",

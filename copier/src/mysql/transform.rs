@@ -59,6 +59,10 @@ pub(super) const MAX_IN_FLIGHT: usize = 4096;
 /// What the test server may owe at most, our own injected commands included: a hard bound on
 /// the bookkeeping, reached only if the backpressure above failed.
 const MAX_TEST_OWED: usize = 2 * MAX_IN_FLIGHT;
+/// Commands held for a test server behind go out again once it owes no more than this: in
+/// batches, since each resume moves the rest of the backlog to its front (megabytes, when the
+/// test server stalled for seconds), which once per answer would cost the copier its capture.
+const RESUME_BEHIND: usize = MAX_IN_FLIGHT - MAX_IN_FLIGHT / 4;
 /// Buffers grown beyond this are released once empty, so one big packet does not pin memory.
 const KEEP_CAPACITY: usize = 64 * 1024;
 /// Stands in for production's answer to a prepare whose reply was never seen: the map then
@@ -1567,6 +1571,9 @@ impl MysqlTransform {
         if self.dead || !self.blocked {
             return;
         }
+        if self.behind_counted && self.test_fifo.len() > RESUME_BEHIND {
+            return;
+        }
         self.blocked = false;
         let mut backlog = mem::take(&mut self.backlog);
         let n = self.run(&backlog, out);
@@ -1779,7 +1786,7 @@ impl MysqlTransform {
             // production. Each of its replies resumes the backlog one command further.
             if !self.behind_counted {
                 self.behind_counted = true;
-                out.count(Counter::CommandsHeldTestBehind as usize);
+                out.count(Counter::TestBehindHolds as usize);
             }
             return Ok(Verdict::Block);
         }
