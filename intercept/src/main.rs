@@ -141,10 +141,12 @@ struct Cli {
     #[arg(long, env = "TCPSHADOW_CAPTURE_BLOCK_MS", default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..=100))]
     capture_block_ms: u16,
 
-    /// Microseconds a copier's relay gathers before one write to it: one write and one wakeup
-    /// of the copier per period instead of per reply, about half the copier's CPU under load
-    /// and a third of intercept's. Copiers that time replies (`--report`) ask for every reply
-    /// at once and get it, whatever this says. 0: write as soon as there is something.
+    /// Microseconds replies gather before they are handled: the capture sleeps this long after
+    /// each wakeup, and each copier's writer after its first batch. Under load that is one
+    /// wakeup per period instead of one per reply, in intercept and in the copier: together
+    /// about half of both daemons' CPU. Replies keep their kernel timestamps. While a copier
+    /// that times replies (`--report`) is connected the capture does not gather, and that
+    /// copier's writer never does. 0: handle every reply as it comes.
     #[arg(long, env = "TCPSHADOW_RELAY_FLUSH_US", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(0..=100_000))]
     relay_flush_us: u32,
 
@@ -523,6 +525,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             (Some(_), None) => Some(METRICS_INTERVAL),
             (None, i) => i,
         },
+        gather: Duration::from_micros(u64::from(cli.relay_flush_us)),
         ..PumpConfig::default()
     };
     if let Some((published, _)) = &metrics {
@@ -693,6 +696,7 @@ mod workers {
                         .spawn_scoped(scope, move || {
                             let config = PumpConfig {
                                 status_interval: Some(PUBLISH),
+                                gather: Duration::from_micros(u64::from(cli.relay_flush_us)),
                                 ..PumpConfig::default()
                             };
                             let r = pump::run(&mut source, &mut path, &rx, stop, config, |p, s| {

@@ -290,6 +290,10 @@ pub struct PumpConfig {
     pub idle_wait: Duration,
     /// Time between status reports; `None` for none.
     pub status_interval: Option<Duration>,
+    /// After a wakeup, how long to let replies gather in the capture ring before reading them
+    /// (`--relay-flush-us`), while no connected copier asked for prompt replies: under load,
+    /// one wakeup per period instead of one per reply. Replies keep their kernel timestamps.
+    pub gather: Duration,
 }
 
 impl Default for PumpConfig {
@@ -297,6 +301,7 @@ impl Default for PumpConfig {
         PumpConfig {
             idle_wait: Duration::from_millis(100),
             status_interval: Some(Duration::from_secs(5)),
+            gather: Duration::ZERO,
         }
     }
 }
@@ -331,6 +336,9 @@ pub fn run<S: SegmentSource>(
         } else {
             path.relay.flush();
             source.wait(config.idle_wait)?;
+            if !config.gather.is_zero() && !path.relay.wants_prompt_replies() {
+                std::thread::sleep(config.gather);
+            }
         }
         let now = clock.now();
         if now >= next_sweep {

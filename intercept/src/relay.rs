@@ -15,8 +15,8 @@ use std::sync::mpsc::{SyncSender, TrySendError};
 use std::sync::Arc;
 
 use common::control::{
-    MysqlEvent, TestFeedback, FEATURE_PAYLOAD_HASHES, MAX_FEEDBACK_PER_FRAME,
-    MAX_MYSQL_EVENTS_PER_FRAME,
+    MysqlEvent, TestFeedback, FEATURE_PAYLOAD_HASHES, FEATURE_PROMPT_REPLIES,
+    MAX_FEEDBACK_PER_FRAME, MAX_MYSQL_EVENTS_PER_FRAME,
 };
 
 /// A control connection, numbered in accept order.
@@ -258,6 +258,14 @@ impl Relay {
     /// packet).
     pub fn wants_payload_hashes(&self) -> bool {
         self.hashing_links > 0
+    }
+
+    /// Whether a connected copier times the test server's replies (`--report`): the capture
+    /// must then hand each reply over as it comes.
+    pub fn wants_prompt_replies(&self) -> bool {
+        self.links
+            .values()
+            .any(|l| l.features & FEATURE_PROMPT_REPLIES != 0)
     }
 
     pub fn apply(&mut self, ev: RelayEvent) {
@@ -528,6 +536,24 @@ mod tests {
         r.apply(RelayEvent::Disconnected { id: 2 });
         r.apply(RelayEvent::Disconnected { id: 2 });
         assert!(!r.wants_payload_hashes());
+    }
+
+    #[test]
+    fn replies_are_prompt_while_a_copier_that_times_them_is_connected() {
+        let mut r = Relay::new(16);
+        assert!(!r.wants_prompt_replies());
+        let _a = connect(&mut r, 1, 4);
+        assert!(!r.wants_prompt_replies());
+        let (tx, _b) = sync_channel(4);
+        r.apply(RelayEvent::Connected {
+            id: 2,
+            name: "report".into(),
+            tx: tx.into(),
+            features: FEATURE_PROMPT_REPLIES,
+        });
+        assert!(r.wants_prompt_replies());
+        r.apply(RelayEvent::Disconnected { id: 2 });
+        assert!(!r.wants_prompt_replies());
     }
 
     fn connect(r: &mut Relay, id: CopierId, cap: usize) -> Receiver<Outgoing> {

@@ -68,6 +68,7 @@ impl Intercept {
                 let config = PumpConfig {
                     idle_wait: Duration::from_millis(10),
                     status_interval: None,
+                    gather: Duration::ZERO,
                 };
                 let _ = pump::run(&mut source, &mut path, &events_rx, &stop, config, |_, _| {});
             })
