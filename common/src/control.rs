@@ -36,8 +36,14 @@ pub const FEATURE_PAYLOAD_HASHES: u32 = 1;
 /// `--relay-flush-us`. Gathering costs the copier's dating nothing it can measure but moves
 /// the test server's short replies in the report (see docs/BENCHMARKS.md).
 pub const FEATURE_PROMPT_REPLIES: u32 = 2;
+/// Feature bit: the copier understands [`MysqlEvent::Rows`], so intercept may fold the rows
+/// and column definitions inside a result set into one item per captured segment instead of
+/// one summary per packet. Only packets whose heads the copier never reads are folded (see
+/// [`crate::mysql::fold`]); intercept folds nothing while any connected copier lacks the bit
+/// or asked for payload hashes.
+pub const FEATURE_ROW_RUNS: u32 = 4;
 /// Every feature bit this build knows; a peer's other bits are ignored.
-pub const KNOWN_FEATURES: u32 = FEATURE_PAYLOAD_HASHES | FEATURE_PROMPT_REPLIES;
+pub const KNOWN_FEATURES: u32 = FEATURE_PAYLOAD_HASHES | FEATURE_PROMPT_REPLIES | FEATURE_ROW_RUNS;
 /// Bytes of the frame header (the big-endian length of type + body).
 pub const FRAME_HEADER_LEN: usize = 4;
 /// Largest accepted value of the length field (type byte + body).
@@ -94,6 +100,8 @@ const MYSQL_PACKET: u8 = 0x01;
 const MYSQL_FRAMING_LOST: u8 = 0x02;
 /// A packet followed by its payload hash (8 bytes).
 const MYSQL_PACKET_HASHED: u8 = 0x03;
+/// Consecutive packets folded into one item ([`MysqlRows`]).
+const MYSQL_ROWS: u8 = 0x04;
 
 // Framing announced in a Welcome.
 const FRAMING_NONE: u8 = 0;
@@ -103,6 +111,8 @@ const FRAMING_MYSQL: u8 = 1;
 const MYSQL_PACKET_FIXED_LEN: usize = 30;
 /// kind(1) client(6) at_seq(4)
 const MYSQL_LOST_LEN: usize = 11;
+/// kind(1) client(6) stream_offset(8) seq_id(1) count(4) bytes(8) framed_at_us(4)
+const MYSQL_ROWS_LEN: usize = 32;
 const MAX_MYSQL_ITEM_LEN: usize = MYSQL_PACKET_FIXED_LEN + MAX_MYSQL_HEAD + 8;
 
 // Option-presence bits of a feedback item.
@@ -214,6 +224,36 @@ impl MysqlPacket {
     }
 }
 
+/// Consecutive MySQL packets of one result set (rows, column definitions) that intercept
+/// folded into one item: the copier only counts such packets, so their heads need not travel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MysqlRows {
+    /// [`MysqlPacket::stream_offset`] of the first packet.
+    pub stream_offset: u64,
+    /// The first packet's sequence id; the others follow it one by one (wrapping).
+    pub seq_id: u8,
+    /// Packets folded, at least 1.
+    pub count: u32,
+    /// Bytes of the folded packets, headers included: the next item's `stream_offset` is
+    /// `stream_offset + bytes`.
+    pub bytes: u64,
+    /// As [`MysqlPacket::framed_at_us`], for the last packet.
+    pub framed_at_us: u32,
+}
+
+impl MysqlRows {
+    /// The last packet's sequence id.
+    pub fn last_seq_id(&self) -> u8 {
+        // Truncation intended: ids wrap at 256.
+        self.seq_id.wrapping_add(self.count.wrapping_sub(1) as u8)
+    }
+
+    /// Payload bytes of the folded packets (their headers left out).
+    pub fn payload_bytes(&self) -> u64 {
+        self.bytes.saturating_sub(4 * u64::from(self.count))
+    }
+}
+
 /// What intercept learnt of the MySQL packets of one mirrored connection.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum MysqlEvent {
@@ -226,13 +266,20 @@ pub enum MysqlEvent {
     /// the connection was picked up without its SYN-ACK): no more packets for it until a new
     /// SYN-ACK. `at_seq` is the server sequence number where framing stopped.
     FramingLost { client: SocketAddrV4, at_seq: u32 },
+    /// Packets folded into a run ([`FEATURE_ROW_RUNS`]).
+    Rows {
+        client: SocketAddrV4,
+        rows: MysqlRows,
+    },
 }
 
 impl MysqlEvent {
     /// The connection the event is about.
     pub fn client(&self) -> SocketAddrV4 {
         match self {
-            MysqlEvent::Packet { client, .. } | MysqlEvent::FramingLost { client, .. } => *client,
+            MysqlEvent::Packet { client, .. }
+            | MysqlEvent::FramingLost { client, .. }
+            | MysqlEvent::Rows { client, .. } => *client,
         }
     }
 
@@ -245,6 +292,7 @@ impl MysqlEvent {
                     + if packet.hash.is_some() { 8 } else { 0 }
             }
             MysqlEvent::FramingLost { .. } => MYSQL_LOST_LEN,
+            MysqlEvent::Rows { .. } => MYSQL_ROWS_LEN,
         }
     }
 }
@@ -449,6 +497,8 @@ pub enum EncodeError {
     HeadLongerThanPayload { head: usize, len: u32 },
     #[error("MySQL packet length {len} does not fit the 3-byte header")]
     MysqlLengthTooLarge { len: u32 },
+    #[error("MySQL row run of no packets, or shorter than its headers")]
+    EmptyRowRun,
 }
 
 /// Why received bytes are not a valid message. Any of these ends the connection: after a bad
@@ -956,6 +1006,18 @@ fn write_mysql(ev: &MysqlEvent, o: &mut Vec<u8>) -> Result<(), EncodeError> {
             write_addr(client, o);
             o.extend_from_slice(&at_seq.to_be_bytes());
         }
+        MysqlEvent::Rows { client, rows: r } => {
+            if r.count == 0 || r.bytes < 4 * u64::from(r.count) {
+                return Err(EncodeError::EmptyRowRun);
+            }
+            o.push(MYSQL_ROWS);
+            write_addr(client, o);
+            o.extend_from_slice(&r.stream_offset.to_be_bytes());
+            o.push(r.seq_id);
+            o.extend_from_slice(&r.count.to_be_bytes());
+            o.extend_from_slice(&r.bytes.to_be_bytes());
+            o.extend_from_slice(&r.framed_at_us.to_be_bytes());
+        }
     }
     Ok(())
 }
@@ -1178,6 +1240,19 @@ fn read_mysql(r: &mut Reader<'_>) -> Result<MysqlEvent, DecodeError> {
             client,
             at_seq: r.u32()?,
         }),
+        MYSQL_ROWS => {
+            let rows = MysqlRows {
+                stream_offset: r.u64()?,
+                seq_id: r.u8()?,
+                count: r.u32()?,
+                bytes: r.u64()?,
+                framed_at_us: r.u32()?,
+            };
+            if rows.count == 0 || rows.bytes < 4 * u64::from(rows.count) {
+                return Err(r.invalid("MySQL row run shorter than its headers"));
+            }
+            Ok(MysqlEvent::Rows { client, rows })
+        }
         _ => Err(r.invalid("unknown MySQL item kind")),
     }
 }
@@ -1842,6 +1917,25 @@ mod tests {
                 ),
             (arb_addr(), any::<u32>())
                 .prop_map(|(client, at_seq)| MysqlEvent::FramingLost { client, at_seq }),
+            (
+                arb_addr(),
+                (any::<u64>(), any::<u8>(), 1u32..1_000_000),
+                (0u64..1 << 40, any::<u32>())
+            )
+                .prop_map(
+                    |(client, (stream_offset, seq_id, count), (extra, framed_at_us))| {
+                        MysqlEvent::Rows {
+                            client,
+                            rows: MysqlRows {
+                                stream_offset,
+                                seq_id,
+                                count,
+                                bytes: 4 * u64::from(count) + extra,
+                                framed_at_us,
+                            },
+                        }
+                    }
+                ),
         ]
     }
 

@@ -61,7 +61,7 @@ impl Relayed {
                     + b.iter()
                         .map(|e| match e {
                             MysqlEvent::Packet { packet, .. } => packet.head.capacity(),
-                            MysqlEvent::FramingLost { .. } => 0,
+                            MysqlEvent::FramingLost { .. } | MysqlEvent::Rows { .. } => 0,
                         })
                         .sum::<usize>()
             }

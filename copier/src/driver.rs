@@ -56,7 +56,9 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use common::clock::Instant;
-use common::control::{Hello, MysqlEvent, FEATURE_PAYLOAD_HASHES, FEATURE_PROMPT_REPLIES};
+use common::control::{
+    Hello, MysqlEvent, FEATURE_PAYLOAD_HASHES, FEATURE_PROMPT_REPLIES, FEATURE_ROW_RUNS,
+};
 use common::wire::TcpPacket;
 
 use crate::capture::CaptureStats;
@@ -215,7 +217,8 @@ impl Driver {
         let mut links = Vec::with_capacity(args.intercept.len());
         for &addr in &args.intercept {
             let wake = waker.clone();
-            let mut hello = Hello::new(&name);
+            // Rows folded into runs: the copier reads nothing of a row but its first byte.
+            let mut hello = Hello::new(&name).with_features(FEATURE_ROW_RUNS);
             if args.compare_results {
                 // intercept hashes the test server's payloads only for copiers that ask.
                 hello = hello.with_features(FEATURE_PAYLOAD_HASHES);
@@ -690,6 +693,7 @@ fn intercept_wait(sent_us: u32, framed_us: u32) -> Duration {
 fn framed_at_us(ev: &MysqlEvent) -> Option<u32> {
     match ev {
         MysqlEvent::Packet { packet, .. } => Some(packet.framed_at_us),
+        MysqlEvent::Rows { rows, .. } => Some(rows.framed_at_us),
         MysqlEvent::FramingLost { .. } => None,
     }
 }

@@ -528,7 +528,25 @@ pub fn copier_engine(data: &[u8]) {
             }
             EngineOp::Mysql => {
                 let m = pick(&mirrored, r.u8());
-                let ev = if op & 0x80 != 0 {
+                let ev = if op & 0xc0 == 0xc0 {
+                    // A run of folded rows: continuing the stream, or anywhere.
+                    let offset = test_offset.entry(m).or_insert(0);
+                    let count = u32::from(r.u8()).max(1);
+                    let bytes = 4 * u64::from(count) + u64::from(r.u16());
+                    let rows = common::control::MysqlRows {
+                        stream_offset: if r.u8() & 1 == 0 {
+                            *offset
+                        } else {
+                            u64::from(r.u32())
+                        },
+                        seq_id: r.u8(),
+                        count,
+                        bytes,
+                        framed_at_us: 0,
+                    };
+                    *offset += bytes;
+                    MysqlEvent::Rows { client: m, rows }
+                } else if op & 0x80 != 0 {
                     MysqlEvent::FramingLost {
                         client: m,
                         at_seq: r.u32(),
@@ -736,7 +754,10 @@ pub fn intercept_sessions(data: &[u8]) {
                 now = now + Duration::from_secs(u64::from(r.u16()));
                 sessions.sweep(now);
             }
-            6 => sessions.set_hashing(op & 0x80 != 0),
+            6 => {
+                sessions.set_hashing(op & 0x80 != 0);
+                sessions.set_folding(op & 0x40 != 0);
+            }
             _ => out.clear(),
         }
         for ev in &out {

@@ -84,6 +84,11 @@ fn main() -> anyhow::Result<()> {
                         MysqlEvent::FramingLost { client, at_seq } => {
                             writeln!(out, "L {client} at={at_seq}")?
                         }
+                        MysqlEvent::Rows { client, rows: r } => writeln!(
+                            out,
+                            "R {client} off={} id={} count={} bytes={}",
+                            r.stream_offset, r.seq_id, r.count, r.bytes
+                        )?,
                     }
                 }
             }

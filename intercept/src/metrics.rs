@@ -115,8 +115,18 @@ pub fn render_intercept_metrics(s: &Status) -> String {
         );
         e.counter(
             "tcpshadow_intercept_mysql_packets_framed_total",
-            "MySQL packets framed (summaries emitted).",
+            "MySQL packets framed (summaries emitted and packets folded).",
             m.packets,
+        );
+        e.counter(
+            "tcpshadow_intercept_mysql_packets_folded_total",
+            "Rows and column definitions folded into runs instead of one summary each.",
+            m.folded,
+        );
+        e.counter(
+            "tcpshadow_intercept_mysql_runs_total",
+            "Runs of folded packets relayed.",
+            m.runs,
         );
         e.counter(
             "tcpshadow_intercept_mysql_sessions_expired_total",

@@ -62,6 +62,7 @@ impl ReplyPath {
         // copier is there to be told, so the copier of a surviving session learns it.
         if let (Some(m), true) = (&mut self.mysql, self.relay.copiers() > 0) {
             m.set_hashing(self.relay.wants_payload_hashes());
+            m.set_folding(self.relay.wants_row_runs());
             m.on_captured(now, captured_us, pkt, &mut self.events);
         }
         // One call for both, so the events go to exactly the copiers the feedback goes to.
@@ -246,8 +247,9 @@ impl fmt::Display for Status {
             let a = &m.reassembly;
             write!(
                 f,
-                " mysql: sessions={live} sessions_framed={} packets_framed={} framing_lost={}",
-                m.sessions_framed, m.packets, m.framing_lost
+                " mysql: sessions={live} sessions_framed={} packets_framed={} folded={} runs={} \
+                 framing_lost={}",
+                m.sessions_framed, m.packets, m.folded, m.runs, m.framing_lost
             )?;
             if m.framing_lost > 0 || m.sessions_shed > 0 {
                 write!(

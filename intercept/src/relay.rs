@@ -15,7 +15,7 @@ use std::sync::mpsc::{SyncSender, TrySendError};
 use std::sync::Arc;
 
 use common::control::{
-    MysqlEvent, TestFeedback, FEATURE_PAYLOAD_HASHES, FEATURE_PROMPT_REPLIES,
+    MysqlEvent, TestFeedback, FEATURE_PAYLOAD_HASHES, FEATURE_PROMPT_REPLIES, FEATURE_ROW_RUNS,
     MAX_FEEDBACK_PER_FRAME, MAX_MYSQL_EVENTS_PER_FRAME,
 };
 
@@ -65,7 +65,7 @@ impl Batch {
                 .iter()
                 .map(|e| match e {
                     MysqlEvent::Packet { packet, .. } => packet.head.capacity(),
-                    MysqlEvent::FramingLost { .. } => 0,
+                    MysqlEvent::FramingLost { .. } | MysqlEvent::Rows { .. } => 0,
                 })
                 .sum::<usize>()
     }
@@ -237,6 +237,8 @@ pub struct Relay {
     stats: RelayStats,
     /// Connected copiers that asked for payload hashes.
     hashing_links: usize,
+    /// Connected copiers that do not know row runs.
+    unfolded_links: usize,
 }
 
 impl Relay {
@@ -250,6 +252,7 @@ impl Relay {
             scratch: Vec::new(),
             stats: RelayStats::default(),
             hashing_links: 0,
+            unfolded_links: 0,
         }
     }
 
@@ -258,6 +261,12 @@ impl Relay {
     /// packet).
     pub fn wants_payload_hashes(&self) -> bool {
         self.hashing_links > 0
+    }
+
+    /// Whether result sets may be folded into runs: every connected copier knows them
+    /// (`FEATURE_ROW_RUNS`). Payload hashes turn folding off as well (see the framer's caller).
+    pub fn wants_row_runs(&self) -> bool {
+        self.unfolded_links == 0
     }
 
     /// Whether a connected copier times the test server's replies (`--report`): the capture
@@ -279,6 +288,9 @@ impl Relay {
                 if features & FEATURE_PAYLOAD_HASHES != 0 {
                     self.hashing_links += 1;
                 }
+                if features & FEATURE_ROW_RUNS == 0 {
+                    self.unfolded_links += 1;
+                }
                 let old = self.links.insert(
                     id,
                     Link {
@@ -290,8 +302,17 @@ impl Relay {
                         overflowing: false,
                     },
                 );
-                if old.is_some_and(|l| l.features & FEATURE_PAYLOAD_HASHES != 0) {
+                if old
+                    .as_ref()
+                    .is_some_and(|l| l.features & FEATURE_PAYLOAD_HASHES != 0)
+                {
                     self.hashing_links -= 1;
+                }
+                if old
+                    .as_ref()
+                    .is_some_and(|l| l.features & FEATURE_ROW_RUNS == 0)
+                {
+                    self.unfolded_links -= 1;
                 }
             }
             RelayEvent::Claim { id, addrs } => self.claim(id, &addrs),
@@ -354,6 +375,9 @@ impl Relay {
         };
         if link.features & FEATURE_PAYLOAD_HASHES != 0 {
             self.hashing_links -= 1;
+        }
+        if link.features & FEATURE_ROW_RUNS == 0 {
+            self.unfolded_links -= 1;
         }
         if link.owned > 0 {
             self.owners.retain(|_, o| *o != id);
@@ -802,6 +826,7 @@ mod tests {
                     .chain(b.mysql.iter().map(|e| match e {
                         MysqlEvent::FramingLost { at_seq, .. } => format!("M{at_seq}"),
                         MysqlEvent::Packet { packet, .. } => format!("P{}", packet.tcp_seq),
+                        MysqlEvent::Rows { rows, .. } => format!("R{}", rows.count),
                     }))
                     .collect::<Vec<_>>(),
                 Outgoing::Pong(_) | Outgoing::Doctor(_) => Vec::new(),

@@ -26,7 +26,7 @@ use common::control::{
     encode_challenge, encode_doctor_report, encode_feedback, encode_mysql, encode_pong,
     encode_reject, encode_welcome, Challenge, CopierMessage, DecodeError, DoctorQuery,
     DoctorReport, FrameDecoder, Reject, Welcome, FEATURE_PAYLOAD_HASHES, FEATURE_PROMPT_REPLIES,
-    PROTOCOL_VERSION,
+    FEATURE_ROW_RUNS, PROTOCOL_VERSION,
 };
 
 use crate::relay::{CopierId, CopierTx, Outgoing, QueueGauge, RelayEvent};
@@ -533,10 +533,10 @@ fn serve(
         name: cfg.name.clone(),
         payload_prefix: cfg.payload_prefix,
         mysql_head: cfg.mysql_head,
-        // Payload hashes come from the MySQL framer: granted only when there is one.
+        // Payload hashes and runs come from the MySQL framer: granted only when there is one.
         features: (hello.features & FEATURE_PROMPT_REPLIES)
             | if cfg.mysql_head.is_some() {
-                hello.features & FEATURE_PAYLOAD_HASHES
+                hello.features & (FEATURE_PAYLOAD_HASHES | FEATURE_ROW_RUNS)
             } else {
                 0
             },

@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use common::clock::Instant;
 use common::control::{MysqlEvent, MysqlPacket};
+use common::mysql::fold::{Folded, RowFolder};
 use common::wire::TcpPacket;
 
 use crate::framer::HeadSizes;
@@ -57,8 +58,12 @@ impl Default for SessionConfig {
 pub struct MysqlStats {
     /// Sessions whose framing started at a SYN-ACK.
     pub sessions_framed: u64,
-    /// MySQL packets framed (summaries emitted).
+    /// MySQL packets framed (summaries emitted and packets folded).
     pub packets: u64,
+    /// Of those, rows and definitions folded into runs ([`crate::fold`]).
+    pub folded: u64,
+    /// Runs emitted.
+    pub runs: u64,
     /// `FramingLost` events emitted, for all of the reasons below.
     pub framing_lost: u64,
     /// Data for a session whose SYN-ACK was never seen (intercept started after it).
@@ -80,7 +85,7 @@ pub struct MysqlStats {
 #[derive(Debug)]
 enum Framing {
     // Boxed: a framed stream is large, a lost one is nothing.
-    Stream(Box<ReplyStream>),
+    Stream(Box<(ReplyStream, RowFolder)>),
     /// Told the copier once; nothing more until a new SYN-ACK.
     Lost,
 }
@@ -107,6 +112,8 @@ pub struct MysqlSessions {
     held_total: usize,
     /// Hash every payload (a copier asked for `--compare-results`).
     hashing: bool,
+    /// Fold result sets into runs (every connected copier knows them).
+    folding: bool,
 }
 
 impl MysqlSessions {
@@ -117,6 +124,7 @@ impl MysqlSessions {
             held_total: 0,
             stats: MysqlStats::default(),
             hashing: false,
+            folding: false,
         }
     }
 
@@ -124,6 +132,12 @@ impl MysqlSessions {
     /// connected copier asked for them (`FEATURE_PAYLOAD_HASHES`).
     pub fn set_hashing(&mut self, on: bool) {
         self.hashing = on;
+    }
+
+    /// Folding of result sets into runs on or off, from the next packet on: on while every
+    /// connected copier knows runs (`FEATURE_ROW_RUNS`) and none asked for payload hashes.
+    pub fn set_folding(&mut self, on: bool) {
+        self.folding = on;
     }
 
     /// Frames one captured reply, appending what it teaches to `out` in stream order; its
@@ -182,14 +196,25 @@ impl MysqlSessions {
             return;
         };
         s.last_seen = now;
-        if let Framing::Stream(stream) = &mut s.framing {
+        if let Framing::Stream(framed) = &mut s.framing {
+            let (stream, folder) = &mut **framed;
             stream.set_hashing(self.hashing);
             // Only differences are read (with the frame's sent_at_us, on the same clock).
             let at_us = captured_us;
+            let fold = self.folding && !self.hashing;
             let mut emit = |mut packet: MysqlPacket| {
                 stats.packets += 1;
                 packet.framed_at_us = at_us;
-                out.push(MysqlEvent::Packet { client, packet });
+                match folder.offer(packet, fold) {
+                    Folded::Kept => stats.folded += 1,
+                    Folded::Send(run, packet) => {
+                        if let Some(rows) = run {
+                            stats.runs += 1;
+                            out.push(MysqlEvent::Rows { client, rows });
+                        }
+                        out.push(MysqlEvent::Packet { client, packet });
+                    }
+                }
             };
             let before = stream.held_bytes();
             let res = stream.on_segment(
@@ -199,6 +224,12 @@ impl MysqlSessions {
                 &mut stats.reassembly,
                 &mut emit,
             );
+            // A run goes out with the segment that ended it: the copier learns what was
+            // framed as soon as with one summary per packet.
+            if let Some(rows) = folder.flush() {
+                stats.runs += 1;
+                out.push(MysqlEvent::Rows { client, rows });
+            }
             let after = stream.held_bytes();
             self.held_total = self.held_total - before + after;
             if res.is_err() {
@@ -246,7 +277,7 @@ impl MysqlSessions {
         let tracked = self.sessions.len();
         match self.sessions.get_mut(&client) {
             Some(s)
-                if matches!(&s.framing, Framing::Stream(st) if st.base_seq() == base_seq)
+                if matches!(&s.framing, Framing::Stream(st) if st.0.base_seq() == base_seq)
                     && s.closing_since.is_none() =>
             {
                 // A retransmitted SYN-ACK: the session it opened goes on.
@@ -256,8 +287,8 @@ impl MysqlSessions {
             Some(old) => {
                 // The address is reused by a new connection.
                 if let Framing::Stream(st) = &mut old.framing {
-                    self.held_total -= st.held_bytes();
-                    st.discard(&mut self.stats.reassembly);
+                    self.held_total -= st.0.held_bytes();
+                    st.0.discard(&mut self.stats.reassembly);
                 }
             }
             None if tracked >= self.config.max_sessions => {
@@ -277,10 +308,9 @@ impl MysqlSessions {
         self.sessions.insert(
             client,
             Session {
-                framing: Framing::Stream(Box::new(ReplyStream::new(
-                    base_seq,
-                    sizes,
-                    self.config.hold,
+                framing: Framing::Stream(Box::new((
+                    ReplyStream::new(base_seq, sizes, self.config.hold),
+                    RowFolder::new(),
                 ))),
                 last_seen: now,
                 closing_since: None,
@@ -307,8 +337,8 @@ impl MysqlSessions {
                 stats.sessions_expired += 1;
             }
             if let Framing::Stream(st) = &mut s.framing {
-                *held_total -= st.held_bytes();
-                st.discard(&mut stats.reassembly);
+                *held_total -= st.0.held_bytes();
+                st.0.discard(&mut stats.reassembly);
             }
             false
         });
@@ -379,7 +409,7 @@ mod tests {
                 MysqlEvent::Packet { packet: p, .. } => {
                     Some((p.stream_offset, p.seq_id, p.head.to_vec()))
                 }
-                MysqlEvent::FramingLost { .. } => None,
+                MysqlEvent::FramingLost { .. } | MysqlEvent::Rows { .. } => None,
             })
             .collect()
     }
@@ -417,6 +447,39 @@ mod tests {
         }
         let s = m.stats();
         assert_eq!((s.sessions_framed, s.packets, s.framing_lost), (1, 2, 0));
+    }
+
+    #[test]
+    fn with_folding_a_segments_rows_go_out_as_one_run_before_the_packet_that_ends_them() {
+        let mut m = MysqlSessions::new(SessionConfig::default());
+        m.set_folding(true);
+        let mut out = Vec::new();
+        m.on_segment(t(0), &seg(client(10), ISN, SA, b""), &mut out);
+        let mut reply = pkt(1, &[1]);
+        reply.extend(pkt(2, b"\x03def\0\0\0\x01c\0\x0c\x3f\0"));
+        reply.extend(pkt(3, &[0xfe, 0, 0, 2, 0]));
+        let rows: Vec<u8> = (4..14).flat_map(|i| pkt(i, b"\x01x")).collect();
+        let (first, second) = rows.split_at(3 * 6 + 2);
+        reply.extend_from_slice(first);
+        let mut seq = ISN.wrapping_add(1);
+        m.on_segment(t(0), &seg(client(10), seq, A, &reply), &mut out);
+        seq = seq.wrapping_add(reply.len() as u32);
+        let mut tail = second.to_vec();
+        tail.extend(pkt(14, &[0xfe, 0, 0, 2, 0]));
+        m.on_segment(t(1), &seg(client(10), seq, A, &tail), &mut out);
+        let kinds: Vec<String> = out
+            .iter()
+            .map(|e| match e {
+                MysqlEvent::Packet { packet, .. } => format!("P{}", packet.seq_id),
+                MysqlEvent::Rows { rows, .. } => format!("R{}x{}", rows.seq_id, rows.count),
+                MysqlEvent::FramingLost { .. } => "L".into(),
+            })
+            .collect();
+        // The definition in the first segment, three rows and the start of a fourth (folded
+        // when its head is in, in the second segment), then the last six and the EOF.
+        assert_eq!(kinds, ["P1", "R2x1", "P3", "R4x3", "R7x7", "P14"]);
+        let s = m.stats();
+        assert_eq!((s.packets, s.folded, s.runs), (14, 11, 3));
     }
 
     #[test]

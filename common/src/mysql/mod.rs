@@ -32,6 +32,7 @@ pub mod classify;
 mod codec;
 pub mod command;
 pub mod digest;
+pub mod fold;
 pub mod handshake;
 pub mod packet;
 pub mod stmt;

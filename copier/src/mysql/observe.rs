@@ -134,6 +134,19 @@ impl Acc {
         }
     }
 
+    /// As that many packets with the roles [`Role::Definition`] and [`Role::Row`] (or
+    /// [`Role::Unknown`]), without hashes: runs are folded only when none are asked for.
+    fn folded(&mut self, rows: Option<u64>, payload: u64) {
+        self.bytes += payload;
+        self.first = false;
+        self.in_row = false;
+        if let Some(n @ 1..) = rows {
+            self.rows += n;
+            self.in_row = true;
+            self.hashed = false;
+        }
+    }
+
     fn packet(&mut self, seen: &Seen, len: u32, head: &[u8], hash: Option<u64>, cont: bool) {
         self.bytes += u64::from(len);
         if cont {
@@ -596,6 +609,14 @@ impl Observer {
             if let Some(acc) = self.test.take() {
                 self.test_done(acc, now);
             }
+        }
+    }
+
+    /// Packets intercept folded into a run: `rows` rows (and some definitions) of
+    /// `payload` bytes in all; `None`: the structure had no place for them.
+    pub(super) fn test_folded(&mut self, rows: Option<u64>, payload: u64) {
+        if let Some(acc) = &mut self.test {
+            acc.folded(rows, payload);
         }
     }
 

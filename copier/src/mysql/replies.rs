@@ -213,6 +213,43 @@ impl ReplyTracker {
         seen
     }
 
+    /// `count` packets intercept folded into a run (`MysqlEvent::Rows`): known only to be
+    /// definitions or rows, none of them ending anything. `follows`: the first one's id comes
+    /// right after the previous packet's. Returns how many were definitions and how many rows,
+    /// or `None` if the structure has no place for them (intercept folds only where it has,
+    /// so this means the structure was misread): the reply is then cut by ids alone.
+    pub(super) fn folded(&mut self, count: u32, follows: bool) -> Option<(u64, u64)> {
+        let mut left = u64::from(count);
+        let mut definitions = 0;
+        match self.state {
+            _ if !follows => {}
+            State::Columns(n) => {
+                definitions = n.min(left);
+                left -= definitions;
+                self.state = if definitions == n {
+                    State::AfterColumns
+                } else {
+                    State::Columns(n - definitions)
+                };
+            }
+            State::AfterColumns | State::Rows => {}
+            _ => {}
+        }
+        if !follows
+            || !matches!(
+                self.state,
+                State::Columns(_) | State::AfterColumns | State::Rows
+            )
+        {
+            self.state = State::Unknown;
+            return None;
+        }
+        if left > 0 {
+            self.state = State::Rows;
+        }
+        Some((definitions, left))
+    }
+
     fn start(&mut self, kind: ReplyKind, seen: &mut Seen) {
         seen.start = true;
         self.state = match kind {

@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::clock::Instant;
-use common::control::{MysqlEvent, MysqlPacket};
+use common::control::{MysqlEvent, MysqlPacket, MysqlRows};
 use common::mysql::auth::{
     encrypt_password, rand_core, AuthPlugin, Nonce, Password, ServerPublicKey, REQUEST_PUBLIC_KEY,
 };
@@ -701,6 +701,50 @@ impl MysqlTransform {
         }
         if let Err(a) = r {
             self.give_up(a, out);
+        }
+        self.resume(out);
+    }
+
+    /// Rows and definitions intercept folded into a run: only counted, and checked against
+    /// the structure followed so far.
+    fn test_rows_at(
+        &mut self,
+        now: Instant,
+        received: Instant,
+        run: &MysqlRows,
+        out: &mut TransformOutput<'_>,
+    ) {
+        if self.dead {
+            return;
+        }
+        self.now = now;
+        self.captured = received;
+        if self.held_deadline.is_some() {
+            self.held_deadline = Some(now + HELD_TIMEOUT);
+        }
+        if run.stream_offset < self.test_next_offset {
+            return;
+        }
+        if run.stream_offset > self.test_next_offset {
+            self.lose_framing(out);
+            self.resume(out);
+            return;
+        }
+        self.test_next_offset = run.stream_offset.saturating_add(run.bytes);
+        let prev = self.test_prev_seq.replace(run.last_seq_id());
+        // Runs never hold a 16 MiB packet: the next packet starts a payload.
+        self.test_prev_len = 0;
+        if self.test_phase != TestPhase::Commands || self.test_auth.is_some() {
+            // intercept folds only result sets; nothing here reads them.
+            return;
+        }
+        let follows = prev.map(|p| p.wrapping_add(1)) == Some(run.seq_id);
+        let folded = self.test_replies.folded(run.count, follows);
+        if folded.is_none() {
+            out.count(Counter::ReplyStructureLost as usize);
+        }
+        if let Some(o) = &mut self.observer {
+            o.test_folded(folded.map(|f| f.1), run.payload_bytes());
         }
         self.resume(out);
     }
@@ -2335,6 +2379,10 @@ impl StreamTransform for MysqlTransform {
             TestEvent::Mysql(MysqlEvent::Packet { packet, .. }) => {
                 let received = out.captured_at().unwrap_or(now);
                 self.test_packet_at(now, received, packet, out)
+            }
+            TestEvent::Mysql(MysqlEvent::Rows { rows, .. }) => {
+                let received = out.captured_at().unwrap_or(now);
+                self.test_rows_at(now, received, rows, out)
             }
             TestEvent::Mysql(MysqlEvent::FramingLost { at_seq, .. }) => {
                 self.on_test_framing_lost(now, *at_seq, out)
