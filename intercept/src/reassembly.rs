@@ -12,9 +12,7 @@
 
 use std::collections::BTreeMap;
 
-use common::control::MysqlPacket;
-
-use crate::framer::{HeadSizes, PacketFramer};
+use crate::framer::{FrameSink, HeadSizes, PacketFramer};
 
 /// How much one connection may hold while it waits for a gap to fill.
 ///
@@ -132,7 +130,7 @@ impl ReplyStream {
         data: &[u8],
         wire_len: u32,
         stats: &mut ReassemblyStats,
-        emit: &mut impl FnMut(MysqlPacket),
+        emit: &mut impl FrameSink,
     ) -> Result<(), Lost> {
         let wire_len = u64::from(wire_len);
         let data = &data[..data.len().min(wire_len as usize)];
@@ -187,7 +185,7 @@ impl ReplyStream {
         Ok(())
     }
 
-    fn drain_held(&mut self, stats: &mut ReassemblyStats, emit: &mut impl FnMut(MysqlPacket)) {
+    fn drain_held(&mut self, stats: &mut ReassemblyStats, emit: &mut impl FrameSink) {
         while let Some(entry) = self.held.first_entry() {
             let start = *entry.key();
             let next = self.framer.offset();
@@ -224,6 +222,7 @@ impl ReplyStream {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use common::control::MysqlPacket;
 
     const BASE: u32 = u32::MAX - 10;
 

@@ -18,7 +18,7 @@ use common::control::{MysqlEvent, MysqlPacket};
 use common::mysql::fold::{Folded, RowFolder};
 use common::wire::TcpPacket;
 
-use crate::framer::HeadSizes;
+use crate::framer::{FrameSink, HeadSizes};
 use crate::reassembly::{HoldLimits, LostReason, ReassemblyStats, ReplyStream};
 
 /// How sessions are framed and bounded.
@@ -95,6 +95,48 @@ enum Framing {
 /// allocations. `--max-memory` caps `max_sessions` with it (see main.rs). Held bytes are bounded
 /// per session by [`HoldLimits`], not yet by the budget as a whole.
 pub const SESSION_BYTES: usize = (std::mem::size_of::<(SocketAddrV4, Session)>() + 1) * 8 / 7 + 512;
+
+/// Takes one session's framed packets: folds what it can, summarises the rest.
+struct Sink<'a> {
+    client: SocketAddrV4,
+    /// When the segment was captured, for the summaries' `framed_at_us`.
+    at_us: u32,
+    fold: bool,
+    folder: &'a mut RowFolder,
+    packets: &'a mut u64,
+    folded: &'a mut u64,
+    runs: &'a mut u64,
+    out: &'a mut Vec<MysqlEvent>,
+}
+
+impl FrameSink for Sink<'_> {
+    fn skim(&mut self, seq_id: u8, len: u32, stream_offset: u64, head: &[u8]) -> bool {
+        let kept = self
+            .folder
+            .try_fold(seq_id, len, head, stream_offset, self.at_us, self.fold);
+        if kept {
+            *self.packets += 1;
+            *self.folded += 1;
+        }
+        kept
+    }
+
+    fn packet(&mut self, mut packet: MysqlPacket) {
+        *self.packets += 1;
+        packet.framed_at_us = self.at_us;
+        match self.folder.offer(packet, self.fold) {
+            Folded::Kept => *self.folded += 1,
+            Folded::Send(run, packet) => {
+                let client = self.client;
+                if let Some(rows) = run {
+                    *self.runs += 1;
+                    self.out.push(MysqlEvent::Rows { client, rows });
+                }
+                self.out.push(MysqlEvent::Packet { client, packet });
+            }
+        }
+    }
+}
 
 #[derive(Debug)]
 struct Session {
@@ -201,20 +243,15 @@ impl MysqlSessions {
             stream.set_hashing(self.hashing);
             // Only differences are read (with the frame's sent_at_us, on the same clock).
             let at_us = captured_us;
-            let fold = self.folding && !self.hashing;
-            let mut emit = |mut packet: MysqlPacket| {
-                stats.packets += 1;
-                packet.framed_at_us = at_us;
-                match folder.offer(packet, fold) {
-                    Folded::Kept => stats.folded += 1,
-                    Folded::Send(run, packet) => {
-                        if let Some(rows) = run {
-                            stats.runs += 1;
-                            out.push(MysqlEvent::Rows { client, rows });
-                        }
-                        out.push(MysqlEvent::Packet { client, packet });
-                    }
-                }
+            let mut emit = Sink {
+                client,
+                at_us,
+                fold: self.folding && !self.hashing,
+                folder,
+                packets: &mut stats.packets,
+                folded: &mut stats.folded,
+                runs: &mut stats.runs,
+                out,
             };
             let before = stream.held_bytes();
             let res = stream.on_segment(
@@ -226,9 +263,9 @@ impl MysqlSessions {
             );
             // A run goes out with the segment that ended it: the copier learns what was
             // framed as soon as with one summary per packet.
-            if let Some(rows) = folder.flush() {
-                stats.runs += 1;
-                out.push(MysqlEvent::Rows { client, rows });
+            if let Some(rows) = emit.folder.flush() {
+                *emit.runs += 1;
+                emit.out.push(MysqlEvent::Rows { client, rows });
             }
             let after = stream.held_bytes();
             self.held_total = self.held_total - before + after;

@@ -84,57 +84,89 @@ impl RowFolder {
         self.folded
     }
 
+    /// Head bytes [`Self::try_fold`] needs to decide: `min(len, SKIM_HEAD)`.
+    pub const SKIM_HEAD: usize = 4;
+
+    /// Folds a packet if it can, from its header and its first payload bytes (at least
+    /// `min(len, SKIM_HEAD)` of them), before any summary of it is built; false leaves the
+    /// folder as it was, and the packet must then be [`offered`](Self::offer). `on` as there.
+    pub fn try_fold(
+        &mut self,
+        seq_id: u8,
+        len: u32,
+        head: &[u8],
+        stream_offset: u64,
+        framed_at_us: u32,
+        on: bool,
+    ) -> bool {
+        if !on
+            || self.continues
+            || len >= MYSQL_MAX_PAYLOAD
+            || self.prev_seq.map(|s| s.wrapping_add(1)) != Some(seq_id)
+        {
+            return false;
+        }
+        let fits = match self.state {
+            State::Closed => false,
+            State::Definitions(_) => head.starts_with(b"\x03def"),
+            State::AfterDefinitions | State::Rows => {
+                head.first().is_some_and(|&b| b != 0xfe && b != 0xff)
+            }
+        };
+        if !fits {
+            return false;
+        }
+        self.prev_seq = Some(seq_id);
+        self.state = match self.state {
+            State::Definitions(n) if n > 1 => State::Definitions(n - 1),
+            State::Definitions(_) => State::AfterDefinitions,
+            _ => State::Rows,
+        };
+        self.folded += 1;
+        let bytes = 4 + u64::from(len);
+        match &mut self.run {
+            Some(r) => {
+                r.count += 1;
+                r.bytes += bytes;
+                r.framed_at_us = framed_at_us;
+            }
+            None => {
+                self.run = Some(MysqlRows {
+                    stream_offset,
+                    seq_id,
+                    count: 1,
+                    bytes,
+                    framed_at_us,
+                })
+            }
+        }
+        true
+    }
+
     /// One framed packet, in stream order; `on` is false while folding is off (a copier that
     /// does not know runs, or payload hashes: each row's hash must travel).
     pub fn offer(&mut self, p: MysqlPacket, on: bool) -> Folded {
+        let on = on && p.hash.is_none();
+        if self.try_fold(
+            p.seq_id,
+            p.len,
+            &p.head,
+            p.stream_offset,
+            p.framed_at_us,
+            on,
+        ) {
+            return Folded::Kept;
+        }
         let follows = self.prev_seq.map(|s| s.wrapping_add(1)) == Some(p.seq_id);
         let big = p.len >= MYSQL_MAX_PAYLOAD || self.continues;
         self.prev_seq = Some(p.seq_id);
         self.continues = p.len >= MYSQL_MAX_PAYLOAD;
-        let first = p.head.first().copied();
-        let foldable = on
-            && follows
-            && !big
-            && p.hash.is_none()
-            && match self.state {
-                State::Closed => false,
-                State::Definitions(_) => p.head.starts_with(b"\x03def"),
-                State::AfterDefinitions | State::Rows => {
-                    first.is_some_and(|b| b != 0xfe && b != 0xff)
-                }
-            };
-        if foldable {
-            self.state = match self.state {
-                State::Definitions(n) if n > 1 => State::Definitions(n - 1),
-                State::Definitions(_) => State::AfterDefinitions,
-                _ => State::Rows,
-            };
-            self.folded += 1;
-            let bytes = 4 + u64::from(p.len);
-            match &mut self.run {
-                Some(r) => {
-                    r.count += 1;
-                    r.bytes += bytes;
-                    r.framed_at_us = p.framed_at_us;
-                }
-                None => {
-                    self.run = Some(MysqlRows {
-                        stream_offset: p.stream_offset,
-                        seq_id: p.seq_id,
-                        count: 1,
-                        bytes,
-                        framed_at_us: p.framed_at_us,
-                    })
-                }
-            }
-            return Folded::Kept;
-        }
         self.state = if big {
             State::Closed
         } else if self.state == State::AfterDefinitions
             && follows
             && p.len == 5
-            && first == Some(0xfe)
+            && p.head.first() == Some(&0xfe)
         {
             State::Rows
         } else {
