@@ -111,8 +111,10 @@ const FRAMING_MYSQL: u8 = 1;
 const MYSQL_PACKET_FIXED_LEN: usize = 30;
 /// kind(1) client(6) at_seq(4)
 const MYSQL_LOST_LEN: usize = 11;
-/// kind(1) client(6) stream_offset(8) seq_id(1) count(4) bytes(8) framed_at_us(4)
-const MYSQL_ROWS_LEN: usize = 32;
+/// kind(1) client(6) stream_offset(8) seq_id(1) count(4) bytes(8) framed_at_us(4) flags(1)
+const MYSQL_ROWS_LEN: usize = 33;
+/// Flag of a Rows item: [`MysqlRows::eof`].
+const ROWS_EOF: u8 = 0x01;
 const MAX_MYSQL_ITEM_LEN: usize = MYSQL_PACKET_FIXED_LEN + MAX_MYSQL_HEAD + 8;
 
 // Option-presence bits of a feedback item.
@@ -239,6 +241,9 @@ pub struct MysqlRows {
     pub bytes: u64,
     /// As [`MysqlPacket::framed_at_us`], for the last packet.
     pub framed_at_us: u32,
+    /// One of the packets is the 5-byte EOF that follows the column definitions (without
+    /// SERVER_STATUS_CURSOR_EXISTS): the packet after the last definition.
+    pub eof: bool,
 }
 
 impl MysqlRows {
@@ -1017,6 +1022,7 @@ fn write_mysql(ev: &MysqlEvent, o: &mut Vec<u8>) -> Result<(), EncodeError> {
             o.extend_from_slice(&r.count.to_be_bytes());
             o.extend_from_slice(&r.bytes.to_be_bytes());
             o.extend_from_slice(&r.framed_at_us.to_be_bytes());
+            o.push(if r.eof { ROWS_EOF } else { 0 });
         }
     }
     Ok(())
@@ -1247,10 +1253,19 @@ fn read_mysql(r: &mut Reader<'_>) -> Result<MysqlEvent, DecodeError> {
                 count: r.u32()?,
                 bytes: r.u64()?,
                 framed_at_us: r.u32()?,
+                eof: false,
             };
             if rows.count == 0 || rows.bytes < 4 * u64::from(rows.count) {
                 return Err(r.invalid("MySQL row run shorter than its headers"));
             }
+            let flags = r.u8()?;
+            if flags & !ROWS_EOF != 0 {
+                return Err(r.invalid("unknown flags in a MySQL row run"));
+            }
+            let rows = MysqlRows {
+                eof: flags & ROWS_EOF != 0,
+                ..rows
+            };
             Ok(MysqlEvent::Rows { client, rows })
         }
         _ => Err(r.invalid("unknown MySQL item kind")),
@@ -1920,10 +1935,10 @@ mod tests {
             (
                 arb_addr(),
                 (any::<u64>(), any::<u8>(), 1u32..1_000_000),
-                (0u64..1 << 40, any::<u32>())
+                (0u64..1 << 40, any::<u32>(), any::<bool>())
             )
                 .prop_map(
-                    |(client, (stream_offset, seq_id, count), (extra, framed_at_us))| {
+                    |(client, (stream_offset, seq_id, count), (extra, framed_at_us, eof))| {
                         MysqlEvent::Rows {
                             client,
                             rows: MysqlRows {
@@ -1932,6 +1947,7 @@ mod tests {
                                 count,
                                 bytes: 4 * u64::from(count) + extra,
                                 framed_at_us,
+                                eof,
                             },
                         }
                     }

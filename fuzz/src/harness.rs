@@ -543,6 +543,7 @@ pub fn copier_engine(data: &[u8]) {
                         count,
                         bytes,
                         framed_at_us: 0,
+                        eof: count & 1 == 0,
                     };
                     *offset += bytes;
                     MysqlEvent::Rows { client: m, rows }

@@ -27,6 +27,7 @@
 //! than misread it.
 
 use crate::control::{MysqlPacket, MysqlRows, MYSQL_MAX_PAYLOAD};
+use crate::mysql::handshake::status;
 
 /// Where the folder is in a result set.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -85,7 +86,7 @@ impl RowFolder {
     }
 
     /// Head bytes [`Self::try_fold`] needs to decide: `min(len, SKIM_HEAD)`.
-    pub const SKIM_HEAD: usize = 4;
+    pub const SKIM_HEAD: usize = 5;
 
     /// Folds a packet if it can, from its header and its first payload bytes (at least
     /// `min(len, SKIM_HEAD)` of them), before any summary of it is built; false leaves the
@@ -106,12 +107,13 @@ impl RowFolder {
         {
             return false;
         }
+        let row = head.first().is_some_and(|&b| b != 0xfe && b != 0xff);
+        let eof = self.state == State::AfterDefinitions && is_plain_eof(len, head);
         let fits = match self.state {
             State::Closed => false,
             State::Definitions(_) => head.starts_with(b"\x03def"),
-            State::AfterDefinitions | State::Rows => {
-                head.first().is_some_and(|&b| b != 0xfe && b != 0xff)
-            }
+            State::AfterDefinitions => row || eof,
+            State::Rows => row,
         };
         if !fits {
             return false;
@@ -129,6 +131,7 @@ impl RowFolder {
                 r.count += 1;
                 r.bytes += bytes;
                 r.framed_at_us = framed_at_us;
+                r.eof |= eof;
             }
             None => {
                 self.run = Some(MysqlRows {
@@ -137,6 +140,7 @@ impl RowFolder {
                     count: 1,
                     bytes,
                     framed_at_us,
+                    eof,
                 })
             }
         }
@@ -179,6 +183,16 @@ impl RowFolder {
     pub fn flush(&mut self) -> Option<MysqlRows> {
         self.run.take()
     }
+}
+
+/// The EOF after a result set's definitions, when the copier reads nothing of it: rows follow
+/// (with SERVER_STATUS_CURSOR_EXISTS they come with COM_STMT_FETCH instead, and the copier
+/// ends the reply there).
+fn is_plain_eof(len: u32, head: &[u8]) -> bool {
+    len == 5
+        && head.len() >= 5
+        && head[0] == 0xfe
+        && u16::from_le_bytes([head[3], head[4]]) & status::CURSOR_EXISTS == 0
 }
 
 /// The state after a packet that was sent whole: a result set opens on a reply's column count.
@@ -280,18 +294,8 @@ mod tests {
         s.next(EOF, &mut got);
         s.reply(&[0, 0, 0, 2, 0, 0, 0], &mut got);
         s.end(&mut got);
-        assert_eq!(
-            got,
-            vec![
-                Got::P(2),
-                Got::Run(2),
-                Got::P(0xfe),
-                Got::Run(100),
-                Got::P(0xfe),
-                Got::P(0)
-            ]
-        );
-        assert_eq!(s.folder.folded(), 102);
+        assert_eq!(got, vec![Got::P(2), Got::Run(103), Got::P(0xfe), Got::P(0)]);
+        assert_eq!(s.folder.folded(), 103);
     }
 
     #[test]
@@ -336,14 +340,7 @@ mod tests {
         s.next(EOF, &mut got);
         assert_eq!(
             got,
-            vec![
-                Got::P(1),
-                Got::Run(1),
-                Got::P(0xfe),
-                Got::Run(100),
-                Got::Run(200),
-                Got::P(0xfe)
-            ]
+            vec![Got::P(1), Got::Run(102), Got::Run(200), Got::P(0xfe)]
         );
     }
 
@@ -396,9 +393,7 @@ mod tests {
             got,
             vec![
                 Got::P(1),
-                Got::Run(1),
-                Got::P(0xfe),
-                Got::Run(1),
+                Got::Run(3),
                 Got::P(0xfe),
                 Got::P(1),
                 Got::P(3),
@@ -427,7 +422,13 @@ mod tests {
         };
         s.seq = 4;
         s.offset += 4 + u64::from(MYSQL_MAX_PAYLOAD);
-        assert!(matches!(s.folder.offer(p, true), Folded::Send(None, _)));
+        match s.folder.offer(p, true) {
+            Folded::Send(Some(run), _) => {
+                got.push(Got::Run(run.count));
+                got.push(Got::P(1));
+            }
+            _ => panic!("a 16 MiB packet is sent"),
+        }
         s.next(b"\x01x", &mut got);
         s.next(b"\x01y", &mut got);
         s.next(EOF, &mut got);
@@ -435,10 +436,33 @@ mod tests {
             got,
             vec![
                 Got::P(1),
+                Got::Run(2),
+                Got::P(1),
+                Got::P(1),
+                Got::P(1),
+                Got::P(0xfe)
+            ]
+        );
+    }
+
+    #[test]
+    fn the_eof_of_a_cursor_is_sent_whole() {
+        let mut s = Stream::new();
+        let mut got = Vec::new();
+        s.reply(&[1], &mut got);
+        s.next(DEF, &mut got);
+        // SERVER_STATUS_CURSOR_EXISTS: the rows come with COM_STMT_FETCH.
+        s.next(&[0xfe, 0, 0, 0x42, 0], &mut got);
+        s.reply(b"\x00\x00\x01", &mut got);
+        s.next(EOF, &mut got);
+        s.end(&mut got);
+        assert_eq!(
+            got,
+            vec![
+                Got::P(1),
                 Got::Run(1),
                 Got::P(0xfe),
-                Got::P(1),
-                Got::P(1),
+                Got::P(0),
                 Got::P(0xfe)
             ]
         );

@@ -213,36 +213,38 @@ impl ReplyTracker {
         seen
     }
 
-    /// `count` packets intercept folded into a run (`MysqlEvent::Rows`): known only to be
-    /// definitions or rows, none of them ending anything. `follows`: the first one's id comes
-    /// right after the previous packet's. Returns how many were definitions and how many rows,
-    /// or `None` if the structure has no place for them (intercept folds only where it has,
-    /// so this means the structure was misread): the reply is then cut by ids alone.
-    pub(super) fn folded(&mut self, count: u32, follows: bool) -> Option<(u64, u64)> {
+    /// `count` packets intercept folded into a run (`MysqlEvent::Rows`): definitions, rows
+    /// and, if `eof`, the EOF between them (the packet after the last definition), none of
+    /// them ending anything. `follows`: the first one's id comes right after the previous
+    /// packet's. Returns how many were definitions and how many rows, or `None` if the
+    /// structure has no place for them (intercept folds only where it has, so this means the
+    /// structure was misread): the reply is then cut by ids alone.
+    pub(super) fn folded(&mut self, count: u32, eof: bool, follows: bool) -> Option<(u64, u64)> {
         let mut left = u64::from(count);
         let mut definitions = 0;
-        match self.state {
-            _ if !follows => {}
-            State::Columns(n) => {
-                definitions = n.min(left);
-                left -= definitions;
-                self.state = if definitions == n {
-                    State::AfterColumns
-                } else {
-                    State::Columns(n - definitions)
-                };
-            }
-            State::AfterColumns | State::Rows => {}
-            _ => {}
+        if let (true, State::Columns(n)) = (follows, self.state) {
+            definitions = n.min(left);
+            left -= definitions;
+            self.state = if definitions == n {
+                State::AfterColumns
+            } else {
+                State::Columns(n - definitions)
+            };
         }
-        if !follows
-            || !matches!(
-                self.state,
-                State::Columns(_) | State::AfterColumns | State::Rows
-            )
-        {
+        let fits = follows
+            && match self.state {
+                State::Columns(_) => !eof,
+                State::AfterColumns => !eof || left > 0,
+                State::Rows => !eof,
+                _ => false,
+            };
+        if !fits {
             self.state = State::Unknown;
             return None;
+        }
+        if eof {
+            left -= 1;
+            self.state = State::Rows;
         }
         if left > 0 {
             self.state = State::Rows;

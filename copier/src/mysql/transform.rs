@@ -739,7 +739,7 @@ impl MysqlTransform {
             return;
         }
         let follows = prev.map(|p| p.wrapping_add(1)) == Some(run.seq_id);
-        let folded = self.test_replies.folded(run.count, follows);
+        let folded = self.test_replies.folded(run.count, run.eof, follows);
         if folded.is_none() {
             out.count(Counter::ReplyStructureLost as usize);
         }
