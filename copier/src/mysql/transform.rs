@@ -637,6 +637,39 @@ impl MysqlTransform {
         self.test_packet_at(now, now, pkt, out);
     }
 
+    /// What every summary or run of the test server's stream goes through first: `bytes` of
+    /// the stream from `stream_offset`, received at `received`. False when there is nothing
+    /// more to do with it: the session is dead, it was seen already, or events were lost
+    /// before it (the framing is then lost).
+    fn test_in_order(
+        &mut self,
+        now: Instant,
+        received: Instant,
+        stream_offset: u64,
+        bytes: u64,
+        out: &mut TransformOutput<'_>,
+    ) -> bool {
+        if self.dead {
+            return false;
+        }
+        self.now = now;
+        self.captured = received;
+        if self.held_deadline.is_some() {
+            // The test server is making progress (slow commands before the prepare).
+            self.held_deadline = Some(now + HELD_TIMEOUT);
+        }
+        if stream_offset < self.test_next_offset {
+            return false;
+        }
+        if stream_offset > self.test_next_offset {
+            self.lose_framing(out);
+            self.resume(out);
+            return false;
+        }
+        self.test_next_offset = stream_offset.saturating_add(bytes);
+        true
+    }
+
     /// A packet summary received from intercept at `received` (the report's test latencies
     /// end there).
     fn test_packet_at(
@@ -646,26 +679,10 @@ impl MysqlTransform {
         pkt: &MysqlPacket,
         out: &mut TransformOutput<'_>,
     ) {
-        if self.dead {
+        let bytes = HEADER_LEN as u64 + u64::from(pkt.len);
+        if !self.test_in_order(now, received, pkt.stream_offset, bytes, out) {
             return;
         }
-        self.now = now;
-        self.captured = received;
-        if self.held_deadline.is_some() {
-            // The test server is making progress (slow commands before the prepare).
-            self.held_deadline = Some(now + HELD_TIMEOUT);
-        }
-        if pkt.stream_offset < self.test_next_offset {
-            return;
-        }
-        if pkt.stream_offset > self.test_next_offset {
-            self.lose_framing(out);
-            self.resume(out);
-            return;
-        }
-        self.test_next_offset = pkt
-            .stream_offset
-            .saturating_add(HEADER_LEN as u64 + u64::from(pkt.len));
         let continuation = self.test_prev_len as usize == MAX_PAYLOAD_LEN;
         let prev = self.test_prev_seq.replace(pkt.seq_id);
         self.test_prev_len = pkt.len;
@@ -714,23 +731,9 @@ impl MysqlTransform {
         run: &MysqlRows,
         out: &mut TransformOutput<'_>,
     ) {
-        if self.dead {
+        if !self.test_in_order(now, received, run.stream_offset, run.bytes, out) {
             return;
         }
-        self.now = now;
-        self.captured = received;
-        if self.held_deadline.is_some() {
-            self.held_deadline = Some(now + HELD_TIMEOUT);
-        }
-        if run.stream_offset < self.test_next_offset {
-            return;
-        }
-        if run.stream_offset > self.test_next_offset {
-            self.lose_framing(out);
-            self.resume(out);
-            return;
-        }
-        self.test_next_offset = run.stream_offset.saturating_add(run.bytes);
         let prev = self.test_prev_seq.replace(run.last_seq_id());
         // Runs never hold a 16 MiB packet: the next packet starts a payload.
         self.test_prev_len = 0;
