@@ -252,6 +252,26 @@ pub(crate) fn is_protocol_loss(name: &str) -> bool {
     MARKS.iter().any(|m| name.contains(m))
 }
 
+/// For the protocol-layer losses a flag or a file would have avoided: why they happened and
+/// what to change. A loss a user can do nothing about (the test server rejected a statement,
+/// say) gets no hint; its name says what happened.
+fn protocol_loss_fix(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "executes_dropped_prepared_before_pickup" => {
+            "statements prepared before the copier saw the connection: --prod-dsn recovers them"
+        }
+        "pickup_no_default_user" => {
+            "connections open before the copier started, user unknown: set --mysql-default-user \
+             or --prod-dsn"
+        }
+        "no_credentials" => "logins of users missing from --mysql-credentials",
+        "not_mirrorable_tls" | "not_mirrorable_compression" => {
+            "cannot be rewritten at packet level; the log names each client once"
+        }
+        _ => return None,
+    })
+}
+
 /// The end-of-run summary, several lines, for a person.
 pub fn summary(s: &Snapshot, elapsed: Duration) -> String {
     let e = &s.engine;
@@ -403,7 +423,13 @@ pub fn summary(s: &Snapshot, elapsed: Duration) -> String {
             .transform
             .named(s.transform_names)
             .filter(|(name, _)| is_protocol_loss(name))
-            .map(|(name, n)| (format!("protocol layer: {}", name.replace('_', " ")), n)),
+            .map(|(name, n)| {
+                let what = format!("protocol layer: {}", name.replace('_', " "));
+                match protocol_loss_fix(name) {
+                    Some(fix) => (format!("{what} ({fix})"), n),
+                    None => (what, n),
+                }
+            }),
     );
     losses.retain(|(_, n)| *n > 0);
     if losses.is_empty() {
@@ -441,6 +467,28 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains("losses: none"), "{text}");
+    }
+
+    #[test]
+    fn losses_a_flag_would_avoid_name_it() {
+        let mut s = Snapshot {
+            transform_names: &["executes_dropped_prepared_before_pickup", "no_credentials"],
+            ..Snapshot::default()
+        };
+        s.engine.transform.add(0, 662);
+        s.engine.transform.add(1, 2);
+        let text = summary(&s, Duration::from_secs(1));
+        assert!(
+            text.contains(
+                "662  protocol layer: executes dropped prepared before pickup (statements \
+                 prepared before the copier saw the connection: --prod-dsn recovers them)"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("2  protocol layer: no credentials (logins of users missing from --mysql-credentials)"),
+            "{text}"
+        );
     }
 
     #[test]
