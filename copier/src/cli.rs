@@ -40,8 +40,9 @@ pub struct Args {
 
     /// MySQL: a read-only account on production, `mysql://user:password@host[:port]`
     /// (percent-encode special characters). For connections picked up mid-stream, the copier
-    /// reads their user, schema and prepared statements there (needs `GRANT PROCESS, SELECT ON
-    /// *.*` and performance_schema=ON). Prefer the environment variable: a command line is
+    /// reads their user, schema, prepared statements, user variables and (MySQL) the session
+    /// variables they changed (needs `GRANT PROCESS, SELECT ON *.*` and
+    /// performance_schema=ON). Prefer the environment variable: a command line is
     /// visible to other users of the host.
     #[arg(long, env = "TCPSHADOW_PROD_DSN", value_parser = crate::prod_state::DsnArg::parse_arg)]
     pub prod_dsn: Option<crate::prod_state::DsnArg>,

@@ -864,9 +864,27 @@ fn start_lookup(dsn: Option<ProdDsn>, waker: &Waker) -> Result<Option<StateLooku
                      production's my.cnf (takes a restart)"
                 );
             }
+            let mut what = vec!["user", "schema"];
+            if !ready.performance_schema_off {
+                what.push("prepared statements");
+            }
+            if ready.user_variables {
+                what.push("user variables");
+            }
+            if ready.session_variables {
+                what.push("session variables");
+            }
             tracing::info!(
-                "--prod-dsn {shown}: logged in; pooled connections' state will be recovered"
+                "--prod-dsn {shown}: logged in; pooled connections recover their {}",
+                what.join(", ")
             );
+            if !ready.performance_schema_off && !ready.session_variables {
+                tracing::info!(
+                    "--prod-dsn {shown}: this server has no performance_schema.variables_by_thread \
+                     (MariaDB), so pooled connections get the test server's session variables, \
+                     not the ones they set on production"
+                );
+            }
             Ok(Some(lookup))
         }
         Err(e) => match e.fix(&user) {

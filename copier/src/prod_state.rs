@@ -14,14 +14,22 @@
 //!   protocol statement id — and SQL_TEXT), joined with `performance_schema.threads`
 //!   (THREAD_ID -> PROCESSLIST_ID). Needs `performance_schema=ON`.
 //!
-//! Session variables are not recovered: MariaDB has no `performance_schema.variables_by_thread`.
+//! * `performance_schema.user_variables_by_thread` (MySQL and MariaDB): the connection's user
+//!   variables (`@name`);
+//! * `performance_schema.variables_by_thread` where the server has it (MySQL 5.7 and later; not
+//!   MariaDB 10.11): the session system variables of [`SESSION_VARIABLES`] whose value differs
+//!   from production's global one, i.e. those the connection changed (`time_zone`, `sql_mode`,
+//!   ...).
+//!
+//! Variables reach the test session as `SET` statements that [`set_statement`] builds: names
+//! from a fixed list or of a plain shape, values as numbers or hex literals, never as text.
 //!
 //! # How
 //!
 //! A minimal blocking MySQL client ([`MysqlClient`], text protocol only) runs on one worker
 //! thread ([`StateLookup`]). The engine thread never blocks on it: requests go through a bounded
 //! channel (full: counted, the session logs in with the defaults), the worker batches what
-//! arrives within [`BATCH_WINDOW`] into at most two queries, and answers come back through a
+//! arrives within [`BATCH_WINDOW`] into at most four queries, and answers come back through a
 //! channel plus the engine loop's waker.
 //!
 //! # What it must never do
@@ -29,6 +37,8 @@
 //! * Log or `Debug` the password ([`ProdDsn`] redacts it).
 //! * Put anything but numbers and addresses it formatted itself into SQL: client addresses come
 //!   from captured packets, so they are formatted from `SocketAddrV4`, never passed through as text.
+//!   The same holds for the `SET` statements sent to the test server: production's variable
+//!   values go in as hex literals or canonical numbers only.
 //! * Panic or allocate without bound on production's bytes: a hostile or broken server is input
 //!   too; every packet and result set has a size limit.
 //! * Be mirrored: its connection is on the production port; [`OwnAddress`] lets the capture
@@ -595,8 +605,13 @@ fn open(dsn: &ProdDsn, own: &OwnAddress) -> Result<MysqlClient<TcpStream>, ProdE
 /// What the start-up check found that does not stop the copier.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Readiness {
-    /// `performance_schema` is off: users and schemas are recovered, prepared statements not.
+    /// `performance_schema` is off: users and schemas are recovered, prepared statements and
+    /// variables not.
     pub performance_schema_off: bool,
+    /// `performance_schema.variables_by_thread` exists (MySQL): session variables are recovered.
+    pub session_variables: bool,
+    /// `performance_schema.user_variables_by_thread` exists: user variables are recovered.
+    pub user_variables: bool,
 }
 
 /// Checks that the account can do its job: PROCESS (else PROCESSLIST shows only its own
@@ -620,15 +635,37 @@ fn check(c: &mut MysqlClient<impl Read + Write>, user: &str) -> Result<Readiness
         });
     }
     let performance_schema_off = ps.as_deref() != Some("1");
+    let mut ready = Readiness {
+        performance_schema_off,
+        ..Readiness::default()
+    };
     if !performance_schema_off {
         c.query("SELECT THREAD_ID FROM performance_schema.threads LIMIT 1")?;
         c.query(
             "SELECT STATEMENT_ID FROM performance_schema.prepared_statements_instances LIMIT 1",
         )?;
+        let tables = c.query(
+            "SELECT TABLE_NAME FROM information_schema.TABLES WHERE TABLE_SCHEMA = \
+             'performance_schema' AND TABLE_NAME IN ('variables_by_thread', \
+             'user_variables_by_thread')",
+        )?;
+        for t in tables.iter().filter_map(|r| r.first().and_then(text)) {
+            match t.to_ascii_lowercase().as_str() {
+                "variables_by_thread" => ready.session_variables = true,
+                "user_variables_by_thread" => ready.user_variables = true,
+                _ => {}
+            }
+        }
+        if ready.session_variables {
+            c.query("SELECT VARIABLE_NAME FROM performance_schema.variables_by_thread LIMIT 1")?;
+        }
+        if ready.user_variables {
+            c.query(
+                "SELECT VARIABLE_NAME FROM performance_schema.user_variables_by_thread LIMIT 1",
+            )?;
+        }
     }
-    Ok(Readiness {
-        performance_schema_off,
-    })
+    Ok(ready)
 }
 
 fn text(v: &Option<Vec<u8>>) -> Option<String> {
@@ -714,6 +751,8 @@ pub fn match_processlist(
             user,
             db: text(db).filter(|d| !d.is_empty()),
             statements: Vec::new(),
+            variables: Vec::new(),
+            variables_dropped: 0,
         };
         found.insert(*client, (id, state));
     }
@@ -739,10 +778,224 @@ pub fn add_statements(found: &mut HashMap<SocketAddrV4, (u64, RecoveredState)>, 
     }
 }
 
+// ------------------------------------------------------------------------------------ variables
+
+/// Session system variables recovered where the server exposes them: those that change what a
+/// statement returns or how it is parsed, locks and limits. Anything else a connection set keeps
+/// the test server's value. Only these names (ours, not production's) reach the `SET`.
+pub const SESSION_VARIABLES: &[&str] = &[
+    "auto_increment_increment",
+    "auto_increment_offset",
+    "autocommit",
+    "big_tables",
+    "character_set_client",
+    "character_set_connection",
+    "character_set_results",
+    "collation_connection",
+    "cte_max_recursion_depth",
+    "default_storage_engine",
+    "default_tmp_storage_engine",
+    "default_week_format",
+    "div_precision_increment",
+    "explicit_defaults_for_timestamp",
+    "foreign_key_checks",
+    "group_concat_max_len",
+    "innodb_lock_wait_timeout",
+    "lc_time_names",
+    "lock_wait_timeout",
+    "max_execution_time",
+    "max_join_size",
+    "max_sort_length",
+    "optimizer_switch",
+    "sql_auto_is_null",
+    "sql_big_selects",
+    "sql_mode",
+    "sql_safe_updates",
+    "sql_select_limit",
+    "time_zone",
+    "transaction_isolation",
+    "transaction_read_only",
+    "unique_checks",
+    "updatable_views_with_limit",
+];
+
+/// Longest variable value carried (bytes); a longer one is dropped and counted.
+pub const MAX_VARIABLE_VALUE: usize = 64 << 10;
+
+/// Which kind of variable a [`set_statement`] sets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Variable {
+    /// A session system variable (`SET SESSION name = value`); names outside
+    /// [`SESSION_VARIABLES`] are refused.
+    Session,
+    /// A user variable (`SET @name = value`).
+    User,
+}
+
+/// The `SET` statement that gives a test session the variable production reported.
+/// `Ok(None)`: nothing to set (a NULL user variable reads the same as an unset one).
+/// `Err(())`: the name or the value cannot be carried safely; the caller counts it.
+///
+/// Production's bytes never go into the SQL as text: a name must be one of ours (session) or
+/// of the plain unquoted shape `[A-Za-z0-9_$.]{1,64}` (user); a value is a canonical integer, or
+/// (session variables) a word of `[A-Za-z0-9_,.+:/=-]` the way `SHOW VARIABLES` prints
+/// enumerations, time zones and switches, or (user variables) a hex literal.
+#[allow(clippy::result_unit_err)]
+pub fn set_statement(
+    kind: Variable,
+    name: &[u8],
+    value: Option<&[u8]>,
+) -> Result<Option<Vec<u8>>, ()> {
+    let value = match (kind, value) {
+        (Variable::User, None) => return Ok(None),
+        (Variable::Session, None) => return Err(()),
+        (_, Some(v)) if v.len() > MAX_VARIABLE_VALUE => return Err(()),
+        (_, Some(v)) => v,
+    };
+    let mut sql = match kind {
+        Variable::Session => {
+            let name = SESSION_VARIABLES
+                .iter()
+                .find(|n| n.as_bytes().eq_ignore_ascii_case(name))
+                .ok_or(())?;
+            format!("SET SESSION {name} = ").into_bytes()
+        }
+        Variable::User => {
+            let plain = |c: &u8| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'$' | b'.');
+            if name.is_empty() || name.len() > 64 || !name.iter().all(plain) {
+                return Err(());
+            }
+            let mut sql = b"SET @`".to_vec();
+            sql.extend_from_slice(name);
+            sql.extend_from_slice(b"` = ");
+            sql
+        }
+    };
+    if canonical_integer(value) {
+        sql.extend_from_slice(value);
+        return Ok(Some(sql));
+    }
+    match kind {
+        Variable::Session => {
+            let word = |c: &u8| c.is_ascii_alphanumeric() || b"_,.+:/=-".contains(c);
+            if !value.iter().all(word) {
+                return Err(());
+            }
+            sql.push(b'\'');
+            sql.extend_from_slice(value);
+            sql.push(b'\'');
+        }
+        Variable::User => {
+            // Text stays text in the connection's usual collation; other bytes stay binary.
+            let utf8 = std::str::from_utf8(value).is_ok();
+            if utf8 {
+                sql.extend_from_slice(b"CONVERT(");
+            }
+            sql.extend_from_slice(b"X'");
+            for b in value {
+                sql.extend_from_slice(format!("{b:02X}").as_bytes());
+            }
+            sql.push(b'\'');
+            if utf8 {
+                sql.extend_from_slice(b" USING utf8mb4)");
+            }
+        }
+    }
+    Ok(Some(sql))
+}
+
+/// `0`, or an optional minus and up to 18 digits without a leading zero: what a number prints
+/// as, and safely an integer on both sides. "007" is text, and stays so.
+fn canonical_integer(v: &[u8]) -> bool {
+    let digits = v.strip_prefix(b"-").unwrap_or(v);
+    match digits {
+        [b'0'] => v.len() == 1,
+        [first, rest @ ..] => {
+            (b'1'..=b'9').contains(first) && rest.len() < 18 && rest.iter().all(u8::is_ascii_digit)
+        }
+        [] => false,
+    }
+}
+
+/// The session-variables query for these connection ids (numbers only): the listed variables
+/// whose session value differs from the global one.
+pub fn session_variables_query(ids: &[u64]) -> String {
+    let list: Vec<String> = ids.iter().map(u64::to_string).collect();
+    let names: Vec<String> = SESSION_VARIABLES.iter().map(|n| format!("'{n}'")).collect();
+    format!(
+        "SELECT t.PROCESSLIST_ID, v.VARIABLE_NAME, v.VARIABLE_VALUE \
+         FROM performance_schema.variables_by_thread v \
+         JOIN performance_schema.threads t ON t.THREAD_ID = v.THREAD_ID \
+         JOIN performance_schema.global_variables g ON g.VARIABLE_NAME = v.VARIABLE_NAME \
+         WHERE t.PROCESSLIST_ID IN ({}) AND v.VARIABLE_NAME IN ({}) \
+         AND NOT (v.VARIABLE_VALUE <=> g.VARIABLE_VALUE) \
+         ORDER BY t.PROCESSLIST_ID, v.VARIABLE_NAME",
+        list.join(", "),
+        names.join(", ")
+    )
+}
+
+/// The user-variables query for these connection ids (numbers only).
+pub fn user_variables_query(ids: &[u64]) -> String {
+    let list: Vec<String> = ids.iter().map(u64::to_string).collect();
+    format!(
+        "SELECT t.PROCESSLIST_ID, u.VARIABLE_NAME, u.VARIABLE_VALUE \
+         FROM performance_schema.user_variables_by_thread u \
+         JOIN performance_schema.threads t ON t.THREAD_ID = u.THREAD_ID \
+         WHERE t.PROCESSLIST_ID IN ({}) ORDER BY t.PROCESSLIST_ID, u.VARIABLE_NAME",
+        list.join(", ")
+    )
+}
+
+/// Adds variable rows (PROCESSLIST_ID, VARIABLE_NAME, VARIABLE_VALUE) to the states they
+/// belong to, as `SET` statements; what cannot be carried is counted in `variables_dropped`.
+pub fn add_variables(
+    found: &mut HashMap<SocketAddrV4, (u64, RecoveredState)>,
+    kind: Variable,
+    rows: &[Row],
+) {
+    let by_id: HashMap<u64, SocketAddrV4> = found.iter().map(|(c, (id, _))| (*id, *c)).collect();
+    for row in rows {
+        let [pid, name, value] = row.as_slice() else {
+            continue;
+        };
+        let (Some(pid), Some(name)) = (number(Some(pid)), name) else {
+            continue;
+        };
+        let Some((_, state)) = by_id.get(&pid).and_then(|c| found.get_mut(c)) else {
+            continue;
+        };
+        match set_statement(kind, name, value.as_deref()) {
+            Ok(Some(set)) => state.variables.push(set),
+            Ok(None) => {}
+            Err(()) => state.variables_dropped = state.variables_dropped.saturating_add(1),
+        }
+    }
+}
+
+/// What a lookup asks production besides PROCESSLIST (from the start-up [`Readiness`]).
+#[derive(Clone, Copy, Debug, Default)]
+struct Wanted {
+    statements: bool,
+    session_variables: bool,
+    user_variables: bool,
+}
+
+impl From<&Readiness> for Wanted {
+    fn from(r: &Readiness) -> Self {
+        let ps = !r.performance_schema_off;
+        Wanted {
+            statements: ps,
+            session_variables: ps && r.session_variables,
+            user_variables: ps && r.user_variables,
+        }
+    }
+}
+
 fn lookup_batch(
     c: &mut MysqlClient<impl Read + Write>,
     batch: &[LookupRequest],
-    with_statements: bool,
+    wanted: Wanted,
 ) -> Result<HashMap<SocketAddrV4, (u64, RecoveredState)>, ProdError> {
     let clients: Vec<SocketAddrV4> = batch
         .iter()
@@ -752,10 +1005,21 @@ fn lookup_batch(
         .collect();
     let rows = c.query(&processlist_query(&clients))?;
     let mut found = match_processlist(batch, &rows);
-    if with_statements && !found.is_empty() {
-        let ids: Vec<u64> = found.values().map(|(id, _)| *id).collect();
+    if found.is_empty() {
+        return Ok(found);
+    }
+    let ids: Vec<u64> = found.values().map(|(id, _)| *id).collect();
+    if wanted.statements {
         let rows = c.query(&statements_query(&ids))?;
         add_statements(&mut found, &rows);
+    }
+    if wanted.session_variables {
+        let rows = c.query(&session_variables_query(&ids))?;
+        add_variables(&mut found, Variable::Session, &rows);
+    }
+    if wanted.user_variables {
+        let rows = c.query(&user_variables_query(&ids))?;
+        add_variables(&mut found, Variable::User, &rows);
     }
     Ok(found)
 }
@@ -825,7 +1089,7 @@ impl StateLookup {
             own: own.clone(),
             stop: Arc::clone(&stop),
             counters: Arc::clone(&counters),
-            with_statements: !ready.performance_schema_off,
+            wanted: Wanted::from(&ready),
             logged: HashSet::new(),
         };
         let handle = std::thread::Builder::new()
@@ -902,7 +1166,7 @@ struct Worker {
     own: OwnAddress,
     stop: Arc<AtomicBool>,
     counters: Arc<Counters>,
-    with_statements: bool,
+    wanted: Wanted,
     /// Failure kinds already logged: production being down must not flood the log.
     logged: HashSet<String>,
 }
@@ -963,7 +1227,7 @@ impl Worker {
             Some(c) => c,
             None => self.conn.insert(open(&self.dsn, &self.own)?),
         };
-        lookup_batch(conn, batch, self.with_statements)
+        lookup_batch(conn, batch, self.wanted)
     }
 
     fn stopping(&self) -> bool {

@@ -149,6 +149,26 @@ fn pooled_connections_are_recovered_with_prod_dsn() -> Result<()> {
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()?;
+    // A pooled connection with session state of its own: user variables set before the copier
+    // started, used after. The row it inserts must read the same on both servers. It stays open
+    // a little after its insert: the lookup runs while the insert is held, and a connection
+    // already gone from PROCESSLIST is "not found".
+    for host in [Host::Prod, Host::Test] {
+        lab.sql(host, "CREATE TABLE sbtest.tsd_uv (tag VARCHAR(32), n INT)")?;
+    }
+    let go = std::env::temp_dir().join(format!("{}-uv-go", lab.name()));
+    let _ = std::fs::remove_file(&go);
+    let script = format!(
+        "( echo \"SET @tsd_tag := 'set-before-start', @tsd_n := 42;\"; \
+           while [ ! -e {go} ]; do sleep 0.1; done; \
+           echo \"INSERT INTO sbtest.tsd_uv VALUES (@tsd_tag, @tsd_n);\"; sleep 3 ) \
+         | mariadb --no-defaults -h {} -u {} -p{}",
+        lab.ip(Host::Prod),
+        lab.var("LAB_USER"),
+        lab.var("LAB_PASSWORD"),
+        go = go.display(),
+    );
+    let stateful = lab.spawn(Host::Client, &["bash", "-c", &script])?;
     std::thread::sleep(Duration::from_secs(10));
     let opts = MirrorOptions {
         copier_args: vec![
@@ -164,6 +184,13 @@ fn pooled_connections_are_recovered_with_prod_dsn() -> Result<()> {
         ..Default::default()
     };
     let mirror = Mirror::start(&lab, &opts)?;
+    std::fs::write(&go, b"")?;
+    let stateful = stateful.finish(Duration::from_secs(20))?;
+    let _ = std::fs::remove_file(&go);
+    ensure!(
+        stateful.success(),
+        "the stateful connection failed: {stateful:?}"
+    );
     // The window opens once the copier says it is capturing: what prod ran while intercept and
     // the copier were still starting up was never seen, so it cannot count against fidelity.
     let (p0, t0) = (lab.counters(Host::Prod)?, lab.counters(Host::Test)?);
@@ -206,9 +233,101 @@ fn pooled_connections_are_recovered_with_prod_dsn() -> Result<()> {
         "the test server denied logins:\n{errlog}"
     );
     ensure!(
-        copier.stderr.contains("8 answered"),
-        "the copier did not recover the 8 pooled connections:\n{}",
+        copier.stderr.contains("9 answered"),
+        "the copier did not recover the 9 pooled connections (8 sysbench, 1 mariadb):\n{}",
         copier.stderr
+    );
+    let sql = "SELECT tag, n FROM sbtest.tsd_uv";
+    let (on_prod, on_test) = (lab.sql(Host::Prod, sql)?, lab.sql(Host::Test, sql)?);
+    println!("user variables set before the copier started: prod {on_prod:?}, test {on_test:?}");
+    ensure!(
+        on_prod == "set-before-start\t42" && on_test == on_prod,
+        "the pooled connection's user variables: prod {on_prod:?}, test {on_test:?}"
+    );
+    Ok(())
+}
+
+/// A protocol-layer counter from the copier's summary (`name=N` on its "protocol layer:" line).
+fn summary_counter(summary: &str, name: &str) -> u64 {
+    let key = format!("{name}=");
+    summary
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix(key.as_str()))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Issue 4's pooled-connection acceptance without `--prod-dsn`: sysbench's connections log in
+/// as `--mysql-default-user`, but their statements were prepared before the copier started, so
+/// their executes cannot be sent. Every one of them must be counted, under a name that says why,
+/// and the summary must name the flag that recovers them.
+#[test]
+fn pooled_connections_without_prod_dsn_count_what_they_cannot_replay() -> Result<()> {
+    tcpshadow_tests::mirror::build()?;
+    let lab = Lab::up("nodsn")?;
+    let creds = lab.credentials_file()?;
+    let load = lab
+        .command(&[
+            "load",
+            "--test",
+            "oltp_read_only",
+            "--threads",
+            "8",
+            "--time",
+            "20",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+    std::thread::sleep(Duration::from_secs(5));
+    let opts = MirrorOptions {
+        copier_args: vec![
+            "--mysql-credentials".into(),
+            creds,
+            "--mysql-default-user".into(),
+            lab.var("LAB_USER").into(),
+            "--mysql-default-db".into(),
+            "sbtest".into(),
+        ],
+        ..Default::default()
+    };
+    let mirror = Mirror::start(&lab, &opts)?;
+    let (p0, t0) = (lab.counters(Host::Prod)?, lab.counters(Host::Test)?);
+    let out = load.wait_with_output()?;
+    ensure!(
+        out.status.success(),
+        "sysbench failed:\n{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let prod = lab.counters(Host::Prod)?.questions_since(&p0);
+    std::thread::sleep(Duration::from_secs(2));
+    let test = lab.counters(Host::Test)?.questions_since(&t0);
+    let (copier, _) = mirror.stop()?;
+    let summary = copier.stderr;
+    let executes = summary_counter(&summary, "executes_dropped_prepared_before_pickup");
+    let others = summary_counter(&summary, "stmt_commands_dropped");
+    let accounted = (test + executes + others) as f64 / prod as f64;
+    println!(
+        "pooled connections, oltp_read_only 8 threads 20 s, copier started after 5 s without \
+         --prod-dsn: prod {prod} queries, test {test}, executes dropped (prepared before pickup) \
+         {executes}, other statement commands dropped {others}: accounted {accounted:.5}"
+    );
+    println!("{summary}");
+    ensure!(
+        summary_counter(&summary, "pickup_logins") == 8,
+        "the 8 sysbench connections were not picked up and logged in:\n{summary}"
+    );
+    ensure!(
+        executes > 0 && accounted >= 0.99,
+        "what the test server did not execute is not all counted: prod {prod}, test {test}, \
+         counted {executes} + {others}"
+    );
+    ensure!(
+        summary.contains(
+            "protocol layer: executes dropped prepared before pickup (statements prepared before \
+             the copier saw the connection: --prod-dsn recovers them)"
+        ),
+        "the summary does not explain the loss:\n{summary}"
     );
     Ok(())
 }

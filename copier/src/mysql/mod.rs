@@ -109,7 +109,7 @@ impl Default for MysqlConfig {
 }
 
 /// What `--prod-dsn` learnt about a picked-up connection on production.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, Default, PartialEq, Eq)]
 pub struct RecoveredState {
     /// The connection's user (`information_schema.PROCESSLIST.USER`).
     pub user: String,
@@ -118,6 +118,14 @@ pub struct RecoveredState {
     /// Its prepared statements: production's statement id and SQL text
     /// (`performance_schema.prepared_statements_instances`).
     pub statements: Vec<(u32, Vec<u8>)>,
+    /// `SET` statements that give the test session the variables this connection set on
+    /// production: session system variables where the server exposes them (MySQL's
+    /// `performance_schema.variables_by_thread`) and user variables
+    /// (`performance_schema.user_variables_by_thread`, MySQL and MariaDB). Built by
+    /// `prod_state::set_statement`, which alone decides what production's bytes may become.
+    pub variables: Vec<Vec<u8>>,
+    /// Variables production had that no `SET` can carry (a name or value out of bounds).
+    pub variables_dropped: u32,
 }
 
 impl fmt::Debug for RecoveredState {
@@ -127,6 +135,8 @@ impl fmt::Debug for RecoveredState {
             .field("user", &self.user)
             .field("db", &self.db)
             .field("statements", &self.statements.len())
+            .field("variables", &self.variables.len())
+            .field("variables_dropped", &self.variables_dropped)
             .finish()
     }
 }
@@ -186,6 +196,12 @@ pub enum Counter {
     RecoveryUserMismatch,
     RecoveryTimeouts,
     RecoveryInitDbFailed,
+    /// Variables set again on the test server for a recovered session.
+    RecoveredVariables,
+    /// Variables production reported that no `SET` could carry (name or value out of bounds).
+    RecoveryVariablesDropped,
+    /// A recovered variable's `SET` the test server refused.
+    RecoverySetFailed,
     AuthSwitchNonceAssumed,
     AuthForwardedUnchanged,
     /// A command held for the test server's PREPARE_OK waited too long (summary lost).
@@ -253,6 +269,9 @@ pub const COUNTER_NAMES: &[&str] = &[
     "recovery_user_mismatch",
     "recovery_timeouts",
     "recovery_init_db_failed",
+    "recovered_variables",
+    "recovery_variables_dropped",
+    "recovery_set_failed",
     "auth_switch_nonce_assumed",
     "auth_forwarded_unchanged",
     "held_timeouts",

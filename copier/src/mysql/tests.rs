@@ -990,8 +990,14 @@ fn recovered_state_decides_the_login_and_prepares_the_statements_again() {
         user: "other".into(),
         db: Some("mysql".into()),
         statements: vec![(5, b"SELECT ?".to_vec()), (6, b"SELECT 2".to_vec())],
+        variables: vec![
+            b"SET SESSION sql_mode = 'ANSI_QUOTES'".to_vec(),
+            b"SET @`tag` = 1".to_vec(),
+        ],
+        variables_dropped: 1,
     };
     assert!(!format!("{state:?}").contains("SELECT"));
+    assert!(!format!("{state:?}").contains("ANSI"));
     h.call(|t, now, out| t.recover(now, state, out));
     let got = h.received();
     assert_eq!(got.len(), 1);
@@ -1004,7 +1010,21 @@ fn recovered_state_decides_the_login_and_prepares_the_statements_again() {
     );
     h.test_packet(2, OK);
     let got: Vec<_> = h.received().into_iter().map(|g| g.1).collect();
-    assert_eq!(got, vec![prepare("SELECT ?"), prepare("SELECT 2")]);
+    // The variables first: sql_mode changes how the prepares parse.
+    assert_eq!(
+        got,
+        vec![
+            query("SET SESSION sql_mode = 'ANSI_QUOTES'"),
+            query("SET @`tag` = 1"),
+            prepare("SELECT ?"),
+            prepare("SELECT 2")
+        ]
+    );
+    assert_eq!(h.count(Counter::RecoveredVariables), 2);
+    assert_eq!(h.count(Counter::RecoveryVariablesDropped), 1);
+    h.test_packet(1, OK);
+    h.test_packet(1, &[0xff, 0x29, 0x05, b'n', b'o']);
+    assert_eq!(h.count(Counter::RecoverySetFailed), 1);
     // The execute waits for the test server's answer to its re-prepare.
     h.test_reply(&prepare_reply(1, 1));
     let got: Vec<_> = h.received().into_iter().map(|g| g.1).collect();
@@ -1037,6 +1057,7 @@ fn recovered_state_and_its_absence_arrive_as_opaque_app_events() {
         user: "other".into(),
         db: None,
         statements: vec![(5, b"SELECT ?".to_vec())],
+        ..Default::default()
     };
     h.call(|t, now, out| t.on_test_event(now, &TestEvent::App(&state), out));
     let got = h.received();

@@ -257,6 +257,8 @@ enum TestExpect {
     Prepare,
     /// Our own COM_INIT_DB (recovered or default schema).
     InitDb,
+    /// Our own `SET` of a recovered variable.
+    SetVariable,
     /// A COM_CHANGE_USER, whose reply is an auth exchange.
     ChangeUser(Box<AuthExchange>),
 }
@@ -266,7 +268,7 @@ impl TestExpect {
         match self {
             Self::Reply(k) => *k,
             Self::Prepare => ReplyKind::Prepare,
-            Self::InitDb => ReplyKind::Generic,
+            Self::InitDb | Self::SetVariable => ReplyKind::Generic,
             Self::ChangeUser(_) => ReplyKind::Auth,
         }
     }
@@ -978,6 +980,11 @@ impl MysqlTransform {
                     out.count(Counter::RecoveryInitDbFailed as usize);
                 }
             }
+            TestExpect::SetVariable => {
+                if pkt.head.first() == Some(&0xff) {
+                    out.count(Counter::RecoverySetFailed as usize);
+                }
+            }
             TestExpect::ChangeUser(ex) => {
                 self.test_auth = Some(ex);
                 return self.auth_packet(pkt, out);
@@ -1214,6 +1221,8 @@ impl MysqlTransform {
             user,
             db,
             statements,
+            variables,
+            variables_dropped,
         } = state;
         let Some(pickup) = self.pickup.as_deref_mut() else {
             return;
@@ -1231,6 +1240,27 @@ impl MysqlTransform {
             pickup.user = Some(user);
             pickup.db = db;
             self.recovery_deadline = None;
+        }
+        out.add(
+            Counter::RecoveryVariablesDropped as usize,
+            u64::from(variables_dropped),
+        );
+        // Before the re-prepares: sql_mode (ANSI_QUOTES) and the character set change how
+        // the test server parses them.
+        for set in variables {
+            let mut payload = Vec::with_capacity(1 + set.len());
+            payload.push(com::QUERY);
+            payload.extend_from_slice(&set);
+            let mut bytes = Vec::with_capacity(payload.len() + HEADER_LEN);
+            write_packet(0, &payload, &mut bytes);
+            let inj = Injection {
+                bytes,
+                expect: Some(TestExpect::SetVariable),
+                register: None,
+            };
+            if self.queue_injection(inj, out) {
+                out.count(Counter::RecoveredVariables as usize);
+            }
         }
         if !self.test_blind() {
             for (prod_id, sql) in statements
@@ -1282,13 +1312,16 @@ impl MysqlTransform {
         self.resume(out);
     }
 
-    fn queue_injection(&mut self, inj: Injection, out: &mut TransformOutput<'_>) {
+    /// Queues `inj`; false (counted as `held_overflow`) when it would exceed the held-bytes
+    /// bound.
+    fn queue_injection(&mut self, inj: Injection, out: &mut TransformOutput<'_>) -> bool {
         if self.inject_bytes + inj.bytes.len() > self.shared.config.max_held_bytes {
             out.count(Counter::HeldOverflow as usize);
-            return;
+            return false;
         }
         self.inject_bytes += inj.bytes.len();
         self.inject.push_back(inj);
+        true
     }
 
     /// Sends what we queued. Only between two client commands (or right after our login): in

@@ -399,6 +399,195 @@ fn processlist_and_statement_rows_become_states() {
     assert!(b.statements.is_empty());
 }
 
+fn set(kind: Variable, name: &str, value: Option<&[u8]>) -> Result<Option<String>, ()> {
+    set_statement(kind, name.as_bytes(), value).map(|o| o.map(|v| String::from_utf8(v).unwrap()))
+}
+
+#[test]
+fn session_variables_become_set_statements_of_our_names_only() {
+    let s = |name: &str, v: &str| set(Variable::Session, name, Some(v.as_bytes()));
+    assert_eq!(
+        s("time_zone", "+08:00"),
+        Ok(Some("SET SESSION time_zone = '+08:00'".into()))
+    );
+    assert_eq!(
+        s("SQL_MODE", "STRICT_TRANS_TABLES,ANSI_QUOTES"),
+        Ok(Some(
+            "SET SESSION sql_mode = 'STRICT_TRANS_TABLES,ANSI_QUOTES'".into()
+        ))
+    );
+    assert_eq!(
+        s("sql_mode", ""),
+        Ok(Some("SET SESSION sql_mode = ''".into()))
+    );
+    assert_eq!(
+        s("sql_select_limit", "100"),
+        Ok(Some("SET SESSION sql_select_limit = 100".into()))
+    );
+    assert_eq!(
+        s("transaction_isolation", "READ-COMMITTED"),
+        Ok(Some(
+            "SET SESSION transaction_isolation = 'READ-COMMITTED'".into()
+        ))
+    );
+    // Not on our list, or a value that would need quoting: dropped, not escaped.
+    assert_eq!(s("init_connect", "DROP TABLE t"), Err(()));
+    assert_eq!(s("sql_mode", "x' OR '1"), Err(()));
+    assert_eq!(s("time_zone", "a b"), Err(()));
+    assert_eq!(set(Variable::Session, "time_zone", None), Err(()));
+}
+
+#[test]
+fn user_variables_keep_their_bytes_as_hex_and_integers_as_numbers() {
+    let u = |name: &str, v: &[u8]| set(Variable::User, name, Some(v));
+    assert_eq!(u("n", b"42"), Ok(Some("SET @`n` = 42".into())));
+    assert_eq!(u("neg", b"-7"), Ok(Some("SET @`neg` = -7".into())));
+    assert_eq!(u("zero", b"0"), Ok(Some("SET @`zero` = 0".into())));
+    // Leading zeros, decimals and huge numbers stay text, as the client may have meant them.
+    assert_eq!(
+        u("code", b"007"),
+        Ok(Some(
+            "SET @`code` = CONVERT(X'303037' USING utf8mb4)".into()
+        ))
+    );
+    assert_eq!(
+        u("f", b"1.5"),
+        Ok(Some("SET @`f` = CONVERT(X'312E35' USING utf8mb4)".into()))
+    );
+    assert_eq!(
+        u("big", b"12345678901234567890"),
+        Ok(Some(
+            "SET @`big` = CONVERT(X'3132333435363738393031323334353637383930' USING utf8mb4)"
+                .into()
+        ))
+    );
+    // A quote cannot end the literal: it is two hex digits.
+    assert_eq!(
+        u("tag", b"it's"),
+        Ok(Some(
+            "SET @`tag` = CONVERT(X'69742773' USING utf8mb4)".into()
+        ))
+    );
+    assert_eq!(
+        u("bin", &[0xff, 0]),
+        Ok(Some("SET @`bin` = X'FF00'".into()))
+    );
+    assert_eq!(
+        u("empty", b""),
+        Ok(Some("SET @`empty` = CONVERT(X'' USING utf8mb4)".into()))
+    );
+    assert_eq!(u("a.b$c_1", b"1"), Ok(Some("SET @`a.b$c_1` = 1".into())));
+    // NULL reads the same as unset: nothing to send.
+    assert_eq!(set(Variable::User, "gone", None), Ok(None));
+    // Names that would need quoting, and oversized values, are dropped.
+    for bad in ["x`; DROP TABLE t; -- ", "", "a b", "é"] {
+        assert_eq!(u(bad, b"1"), Err(()), "{bad:?}");
+    }
+    assert_eq!(u(&"n".repeat(65), b"1"), Err(()));
+    assert_eq!(u("big", &vec![b'a'; MAX_VARIABLE_VALUE + 1]), Err(()));
+}
+
+#[test]
+fn variable_rows_become_set_statements_of_their_connection() {
+    let batch = [req(40000, 1), req(40001, 2)];
+    let rows = vec![
+        row(&[Some("12"), Some("sbtest"), Some("198.18.0.10:40000"), None]),
+        row(&[Some("13"), Some("app"), Some("198.18.0.10:40001"), None]),
+    ];
+    let mut found = match_processlist(&batch, &rows);
+    add_variables(
+        &mut found,
+        Variable::Session,
+        &[
+            row(&[Some("12"), Some("time_zone"), Some("+08:00")]),
+            row(&[Some("12"), Some("init_connect"), Some("x")]), // not ours: dropped
+            row(&[Some("99"), Some("time_zone"), Some("+01:00")]), // no such connection
+            row(&[Some("13")]),                                  // short row
+        ],
+    );
+    add_variables(
+        &mut found,
+        Variable::User,
+        &[
+            row(&[Some("12"), Some("tag"), Some("a")]),
+            row(&[Some("13"), Some("n"), Some("5")]),
+            row(&[Some("13"), Some("unset"), None]),
+        ],
+    );
+    let (_, a) = &found[&batch[0].client];
+    assert_eq!(
+        a.variables,
+        vec![
+            b"SET SESSION time_zone = '+08:00'".to_vec(),
+            b"SET @`tag` = CONVERT(X'61' USING utf8mb4)".to_vec()
+        ]
+    );
+    assert_eq!(a.variables_dropped, 1);
+    let (_, b) = &found[&batch[1].client];
+    assert_eq!(b.variables, vec![b"SET @`n` = 5".to_vec()]);
+    assert_eq!(b.variables_dropped, 0);
+    // Values stay out of logs.
+    assert!(!format!("{a:?}").contains("08:00"), "{a:?}");
+}
+
+#[test]
+fn variable_queries_hold_only_numbers_and_our_names() {
+    let q = session_variables_query(&[12, 13]);
+    assert!(q.contains("WHERE t.PROCESSLIST_ID IN (12, 13)"), "{q}");
+    assert!(q.contains("'time_zone'") && q.contains("NOT (v.VARIABLE_VALUE <=> g.VARIABLE_VALUE)"));
+    let q = user_variables_query(&[7]);
+    assert!(
+        q.ends_with("WHERE t.PROCESSLIST_ID IN (7) ORDER BY t.PROCESSLIST_ID, u.VARIABLE_NAME"),
+        "{q}"
+    );
+}
+
+/// The start-up check against a scripted server that has `tables` of the two variable tables.
+fn readiness(tables: &[&[u8]]) -> (Readiness, Vec<(u8, Vec<u8>)>) {
+    let mut script = Vec::new();
+    frame(0, &greeting(b"mysql_native_password"), &mut script);
+    frame(2, OK, &mut script);
+    result_set(2, &[vec![Some(b"1"), Some(b"1")]], &mut script);
+    result_set(1, &[vec![Some(b"1")]], &mut script); // threads
+    result_set(1, &[], &mut script); // prepared_statements_instances
+    let rows: Vec<_> = tables.iter().map(|t| vec![Some(*t)]).collect();
+    result_set(1, &rows, &mut script);
+    for _ in tables {
+        result_set(1, &[], &mut script);
+    }
+    let pw = Password::new(b"pw".to_vec());
+    let mut c = MysqlClient::login(server(script), "tsd_ro", &pw).unwrap();
+    let ready = check(&mut c, "tsd_ro").unwrap();
+    (ready, written(&c.stream.output))
+}
+
+#[test]
+fn start_up_check_finds_which_variables_the_server_exposes() {
+    // MariaDB 10.11: user variables only.
+    let (ready, sent) = readiness(&[b"user_variables_by_thread"]);
+    assert!(
+        !ready.session_variables && ready.user_variables,
+        "{ready:?}"
+    );
+    assert!(
+        String::from_utf8_lossy(&sent.last().unwrap().1).contains("user_variables_by_thread"),
+        "the table is read once, so a missing SELECT grant stops the copier at start"
+    );
+    let w = Wanted::from(&ready);
+    assert!(w.statements && w.user_variables && !w.session_variables);
+    // MySQL: both (the name's case as information_schema prints it).
+    let (ready, _) = readiness(&[b"VARIABLES_BY_THREAD", b"user_variables_by_thread"]);
+    assert!(ready.session_variables && ready.user_variables, "{ready:?}");
+    // performance_schema off: nothing but PROCESSLIST is asked.
+    let off = Readiness {
+        performance_schema_off: true,
+        session_variables: true,
+        user_variables: true,
+    };
+    let w = Wanted::from(&off);
+    assert!(!w.statements && !w.session_variables && !w.user_variables);
+}
+
 #[test]
 fn requests_are_batched_until_the_window_closes() {
     let (tx, rx) = mpsc::sync_channel(16);
@@ -459,7 +648,7 @@ fn drop_abandons_queued_requests_promptly() {
         own: OwnAddress::default(),
         stop: Arc::clone(&stop),
         counters: Arc::new(Counters::default()),
-        with_statements: false,
+        wanted: Wanted::default(),
         logged: HashSet::new(),
     };
     let handle = std::thread::spawn(move || worker.run(req_rx, ans_tx, || {}));

@@ -315,6 +315,7 @@ fn recovered_write_statements_are_not_prepared_again() {
             (5, b"SELECT c FROM sbtest1 WHERE id=?".to_vec()),
             (6, b"UPDATE sbtest1 SET k=k+1 WHERE id=?".to_vec()),
         ],
+        ..Default::default()
     };
     h.call(|t, now, out| t.recover(now, state, out));
     assert_eq!(h.received().len(), 1, "the login");

@@ -202,6 +202,7 @@ fn our_own_commands_are_not_reported_and_recovered_statements_are_named() {
                 user: "sb".into(),
                 db: Some("sbtest".into()),
                 statements: vec![(5, b"SELECT c FROM sbtest1 WHERE id=?".to_vec())],
+                ..Default::default()
             },
             out,
         )
