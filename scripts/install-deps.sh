@@ -12,6 +12,7 @@ PACKAGES=(
     iproute2 iptables nftables ethtool tcpdump  # the lab's network and captures
     procps psmisc util-linux perl               # sysctl, setpriv, flock; used by lab.sh and tests
     chromium curl                               # report.html screenshot test; metrics scrapes
+    shellcheck                                  # scripts/test.sh lints the shell scripts
     systemd                                     # systemd-analyze verify of deploy/systemd units
 )
 

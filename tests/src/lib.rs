@@ -411,22 +411,24 @@ fn process_identity(pid: u32) -> Option<String> {
     Some(format!("{pid} {start}"))
 }
 
-const OWNER_FILE: &str = "tcpshadow-tests.owner";
+/// One file per lab a test process asked for, named after the lab and holding the process's
+/// identity. Written before `lab.sh up` starts, so a test killed in the middle of `up` (lab.sh
+/// carries on and finishes the lab) still leaves a record the next run can reap by.
+const OWNERS_DIR: &str = "/run/tcpshadow-lab/test-owners";
+
+fn owner_file(name: &str) -> PathBuf {
+    Path::new(OWNERS_DIR).join(name)
+}
 
 /// Tears down labs whose test process is gone (killed by a timeout, say) so they do not pile up.
+/// `lab.sh down` waits for the lab's lock, so a `up` still running for a dead test finishes first.
 fn reap_orphan_labs() {
-    let Ok(entries) = std::fs::read_dir("/run/tcpshadow-lab/labs") else {
+    let Ok(entries) = std::fs::read_dir(OWNERS_DIR) else {
         return;
     };
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
-        let Ok(reg) = std::fs::read_to_string(entry.path()) else {
-            continue;
-        };
-        let Some(dir) = reg.split_whitespace().nth(1) else {
-            continue;
-        };
-        let Ok(owner) = std::fs::read_to_string(Path::new(dir).join(OWNER_FILE)) else {
+        let Ok(owner) = std::fs::read_to_string(entry.path()) else {
             continue;
         };
         let owner = owner.trim();
@@ -438,10 +440,14 @@ fn reap_orphan_labs() {
             .is_some_and(|id| id == owner);
         if !alive {
             eprintln!("tcpshadow-tests: tearing down orphaned lab {name} (its test process {owner} is gone)");
-            let _ = run(
+            let down = run(
                 lab_command(&name).arg("down"),
                 format!("lab.sh --name {name} down"),
-            );
+            )
+            .and_then(Run::check);
+            if down.is_ok() {
+                let _ = std::fs::remove_file(entry.path());
+            }
         }
     }
 }
@@ -468,6 +474,11 @@ impl Lab {
         require_root()?;
         reap_orphan_labs();
         let name = unique_name(prefix)?;
+        let identity = process_identity(std::process::id())
+            .ok_or_else(|| anyhow!("cannot read this test process's /proc entry"))?;
+        std::fs::create_dir_all(OWNERS_DIR)
+            .and_then(|()| std::fs::write(owner_file(&name), identity))
+            .with_context(|| format!("writing {}", owner_file(&name).display()))?;
         // From here on, Drop tears down whatever `up` left behind.
         let mut lab = Lab {
             name,
@@ -478,14 +489,6 @@ impl Lab {
         let mut cmd = lab_command(&lab.name);
         cmd.arg("up").envs(env.iter().copied());
         run(&mut cmd, format!("lab.sh --name {} up", lab.name))?.check()?;
-        let dir = lab
-            .env_from_script()?
-            .get("LAB_DIR")
-            .cloned()
-            .unwrap_or_default();
-        if let Some(id) = process_identity(std::process::id()) {
-            let _ = std::fs::write(Path::new(&dir).join(OWNER_FILE), id);
-        }
         lab.env = lab.env_from_script()?;
         Ok(lab)
     }
@@ -679,6 +682,7 @@ impl Lab {
             format!("lab.sh --name {} down", self.name),
         )?
         .check()?;
+        let _ = std::fs::remove_file(owner_file(&self.name));
         Ok(())
     }
 }
@@ -694,7 +698,9 @@ impl Drop for Lab {
         )
         .and_then(Run::check)
         {
-            Ok(_) => {}
+            Ok(_) => {
+                let _ = std::fs::remove_file(owner_file(&self.name));
+            }
             Err(e) => eprintln!(
                 "tcpshadow-tests: tearing down lab {} failed: {e:#}",
                 self.name

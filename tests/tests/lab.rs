@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
 use tcpshadow_tests::{
-    is_root, lab_command, lab_script, netns_list, require_root, Host, Lab, Load,
+    is_root, lab_command, lab_script, netns_list, parse_env, require_root, Host, Lab, Load,
 };
 
 fn mariadb_select_1(lab: &Lab, from: Host, to: Host) -> Result<String> {
@@ -119,6 +119,40 @@ fn lab_gives_the_mirror_its_network_and_identical_servers() -> Result<()> {
         "tcpdump on assist did not see test's SYN-ACK to the client: {capture:?}"
     );
 
+    // Rewritten client addresses (the pool) go via assist too, and test accepts packets from
+    // addresses it routes elsewhere (rp_filter off).
+    let pool = lab.var("LAB_POOL");
+    let pool_addr = format!("{}.7", pool.rsplit_once('.').map_or(pool, |(net, _)| net));
+    let route = lab.exec_ok(Host::Test, &["ip", "route", "get", &pool_addr])?;
+    assert!(
+        route.contains(&format!("via {}", lab.ip(Host::Assist))),
+        "test's route to the pool address {pool_addr}: {route}"
+    );
+    for key in ["all", "default", lab.var("LAB_IFACE")] {
+        let v = lab.exec_ok(
+            Host::Test,
+            &["sysctl", "-n", &format!("net.ipv4.conf.{key}.rp_filter")],
+        )?;
+        assert_eq!(v.trim(), "0", "rp_filter of {key} on test");
+    }
+    // Every address the lab uses is in 198.18.0.0/15.
+    for host in [Host::Client, Host::Prod, Host::Test, Host::Assist] {
+        let ip: std::net::Ipv4Addr = lab.ip(host).parse()?;
+        assert_eq!(ip.octets()[..2], [198, 18], "{host:?}: {ip}");
+    }
+    assert!(pool.starts_with("198.19."), "pool {pool}");
+    // The normal account logs in with mysql_native_password on both servers.
+    for host in [Host::Prod, Host::Test] {
+        assert_eq!(
+            lab.sql(
+                host,
+                "SELECT plugin FROM mysql.user WHERE user = 'sbtest' AND host = '%'"
+            )?,
+            "mysql_native_password",
+            "{host:?}"
+        );
+    }
+
     // Same data on both servers.
     let tables: u32 = lab.var("LAB_TABLES").parse()?;
     for t in 1..=tables {
@@ -171,7 +205,59 @@ fn lab_gives_the_mirror_its_network_and_identical_servers() -> Result<()> {
         lab.var("LAB_DIR").to_string(),
     );
     lab.down()?;
-    assert_gone(&name, &pids, &dir)
+    assert_gone(&name, &pids, &dir)?;
+    // `down` again is a no-op.
+    let again = lab_command(&name).arg("down").output()?;
+    ensure!(
+        again.status.success(),
+        "a second down failed: {}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+    Ok(())
+}
+
+/// A test process killed while its lab is up (a CI timeout, say) leaves the lab behind; the next
+/// test to bring a lab up tears it down, whoever started it.
+#[test]
+fn a_lab_left_by_a_killed_test_is_torn_down_by_the_next() -> Result<()> {
+    require_root()?;
+    // What a killed test leaves: its owner record (pid 2^22, beyond pid_max: never alive) and
+    // the lab that `up` finished after the test was gone.
+    let name = format!("orph-{}", std::process::id());
+    fs::create_dir_all("/run/tcpshadow-lab/test-owners")?;
+    fs::write(
+        format!("/run/tcpshadow-lab/test-owners/{name}"),
+        "4194304 1",
+    )?;
+    let up = lab_command(&name).arg("up").output()?;
+    ensure!(
+        up.status.success(),
+        "lab.sh up: {}",
+        String::from_utf8_lossy(&up.stderr)
+    );
+    let env = parse_env(&String::from_utf8_lossy(
+        &lab_command(&name).arg("env").output()?.stdout,
+    ));
+    let dir = env.get("LAB_DIR").context("LAB_DIR of the orphan")?.clone();
+    let pids: Vec<u32> = ["LAB_PROD_PIDFILE", "LAB_TEST_PIDFILE"]
+        .iter()
+        .filter_map(|k| fs::read_to_string(env.get(*k)?).ok()?.trim().parse().ok())
+        .collect();
+    ensure!(pids.len() == 2, "the orphan's servers are not running");
+
+    let next = Lab::up("reaper")?;
+    // Another test thread's lab may have found the orphan first; its teardown can still be
+    // finishing.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while assert_gone(&name, &pids, &dir).is_err() && std::time::Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(200));
+    }
+    assert_gone(&name, &pids, &dir)?;
+    ensure!(
+        !Path::new(&format!("/run/tcpshadow-lab/test-owners/{name}")).exists(),
+        "the orphan's owner record is left"
+    );
+    next.down()
 }
 
 #[test]
