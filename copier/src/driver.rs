@@ -894,27 +894,34 @@ fn start_lookup(dsn: Option<ProdDsn>, waker: &Waker) -> Result<Option<StateLooku
     }
 }
 
-/// Says once per client address (bounded) that its sessions cannot be mirrored, and why: the
-/// user should know, but one line per connection would flood the log.
+/// Says once per client address and reason (bounded) that its sessions cannot be mirrored,
+/// and why: the user should know, but one line per connection would flood the log. Per reason
+/// too, so a client first left alone for one reason (say, no credentials) still gets its line
+/// when it turns up with TLS.
 /// The first line for a reason that has a remedy also names it (once per reason).
 #[derive(Default)]
 struct OncePerClient {
-    seen: std::collections::HashSet<std::net::Ipv4Addr>,
-    remedied: std::collections::HashSet<String>,
+    seen: std::collections::HashSet<(std::net::Ipv4Addr, &'static str)>,
+    remedied: std::collections::HashSet<&'static str>,
 }
 
 impl OncePerClient {
     const MAX: usize = 10_000;
 
-    fn note(&mut self, client: SocketAddrV4, why: &str) {
-        if self.seen.len() < Self::MAX && self.seen.insert(*client.ip()) {
+    /// Whether `(client, why)` is new (and then remembered).
+    fn first(&mut self, client: SocketAddrV4, why: &'static str) -> bool {
+        self.seen.len() < Self::MAX && self.seen.insert((*client.ip(), why))
+    }
+
+    fn note(&mut self, client: SocketAddrV4, why: &'static str) {
+        if self.first(client, why) {
             let fix = match remedy(why) {
-                Some(r) if self.remedied.insert(why.to_owned()) => format!(" {r}"),
+                Some(r) if self.remedied.insert(why) => format!(" {r}"),
                 _ => String::new(),
             };
             tracing::warn!(
                 "sessions from {} cannot be mirrored ({why}); they are left alone and counted \
-                 (said once per client address).{fix}",
+                 (said once per client address and reason).{fix}",
                 client.ip()
             );
         }
@@ -973,8 +980,23 @@ fn hostname() -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{intercept_wait, remedy};
+    use super::{intercept_wait, remedy, OncePerClient};
+    use std::net::{Ipv4Addr, SocketAddrV4};
     use std::time::Duration;
+
+    #[test]
+    fn a_client_is_named_once_per_reason() {
+        let mut once = OncePerClient::default();
+        let a = |port| SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 10), port);
+        assert!(once.first(a(40000), "no credentials"));
+        assert!(
+            !once.first(a(40001), "no credentials"),
+            "same address, other port"
+        );
+        assert!(once.first(a(40002), "tls"), "same address, new reason");
+        assert!(!once.first(a(40003), "tls"));
+        assert!(once.first(SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 11), 1), "tls"));
+    }
 
     #[test]
     fn a_reply_is_dated_back_by_its_wait_at_intercept_and_a_clock_step_dates_nothing() {

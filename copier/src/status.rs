@@ -122,7 +122,10 @@ fn close_label(r: CloseReason) -> &'static str {
         CloseReason::IdleTimeout => "sessions abandoned: idle timeout",
         CloseReason::CloseTimeout => "sessions abandoned: close timeout",
         CloseReason::TooManyRetransmits => "sessions abandoned: test server stopped acknowledging",
-        CloseReason::BufferOverflow => "sessions abandoned: test server too slow (buffer full)",
+        CloseReason::BufferOverflow => {
+            "sessions abandoned: session buffer full (test server too slow, or a command bigger \
+             than a quarter of --max-memory's session part: raise --max-memory)"
+        }
         CloseReason::CaptureGap => "sessions abandoned: capture gap",
         CloseReason::Reused => "sessions replaced by a reused client port",
         CloseReason::Shutdown => "sessions reset at copier exit",

@@ -92,11 +92,15 @@ impl MemoryBudget {
         self.total / 16
     }
 
-    /// The cap of one session's queue toward the test server (`max_session_buffer`): at most
-    /// 4 MiB, and no more than a sixteenth of the session budget, so one session can never take
-    /// the whole budget and a few laggards are shed one at a time.
+    /// The cap of one session's queue toward the test server (`max_session_buffer`, also the
+    /// MySQL layer's held bytes): a quarter of the session budget (24 MiB at the default
+    /// 256 MiB), so one session can never take the whole budget and laggards are shed one at a
+    /// time. It must hold a whole big command: a client that logs in and sends a 17 MiB INSERT
+    /// at once has sent it all to production before the test server has answered our login,
+    /// and the test server's receive window then opens only as fast as its ACKs come back
+    /// through intercept. At most 1 GiB, MySQL's largest packet size setting.
     pub fn session_buffer(&self, engines: usize) -> usize {
-        (self.sessions() / engines.max(1) / 16).clamp(64 << 10, 4 << 20)
+        (self.sessions() / engines.max(1) / 4).clamp(64 << 10, 1 << 30)
     }
 }
 
@@ -108,8 +112,8 @@ pub(super) fn engine_share(
     engines: usize,
 ) -> (usize, usize) {
     let mine = max_memory / engines.max(1);
-    // One session never takes more than a sixteenth of its engine's part.
-    (mine, max_session_buffer.min((mine / 16).max(64 << 10)))
+    // One session never takes more than a quarter of its engine's part.
+    (mine, max_session_buffer.min((mine / 4).max(64 << 10)))
 }
 
 impl Engine {

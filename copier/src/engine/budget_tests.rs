@@ -323,8 +323,9 @@ fn the_budget_is_shared_out_in_fixed_parts() {
     assert_eq!(m.report(), 8 << 20);
     assert_eq!(m.control(), 4 << 20);
     assert!(m.sessions() + m.capture() + m.report() + m.control() < m.total);
-    assert_eq!(m.session_buffer(1), 1536 << 10);
-    assert_eq!(MemoryBudget::from_mib(256).session_buffer(1), 4 << 20);
+    assert_eq!(m.session_buffer(1), 6 << 20);
+    assert_eq!(MemoryBudget::from_mib(256).session_buffer(1), 24 << 20);
+    assert_eq!(MemoryBudget::from_mib(65536).session_buffer(1), 1 << 30);
     assert_eq!(MemoryBudget::from_mib(256).capture(), 64 << 20);
     assert_eq!(MemoryBudget::from_mib(1).session_buffer(4), 64 << 10);
 }

@@ -153,7 +153,9 @@ impl ReplyTracker {
 
     /// One physical packet: its id, the id of the packet before it (`None`: none seen), its
     /// length, its first bytes (at least 16, or all), whether it continues a 16 MiB one, and
-    /// the kind of reply the oldest command awaiting one expects.
+    /// what the oldest command awaiting a reply expects: the kind of reply, and the id of its
+    /// first packet (1, or one more than the command's last packet when the command itself
+    /// took several: 16 MiB and more).
     pub(super) fn packet(
         &mut self,
         seq: u8,
@@ -161,7 +163,7 @@ impl ReplyTracker {
         len: u32,
         head: &[u8],
         continuation: bool,
-        next: ReplyKind,
+        (next, first): (ReplyKind, u8),
     ) -> Seen {
         let mut seen = Seen::default();
         if continuation {
@@ -173,9 +175,9 @@ impl ReplyTracker {
             // DEPRECATE_EOF: the prepare's reply ended with its last definition.
             self.state = State::Idle;
         }
-        let by_ids = seq == 1 && prev != Some(0);
+        let by_ids = seq == first && prev != Some(first.wrapping_sub(1));
         match self.state {
-            State::Idle if seq == 1 => self.start(next, &mut seen),
+            State::Idle if seq == first => self.start(next, &mut seen),
             State::Idle => {
                 // The structure ended a reply the ids say goes on.
                 seen.mismatch = true;

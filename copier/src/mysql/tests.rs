@@ -603,8 +603,9 @@ fn sysbench_session_logs_in_with_the_test_nonce_and_maps_statement_ids() {
         passed.extend(h.sent.drain(..));
     }
     assert!(passed == big, "a 16 MiB+ command passes intact");
-    h.prod_packet(1, OK);
-    h.test_packet(1, OK);
+    // Its reply counts on from the command's two packets (ids 0 and 1), as servers do.
+    h.prod_packet(2, OK);
+    h.test_packet(2, OK);
 
     // So does a dropped one: its continuation packet is not taken for a command.
     let mut big_exec = execute(98);
@@ -612,7 +613,14 @@ fn sysbench_session_logs_in_with_the_test_nonce_and_maps_statement_ids() {
     h.client_packet(0, &big_exec);
     assert!(h.received().is_empty());
     assert_eq!(h.count(Counter::ExecutesDroppedUnknownStatement), 2);
-    h.prod_packet(1, &hex(WRONG_PW_ERR));
+    h.prod_packet(2, &hex(WRONG_PW_ERR));
+    // The next ordinary command's reply starts at id 1 again, on both sides.
+    h.client_packet(0, &query("SELECT 1"));
+    assert_eq!(h.received(), vec![(0, query("SELECT 1"))]);
+    h.prod_packet(1, OK);
+    h.test_packet(1, OK);
+    assert_eq!(h.count(Counter::ReplySeqMismatches), 0);
+    assert_eq!(h.count(Counter::ReplyStructureLost), 0);
 
     h.client_packet(0, &[com::QUIT]);
     let got = h.received();

@@ -380,14 +380,30 @@ struct PickupLogin {
 /// allocates its own, which is correct, only not free).
 #[derive(Default)]
 struct Scratch {
-    /// Commands that arrived in a chunk: command byte and serial number.
-    arrived: Vec<(Option<u8>, u64)>,
+    /// What arrived in a chunk: commands and their continuations.
+    arrived: Vec<Arrived>,
     /// Production's packets in a chunk.
     prod: Vec<ProdPacket>,
 }
 
 thread_local! {
     static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::new(Scratch::default());
+}
+
+/// What the arrival reader saw in the client's stream, in order.
+#[derive(Clone, Copy, Debug)]
+enum Arrived {
+    /// A command awaiting a reply: its command byte and serial number.
+    Command(Option<u8>, u64),
+    /// A continuation packet of that command (with this id): the command is 16 MiB or more.
+    Continued(u8),
+}
+
+/// The id of the first packet of the reply to a command whose last packet had id `last`:
+/// replies go on counting where the command stopped, so a command of 16 MiB or more (two
+/// packets and up) is answered from id 3 on, not 1.
+fn first_reply_id(last: u8) -> u8 {
+    last.wrapping_add(1)
 }
 
 /// Bytes of our own to send before the client's next command.
@@ -411,9 +427,9 @@ pub(super) fn layout() -> Vec<(&'static str, usize)> {
         ("mysql Injection", size_of::<Injection>()),
         (
             "mysql test_fifo item",
-            size_of::<(TestExpect, Option<u64>)>(),
+            size_of::<(TestExpect, Option<u64>, u8)>(),
         ),
-        ("mysql prod_fifo item", size_of::<(ReplyKind, u64)>()),
+        ("mysql prod_fifo item", size_of::<(ReplyKind, u64, u8)>()),
     ]
 }
 
@@ -427,6 +443,9 @@ pub struct MysqlTransform {
     // The client's stream as it arrives.
     arrival: FrameScanner,
     arrival_skip_login: bool,
+    /// The last logical packet that arrived was a command awaiting a reply: its continuation
+    /// packets move the id its reply starts at.
+    arrival_in_command: bool,
     /// Serial number of the next client command awaiting a reply, as it arrives. Both
     /// readers number the same commands the same way (packets with id 0 after the login,
     /// except those without a reply): the serial ties production's reply, the forwarding
@@ -434,6 +453,9 @@ pub struct MysqlTransform {
     arrival_serial: u64,
     /// Serial of the next client command the forwarding reader decides.
     fwd_serial: u64,
+    /// The logical packet being forwarded is a client command the test server owes a reply
+    /// (the newest entry of `test_fifo`): its continuation packets move that reply's first id.
+    fwd_owed: bool,
     /// The command just dropped was kept off by `--read-only` (not a loss).
     dropped_by_design: bool,
     /// The command just dropped names a statement the test server refused (its error code).
@@ -483,7 +505,9 @@ pub struct MysqlTransform {
     change_user_in_flight: bool,
     /// What the test server owes, with the serial of the client command it answers (`None`
     /// for our own commands).
-    test_fifo: VecDeque<(TestExpect, Option<u64>)>,
+    /// What the test server owes, oldest first: the expectation, the client command's serial
+    /// (`None`: our own), and the id of the reply's first packet (see [`first_reply_id`]).
+    test_fifo: VecDeque<(TestExpect, Option<u64>, u8)>,
     test_next_offset: u64,
     test_prev_len: u32,
     test_prev_seq: Option<u8>,
@@ -493,7 +517,8 @@ pub struct MysqlTransform {
     prod_phase: ProdPhase,
     prod_scanner: FrameScanner,
     /// Per command awaiting production's reply: how the reply is built, and its serial.
-    prod_fifo: VecDeque<(ReplyKind, u64)>,
+    /// Commands production owes a reply, oldest first: kind, serial, first reply id.
+    prod_fifo: VecDeque<(ReplyKind, u64, u8)>,
     prod_prev_seq: Option<u8>,
     prod_replies: ReplyTracker,
 
@@ -566,8 +591,10 @@ impl MysqlTransform {
             dead: false,
             arrival: FrameScanner::new(arrival_prefix),
             arrival_skip_login: !picked_up,
+            arrival_in_command: false,
             arrival_serial: 0,
             fwd_serial: 0,
+            fwd_owed: false,
             dropped_by_design: false,
             dropped_refused: None,
             observer,
@@ -692,7 +719,7 @@ impl MysqlTransform {
             let next = self
                 .test_fifo
                 .front()
-                .map_or(ReplyKind::Generic, |(e, _)| e.kind());
+                .map_or((ReplyKind::Generic, 1), |(e, _, first)| (e.kind(), *first));
             let seen =
                 self.test_replies
                     .packet(pkt.seq_id, prev, pkt.len, &pkt.head, continuation, next);
@@ -955,7 +982,7 @@ impl MysqlTransform {
         pkt: &MysqlPacket,
         out: &mut TransformOutput<'_>,
     ) -> Result<(), Abandon> {
-        let Some((expect, serial)) = self.test_fifo.pop_front() else {
+        let Some((expect, serial, _)) = self.test_fifo.pop_front() else {
             out.count(Counter::RepliesUnmatched as usize);
             return Ok(());
         };
@@ -1019,7 +1046,7 @@ impl MysqlTransform {
         if self.test_fifo.len() >= MAX_TEST_OWED {
             return Err(protocol("test_server_not_answering"));
         }
-        self.test_fifo.push_back((e, serial));
+        self.test_fifo.push_back((e, serial, 1));
         Ok(())
     }
 
@@ -1388,7 +1415,7 @@ impl MysqlTransform {
                 _ => {}
             },
             ProdPhase::Commands => {
-                let next = self.prod_fifo.front().map_or(ReplyKind::Generic, |f| f.0);
+                let next = self.prod_next();
                 let seen = self
                     .prod_replies
                     .packet(p.seq, prev, p.len, p.prefix(), false, next);
@@ -1399,18 +1426,18 @@ impl MysqlTransform {
                 self.observe_prod(&seen, p);
             }
             ProdPhase::Resyncing => {
-                if p.seq == 1 {
+                if p.seq == self.prod_next().1 {
                     // The reply to the latest command; the earlier ones were answered in bytes
                     // we could not frame.
                     while self.prod_fifo.len() > 1 {
-                        if let Some((kind, serial)) = self.prod_fifo.pop_front() {
+                        if let Some((kind, serial, _)) = self.prod_fifo.pop_front() {
                             self.lose_prod_reply(kind, serial, out);
                         }
                     }
                     out.count(Counter::ProdResyncs as usize);
                     self.prod_phase = ProdPhase::Commands;
                     self.prod_replies.reset();
-                    let next = self.prod_fifo.front().map_or(ReplyKind::Generic, |f| f.0);
+                    let next = self.prod_next();
                     let seen =
                         self.prod_replies
                             .packet(p.seq, None, p.len, p.prefix(), false, next);
@@ -1432,9 +1459,16 @@ impl MysqlTransform {
         }
     }
 
+    /// What the oldest command production owes expects: its reply's kind and first id.
+    fn prod_next(&self) -> (ReplyKind, u8) {
+        self.prod_fifo
+            .front()
+            .map_or((ReplyKind::Generic, 1), |f| (f.0, f.2))
+    }
+
     fn prod_reply(&mut self, p: &ProdPacket, out: &mut TransformOutput<'_>) {
         let popped = self.prod_fifo.pop_front();
-        if let (Some((_, serial)), Some(o)) = (popped, &mut self.observer) {
+        if let (Some((_, serial, _)), Some(o)) = (popped, &mut self.observer) {
             o.prod_start(serial, self.captured);
         }
         match popped.map(|f| f.0) {
@@ -1457,7 +1491,7 @@ impl MysqlTransform {
 
     fn lose_all_prod(&mut self, out: &mut TransformOutput<'_>) {
         self.prod_replies.reset();
-        while let Some((kind, serial)) = self.prod_fifo.pop_front() {
+        while let Some((kind, serial, _)) = self.prod_fifo.pop_front() {
             self.lose_prod_reply(kind, serial, out);
         }
     }
@@ -1479,7 +1513,7 @@ impl MysqlTransform {
             self.lose_all_prod(out);
             self.prod_phase = ProdPhase::Unsynced;
         }
-        self.prod_fifo.push_back((kind, serial));
+        self.prod_fifo.push_back((kind, serial, 1));
         match self.prod_phase {
             // The client only sends commands once logged in; its OK may not have been read.
             ProdPhase::Greeting | ProdPhase::Auth => {
@@ -1594,12 +1628,17 @@ impl MysqlTransform {
         let mut pkts = SCRATCH.with(|s| mem::take(&mut s.borrow_mut().arrived));
         pkts.clear();
         let skip_login = &mut self.arrival_skip_login;
+        let in_command = &mut self.arrival_in_command;
         let serial = &mut self.arrival_serial;
         let mut observer = self.observer.as_deref_mut();
         self.arrival.feed(data, |p| {
             if p.header.part != 0 {
+                if *in_command {
+                    pkts.push(Arrived::Continued(p.header.seq));
+                }
                 return;
             }
+            *in_command = false;
             if mem::take(skip_login) {
                 return;
             }
@@ -1620,13 +1659,21 @@ impl MysqlTransform {
                 let end = p.header.payload_offset() + u64::from(p.header.len);
                 o.arrived(n, p.prefix, end);
             }
-            pkts.push((code, n));
+            *in_command = true;
+            pkts.push(Arrived::Command(code, n));
         });
         if let Some(o) = &mut self.observer {
             o.arrival_progress(self.arrival.position(), self.captured);
         }
-        for &(code, n) in &pkts {
-            self.prod_expects(ReplyKind::of_command(code), n, out);
+        for &a in &pkts {
+            match a {
+                Arrived::Command(code, n) => self.prod_expects(ReplyKind::of_command(code), n, out),
+                Arrived::Continued(seq) => {
+                    if let Some(owed) = self.prod_fifo.back_mut() {
+                        owed.2 = first_reply_id(seq);
+                    }
+                }
+            }
         }
         pkts.clear();
         if pkts.capacity() > 1024 {
@@ -1728,6 +1775,12 @@ impl MysqlTransform {
                             break;
                         }
                         Ok(v) => {
+                            self.fwd_owed = client_command
+                                && v == Verdict::Forward
+                                && self
+                                    .test_fifo
+                                    .back()
+                                    .is_some_and(|b| b.1 == Some(self.fwd_serial));
                             if client_command {
                                 self.client_command_decided(v == Verdict::Forward);
                             }
@@ -1777,7 +1830,13 @@ impl MysqlTransform {
                     if forward {
                         out.push(&hdr);
                     }
-                    let len = PacketHeader::parse(&hdr).map_or(0, |h| h.len);
+                    let parsed = PacketHeader::parse(&hdr);
+                    if let (true, Some(h), Some(owed)) =
+                        (forward && self.fwd_owed, parsed, self.test_fifo.back_mut())
+                    {
+                        owed.2 = first_reply_id(h.seq);
+                    }
+                    let len = parsed.map_or(0, |h| h.len);
                     self.fwd = body(len, len as usize == MAX_PAYLOAD_LEN, forward);
                 }
             }
@@ -2457,8 +2516,8 @@ impl StreamTransform for MysqlTransform {
             + self.login.as_ref().map_or(0, Vec::capacity)
             + self.inject_bytes
             + self.inject.capacity() * size_of::<Injection>()
-            + self.test_fifo.capacity() * size_of::<(TestExpect, Option<u64>)>()
-            + self.prod_fifo.capacity() * size_of::<(ReplyKind, u64)>()
+            + self.test_fifo.capacity() * size_of::<(TestExpect, Option<u64>, u8)>()
+            + self.prod_fifo.capacity() * size_of::<(ReplyKind, u64, u8)>()
             + self.prod_answers.capacity() * size_of::<PrepareAnswer>()
             + self.unanswered_prepares.capacity() * size_of::<Fate>()
             + self.skipped.as_ref().map_or(0, |k| {
