@@ -1267,6 +1267,8 @@ impl FakeServer {
                     let reply = result_set(1, rows.parse().unwrap(), deprecate_eof == "1", 0);
                     self.replies.extend(reply);
                 }
+                // No rows left in the cursor: the EOF that ends a fetch.
+                com::STMT_FETCH => self.replies.push_back((1, eof(0))),
                 c if expects_reply(c) => self.replies.push_back((1, OK.to_vec())),
                 _ => {}
             }
@@ -1291,6 +1293,22 @@ enum Op {
     Prepare,
     Execute(usize),
     Close(usize),
+    /// COM_INIT_DB and COM_PING: passed as they are.
+    InitDb,
+    Ping,
+    /// COM_STMT_SEND_LONG_DATA (no reply), COM_STMT_RESET, COM_STMT_FETCH of a live statement:
+    /// its id mapped like an execute's.
+    LongData(usize),
+    StmtReset(usize),
+    Fetch(usize),
+}
+
+/// A statement command: its code, the statement id, then `rest`.
+fn stmt_command(code: u8, id: u32, rest: &[u8]) -> Vec<u8> {
+    let mut p = vec![code];
+    p.extend_from_slice(&id.to_le_bytes());
+    p.extend_from_slice(rest);
+    p
 }
 
 fn arb_op() -> impl Strategy<Value = Op> {
@@ -1308,6 +1326,11 @@ fn arb_op() -> impl Strategy<Value = Op> {
         3 => Just(Op::Prepare),
         4 => any::<usize>().prop_map(Op::Execute),
         1 => any::<usize>().prop_map(Op::Close),
+        1 => Just(Op::InitDb),
+        1 => Just(Op::Ping),
+        1 => any::<usize>().prop_map(Op::LongData),
+        1 => any::<usize>().prop_map(Op::StmtReset),
+        1 => any::<usize>().prop_map(Op::Fetch),
     ]
 }
 
@@ -1412,18 +1435,35 @@ proptest! {
                     prepares += 1;
                     (prepare("SELECT ?"), prepare("SELECT ?"))
                 }
-                Op::Execute(k) | Op::Close(k) => {
+                Op::InitDb => (
+                    [&[com::INIT_DB][..], b"sbtest"].concat(),
+                    [&[com::INIT_DB][..], b"sbtest"].concat(),
+                ),
+                Op::Ping => (vec![com::PING], vec![com::PING]),
+                Op::Execute(k)
+                | Op::Close(k)
+                | Op::LongData(k)
+                | Op::StmtReset(k)
+                | Op::Fetch(k) => {
                     if live.is_empty() {
                         continue;
                     }
                     let idx = *k % live.len();
                     let stmt = live[idx];
-                    if matches!(op, Op::Close(_)) {
-                        live.remove(idx);
-                        (close(prod_ids[stmt]), close(test_ids[stmt]))
-                    } else {
-                        (execute(prod_ids[stmt]), execute(test_ids[stmt]))
-                    }
+                    let (code, rest): (u8, &[u8]) = match op {
+                        Op::Close(_) => {
+                            live.remove(idx);
+                            (com::STMT_CLOSE, &[])
+                        }
+                        Op::Execute(_) => (com::STMT_EXECUTE, &[0, 1, 0, 0, 0]),
+                        Op::LongData(_) => (com::STMT_SEND_LONG_DATA, &[0, 0, b'x', b'y']),
+                        Op::StmtReset(_) => (com::STMT_RESET, &[]),
+                        _ => (com::STMT_FETCH, &[10, 0, 0, 0]),
+                    };
+                    (
+                        stmt_command(code, prod_ids[stmt], rest),
+                        stmt_command(code, test_ids[stmt], rest),
+                    )
                 }
             };
             expected.push(want);
@@ -1456,7 +1496,7 @@ proptest! {
         drop(h);
         let mut got = Vec::new();
         sink.drain_into(&mut got);
-        let answered = expected.iter().filter(|c| c[0] != command::com::STMT_CLOSE).count();
+        let answered = expected.iter().filter(|c| expects_reply(c[0])).count();
         prop_assert_eq!(got.len(), answered);
         for o in &got {
             let p = o.prod.expect("production's answer");
