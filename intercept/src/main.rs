@@ -415,6 +415,16 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             cli.workers
         );
     }
+    if !cli.on_host.on_test_host {
+        // A forwarding assistant hands the test server's replies on to the real clients, which
+        // reset their own connections with production's peers: said at start, not only by
+        // `intercept doctor`, since this is the one set-up mistake that reaches production.
+        for c in intercept::doctor::forwarding_checks(&doctor_setup(&cli)) {
+            if c.level != ops::check::Level::Ok {
+                tracing::warn!("{}: {}", c.name, c.detail);
+            }
+        }
+    }
     // Capture first: a missing privilege is the most likely mistake, and nothing should be
     // listening for copiers when it happens.
     let mut source = if cli.on_host.on_test_host {

@@ -233,6 +233,21 @@ fn doctor_names_each_fault_and_passes_once_fixed() -> Result<()> {
     )?;
     let run = d.intercept("ip_forward=1 on assist")?;
     fails(&run, "ip_forward", &["forwards IPv4", "assist-host setup"])?;
+    // The daemon itself says so when it starts, without being asked.
+    let listen = format!("{}:{}", lab.ip(Host::Assist), CONTROL_PORT + 1);
+    let mut second = lab.spawn(
+        Host::Assist,
+        &[&d.intercept, "--port", "3306", "--listen", &listen],
+    )?;
+    second.wait_for_output("waiting for copiers", Duration::from_secs(10))?;
+    let second = second.stop()?;
+    ensure!(
+        second
+            .stderr
+            .contains("ip_forward: this host forwards IPv4 (net.ipv4.ip_forward=1"),
+        "intercept started on a forwarding host without a warning:\n{}",
+        second.stderr
+    );
     d.routes(Host::Assist, &["assist-host", "setup"])?;
     passes(&d.copier("assist fixed by routes.sh", None)?)?;
     passes(&d.intercept("assist fixed by routes.sh")?)?;

@@ -487,6 +487,70 @@ fn user_variables_keep_their_bytes_as_hex_and_integers_as_numbers() {
     assert_eq!(u("big", &vec![b'a'; MAX_VARIABLE_VALUE + 1]), Err(()));
 }
 
+/// What [`set_statement`] may produce, checked character by character: nothing production sent
+/// can end a literal or an identifier, or add a statement.
+fn is_safe_set(kind: Variable, sql: &str) -> bool {
+    let value_ok = |v: &str| {
+        let digits = v.strip_prefix('-').unwrap_or(v);
+        let number = !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit());
+        let hex = |h: &str| h.len().is_multiple_of(2) && h.bytes().all(|b| b.is_ascii_hexdigit());
+        number
+            || v.strip_prefix("CONVERT(X'")
+                .and_then(|r| r.strip_suffix("' USING utf8mb4)"))
+                .is_some_and(hex)
+            || v.strip_prefix("X'")
+                .and_then(|r| r.strip_suffix('\''))
+                .is_some_and(hex)
+    };
+    match kind {
+        Variable::User => sql
+            .strip_prefix("SET @`")
+            .and_then(|r| r.split_once("` = "))
+            .is_some_and(|(name, v)| {
+                name.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"_$.".contains(&b))
+                    && value_ok(v)
+            }),
+        Variable::Session => sql
+            .strip_prefix("SET SESSION ")
+            .and_then(|r| r.split_once(" = "))
+            .is_some_and(|(name, v)| {
+                SESSION_VARIABLES.contains(&name)
+                    && (value_ok(v)
+                        || v.strip_prefix('\'')
+                            .and_then(|r| r.strip_suffix('\''))
+                            .is_some_and(|w| {
+                                w.bytes()
+                                    .all(|b| b.is_ascii_alphanumeric() || b"_,.+:/=-".contains(&b))
+                            }))
+            }),
+    }
+}
+
+proptest! {
+    /// Production's variable names and values are untrusted: whatever they are, the `SET`
+    /// built from them is one of the safe shapes, or nothing.
+    #[test]
+    fn set_statements_hold_nothing_production_could_inject(
+        session in any::<bool>(),
+        name in prop_oneof![
+            proptest::collection::vec(any::<u8>(), 0..70),
+            proptest::sample::select(SESSION_VARIABLES).prop_map(|n| n.as_bytes().to_vec()),
+            "[a-z_]{1,20}".prop_map(String::into_bytes),
+        ],
+        value in proptest::option::of(prop_oneof![
+            proptest::collection::vec(any::<u8>(), 0..64),
+            "[-0-9a-zA-Z'`;,.+:/= ]{0,30}".prop_map(String::into_bytes),
+        ]),
+    ) {
+        let kind = if session { Variable::Session } else { Variable::User };
+        if let Ok(Some(sql)) = set_statement(kind, &name, value.as_deref()) {
+            let sql = String::from_utf8(sql).expect("ASCII only");
+            prop_assert!(is_safe_set(kind, &sql), "{sql}");
+        }
+    }
+}
+
 #[test]
 fn variable_rows_become_set_statements_of_their_connection() {
     let batch = [req(40000, 1), req(40001, 2)];
