@@ -221,14 +221,12 @@ fn lab_gives_the_mirror_its_network_and_identical_servers() -> Result<()> {
 #[test]
 fn a_lab_left_by_a_killed_test_is_torn_down_by_the_next() -> Result<()> {
     require_root()?;
-    // What a killed test leaves: its owner record (pid 2^22, beyond pid_max: never alive) and
-    // the lab that `up` finished after the test was gone.
+    // What a killed test leaves: the lab that `up` finished after the test was gone, and its
+    // owner record (pid 2^22, beyond pid_max: never alive). The record is written once the lab
+    // is up and its servers' pids are read: written before, another test thread's reaper could
+    // take the not-yet-built lab for gone, drop the record, and leave the lab that `up` then
+    // builds to nobody.
     let name = format!("orph-{}", std::process::id());
-    fs::create_dir_all("/run/tcpshadow-lab/test-owners")?;
-    fs::write(
-        format!("/run/tcpshadow-lab/test-owners/{name}"),
-        "4194304 1",
-    )?;
     let up = lab_command(&name).arg("up").output()?;
     ensure!(
         up.status.success(),
@@ -244,6 +242,11 @@ fn a_lab_left_by_a_killed_test_is_torn_down_by_the_next() -> Result<()> {
         .filter_map(|k| fs::read_to_string(env.get(*k)?).ok()?.trim().parse().ok())
         .collect();
     ensure!(pids.len() == 2, "the orphan's servers are not running");
+    fs::create_dir_all("/run/tcpshadow-lab/test-owners")?;
+    fs::write(
+        format!("/run/tcpshadow-lab/test-owners/{name}"),
+        "4194304 1",
+    )?;
 
     let next = Lab::up("reaper")?;
     // Another test thread's lab may have found the orphan first; its teardown can still be
