@@ -11,10 +11,10 @@ use anyhow::{bail, ensure, Context, Result};
 use tcpshadow_tests::mirror::{Mirror, MirrorOptions};
 use tcpshadow_tests::{Host, Lab};
 
-/// Compiles tests/clients/change_user.c against Connector/C (libmariadb-dev).
-fn build_change_user(dir: &Path) -> Result<PathBuf> {
-    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("clients/change_user.c");
-    let out = dir.join("change_user");
+/// Compiles tests/clients/NAME.c against Connector/C (libmariadb-dev) into `dir`.
+fn build_client(dir: &Path, name: &str) -> Result<PathBuf> {
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("clients/{name}.c"));
+    let out = dir.join(name);
     let flags = Command::new("mariadb_config")
         .args(["--cflags", "--libs"])
         .output()
@@ -58,7 +58,7 @@ fn change_user_and_reset_connection_are_mirrored_with_real_logins() -> Result<()
     tcpshadow_tests::mirror::build()?;
     let lab = Lab::up("chuser")?;
     let dir = PathBuf::from(lab.var("LAB_DIR"));
-    let client = build_change_user(&dir)?;
+    let client = build_client(&dir, "change_user")?;
     let creds = dir.join("test-credentials");
     std::fs::write(
         &creds,
@@ -298,5 +298,87 @@ fn big_commands_pass_intact_and_compressed_or_tls_sessions_are_left_alone() -> R
             copier.stderr
         );
     }
+    Ok(())
+}
+
+/// A pooled Connector/C connection (prepared before the copier started) that then batches an
+/// insert: Connector/C sends it as MariaDB's COM_STMT_BULK_EXECUTE, which the test server only
+/// takes from a session that asked for bulk operations at login. The copier's own login for the
+/// picked-up connection asks for it; `--prod-dsn` recovers the statement, and the bulk execute's
+/// id is mapped like an execute's.
+#[test]
+fn a_pooled_connections_bulk_insert_is_mirrored() -> Result<()> {
+    tcpshadow_tests::mirror::build()?;
+    let lab = Lab::up("bulk")?;
+    let dir = PathBuf::from(lab.var("LAB_DIR"));
+    let client = build_client(&dir, "pooled_bulk")?;
+    for h in [Host::Prod, Host::Test] {
+        lab.sql(h, "CREATE TABLE sbtest.tsd_bulk (id INT PRIMARY KEY)")?;
+    }
+    let go = dir.join("bulk-go");
+    let mut pooled = lab.spawn(
+        Host::Client,
+        &[
+            client.to_str().context("path")?,
+            lab.ip(Host::Prod),
+            "3306",
+            lab.var("LAB_USER"),
+            lab.var("LAB_PASSWORD"),
+            lab.var("LAB_DB"),
+            go.to_str().context("path")?,
+        ],
+    )?;
+    pooled.wait_for_output("prepared", Duration::from_secs(10))?;
+    // MariaDB counts a COM_STMT_BULK_EXECUTE as one Com_stmt_execute, however many rows it
+    // carries: one execute and three rows means the bulk command.
+    let bulk = |h| -> Result<u64> { Ok(lab.counters(h)?.get("Com_stmt_execute")) };
+    let (prod0, test0) = (bulk(Host::Prod)?, bulk(Host::Test)?);
+    let dsn = format!(
+        "mysql://{}:{}@{}:3306",
+        lab.var("LAB_RO_USER"),
+        lab.var("LAB_RO_PASSWORD"),
+        lab.ip(Host::Prod)
+    );
+    let mirror = Mirror::start(
+        &lab,
+        &MirrorOptions {
+            copier_args: vec![
+                "--mysql-credentials".into(),
+                lab.credentials_file()?,
+                "--mysql-default-user".into(),
+                lab.var("LAB_USER").into(),
+                "--prod-dsn".into(),
+                dsn,
+            ],
+            ..Default::default()
+        },
+    )?;
+    std::fs::write(&go, b"")?;
+    let pooled = pooled.finish(Duration::from_secs(20))?;
+    ensure!(pooled.success(), "the pooled client failed: {pooled:?}");
+    std::thread::sleep(Duration::from_secs(1));
+    let (copier, _) = mirror.stop()?;
+    println!("{}\n{}", pooled.stdout, copier.stderr);
+    let (prod_bulk, test_bulk) = (bulk(Host::Prod)? - prod0, bulk(Host::Test)? - test0);
+    ensure!(
+        prod_bulk == 1,
+        "Connector/C sent {prod_bulk} executes to production, not one bulk execute: the test \
+         proves nothing"
+    );
+    ensure!(
+        test_bulk == 1,
+        "the test server ran {test_bulk} executes, not one bulk execute"
+    );
+    let rows = "SELECT GROUP_CONCAT(id ORDER BY id) FROM sbtest.tsd_bulk";
+    let (on_prod, on_test) = (lab.sql(Host::Prod, rows)?, lab.sql(Host::Test, rows)?);
+    ensure!(
+        on_prod == "1,2,3" && on_test == on_prod,
+        "rows: prod {on_prod:?}, test {on_test:?}"
+    );
+    ensure!(
+        copier.stderr.contains("recovered_statements=1") && copier.stderr.contains("losses: none"),
+        "the copier did not recover the statement, or counted a loss:\n{}",
+        copier.stderr
+    );
     Ok(())
 }

@@ -14,7 +14,7 @@ use common::mysql::auth::{caching_sha2_password, native_password, Nonce};
 use common::mysql::command::{self, com, ChangeUser, Command, PrepareOk};
 use common::mysql::fold::{Folded, RowFolder};
 use common::mysql::handshake::{
-    AuthSwitchRequest, Capabilities, ErrPacket, Greeting, HandshakeResponse,
+    AuthSwitchRequest, Capabilities, ErrPacket, Greeting, HandshakeResponse, MariaCapabilities,
 };
 use common::mysql::packet::{write_packet, Oversize, PacketSplitter, MAX_PAYLOAD_LEN};
 use proptest::prelude::*;
@@ -941,6 +941,14 @@ fn a_picked_up_connection_logs_in_as_the_default_user_then_replays_its_commands(
     ));
     assert_eq!(login.capabilities & g.capabilities, login.capabilities);
     assert!(!login.capabilities.contains(Capabilities::CONNECT_ATTRS));
+    // MariaDB offers COM_STMT_BULK_EXECUTE: the login asks for it (a pooled Connector/J may
+    // batch), and for no other extended capability (they change how replies are framed).
+    let offered = g.mariadb_capabilities().expect("a MariaDB greeting");
+    assert!(offered.contains(MariaCapabilities::STMT_BULK_OPERATIONS));
+    assert_eq!(
+        login.mariadb_capabilities(),
+        Some(MariaCapabilities::STMT_BULK_OPERATIONS)
+    );
     assert_eq!(h.count(Counter::PickupLogins), 1);
 
     h.test_packet(2, OK);

@@ -31,7 +31,7 @@ use common::mysql::classify::{self, Effect, NameUse, Rules, WriteKind};
 use common::mysql::command::{self, com, ChangeUser};
 use common::mysql::handshake::{
     AuthMoreData, AuthSwitchRequest, Capabilities, ClientLogin, FastAuthResult, Greeting,
-    HandshakeResponse, NotMirrorable, ReplyPhase, ServerReply,
+    HandshakeResponse, MariaCapabilities, NotMirrorable, ReplyPhase, ServerReply,
 };
 use common::mysql::packet::{
     write_packet, FrameScanner, PacketHeader, ScannedPacket, HEADER_LEN, MAX_PAYLOAD_LEN,
@@ -289,6 +289,9 @@ struct AuthExchange {
 #[derive(Clone, Copy, Debug)]
 struct TestServer {
     caps: Capabilities,
+    /// MariaDB offers COM_STMT_BULK_EXECUTE (an extended capability). One flag, not the
+    /// whole set: every session carries this struct (`a_session_in_line_stays_small`).
+    bulk_operations: bool,
     plugin: AuthPlugin,
     nonce: Nonce,
 }
@@ -842,6 +845,9 @@ impl MysqlTransform {
             .unwrap_or(AuthPlugin::MysqlNativePassword);
         self.test_server = Some(TestServer {
             caps: g.capabilities,
+            bulk_operations: g
+                .mariadb_capabilities()
+                .is_some_and(|m| m.contains(MariaCapabilities::STMT_BULK_OPERATIONS)),
             plugin,
             nonce,
         });
@@ -1162,9 +1168,18 @@ impl MysqlTransform {
         } else {
             SYNTHETIC_CAPS
         };
-        let caps = want & server.caps;
+        let mut caps = want & server.caps;
         if !caps.contains(Capabilities::PROTOCOL_41) {
             return Err(protocol("test_server_too_old"));
+        }
+        // MariaDB's COM_STMT_BULK_EXECUTE (Connector/J's and Connector/C's batches) is refused
+        // on a session that did not ask for it. Asking changes nothing else on the wire, unlike
+        // the other extended capabilities (metadata caching, progress reports), which a pooled
+        // client may not have had.
+        let mut filler = [0; 23];
+        if server.bulk_operations {
+            caps = Capabilities(caps.0 & !Capabilities::MYSQL.0);
+            filler[19..].copy_from_slice(&MariaCapabilities::STMT_BULK_OPERATIONS.0.to_le_bytes());
         }
         let plugin = if caps.contains(Capabilities::PLUGIN_AUTH) {
             server.plugin
@@ -1179,7 +1194,7 @@ impl MysqlTransform {
             capabilities: caps,
             max_packet: SYNTHETIC_MAX_PACKET,
             charset: SYNTHETIC_CHARSET,
-            filler: [0; 23],
+            filler,
             username: user.as_bytes(),
             auth_response: scramble.as_ref().map_or(&[][..], |s| s.as_bytes()),
             database: db.as_deref().filter(|_| with_db).map(str::as_bytes),
