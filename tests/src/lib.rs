@@ -320,6 +320,28 @@ pub struct Load {
     pub extra: Vec<String>,
 }
 
+impl Load {
+    /// `lab.sh` arguments that run this load.
+    fn args(&self) -> Vec<String> {
+        let mut args: Vec<String> = [
+            "load",
+            "--test",
+            &self.test,
+            "--threads",
+            &self.threads.to_string(),
+            "--time",
+            &self.time_secs.to_string(),
+            "--target",
+            self.target.as_str(),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        args.extend(self.extra.iter().cloned());
+        args
+    }
+}
+
 impl Default for Load {
     fn default() -> Self {
         Load {
@@ -635,20 +657,8 @@ impl Lab {
 
     /// Runs sysbench (`lab.sh load`) and returns its figures.
     pub fn load(&self, load: &Load) -> Result<LoadReport> {
-        let threads = load.threads.to_string();
-        let time = load.time_secs.to_string();
-        let mut args = vec![
-            "load",
-            "--test",
-            &load.test,
-            "--threads",
-            &threads,
-            "--time",
-            &time,
-            "--target",
-            load.target.as_str(),
-        ];
-        args.extend(load.extra.iter().map(String::as_str));
+        let args = load.args();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let out = run(
             &mut self.command(&args),
             format!("lab.sh {}", args.join(" ")),
@@ -664,6 +674,18 @@ impl Lab {
             errors: number("ignored errors:")?,
             output: out.stdout.clone(),
         })
+    }
+
+    /// Starts `load` in the background (its output piped), for tests that do something while
+    /// it runs: start the mirror into it, inject a fault.
+    pub fn spawn_load(&self, load: &Load) -> Result<Child> {
+        let args = load.args();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.command(&args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("starting lab.sh {}", args.join(" ")))
     }
 
     /// `lab.sh status`.

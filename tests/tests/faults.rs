@@ -19,13 +19,13 @@
 //! the load for the test server to be clean, 15; polled, so a clean one passes early), `TCPSHADOW_FAULT_NETEM_SECS` (how long netem stays, 8),
 //! `TCPSHADOW_FAULTS` (a comma-separated subset of intercept,copier,test,netem,stall).
 
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
 use tcpshadow_tests::mirror::{release_bin, CONTROL_PORT};
-use tcpshadow_tests::{Background, Host, Lab};
+use tcpshadow_tests::{Background, Host, Lab, Load};
 
 /// The copier's memory bound in these runs, MiB (until `--max-memory` exists, the bound the
 /// acceptance compares `VmHWM` with).
@@ -265,22 +265,6 @@ struct Outcome {
     clean_after: f64,
 }
 
-fn spawn_load(lab: &Lab, secs: u64) -> Result<Child> {
-    Ok(lab
-        .command(&[
-            "load",
-            "--test",
-            "oltp_read_only",
-            "--threads",
-            "8",
-            "--time",
-            &secs.to_string(),
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()?)
-}
-
 fn sysbench_errors(out: &str) -> Option<u64> {
     out.lines()
         .map(str::trim)
@@ -413,7 +397,10 @@ fn run_fault(rig: &mut Rig, fault: Fault) -> Result<Outcome> {
         "--- {}: sysbench oltp_read_only 8 threads {total} s, fault after {pre} s",
         fault.describe()
     );
-    let load = spawn_load(&rig.lab, total)?;
+    let load = rig.lab.spawn_load(&Load {
+        time_secs: u32::try_from(total)?,
+        ..Load::default()
+    })?;
     let started = Instant::now();
     sleep(Duration::from_secs(pre));
     let (pf0, tf0) = (rig.lab.counters(Host::Prod)?, rig.lab.counters(Host::Test)?);

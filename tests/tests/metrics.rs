@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Context, Result};
 use tcpshadow_metrics::{parse, Sample};
 use tcpshadow_tests::mirror::{Mirror, MirrorOptions};
-use tcpshadow_tests::{Host, Lab};
+use tcpshadow_tests::{Host, Lab, Load};
 
 const COPIER_METRICS: &str = "127.0.0.1:9631";
 const INTERCEPT_METRICS: &str = "127.0.0.1:9632";
@@ -105,19 +105,7 @@ fn metrics_endpoints_agree_with_the_final_summaries() -> Result<()> {
     let mirror = Mirror::start(&lab, &opts)?;
     let Mirror { intercept, copier } = mirror;
 
-    let load = lab
-        .command(&[
-            "load",
-            "--test",
-            "oltp_read_only",
-            "--threads",
-            "8",
-            "--time",
-            "10",
-        ])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()?;
+    let load = lab.spawn_load(&Load::default())?;
     let mut load = Some(load);
     let mut copier_scrapes = Vec::new();
     let mut intercept_scrapes = Vec::new();

@@ -136,19 +136,10 @@ fn pooled_connections_are_recovered_with_prod_dsn() -> Result<()> {
         lab.var("LAB_RO_PASSWORD"),
         lab.ip(Host::Prod)
     );
-    let load = lab
-        .command(&[
-            "load",
-            "--test",
-            "oltp_read_only",
-            "--threads",
-            "8",
-            "--time",
-            "40",
-        ])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()?;
+    let load = lab.spawn_load(&Load {
+        time_secs: 40,
+        ..Load::default()
+    })?;
     // A pooled connection with session state of its own: user variables set before the copier
     // started, used after. The row it inserts must read the same on both servers. It stays open
     // a little after its insert: the lookup runs while the insert is held, and a connection
@@ -266,19 +257,10 @@ fn pooled_connections_without_prod_dsn_count_what_they_cannot_replay() -> Result
     tcpshadow_tests::mirror::build()?;
     let lab = Lab::up("nodsn")?;
     let creds = lab.credentials_file()?;
-    let load = lab
-        .command(&[
-            "load",
-            "--test",
-            "oltp_read_only",
-            "--threads",
-            "8",
-            "--time",
-            "20",
-        ])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()?;
+    let load = lab.spawn_load(&Load {
+        time_secs: 20,
+        ..Load::default()
+    })?;
     std::thread::sleep(Duration::from_secs(5));
     let opts = MirrorOptions {
         copier_args: vec![
