@@ -533,7 +533,6 @@ impl Lab {
         &self.env
     }
 
-    /// One `lab.sh env` value; panics if there is no such variable.
     /// Writes the test server's credentials (the lab's normal account, `user:password`) to a
     /// 0600 file in the lab directory, for the copier's `--mysql-credentials`; returns its path.
     pub fn credentials_file(&self) -> Result<String> {
@@ -547,6 +546,30 @@ impl Lab {
         Ok(path.to_string_lossy().into_owned())
     }
 
+    /// `--prod-dsn` of the lab's read-only account on production (PROCESS, SELECT).
+    pub fn prod_dsn(&self) -> String {
+        format!(
+            "mysql://{}:{}@{}:3306",
+            self.var("LAB_RO_USER"),
+            self.var("LAB_RO_PASSWORD"),
+            self.ip(Host::Prod)
+        )
+    }
+
+    /// The copier's arguments for connections open before it started: the test server's
+    /// credentials, and the lab's account and schema as the defaults of a picked-up session.
+    pub fn pickup_args(&self) -> Result<Vec<String>> {
+        Ok(vec![
+            "--mysql-credentials".into(),
+            self.credentials_file()?,
+            "--mysql-default-user".into(),
+            self.var("LAB_USER").into(),
+            "--mysql-default-db".into(),
+            "sbtest".into(),
+        ])
+    }
+
+    /// One `lab.sh env` value; panics if there is no such variable.
     pub fn var(&self, key: &str) -> &str {
         match self.env.get(key) {
             Some(v) => v,

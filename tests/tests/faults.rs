@@ -54,13 +54,6 @@ impl Rig {
     fn up() -> Result<Rig> {
         tcpshadow_tests::mirror::build()?;
         let lab = Lab::up("ft")?;
-        let creds = lab.credentials_file()?;
-        let dsn = format!(
-            "mysql://{}:{}@{}:3306",
-            lab.var("LAB_RO_USER"),
-            lab.var("LAB_RO_PASSWORD"),
-            lab.ip(Host::Prod)
-        );
         let listen = format!("{}:{CONTROL_PORT}", lab.ip(Host::Assist));
         let intercept_args = vec![
             release_bin("intercept")?.to_string_lossy().into_owned(),
@@ -73,7 +66,7 @@ impl Rig {
             "--status-interval".into(),
             "2".into(),
         ];
-        let copier_args = vec![
+        let mut copier_args = vec![
             release_bin("copier")?.to_string_lossy().into_owned(),
             "--port".into(),
             "3306".into(),
@@ -85,15 +78,9 @@ impl Rig {
             listen,
             "--status-interval".into(),
             "2".into(),
-            "--mysql-credentials".into(),
-            creds,
-            "--mysql-default-user".into(),
-            lab.var("LAB_USER").into(),
-            "--mysql-default-db".into(),
-            "sbtest".into(),
-            "--prod-dsn".into(),
-            dsn,
         ];
+        copier_args.extend(lab.pickup_args()?);
+        copier_args.extend(["--prod-dsn".into(), lab.prod_dsn()]);
         let mut rig = Rig {
             lab,
             intercept_args,

@@ -129,13 +129,6 @@ fn sysbench_logs_in_on_a_test_server_with_normal_grants() -> Result<()> {
 fn pooled_connections_are_recovered_with_prod_dsn() -> Result<()> {
     tcpshadow_tests::mirror::build()?;
     let lab = Lab::up("pooled")?;
-    let creds = lab.credentials_file()?;
-    let dsn = format!(
-        "mysql://{}:{}@{}:3306",
-        lab.var("LAB_RO_USER"),
-        lab.var("LAB_RO_PASSWORD"),
-        lab.ip(Host::Prod)
-    );
     let load = lab.spawn_load(&Load {
         time_secs: 40,
         ..Load::default()
@@ -161,17 +154,10 @@ fn pooled_connections_are_recovered_with_prod_dsn() -> Result<()> {
     );
     let stateful = lab.spawn(Host::Client, &["bash", "-c", &script])?;
     std::thread::sleep(Duration::from_secs(10));
+    let mut copier_args = lab.pickup_args()?;
+    copier_args.extend(["--prod-dsn".into(), lab.prod_dsn()]);
     let opts = MirrorOptions {
-        copier_args: vec![
-            "--mysql-credentials".into(),
-            creds,
-            "--mysql-default-user".into(),
-            lab.var("LAB_USER").into(),
-            "--mysql-default-db".into(),
-            "sbtest".into(),
-            "--prod-dsn".into(),
-            dsn,
-        ],
+        copier_args,
         ..Default::default()
     };
     let mirror = Mirror::start(&lab, &opts)?;
@@ -256,21 +242,13 @@ fn summary_counter(summary: &str, name: &str) -> u64 {
 fn pooled_connections_without_prod_dsn_count_what_they_cannot_replay() -> Result<()> {
     tcpshadow_tests::mirror::build()?;
     let lab = Lab::up("nodsn")?;
-    let creds = lab.credentials_file()?;
     let load = lab.spawn_load(&Load {
         time_secs: 20,
         ..Load::default()
     })?;
     std::thread::sleep(Duration::from_secs(5));
     let opts = MirrorOptions {
-        copier_args: vec![
-            "--mysql-credentials".into(),
-            creds,
-            "--mysql-default-user".into(),
-            lab.var("LAB_USER").into(),
-            "--mysql-default-db".into(),
-            "sbtest".into(),
-        ],
+        copier_args: lab.pickup_args()?,
         ..Default::default()
     };
     let mirror = Mirror::start(&lab, &opts)?;

@@ -333,23 +333,12 @@ fn a_pooled_connections_bulk_insert_is_mirrored() -> Result<()> {
     // carries: one execute and three rows means the bulk command.
     let bulk = |h| -> Result<u64> { Ok(lab.counters(h)?.get("Com_stmt_execute")) };
     let (prod0, test0) = (bulk(Host::Prod)?, bulk(Host::Test)?);
-    let dsn = format!(
-        "mysql://{}:{}@{}:3306",
-        lab.var("LAB_RO_USER"),
-        lab.var("LAB_RO_PASSWORD"),
-        lab.ip(Host::Prod)
-    );
+    let mut copier_args = lab.pickup_args()?;
+    copier_args.extend(["--prod-dsn".into(), lab.prod_dsn()]);
     let mirror = Mirror::start(
         &lab,
         &MirrorOptions {
-            copier_args: vec![
-                "--mysql-credentials".into(),
-                lab.credentials_file()?,
-                "--mysql-default-user".into(),
-                lab.var("LAB_USER").into(),
-                "--prod-dsn".into(),
-                dsn,
-            ],
+            copier_args,
             ..Default::default()
         },
     )?;
