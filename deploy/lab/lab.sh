@@ -81,6 +81,9 @@ commands:
                         --from HOST (client for prod, test itself for test: the client cannot
                         reach test directly); other args go to sysbench (e.g. --report-interval=1)
   counters HOST [--all] SHOW GLOBAL STATUS counters of HOST (prod|test) as `name value` lines
+  work HOST             what HOST's server executed: `counter NAME VALUE`, `errors EVENT N` (statement
+                        errors by kind, performance_schema) and `reads N` lines, for
+                        `work-compare` (tests/src/bin/work-compare.rs)
   sql HOST [SQL...]     run SQL (or stdin) as root over HOST's local socket; tab-separated output
   start|stop|restart HOST
                         start/stop the MariaDB server of HOST (prod|test); restart applies
@@ -94,6 +97,8 @@ environment for `up` (defaults in brackets):
   LAB_MYSQLD_ARGS       extra mariadbd options for both servers (whitespace-separated)
   LAB_PROD_MYSQLD_ARGS  extra options for prod only
   LAB_TEST_MYSQLD_ARGS  extra options for test only, e.g. "--skip-grant-tables"
+  LAB_OFFLOADS [on]     on: veth offloads at the kernel's defaults (TSO/GSO/GRO on, as real NICs);
+                        off: every offload off (one segment per packet; the friendlier variant)
   LAB_PROD2=1           also a second production host prod2 (198.18.<i>.5, its own MariaDB with
                         prod's data and options; `load --target prod2`, `counters prod2`): several
                         copiers sharing one intercept and test server (docs/scaling.md); it
@@ -409,15 +414,18 @@ ns_sysctl() { # ns_sysctl NS key=value...; keys missing in this kernel are skipp
     done
 }
 
-# Offloads off on every veth end. With them on, veth hands the kernel (and libpcap) TCP packets with
-# only partial checksums (tx checksum offload) and super-segments bigger than the MTU (TSO/GSO on
-# send, GRO on receive). The copier and intercept capture on these interfaces and must see what a
-# real wire carries: full-size-limited segments with valid checksums, one per packet.
-offloads_off() {
+# NIC offloads. By default each veth end keeps the kernel's defaults (TSO, GSO, GRO and checksum
+# offload on), as real NICs have them: the captures then see what real hosts produce, super-frames
+# bigger than the MTU and partial checksums, and the mirror must cope. LAB_OFFLOADS=off turns them
+# off on every end (one segment per packet, full checksums), the friendlier variant.
+offloads_apply() {
     local ns=$1 dev=$2
+    [[ ${LAB_OFFLOADS:-on} == off ]] || return 0
     if have_tool "$ETHTOOL"; then
         nsx "$ns" "$ETHTOOL" -K "$dev" tx off tso off gso off gro off >/dev/null 2>&1 ||
-            warn "ethtool -K $dev (in $ns) failed; captured packets may carry partial checksums"
+            warn "ethtool -K $dev (in $ns) failed; offloads stay at the kernel's defaults"
+    else
+        warn "ethtool not found (Debian package ethtool): LAB_OFFLOADS=off not applied"
     fi
 }
 
@@ -442,13 +450,13 @@ net_up() {
         # namespace never sees these interfaces.
         "$IP" -n "$LAB_BR_NS" link add "$h" type veth peer name "$LAB_IFACE" netns "$ns" address "$mac"
         "$IP" -n "$LAB_BR_NS" link set "$h" master "$LAB_BRIDGE"
-        offloads_off "$LAB_BR_NS" "$h"
+        offloads_apply "$LAB_BR_NS" "$h"
         "$IP" -n "$LAB_BR_NS" link set "$h" up
 
         # rp_filter off: test must accept the copier's packets whose source is a client address,
         # and prod/assist see traffic for/from addresses they do not route that way either.
         ns_sysctl "$ns" net.ipv4.conf.all.rp_filter=0 net.ipv4.conf.default.rp_filter=0
-        offloads_off "$ns" "$LAB_IFACE"
+        offloads_apply "$ns" "$LAB_IFACE"
         "$IP" -n "$ns" addr add "$ip/$LAB_PREFIX_LEN" dev "$LAB_IFACE"
         "$IP" -n "$ns" link set "$LAB_IFACE" up
         ns_sysctl "$ns" "net.ipv4.conf.$LAB_IFACE.rp_filter=0" net.ipv4.conf.lo.rp_filter=0
@@ -524,7 +532,9 @@ server_args() { # server_args HOST -> SARGS
     # default max_prepared_stmt_count (16382).
     SARGS+=("--port=$LAB_MYSQL_PORT" --bind-address=0.0.0.0 "--max-connections=$LAB_MAX_CONNECTIONS"
         "--max-prepared-stmt-count=$((LAB_MAX_CONNECTIONS * 40))")
-    [[ $h == prod || $h == prod2 ]] && SARGS+=(--performance-schema=ON)
+    # Every server: the --prod-dsn lookups read production's, and the executed-work comparison
+    # reads each server's statement errors (events_statements_summary_global_by_event_name).
+    SARGS+=(--performance-schema=ON)
     extra=$(var "LAB_$(uc "$h")_SERVER_ARGS")
     local -a words=()
     read -r -a words <<<"$extra" || true
@@ -740,8 +750,8 @@ cmd_up() {
     need_tools ip ss mariadbd mariadb-install-db mariadb mariadb-admin sysbench tcpdump \
         flock setsid sysctl
     lock_lab
-    have_tool "$ETHTOOL" ||
-        warn "ethtool not found (Debian package ethtool): veth offloads stay on, captures may show bad checksums"
+    [[ ${LAB_OFFLOADS:-on} == on || ${LAB_OFFLOADS:-on} == off ]] ||
+        die "LAB_OFFLOADS must be on (the kernel's defaults, as real NICs) or off, not '$LAB_OFFLOADS'"
     if lab_healthy; then
         load_lab_env
         info "lab '$LAB_NAME' is already up ($LAB_SUBNET, dir $LAB_DIR)"
@@ -1035,6 +1045,40 @@ root_sql() { # root_sql HOST ARGS... : mariadb client as root over HOST's socket
 # Counters via the local socket, so no TCP traffic at all. Each call is one connection (Connections
 # +1) and adds 2 to Questions/Queries (its SHOW STATUS, counted at once, and its COM_QUIT, seen by
 # the next call) and 1 to Com_show_status.
+# What a server executed, for the executed-work comparison (tests/src/work.rs, bin work-compare):
+# `counter NAME VALUE` lines (the COUNTERS above), `errors EVENT N` lines (statement errors per
+# kind, performance_schema) and `reads N`: how many `work` reads this lab made of HOST, each of
+# which adds exactly 1 to Com_select (its SELECT of performance_schema), so a comparison can take
+# its own reads out. Over the local socket: no TCP traffic.
+cmd_work() {
+    need_root
+    load_lab_env
+    need_tools mariadb flock
+    [[ $# -eq 1 ]] || die "usage: $PROG work prod|test"
+    local h=$1 list name value n f
+    server_host "$h"
+    f="$LAB_DIR/$h/work-reads"
+    # The read is counted before it is made: a snapshot's Com_select includes its own SELECT.
+    exec {wfd}>>"$f.lock"
+    flock "$wfd"
+    n=$(($(cat "$f" 2>/dev/null || echo 0) + 1))
+    echo "$n" >"$f"
+    list=$(printf "'%s'," "${COUNTERS[@]}")
+    local out
+    out=$(root_sql "$h" -e "SELECT 'errors', EVENT_NAME, SUM_ERRORS FROM performance_schema.events_statements_summary_global_by_event_name WHERE SUM_ERRORS > 0; SHOW GLOBAL STATUS WHERE Variable_name IN (${list%,})") ||
+        die "work: no answer from the $h server"
+    exec {wfd}>&-
+    [[ -n $out ]] || die "work: no answer from the $h server"
+    while IFS=$'\t' read -r name value n; do
+        if [[ $name == errors ]]; then
+            printf 'errors %s %s\n' "$value" "$n"
+        else
+            printf 'counter %s %s\n' "$name" "$value"
+        fi
+    done <<<"$out"
+    printf 'reads %s\n' "$(cat "$f")"
+}
+
 cmd_counters() {
     need_root
     load_lab_env
@@ -1184,6 +1228,7 @@ env) cmd_env ;;
 exec) cmd_exec "$@" ;;
 load) cmd_load "$@" ;;
 counters) cmd_counters "$@" ;;
+work) cmd_work "$@" ;;
 sql) cmd_sql "$@" ;;
 start | stop | restart) cmd_server "$CMD" "$@" ;;
 logs) cmd_logs "$@" ;;
