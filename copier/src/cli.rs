@@ -350,7 +350,10 @@ impl MirrorArgs {
 
     /// Whether every command's answers are collected (for `--report` or `--metrics`).
     pub fn collects(&self) -> bool {
-        self.report.is_some() || (self.metrics.is_some() && self.protocol == Protocol::Mysql)
+        // In MySQL mode always: both answers of every command are what tells a command the
+        // test server rejected or never answered, and those are losses the summary must list
+        // whether or not a report is written.
+        self.report.is_some() || self.protocol == Protocol::Mysql
     }
 
     pub fn report_interval(&self) -> Option<Duration> {

@@ -372,6 +372,28 @@ pub fn render_copier_metrics(s: &Snapshot, report: Option<&Report>, top_n: usize
         );
     }
 
+    if let Some(figures) = &s.report {
+        e.family(
+            "tcpshadow_copier_commands_lost_total",
+            Kind::Counter,
+            "Commands the test server did not run as production did, by command, statement kind \
+             (first keyword), reason (test_error: ERR on test only; prod_error: ERR on \
+             production only; unanswered: sent, never answered) and error code.",
+        );
+        for d in &figures.divergence {
+            let code = d.reason.code().map(|c| c.to_string()).unwrap_or_default();
+            e.sample(
+                "tcpshadow_copier_commands_lost_total",
+                &[
+                    ("command", d.command),
+                    ("kind", d.kind),
+                    ("reason", d.reason.label()),
+                    ("code", &code),
+                ],
+                d.count,
+            );
+        }
+    }
     if let Some(r) = report {
         report_metrics(&mut e, r, top_n);
     }

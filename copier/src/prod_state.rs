@@ -996,29 +996,36 @@ fn lookup_batch(
     c: &mut MysqlClient<impl Read + Write>,
     batch: &[LookupRequest],
     wanted: Wanted,
+    queries: &AtomicU64,
 ) -> Result<HashMap<SocketAddrV4, (u64, RecoveredState)>, ProdError> {
+    // Each is one SELECT production runs for us, not for its clients: counted so that a
+    // comparison of executed work can take them out.
+    let mut c = |sql: &str| {
+        queries.fetch_add(1, Ordering::Relaxed);
+        c.query(sql)
+    };
     let clients: Vec<SocketAddrV4> = batch
         .iter()
         .map(|r| r.client)
         .collect::<HashSet<_>>()
         .into_iter()
         .collect();
-    let rows = c.query(&processlist_query(&clients))?;
+    let rows = c(&processlist_query(&clients))?;
     let mut found = match_processlist(batch, &rows);
     if found.is_empty() {
         return Ok(found);
     }
     let ids: Vec<u64> = found.values().map(|(id, _)| *id).collect();
     if wanted.statements {
-        let rows = c.query(&statements_query(&ids))?;
+        let rows = c(&statements_query(&ids))?;
         add_statements(&mut found, &rows);
     }
     if wanted.session_variables {
-        let rows = c.query(&session_variables_query(&ids))?;
+        let rows = c(&session_variables_query(&ids))?;
         add_variables(&mut found, Variable::Session, &rows);
     }
     if wanted.user_variables {
-        let rows = c.query(&user_variables_query(&ids))?;
+        let rows = c(&user_variables_query(&ids))?;
         add_variables(&mut found, Variable::User, &rows);
     }
     Ok(found)
@@ -1033,6 +1040,7 @@ struct Counters {
     not_found: AtomicU64,
     failed: AtomicU64,
     dropped: AtomicU64,
+    queries: AtomicU64,
 }
 
 /// Lookup counters, for the status and the summary.
@@ -1048,6 +1056,9 @@ pub struct LookupStats {
     pub failed: u64,
     /// Not asked: the request queue was full.
     pub dropped: u64,
+    /// Statements the lookups ran on production (all SELECTs; the start-up check's are not
+    /// counted: they run before the capture starts).
+    pub queries: u64,
 }
 
 impl LookupStats {
@@ -1142,6 +1153,7 @@ impl StateLookup {
             not_found: get(&c.not_found),
             failed: get(&c.failed),
             dropped: get(&c.dropped),
+            queries: get(&c.queries),
         }
     }
 }
@@ -1227,7 +1239,7 @@ impl Worker {
             Some(c) => c,
             None => self.conn.insert(open(&self.dsn, &self.own)?),
         };
-        lookup_batch(conn, batch, self.wanted)
+        lookup_batch(conn, batch, self.wanted, &self.counters.queries)
     }
 
     fn stopping(&self) -> bool {

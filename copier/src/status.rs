@@ -178,13 +178,15 @@ impl StatusLine {
         };
         let report = match &s.report {
             Some(r) => format!(
-                " | qps prod {:.0} test {:.0} | p99 prod {} test {} | mismatches={} test_errors={}",
+                " | qps prod {:.0} test {:.0} | p99 prod {} test {} | mismatches={} test_errors={} \
+                 lost_on_test={}",
                 r.live.prod_qps,
                 r.live.test_qps,
                 fmt_us(r.live.prod_p99_us),
                 fmt_us(r.live.test_p99_us),
                 r.totals.row_mismatches + r.totals.result_mismatches,
                 r.totals.test_errors,
+                r.divergence.iter().map(|d| d.count).sum::<u64>(),
             ),
             None => String::new(),
         };
@@ -407,6 +409,24 @@ pub fn summary(s: &Snapshot, elapsed: Duration) -> String {
             l.requested, l.answered, l.not_found, l.failed, l.dropped
         );
     }
+    // Statements the copier ran itself, by the name of the server counter they bump: a
+    // comparison of what both servers executed takes them out (tests/src/work.rs reads this).
+    let proto = |name: &str| {
+        s.engine
+            .transform
+            .named(s.transform_names)
+            .find(|(n, _)| *n == name)
+            .map_or(0, |(_, v)| v)
+    };
+    let own_prod = s.lookup.map_or(0, |l| l.queries);
+    let (init_db, sets) = (proto("injected_init_db"), proto("recovered_variables"));
+    if own_prod + init_db + sets > 0 {
+        let _ = writeln!(
+            out,
+            "  own statements: production select={own_prod}; test change_db={init_db} \
+             set_option={sets}"
+        );
+    }
     let _ = writeln!(
         out,
         "  session memory (--max-memory): peak {:.1} MiB, {} sessions shed, {} connections refused",
@@ -434,6 +454,19 @@ pub fn summary(s: &Snapshot, elapsed: Duration) -> String {
                 }
             }),
     );
+    if let Some(r) = &s.report {
+        // Executes of a statement the test server refused to prepare are listed here, by
+        // kind and code, so the protocol layer's count of the same commands is not repeated.
+        losses.retain(|(what, _)| !what.starts_with("protocol layer: executes dropped rejected"));
+        losses.extend(r.divergence.iter().map(|d| {
+            let what = if d.kind == "-" {
+                d.command.to_string()
+            } else {
+                format!("{} {}", d.command, d.kind)
+            };
+            (format!("commands: {what}: {}", d.reason), d.count)
+        }));
+    }
     losses.retain(|(_, n)| *n > 0);
     if losses.is_empty() {
         let _ = writeln!(out, "  losses: none");
@@ -503,10 +536,15 @@ mod tests {
                 not_found: 1,
                 failed: 1,
                 dropped: 1,
+                queries: 9,
             }),
             ..Snapshot::default()
         };
         let text = summary(&s, Duration::from_secs(1));
+        assert!(
+            text.contains("own statements: production select=9; test change_db=0 set_option=0"),
+            "{text}"
+        );
         assert!(
             text.contains("8 requested, 5 answered, 1 not found, 1 failed, 1 dropped"),
             "{text}"
@@ -575,6 +613,47 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("losses: none"), "{text}");
+    }
+
+    #[test]
+    fn commands_the_test_server_failed_are_losses_by_kind_and_code() {
+        use crate::report::divergence::{Divergent, Reason};
+        use crate::report::reporting::ReportFigures;
+        let clean = Snapshot {
+            report: Some(ReportFigures::default()),
+            ..Snapshot::default()
+        };
+        assert!(summary(&clean, Duration::from_secs(1)).contains("losses: none"));
+        let s = Snapshot {
+            report: Some(ReportFigures {
+                divergence: vec![
+                    Divergent {
+                        command: "stmt_execute",
+                        kind: "select",
+                        reason: Reason::TestError(1210),
+                        count: 7,
+                    },
+                    Divergent {
+                        command: "query",
+                        kind: "update",
+                        reason: Reason::Unanswered,
+                        count: 2,
+                    },
+                ],
+                ..ReportFigures::default()
+            }),
+            ..Snapshot::default()
+        };
+        let text = summary(&s, Duration::from_secs(1));
+        assert!(!text.contains("losses: none"), "{text}");
+        assert!(
+            text.contains("7  commands: stmt_execute select: error 1210 on the test server only"),
+            "{text}"
+        );
+        assert!(
+            text.contains("2  commands: query update: sent, never answered by the test server"),
+            "{text}"
+        );
     }
 
     #[test]

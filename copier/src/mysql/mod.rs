@@ -198,6 +198,8 @@ pub enum Counter {
     RecoveryInitDbFailed,
     /// Variables set again on the test server for a recovered session.
     RecoveredVariables,
+    /// COM_INIT_DB the copier sent on its own: the schema of a picked-up connection.
+    InjectedInitDb,
     /// Variables production reported that no `SET` could carry (name or value out of bounds).
     RecoveryVariablesDropped,
     /// A recovered variable's `SET` the test server refused.
@@ -270,6 +272,7 @@ pub const COUNTER_NAMES: &[&str] = &[
     "recovery_timeouts",
     "recovery_init_db_failed",
     "recovered_variables",
+    "injected_init_db",
     "recovery_variables_dropped",
     "recovery_set_failed",
     "auth_switch_nonce_assumed",

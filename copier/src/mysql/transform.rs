@@ -1212,6 +1212,7 @@ impl MysqlTransform {
             let inj = init_db(db.as_bytes());
             self.inject_bytes += inj.bytes.len();
             self.inject.push_front(inj);
+            out.count(Counter::InjectedInitDb as usize);
         }
         self.session_caps = caps;
         self.client_caps = server.caps & PICKUP_CLIENT_CAPS;
@@ -1276,7 +1277,9 @@ impl MysqlTransform {
                 out.count(Counter::RecoveryUserMismatch as usize);
             }
             if let Some(db) = db.filter(|d| pickup.login_db.as_deref() != Some(d.as_bytes())) {
-                self.queue_injection(init_db(db.as_bytes()), out);
+                if self.queue_injection(init_db(db.as_bytes()), out) {
+                    out.count(Counter::InjectedInitDb as usize);
+                }
             }
         } else {
             pickup.user = Some(user);

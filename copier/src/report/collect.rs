@@ -33,6 +33,7 @@ use std::time::Duration;
 use common::clock::Instant;
 use common::mysql::digest::digest_hex;
 
+use super::divergence::Divergence;
 use super::model::{DigestReport, Latency, Mismatch, QpsPoint, Report, Totals, SCHEMA};
 use super::observe::{Answer, AnswerKind, Observation, Statement, TestOutcome};
 
@@ -257,6 +258,9 @@ pub struct Collector {
     /// Commands of digests beyond `max_digests`.
     other: Option<Digest>,
     totals: Totals,
+    /// Commands the test server did not run as production did (errors on one side only,
+    /// unanswered): the losses the summary lists, kept whether or not a report is written.
+    divergence: Divergence,
     /// Commands completed per window of `width_s` seconds: (production, test).
     points: Vec<(u64, u64)>,
     width_s: u64,
@@ -272,6 +276,7 @@ impl Collector {
             digests: HashMap::new(),
             other: None,
             totals: Totals::default(),
+            divergence: Divergence::default(),
             points: Vec::new(),
             width_s: 1,
             window: (Histogram::default(), Histogram::default(), start),
@@ -285,6 +290,10 @@ impl Collector {
 
     pub fn totals(&self) -> &Totals {
         &self.totals
+    }
+
+    pub fn divergence(&self) -> &Divergence {
+        &self.divergence
     }
 
     fn digest(&mut self, s: &Arc<Statement>) -> &mut Digest {
@@ -328,6 +337,7 @@ impl Collector {
     }
 
     pub fn observe(&mut self, o: &Observation) {
+        self.divergence.observe(o);
         let counts_prod = o.copy == 0;
         let (test, timed) = match o.test {
             TestOutcome::Answered(a) => (Some(a), true),

@@ -20,6 +20,7 @@
 
 pub mod collect;
 pub mod diff;
+pub mod divergence;
 pub mod fixtures;
 pub mod html;
 pub mod json;

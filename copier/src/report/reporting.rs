@@ -12,6 +12,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use common::clock::Instant;
 
 use super::collect::{Collector, CollectorConfig, LiveFigures, ReportMeta};
+use super::divergence::Divergent;
 use super::model::{Report, Totals};
 use super::observe::{Observation, ObservationSink};
 use crate::mysql::ReportHooks;
@@ -49,6 +50,8 @@ pub struct ReportFigures {
     pub dropped: u64,
     /// Where the report is written, if anywhere.
     pub dir: Option<PathBuf>,
+    /// Commands the test server did not run as production did, by kind and reason.
+    pub divergence: Vec<Divergent>,
 }
 
 /// See the module documentation.
@@ -196,6 +199,7 @@ impl Reporting {
             totals: self.collector.totals().clone(),
             dropped: self.sink.dropped(),
             dir: self.dir.clone(),
+            divergence: self.collector.divergence().rows(),
         }
     }
 }
