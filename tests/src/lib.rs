@@ -15,6 +15,7 @@
 //! ```
 
 pub mod mirror;
+pub mod work;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -274,6 +275,67 @@ impl Drop for Background {
             let _ = terminate(&mut child);
         }
     }
+}
+
+/// The processes under `root` (itself included), stopped with SIGSTOP until dropped or
+/// resumed ([`Lab::pause`]).
+pub struct Paused(Vec<u32>);
+
+impl Paused {
+    fn new(root: u32) -> Self {
+        let all = descendants(root);
+        for &pid in &all {
+            let _ = Command::new("kill")
+                .args(["-STOP", &pid.to_string()])
+                .stderr(Stdio::null())
+                .status();
+        }
+        Paused(all)
+    }
+
+    pub fn resume(self) {}
+}
+
+impl Drop for Paused {
+    fn drop(&mut self) {
+        for &pid in &self.0 {
+            let _ = Command::new("kill")
+                .args(["-CONT", &pid.to_string()])
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+}
+
+/// `root` and every process below it, from /proc's parent links.
+fn descendants(root: u32) -> Vec<u32> {
+    let mut parent = Vec::new();
+    if let Ok(dir) = std::fs::read_dir("/proc") {
+        for e in dir.flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+                continue;
+            };
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+                continue;
+            };
+            // The command name may hold spaces and parentheses: the fields follow the last ')'.
+            let ppid = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+                .and_then(|p| p.parse::<u32>().ok());
+            if let Some(ppid) = ppid {
+                parent.push((pid, ppid));
+            }
+        }
+    }
+    let mut out = vec![root];
+    let mut i = 0;
+    while i < out.len() {
+        let p = out[i];
+        out.extend(parent.iter().filter(|(_, pp)| *pp == p).map(|(c, _)| *c));
+        i += 1;
+    }
+    out
 }
 
 /// `SHOW GLOBAL STATUS` counters of one server (`lab.sh counters`), and the ordinal of the read
@@ -676,6 +738,87 @@ impl Lab {
             *n
         };
         Ok(Counters(map, ordinal))
+    }
+
+    /// What `host`'s server has executed so far (`lab.sh work`): two of these around a window
+    /// give its [`work::Work`].
+    pub fn work(&self, host: Host) -> Result<work::WorkSnapshot> {
+        let out = run(
+            &mut self.command(&["work", host.as_str()]),
+            format!("[{host}] work"),
+        )?
+        .check()?;
+        work::WorkSnapshot::parse(&out.stdout)
+    }
+
+    /// Both servers' [`Lab::work`], production first.
+    pub fn work_both(&self) -> Result<(work::WorkSnapshot, work::WorkSnapshot)> {
+        Ok((self.work(Host::Prod)?, self.work(Host::Test)?))
+    }
+
+    /// Closes a window opened by `before` (a [`Lab::work_both`] or [`Lab::work_both_quiet`]
+    /// read) once production's load is over: both servers now, then the test server again
+    /// until it has run at least as much of every kind as production did (its backlog), or
+    /// `timeout`. Whether it caught up is for the comparison to say.
+    pub fn work_window(
+        &self,
+        before: (work::WorkSnapshot, work::WorkSnapshot),
+        timeout: Duration,
+    ) -> Result<work::Window> {
+        let at_end = self.work_both()?;
+        let prod = at_end.0.clone();
+        let due = work::Work::between(&before.0, &prod)?;
+        let deadline = Instant::now() + timeout;
+        let mut test = at_end.1.clone();
+        loop {
+            let done = work::Work::between(&before.1, &test)?;
+            let behind = work::KINDS
+                .iter()
+                .any(|k| done.get(k) < due.get(k) && due.get(k) >= work::MIN_COUNT);
+            if !behind || Instant::now() >= deadline {
+                return Ok(work::Window {
+                    before,
+                    at_end,
+                    after: (prod, test),
+                });
+            }
+            thread::sleep(Duration::from_millis(250));
+            test = self.work(Host::Test)?;
+        }
+    }
+
+    /// Stops the clients of `load` (a [`Lab::spawn_load`] child and every process under it)
+    /// with SIGSTOP until the returned guard is dropped or resumed.
+    pub fn pause(&self, load: &Child) -> Paused {
+        Paused::new(load.id())
+    }
+
+    /// Both servers' [`Lab::work`] once neither is running anything: read until two reads in a
+    /// row show no new work (the test server has run all that was mirrored to it). With the
+    /// load paused ([`Lab::pause`]) this opens a window exactly: two servers read one after the
+    /// other under load are read at different moments, and the commands run in between
+    /// (hundreds at sysbench's rate) would count as a loss or a duplicate.
+    pub fn work_both_quiet(
+        &self,
+        timeout: Duration,
+    ) -> Result<(work::WorkSnapshot, work::WorkSnapshot)> {
+        let deadline = Instant::now() + timeout;
+        let mut last = self.work_both()?;
+        loop {
+            thread::sleep(Duration::from_millis(200));
+            let now = self.work_both()?;
+            let still = |a: &work::WorkSnapshot, b: &work::WorkSnapshot| -> Result<bool> {
+                let w = work::Work::between(a, b)?;
+                Ok(work::KINDS.iter().all(|k| w.get(k) == 0))
+            };
+            if still(&last.0, &now.0)? && still(&last.1, &now.1)? {
+                return Ok(now);
+            }
+            if Instant::now() >= deadline {
+                bail!("the servers did not go quiet within {timeout:?} (is the load paused?)");
+            }
+            last = now;
+        }
     }
 
     /// Runs sysbench (`lab.sh load`) and returns its figures.

@@ -2,10 +2,11 @@
 //! mirrored session logs in there with the test server's own scramble, keeps its prepared
 //! statements valid, and executes what production executed.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{ensure, Result};
+use anyhow::{ensure, Context, Result};
 use tcpshadow_tests::mirror::{Mirror, MirrorOptions};
+use tcpshadow_tests::work::{OwnStatements, Window};
 use tcpshadow_tests::{Host, Lab, Load};
 
 fn load_secs() -> u32 {
@@ -15,9 +16,10 @@ fn load_secs() -> u32 {
         .unwrap_or(10)
 }
 
-/// Runs `load` on prod and returns (prod queries, test queries after at most 10 s of drain).
-fn mirrored_load(lab: &Lab, load: &Load) -> Result<(u64, u64)> {
-    let (p0, t0) = (lab.counters(Host::Prod)?, lab.counters(Host::Test)?);
+/// Runs `load` on prod and returns both servers' work over it, the test server given at most
+/// 10 s to finish its backlog.
+fn mirrored_load(lab: &Lab, load: &Load) -> Result<Window> {
+    let before = lab.work_both()?;
     let report = lab.load(load)?;
     // sysbench's "ignored errors" are production's own deadlocks (1213) and lock wait timeouts,
     // which it rolls back and retries (any other error stops it and fails `load`). Under
@@ -35,15 +37,7 @@ fn mirrored_load(lab: &Lab, load: &Load) -> Result<(u64, u64)> {
             load.test, report.errors
         );
     }
-    let p1 = lab.counters(Host::Prod)?;
-    let prod = p1.questions_since(&p0);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut test = lab.counters(Host::Test)?.questions_since(&t0);
-    while test < prod && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(250));
-        test = lab.counters(Host::Test)?.questions_since(&t0);
-    }
-    Ok((prod, test))
+    lab.work_window(before, Duration::from_secs(10))
 }
 
 #[test]
@@ -96,13 +90,15 @@ fn sysbench_logs_in_on_a_test_server_with_normal_grants() -> Result<()> {
                 time_secs: secs,
                 ..Load::default()
             };
-            let (prod, mirrored) = mirrored_load(&lab, &load)?;
-            let fidelity = mirrored as f64 / prod as f64;
-            println!("{test} {threads} threads {secs} s: prod {prod}, test {mirrored}, fidelity {fidelity:.5}");
-            ensure!(
-                fidelity >= 0.999 && mirrored <= prod,
-                "{test} {threads} threads: test executed {mirrored} of prod's {prod} queries"
+            // Every login is seen: the copier runs no statement of its own.
+            let figures = mirrored_load(&lab, &load)?.check(&OwnStatements::default());
+            println!(
+                "{test} {threads} threads {secs} s:\n{}",
+                figures
+                    .as_ref()
+                    .map_or_else(|e| format!("{e:#}"), String::clone)
             );
+            figures.with_context(|| format!("{test} {threads} threads"))?;
         }
     }
     let test1 = lab.counters(Host::Test)?;
@@ -160,7 +156,14 @@ fn pooled_connections_are_recovered_with_prod_dsn() -> Result<()> {
         copier_args,
         ..Default::default()
     };
+    // The window opens with the clients paused and both servers quiet, the copier already
+    // capturing: everything production runs from then on is due on the test server, the
+    // copier's pickups and recoveries included (its own statements are taken out by count).
+    let paused = lab.pause(&load);
     let mirror = Mirror::start(&lab, &opts)?;
+    let before = lab.work_both_quiet(Duration::from_secs(10))?;
+    let t0 = lab.counters(Host::Test)?;
+    paused.resume();
     std::fs::write(&go, b"")?;
     let stateful = stateful.finish(Duration::from_secs(20))?;
     let _ = std::fs::remove_file(&go);
@@ -168,9 +171,6 @@ fn pooled_connections_are_recovered_with_prod_dsn() -> Result<()> {
         stateful.success(),
         "the stateful connection failed: {stateful:?}"
     );
-    // The window opens once the copier says it is capturing: what prod ran while intercept and
-    // the copier were still starting up was never seen, so it cannot count against fidelity.
-    let (p0, t0) = (lab.counters(Host::Prod)?, lab.counters(Host::Test)?);
     let out = load.wait_with_output()?;
     let sysbench = String::from_utf8_lossy(&out.stdout);
     ensure!(
@@ -178,27 +178,19 @@ fn pooled_connections_are_recovered_with_prod_dsn() -> Result<()> {
         "sysbench failed:\n{sysbench}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let p1 = lab.counters(Host::Prod)?;
-    let prod = p1.questions_since(&p0);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut t1 = lab.counters(Host::Test)?;
-    while t1.questions_since(&t0) < prod && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(250));
-        t1 = lab.counters(Host::Test)?;
-    }
-    let test = t1.questions_since(&t0);
+    let window = lab.work_window(before, Duration::from_secs(10))?;
+    let t1 = lab.counters(Host::Test)?;
     let (copier, _) = mirror.stop()?;
-    let share = test as f64 / prod as f64;
+    println!("{}", copier.stderr);
+    let figures = window.check(&OwnStatements::from_summary(&copier.stderr)?);
     println!(
         "pooled connections, oltp_read_only 8 threads 40 s, copier started after 10 s with \
-         --prod-dsn: prod {prod} queries after the copier started, test {test}, share {share:.5}"
+         --prod-dsn:\n{}",
+        figures
+            .as_ref()
+            .map_or_else(|e| format!("{e:#}"), String::clone)
     );
-    println!("{}", copier.stderr);
-    ensure!(
-        share >= 0.99,
-        "the test server executed {test} of the {prod} queries prod executed after the copier \
-         started ({share:.5})"
-    );
+    figures?;
     ensure!(
         t1.delta(&t0, "Aborted_connects") == 0,
         "the test server counted {} aborted connects",
@@ -251,36 +243,46 @@ fn pooled_connections_without_prod_dsn_count_what_they_cannot_replay() -> Result
         copier_args: lab.pickup_args()?,
         ..Default::default()
     };
+    let paused = lab.pause(&load);
     let mirror = Mirror::start(&lab, &opts)?;
-    let (p0, t0) = (lab.counters(Host::Prod)?, lab.counters(Host::Test)?);
+    let before = lab.work_both_quiet(Duration::from_secs(10))?;
+    paused.resume();
     let out = load.wait_with_output()?;
     ensure!(
         out.status.success(),
         "sysbench failed:\n{}",
         String::from_utf8_lossy(&out.stdout)
     );
-    let prod = lab.counters(Host::Prod)?.questions_since(&p0);
-    std::thread::sleep(Duration::from_secs(2));
-    let test = lab.counters(Host::Test)?.questions_since(&t0);
+    let window = lab.work_window(before, Duration::from_secs(10))?;
     let (copier, _) = mirror.stop()?;
     let summary = copier.stderr;
+    let whole = window.whole(&OwnStatements::from_summary(&summary)?)?;
     let executes = summary_counter(&summary, "executes_dropped_prepared_before_pickup");
     let others = summary_counter(&summary, "stmt_commands_dropped");
-    let accounted = (test + executes + others) as f64 / prod as f64;
+    let (prod, test) = (
+        whole.prod.get("Com_stmt_execute"),
+        whole.test.get("Com_stmt_execute"),
+    );
     println!(
         "pooled connections, oltp_read_only 8 threads 20 s, copier started after 5 s without \
-         --prod-dsn: prod {prod} queries, test {test}, executes dropped (prepared before pickup) \
-         {executes}, other statement commands dropped {others}: accounted {accounted:.5}"
+         --prod-dsn: executes dropped (prepared before pickup) {executes}, other statement \
+         commands dropped {others}\n{whole}"
     );
     println!("{summary}");
     ensure!(
         summary_counter(&summary, "pickup_logins") == 8,
         "the 8 sysbench connections were not picked up and logged in:\n{summary}"
     );
+    // Every execute production ran in the window either ran on the test server or was counted
+    // as dropped, exactly: the copier ran from the window's start.
     ensure!(
-        executes > 0 && accounted >= 0.99,
-        "what the test server did not execute is not all counted: prod {prod}, test {test}, \
-         counted {executes} + {others}"
+        executes > 0 && test + executes == prod,
+        "what the test server did not execute is not all counted: prod {prod} executes, test \
+         {test}, counted {executes}"
+    );
+    ensure!(
+        whole.new_errors().is_empty(),
+        "the test server failed statements production ran:\n{whole}"
     );
     ensure!(
         summary.contains(
@@ -322,7 +324,7 @@ fn a_test_server_far_behind_production_catches_up() -> Result<()> {
         time_secs: 12,
         ..Load::default()
     };
-    let (prod, mirrored) = std::thread::scope(|s| -> Result<(u64, u64)> {
+    let window = std::thread::scope(|s| -> Result<Window> {
         let run = s.spawn(|| mirrored_load(&lab, &load));
         std::thread::sleep(Duration::from_secs(3));
         signal("-STOP")?;
@@ -337,16 +339,19 @@ fn a_test_server_far_behind_production_catches_up() -> Result<()> {
         .find_map(|w| w.strip_prefix("test_behind_holds="))
         .and_then(|n| n.parse::<u64>().ok())
         .unwrap_or(0);
-    println!("test server stopped 4 s: prod {prod}, test {mirrored}, holds {held}");
+    let figures = window.check(&OwnStatements::default());
+    println!(
+        "test server stopped 4 s, holds {held}:\n{}",
+        figures
+            .as_ref()
+            .map_or_else(|e| format!("{e:#}"), String::clone)
+    );
     println!("{summary}");
     ensure!(
         held > 0,
         "the test server never fell 4096 commands behind: the stop did not test anything"
     );
-    ensure!(
-        mirrored as f64 >= 0.999 * prod as f64 && mirrored <= prod,
-        "test executed {mirrored} of prod's {prod} queries after falling behind"
-    );
+    figures.context("after falling behind")?;
     ensure!(
         !summary.contains("protocol_errors="),
         "the copier gave sessions up:\n{summary}"

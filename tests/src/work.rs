@@ -1,0 +1,486 @@
+//! Fidelity as what the servers executed: the one comparison every lab test, `bench/mirror.sh`
+//! and `demo.sh` use (the scripts through `bin/work-compare`).
+//!
+//! `Questions` counts the commands a server *received*, rejected ones included: a test server
+//! that answers every execute with an error scores 1.0 on it. So fidelity here is per kind of
+//! executed work (`Com_select`, `Com_stmt_execute`, ...: MariaDB bumps these only for commands
+//! it ran), and the statement errors of each server (`performance_schema`'s
+//! `events_statements_summary_global_by_event_name.SUM_ERRORS`) are compared beside it.
+//!
+//! What this must never do: hide a difference in slack. The lab's own reads (`lab.sh work`
+//! adds exactly one `Com_select` per read, and says how many it made) and the copier's own
+//! statements (its summary's `own statements` line) are taken out explicitly, and a test
+//! asserts both bounds: a duplicate is as wrong as a loss.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use anyhow::{bail, Context, Result};
+
+/// The kinds of executed work compared, as MariaDB names their counters.
+pub const KINDS: &[&str] = &[
+    "Com_select",
+    "Com_insert",
+    "Com_update",
+    "Com_delete",
+    "Com_replace",
+    "Com_stmt_execute",
+    "Com_begin",
+    "Com_commit",
+    "Com_rollback",
+    "Com_change_db",
+    "Com_set_option",
+];
+
+/// A kind counts toward work fidelity once production ran it this often in the window: below,
+/// one command more or less moves the ratio by more than the bounds tests assert.
+pub const MIN_COUNT: u64 = 200;
+
+/// One read of a server (`lab.sh work HOST`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WorkSnapshot {
+    pub counters: BTreeMap<String, u64>,
+    /// Statement errors by performance_schema event name (`statement/sql/select`, ...).
+    pub errors: BTreeMap<String, u64>,
+    /// The lab's `work` reads of this server so far, this one included.
+    pub reads: u64,
+}
+
+impl WorkSnapshot {
+    /// Parses `lab.sh work` output: `counter NAME N`, `errors EVENT N` and `reads N` lines.
+    pub fn parse(text: &str) -> Result<Self> {
+        let mut s = WorkSnapshot::default();
+        let mut saw_reads = false;
+        for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+            let mut w = line.split_whitespace();
+            let number = |v: Option<&str>| -> Result<u64> {
+                v.with_context(|| format!("no value in {line:?}"))?
+                    .parse()
+                    .with_context(|| format!("not a number in {line:?}"))
+            };
+            match w.next() {
+                Some("counter") => {
+                    let name = w.next().with_context(|| format!("no name in {line:?}"))?;
+                    s.counters.insert(name.to_string(), number(w.next())?);
+                }
+                Some("errors") => {
+                    let event = w.next().with_context(|| format!("no event in {line:?}"))?;
+                    s.errors.insert(event.to_string(), number(w.next())?);
+                }
+                Some("reads") => {
+                    s.reads = number(w.next())?;
+                    saw_reads = true;
+                }
+                _ => bail!("not a `lab.sh work` line: {line:?}"),
+            }
+        }
+        if !saw_reads || !s.counters.contains_key("Com_select") {
+            bail!("not a `lab.sh work` snapshot (no reads or Com_select line):\n{text}");
+        }
+        Ok(s)
+    }
+}
+
+/// What one server executed between two reads, the lab's own reads taken out.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Work {
+    /// [`KINDS`] and `Questions` (shown, never compared).
+    pub kinds: BTreeMap<String, u64>,
+    pub errors: BTreeMap<String, u64>,
+}
+
+impl Work {
+    pub fn between(before: &WorkSnapshot, after: &WorkSnapshot) -> Result<Work> {
+        if after.reads < before.reads {
+            bail!(
+                "the later snapshot was read before the earlier one (or the server's lab changed)"
+            );
+        }
+        let mut w = Work::default();
+        for &k in KINDS.iter().chain(&["Questions"]) {
+            let (Some(a), Some(b)) = (after.counters.get(k), before.counters.get(k)) else {
+                bail!("counter {k} missing from a snapshot");
+            };
+            let mut d = a.checked_sub(*b).with_context(|| {
+                format!("{k} went down ({b} -> {a}): was the server restarted in the window?")
+            })?;
+            if k == "Com_select" {
+                // Each read's SELECT of performance_schema, counted in its own snapshot.
+                d = d.saturating_sub(after.reads - before.reads);
+            }
+            w.kinds.insert(k.to_string(), d);
+        }
+        for (event, &n) in &after.errors {
+            let d = n.saturating_sub(before.errors.get(event).copied().unwrap_or(0));
+            if d > 0 {
+                w.errors.insert(event.clone(), d);
+            }
+        }
+        Ok(w)
+    }
+
+    pub fn get(&self, kind: &str) -> u64 {
+        self.kinds.get(kind).copied().unwrap_or(0)
+    }
+
+    pub fn error_total(&self) -> u64 {
+        self.errors.values().sum()
+    }
+}
+
+/// Statements the copier ran on its own, by [`KINDS`] name: its `--prod-dsn` lookups on
+/// production, the schema selections and `SET`s of recovered sessions on the test server.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct OwnStatements {
+    pub prod: BTreeMap<String, u64>,
+    pub test: BTreeMap<String, u64>,
+}
+
+impl OwnStatements {
+    /// Reads the copier summary's `own statements: production select=N ...; test change_db=N
+    /// ...` line (absent: none). A summary with several such lines (several copiers' logs
+    /// concatenated) adds them up.
+    pub fn from_summary(summary: &str) -> Result<Self> {
+        let mut own = OwnStatements::default();
+        for line in summary.lines() {
+            let Some(rest) = line.trim().strip_prefix("own statements:") else {
+                continue;
+            };
+            for part in rest.split(';') {
+                let mut words = part.split_whitespace();
+                let side = match words.next() {
+                    Some("production") => &mut own.prod,
+                    Some("test") => &mut own.test,
+                    Some(other) => bail!("own statements: unknown server {other:?} in {line:?}"),
+                    None => continue,
+                };
+                for kv in words {
+                    let (k, v) = kv
+                        .split_once('=')
+                        .with_context(|| format!("own statements: {kv:?} in {line:?}"))?;
+                    let v: u64 = v
+                        .parse()
+                        .with_context(|| format!("own statements: {kv:?} in {line:?}"))?;
+                    *side.entry(format!("Com_{k}")).or_default() += v;
+                }
+            }
+        }
+        Ok(own)
+    }
+}
+
+/// Production's work against the test server's, over the same window.
+#[derive(Clone, Debug)]
+pub struct Comparison {
+    pub prod: Work,
+    pub test: Work,
+    pub own: OwnStatements,
+    /// What the test server should run per command production ran: 1, or N under
+    /// `--multiply N`.
+    pub ratio: f64,
+}
+
+/// One row of the comparison.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Row {
+    pub kind: String,
+    /// The clients' commands, the copier's own taken out.
+    pub prod: u64,
+    pub test: u64,
+    /// test / (prod x ratio), when production ran it at least [`MIN_COUNT`] times.
+    pub ratio: Option<f64>,
+}
+
+impl Comparison {
+    pub fn new(prod: Work, test: Work) -> Self {
+        Self {
+            prod,
+            test,
+            own: OwnStatements::default(),
+            ratio: 1.0,
+        }
+    }
+
+    /// Takes the copier's own statements out of both sides.
+    pub fn less_own(mut self, own: OwnStatements) -> Self {
+        self.own = own;
+        self
+    }
+
+    /// The test server is due `ratio` times production's work (`--multiply`).
+    pub fn expecting(mut self, ratio: f64) -> Self {
+        self.ratio = ratio;
+        self
+    }
+
+    pub fn rows(&self) -> Vec<Row> {
+        KINDS
+            .iter()
+            .chain(&["Questions"])
+            .map(|&k| {
+                let own = |m: &BTreeMap<String, u64>| m.get(k).copied().unwrap_or(0);
+                let prod = self.prod.get(k).saturating_sub(own(&self.own.prod));
+                let test = self.test.get(k).saturating_sub(own(&self.own.test));
+                let ratio = (k != "Questions" && prod >= MIN_COUNT)
+                    .then(|| test as f64 / (prod as f64 * self.ratio));
+                Row {
+                    kind: k.to_string(),
+                    prod,
+                    test,
+                    ratio,
+                }
+            })
+            .collect()
+    }
+
+    /// The smallest test/prod ratio over the kinds production ran at least [`MIN_COUNT`]
+    /// times; `None` when it ran none that often.
+    pub fn fidelity(&self) -> Option<f64> {
+        self.rows()
+            .iter()
+            .filter_map(|r| r.ratio)
+            .min_by(|a, b| a.total_cmp(b))
+    }
+
+    /// The largest ratio: above 1, the test server ran more than it was sent (duplicates).
+    pub fn highest(&self) -> Option<f64> {
+        self.rows()
+            .iter()
+            .filter_map(|r| r.ratio)
+            .max_by(|a, b| a.total_cmp(b))
+    }
+
+    /// Statement errors on test that production did not have, by event name.
+    pub fn new_errors(&self) -> BTreeMap<String, u64> {
+        self.test
+            .errors
+            .iter()
+            .filter_map(|(event, &t)| {
+                let p = self.prod.errors.get(event).copied().unwrap_or(0) as f64 * self.ratio;
+                let extra = (t as f64 - p).round();
+                (extra >= 1.0).then(|| (event.clone(), extra as u64))
+            })
+            .collect()
+    }
+
+    /// Work fidelity within `[lo, hi]` and no statement error on test that production did
+    /// not have. The error names every figure.
+    pub fn check(&self, lo: f64, hi: f64) -> Result<()> {
+        self.check_errors(lo, hi, &BTreeMap::new())
+    }
+
+    /// Like [`Comparison::check`], for a test server made to differ on purpose: exactly
+    /// `expected` new errors (by event name), no others.
+    pub fn check_errors(&self, lo: f64, hi: f64, expected: &BTreeMap<String, u64>) -> Result<()> {
+        let Some(low) = self.fidelity() else {
+            bail!("production ran no kind of work {MIN_COUNT} times: nothing was measured\n{self}");
+        };
+        let high = self.highest().unwrap_or(low);
+        if low < lo {
+            bail!("work fidelity {low:.5} is below {lo}\n{self}");
+        }
+        if high > hi {
+            bail!("the test server ran more than it was sent: {high:.5} > {hi}\n{self}");
+        }
+        let new = self.new_errors();
+        if &new != expected {
+            bail!("statement errors on test that production did not have: {new:?}, expected {expected:?}\n{self}");
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for Comparison {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "  {:<18} {:>12} {:>12} {:>9}",
+            "executed work", "production", "test", "test/prod"
+        )?;
+        for r in self.rows() {
+            if r.prod == 0 && r.test == 0 {
+                continue;
+            }
+            let ratio = match r.ratio {
+                Some(x) => format!("{x:.5}"),
+                None if r.kind == "Questions" => "(recv'd)".into(),
+                None => "-".into(),
+            };
+            writeln!(
+                f,
+                "  {:<18} {:>12} {:>12} {:>9}",
+                r.kind, r.prod, r.test, ratio
+            )?;
+        }
+        let own: Vec<String> = [("production", &self.own.prod), ("test", &self.own.test)]
+            .iter()
+            .filter(|(_, m)| m.values().any(|&n| n > 0))
+            .map(|(side, m)| {
+                let each: Vec<String> = m.iter().map(|(k, n)| format!("{k}={n}")).collect();
+                format!("{side} {}", each.join(" "))
+            })
+            .collect();
+        if !own.is_empty() {
+            writeln!(
+                f,
+                "  the copier's own statements, taken out: {}",
+                own.join("; ")
+            )?;
+        }
+        if self.ratio != 1.0 {
+            writeln!(
+                f,
+                "  the test server is due {}x production's work",
+                self.ratio
+            )?;
+        }
+        let errors = |w: &Work| -> String {
+            if w.errors.is_empty() {
+                "none".into()
+            } else {
+                let each: Vec<String> = w.errors.iter().map(|(k, n)| format!("{k}={n}")).collect();
+                each.join(" ")
+            }
+        };
+        writeln!(f, "  statement errors: production {}", errors(&self.prod))?;
+        writeln!(f, "  statement errors: test       {}", errors(&self.test))?;
+        let new = self.new_errors();
+        if new.is_empty() {
+            writeln!(f, "  new errors on test: none")?;
+        } else {
+            let each: Vec<String> = new.iter().map(|(k, n)| format!("{k}={n}")).collect();
+            writeln!(f, "  new errors on test: {}", each.join(" "))?;
+        }
+        match self.fidelity() {
+            Some(x) => write!(f, "  work fidelity: {x:.5} (the smallest test/prod ratio over kinds run {MIN_COUNT}+ times)"),
+            None => write!(f, "  work fidelity: not measured (no kind run {MIN_COUNT} times)"),
+        }
+    }
+}
+
+/// Both servers read at a window's start, when the load ended, and once the test server had
+/// caught up (`Lab::work_window`).
+#[derive(Clone, Debug)]
+pub struct Window {
+    pub before: (WorkSnapshot, WorkSnapshot),
+    pub at_end: (WorkSnapshot, WorkSnapshot),
+    pub after: (WorkSnapshot, WorkSnapshot),
+}
+
+impl Window {
+    fn compare(
+        &self,
+        to: &(WorkSnapshot, WorkSnapshot),
+        own: &OwnStatements,
+    ) -> Result<Comparison> {
+        Ok(Comparison::new(
+            Work::between(&self.before.0, &to.0)?,
+            Work::between(&self.before.1, &to.1)?,
+        )
+        .less_own(own.clone()))
+    }
+
+    /// When the load ended: how far behind production the test server was.
+    pub fn in_step(&self, own: &OwnStatements) -> Result<Comparison> {
+        self.compare(&self.at_end, own)
+    }
+
+    /// The whole window, the test server's backlog run.
+    pub fn whole(&self, own: &OwnStatements) -> Result<Comparison> {
+        self.compare(&self.after, own)
+    }
+
+    /// The mirror tests' bars: work fidelity within [0.999, 1.001] over the whole window, no
+    /// statement error on test that production did not have, and at least 0.99 of the work
+    /// already run when the load ended. Returns both comparisons, for the test to print.
+    pub fn check(&self, own: &OwnStatements) -> Result<String> {
+        let (in_step, whole) = (self.in_step(own)?, self.whole(own)?);
+        let text =
+            format!("when the load ended:\n{in_step}\nonce the test server caught up:\n{whole}");
+        whole
+            .check(0.999, 1.001)
+            .with_context(|| format!("when the load ended:\n{in_step}"))?;
+        if in_step.fidelity().unwrap_or(0.0) < 0.99 {
+            bail!("the test server was not in step with production when the load ended (below 0.99):\n{text}");
+        }
+        Ok(text)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn snap(select: u64, execute: u64, reads: u64, errors: &[(&str, u64)]) -> WorkSnapshot {
+        let mut text = String::new();
+        for k in KINDS.iter().chain(&["Questions"]) {
+            let v = match *k {
+                "Com_select" => select,
+                "Com_stmt_execute" | "Questions" => execute,
+                _ => 0,
+            };
+            text.push_str(&format!("counter {k} {v}\n"));
+        }
+        for (e, n) in errors {
+            text.push_str(&format!("errors {e} {n}\n"));
+        }
+        text.push_str(&format!("reads {reads}\n"));
+        WorkSnapshot::parse(&text).unwrap()
+    }
+
+    #[test]
+    fn own_reads_are_taken_out_of_com_select() {
+        let w = Work::between(&snap(10, 0, 3, &[]), &snap(1015, 1000, 5, &[])).unwrap();
+        assert_eq!(w.get("Com_select"), 1003);
+    }
+
+    #[test]
+    fn rejected_executes_are_not_work() {
+        // The incident: every execute received (Questions), none run as a SELECT.
+        let prod = Work::between(&snap(0, 0, 1, &[]), &snap(106_271, 121_448, 2, &[])).unwrap();
+        let test = Work::between(
+            &snap(0, 0, 1, &[]),
+            &snap(1, 13_971, 2, &[("statement/com/Execute", 107_000)]),
+        )
+        .unwrap();
+        let c = Comparison::new(prod, test);
+        assert_eq!(c.fidelity(), Some(0.0));
+        assert!(c.check(0.999, 1.001).is_err());
+        assert_eq!(c.new_errors().get("statement/com/Execute"), Some(&107_000));
+        let text = c.to_string();
+        assert!(text.contains("work fidelity: 0.00000"), "{text}");
+    }
+
+    #[test]
+    fn both_bounds_and_rare_kinds() {
+        let prod = Work::between(&snap(0, 0, 1, &[]), &snap(1001, 1000, 2, &[])).unwrap();
+        let dup = Work::between(&snap(0, 0, 1, &[]), &snap(1011, 1010, 2, &[])).unwrap();
+        let c = Comparison::new(prod.clone(), dup);
+        assert!(
+            c.check(0.999, 1.001).is_err(),
+            "a duplicate is as wrong as a loss"
+        );
+        let same = Comparison::new(prod.clone(), prod.clone());
+        same.check(0.999, 1.001).unwrap();
+        // Fewer than MIN_COUNT: not a ratio.
+        let few = Work::between(&snap(0, 0, 1, &[]), &snap(51, 50, 2, &[])).unwrap();
+        assert_eq!(Comparison::new(few.clone(), few).fidelity(), None);
+    }
+
+    #[test]
+    fn own_statements_and_multiply() {
+        let own = OwnStatements::from_summary(
+            "copier summary\n  own statements: production select=7; test change_db=3 set_option=2\n",
+        )
+        .unwrap();
+        assert_eq!(own.prod.get("Com_select"), Some(&7));
+        assert_eq!(own.test.get("Com_set_option"), Some(&2));
+        let prod = Work::between(&snap(0, 0, 1, &[]), &snap(1008, 1000, 2, &[])).unwrap();
+        let test = Work::between(&snap(0, 0, 1, &[]), &snap(3001, 3000, 2, &[])).unwrap();
+        let c = Comparison::new(prod, test).less_own(own).expecting(3.0);
+        let f = c.fidelity().unwrap();
+        assert!((f - 1.0).abs() < 1e-9, "{f}\n{c}");
+        assert!(WorkSnapshot::parse("counter Questions 1\n").is_err());
+        assert!(OwnStatements::from_summary("own statements: elsewhere select=1").is_err());
+    }
+}
