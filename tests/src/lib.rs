@@ -344,14 +344,6 @@ fn descendants(root: u32) -> Vec<u32> {
 pub struct Counters(pub BTreeMap<String, u64>, pub u64);
 
 impl Counters {
-    /// Questions since `before`, less what the lab's own reads added: each `counters` call adds
-    /// 2 (lab.sh), so a loop that polls the test server until it catches up must not count its
-    /// polls as mirrored queries.
-    pub fn questions_since(&self, before: &Counters) -> u64 {
-        let reads = self.1.saturating_sub(before.1).max(1);
-        self.delta(before, "Questions").saturating_sub(2 * reads)
-    }
-
     /// The counter `name` (e.g. `Com_stmt_execute`); panics if the server did not report it.
     pub fn get(&self, name: &str) -> u64 {
         match self.0.get(name) {
@@ -541,7 +533,7 @@ pub struct Lab {
     name: String,
     env: BTreeMap<String, String>,
     up: bool,
-    /// `counters` reads so far, per server (see [`Counters::questions_since`]).
+    /// `counters` reads so far, per server (each adds 2 to its Questions).
     reads: std::sync::Mutex<BTreeMap<&'static str, u64>>,
 }
 
@@ -819,6 +811,19 @@ impl Lab {
             }
             last = now;
         }
+    }
+
+    /// Runs `load` on prod with the mirror on and returns both servers' work over it (the
+    /// test server given at most 10 s for its backlog) and sysbench's figures. sysbench's
+    /// "ignored errors" are production's own deadlocks and lock wait timeouts, rolled back and
+    /// retried: a read-only load has no reason for any, and fails here if it had one.
+    pub fn mirrored_load(&self, load: &Load) -> Result<(work::Window, LoadReport)> {
+        let before = self.work_both()?;
+        let report = self.load(load)?;
+        if report.errors > 0 && load.test == "oltp_read_only" {
+            bail!("sysbench reported errors:\n{}", report.output);
+        }
+        Ok((self.work_window(before, Duration::from_secs(10))?, report))
     }
 
     /// Runs sysbench (`lab.sh load`) and returns its figures.

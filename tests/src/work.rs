@@ -126,6 +126,26 @@ impl Work {
     pub fn error_total(&self) -> u64 {
         self.errors.values().sum()
     }
+
+    /// Two servers' work as one (several production hosts into one test server, one copier
+    /// spreading over two targets).
+    pub fn plus(mut self, other: &Work) -> Work {
+        for (k, v) in &other.kinds {
+            *self.kinds.entry(k.clone()).or_default() += v;
+        }
+        for (k, v) in &other.errors {
+            *self.errors.entry(k.clone()).or_default() += v;
+        }
+        self
+    }
+
+    /// Whether this has run at least `ratio` x `due` of every kind `due` ran [`MIN_COUNT`]
+    /// times or more.
+    pub fn caught_up(&self, due: &Work, ratio: f64) -> bool {
+        KINDS
+            .iter()
+            .all(|k| due.get(k) < MIN_COUNT || self.get(k) as f64 >= due.get(k) as f64 * ratio)
+    }
 }
 
 /// Statements the copier ran on its own, by [`KINDS`] name: its `--prod-dsn` lookups on

@@ -8,9 +8,10 @@
 //! * loss, delay and reordering (`tc netem`) on the path from the copier to the test server;
 //! * intercept stalled (SIGSTOP) for 5 s, then SIGCONT.
 //!
-//! For each: production sysbench sees no errors; the test server executes at least 0.99 of
-//! production's queries in the window after recovery (both servers' `Questions` sampled at the
-//! same moments); the copier's peak RSS (`VmHWM`) stays under the budget; and 15 s after the load
+//! For each: production sysbench sees no errors; by executed work (tests/src/work.rs), the
+//! test server runs at least 0.99 of production's work in the window after recovery and never
+//! more than production over the whole run, the fault included (that whole-run figure is
+//! printed beside; its lower bar is issue 25's); the copier's peak RSS (`VmHWM`) stays under the budget; and 15 s after the load
 //! ends nothing mirrored is left open on the test server.
 //!
 //! One lab serves all five faults in turn (bring-up is the slow part). The windows are tunable:
@@ -25,6 +26,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
 use tcpshadow_tests::mirror::{release_bin, CONTROL_PORT};
+use tcpshadow_tests::work::{Comparison, OwnStatements, Work, WorkSnapshot};
 use tcpshadow_tests::{Background, Host, Lab, Load};
 
 /// The copier's memory bound in these runs, MiB (until `--max-memory` exists, the bound the
@@ -239,17 +241,28 @@ impl Fault {
 struct Outcome {
     fault: Fault,
     prod_errors: u64,
-    prod_window: u64,
-    test_window: u64,
-    fidelity: f64,
+    /// The whole load, the fault included, the test server given 10 s for its backlog.
+    whole: Comparison,
+    /// The window after recovery (the test server's backlog from the fault runs in it, so it
+    /// has no ceiling).
+    after_recovery: Comparison,
     hwm_mib: f64,
     leftovers: u64,
     threads_over_baseline: i64,
     fault_secs: f64,
-    /// (prod, test) Questions while the fault lasted, when both servers kept counting.
-    during: Option<(u64, u64)>,
     /// Seconds after the load until the test server was clean (or the full wait).
     clean_after: f64,
+}
+
+/// Both servers' work between two [`Lab::work_both`] reads.
+fn compare(
+    a: &(WorkSnapshot, WorkSnapshot),
+    b: &(WorkSnapshot, WorkSnapshot),
+) -> Result<Comparison> {
+    Ok(Comparison::new(
+        Work::between(&a.0, &b.0)?,
+        Work::between(&a.1, &b.1)?,
+    ))
 }
 
 fn sysbench_errors(out: &str) -> Option<u64> {
@@ -384,13 +397,16 @@ fn run_fault(rig: &mut Rig, fault: Fault) -> Result<Outcome> {
         "--- {}: sysbench oltp_read_only 8 threads {total} s, fault after {pre} s",
         fault.describe()
     );
+    // The whole run is measured, the fault included: a loss during the fault must not be
+    // hidden by the backlog the test server runs after it.
+    let start = rig.lab.work_both()?;
     let load = rig.lab.spawn_load(&Load {
         time_secs: u32::try_from(total)?,
         ..Load::default()
     })?;
     let started = Instant::now();
     sleep(Duration::from_secs(pre));
-    let (pf0, tf0) = (rig.lab.counters(Host::Prod)?, rig.lab.counters(Host::Test)?);
+    let before_fault = rig.lab.work_both()?;
     let fault_at = Instant::now();
     let hwm_before = rig.copier_hwm_kib().unwrap_or(0);
     if let Err(e) = inject(rig, fault, netem_secs) {
@@ -411,15 +427,9 @@ fn run_fault(rig: &mut Rig, fault: Fault) -> Result<Outcome> {
     } else {
         lab_threads0
     };
-    let (p0, t0) = (rig.lab.counters(Host::Prod)?, rig.lab.counters(Host::Test)?);
-    // During the fault, for the record only (the test server restarts its counters).
-    let during = if fault == Fault::TestRestarted {
-        None
-    } else {
-        Some((p0.questions_since(&pf0), t0.questions_since(&tf0)))
-    };
+    let r0 = rig.lab.work_both()?;
     sleep(Duration::from_secs(window));
-    let (p1, t1) = (rig.lab.counters(Host::Prod)?, rig.lab.counters(Host::Test)?);
+    let r1 = rig.lab.work_both()?;
     let hwm = rig.copier_hwm_kib()?.max(hwm_before);
     let out = load.wait_with_output()?;
     let sysbench = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -430,9 +440,21 @@ fn run_fault(rig: &mut Rig, fault: Fault) -> Result<Outcome> {
         String::from_utf8_lossy(&out.stderr)
     );
     let prod_errors = sysbench_errors(&sysbench).context("sysbench output")?;
-    let prod_window = p1.questions_since(&p0);
-    let test_window = t1.questions_since(&t0);
-    let fidelity = test_window as f64 / prod_window.max(1) as f64;
+    let after_recovery = compare(&r0, &r1)?;
+    let whole = if fault == Fault::TestRestarted {
+        // The restarted server counts from zero: its work is summed over its two lives, from
+        // the run's start to the last read before the restart and from the first read after
+        // it (what it ran between those two reads is not counted).
+        let end = rig.lab.work_window(r0.clone(), Duration::from_secs(10))?;
+        Comparison::new(
+            Work::between(&start.0, &end.after.0)?,
+            Work::between(&start.1, &before_fault.1)?.plus(&Work::between(&r0.1, &end.after.1)?),
+        )
+    } else {
+        rig.lab
+            .work_window(start, Duration::from_secs(10))?
+            .whole(&OwnStatements::default())?
+    };
     // Nothing can open a mirrored session once the load is over (no client packets), so what
     // is clean earlier stays clean: poll, and wait the full time only for leftovers.
     let load_end = Instant::now();
@@ -449,37 +471,27 @@ fn run_fault(rig: &mut Rig, fault: Fault) -> Result<Outcome> {
     let outcome = Outcome {
         fault,
         prod_errors,
-        prod_window,
-        test_window,
-        fidelity,
+        whole,
+        after_recovery,
         hwm_mib: hwm as f64 / 1024.0,
         leftovers,
         threads_over_baseline: threads as i64 - baseline_threads as i64,
         fault_secs,
-        during,
         clean_after,
     };
-    if let Some((p, t)) = outcome.during {
-        println!(
-            "{}: during the fault: prod {p} test {t} ({:.4})",
-            fault.describe(),
-            t as f64 / p.max(1) as f64
-        );
-    }
     println!(
-        "{}: fault {:.1} s; prod errors {}; window {window} s after recovery: prod {} test {} \
-         fidelity {:.4}; copier VmHWM {:.1} MiB; {} mirrored sessions and {:+} threads on test \
-         {:.1} s after the load (limit {leftover_wait} s)",
+        "{}: fault {:.1} s; prod errors {}; copier VmHWM {:.1} MiB; {} mirrored sessions and \
+         {:+} threads on test {:.1} s after the load (limit {leftover_wait} s)\nthe whole \
+         run, the fault included:\n{}\nthe {window} s after recovery:\n{}",
         fault.describe(),
         outcome.fault_secs,
         outcome.prod_errors,
-        outcome.prod_window,
-        outcome.test_window,
-        outcome.fidelity,
         outcome.hwm_mib,
         outcome.leftovers,
         outcome.threads_over_baseline,
         outcome.clean_after,
+        outcome.whole,
+        outcome.after_recovery,
     );
     Ok(outcome)
 }
@@ -493,10 +505,19 @@ fn check(o: &Outcome) -> Vec<String> {
             o.prod_errors
         ));
     }
-    if o.fidelity < 0.99 {
+    // Issue 25 sets the whole run's lower bar; until then it is measured and printed, and
+    // only its upper bound (no duplicates) and the window after recovery are held.
+    let after = o.after_recovery.fidelity().unwrap_or(0.0);
+    if after < 0.99 {
         bad.push(format!(
-            "{what}: fidelity {:.4} after recovery (test {} of prod {})",
-            o.fidelity, o.test_window, o.prod_window
+            "{what}: work fidelity {after:.4} in the window after recovery\n{}",
+            o.after_recovery
+        ));
+    }
+    if o.whole.highest().unwrap_or(0.0) > 1.001 {
+        bad.push(format!(
+            "{what}: the test server ran more than production over the whole run\n{}",
+            o.whole
         ));
     }
     if o.hwm_mib >= MEMORY_BUDGET_MIB as f64 {
@@ -550,16 +571,17 @@ fn mirror_survives_faults() -> Result<()> {
             rig.start_copier()?;
         }
     }
-    println!("\n| fault | prod sysbench errors | fidelity after recovery | copier VmHWM | left on test (clean after) |");
-    println!("|---|---|---|---|---|");
+    println!("\n| fault | prod sysbench errors | work fidelity, whole run | after recovery | new errors on test (whole run) | copier VmHWM | left on test (clean after) |");
+    println!("|---|---|---|---|---|---|---|");
+    let f = |c: &Comparison| c.fidelity().map_or("-".into(), |x| format!("{x:.4}"));
     for o in &outcomes {
         println!(
-            "| {} | {} | {:.4} ({} / {}) | {:.1} MiB | {} sessions, {:+} threads ({:.1} s) |",
+            "| {} | {} | {} | {} | {} | {:.1} MiB | {} sessions, {:+} threads ({:.1} s) |",
             o.fault.describe(),
             o.prod_errors,
-            o.fidelity,
-            o.test_window,
-            o.prod_window,
+            f(&o.whole),
+            f(&o.after_recovery),
+            o.whole.new_errors().values().sum::<u64>(),
             o.hwm_mib,
             o.leftovers,
             o.threads_over_baseline,

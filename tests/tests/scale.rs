@@ -24,7 +24,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
 use tcpshadow_tests::mirror::{release_bin, CONTROL_PORT};
-use tcpshadow_tests::{Background, Counters, Host, Lab, Load, LoadReport};
+use tcpshadow_tests::work::{Comparison, Work, WorkSnapshot};
+use tcpshadow_tests::{Background, Host, Lab, Load, LoadReport};
 
 fn env_u32(name: &str, default: u32) -> u32 {
     std::env::var(name)
@@ -117,15 +118,20 @@ fn load(lab: &Lab, target: Host, threads: u32, secs: u32, rate: u32) -> Result<L
     Ok(report)
 }
 
-/// Waits (up to 30 s) for the test server to have executed `expected` queries since `t0`.
-fn drained(lab: &Lab, t0: &Counters, expected: u64) -> Result<u64> {
+/// The summed work of `hosts` since their snapshots, once it has caught up with `due` (at most
+/// 30 s).
+fn drained(lab: &Lab, hosts: &[(Host, &WorkSnapshot)], due: &Work) -> Result<Work> {
     let deadline = Instant::now() + Duration::from_secs(30);
-    let mut test = lab.counters(Host::Test)?.questions_since(t0);
-    while test < expected && Instant::now() < deadline {
+    loop {
+        let mut sum = Work::default();
+        for (h, before) in hosts {
+            sum = sum.plus(&Work::between(before, &lab.work(*h)?)?);
+        }
+        if sum.caught_up(due, 1.0) || Instant::now() >= deadline {
+            return Ok(sum);
+        }
         std::thread::sleep(Duration::from_millis(250));
-        test = lab.counters(Host::Test)?.questions_since(t0);
     }
-    Ok(test)
 }
 
 /// The lab's client pool (a /24) cut in two /25 halves, one per copier.
@@ -148,9 +154,9 @@ fn copiers_share_an_intercept_workers_split_flows_targets_split_connections() ->
     let copier_a = start_copier(&lab, Host::Prod, &pool_a, None, &[])?;
     let copier_b = start_copier(&lab, Host::Prod2, &pool_b, None, &[])?;
     let (p0, q0, t0) = (
-        lab.counters(Host::Prod)?,
-        lab.counters(Host::Prod2)?,
-        lab.counters(Host::Test)?,
+        lab.work(Host::Prod)?,
+        lab.work(Host::Prod2)?,
+        lab.work(Host::Test)?,
     );
     let (ra, rb) = std::thread::scope(|s| {
         let a = s.spawn(|| load(&lab, Host::Prod, 8, secs, rate));
@@ -159,10 +165,10 @@ fn copiers_share_an_intercept_workers_split_flows_targets_split_connections() ->
     });
     ra.map_err(|_| anyhow::anyhow!("load thread panicked"))??;
     rb.map_err(|_| anyhow::anyhow!("load thread panicked"))??;
-    let prod = lab.counters(Host::Prod)?.questions_since(&p0);
-    let prod2 = lab.counters(Host::Prod2)?.questions_since(&q0);
-    let test = drained(&lab, &t0, prod + prod2)?;
-    let fidelity = test as f64 / (prod + prod2) as f64;
+    let prods = Work::between(&p0, &lab.work(Host::Prod)?)?
+        .plus(&Work::between(&q0, &lab.work(Host::Prod2)?)?);
+    let test = drained(&lab, &[(Host::Test, &t0)], &prods)?;
+    let phase1 = Comparison::new(prods, test);
     let a = copier_a.finish(Duration::ZERO)?;
     let b = copier_b.finish(Duration::ZERO)?;
     let i = intercept.finish(Duration::ZERO)?;
@@ -176,24 +182,17 @@ fn copiers_share_an_intercept_workers_split_flows_targets_split_connections() ->
     let unclaimed = number_after(last, "unclaimed_broadcast=").unwrap_or(0);
     let copiers = number_after(last, "control: accepted=").unwrap_or(0);
     println!(
-        "two copiers, one intercept, oltp_read_only 8 threads x2 {secs} s at {rate} tx/s each: \
-         prod {prod} + prod2 {prod2} queries, test {test}: fidelity {fidelity:.4}; feedback for \
-         the other copier's sessions: {foreign_a} at prod, {foreign_b} at prod2; intercept \
-         broadcast {unclaimed} unclaimed replies, accepted {copiers} copiers"
+        "two copiers, one intercept, oltp_read_only 8 threads x2 {secs} s at {rate} tx/s each, \
+         prod and prod2 against test: feedback for the other copier's sessions: {foreign_a} at \
+         prod, {foreign_b} at prod2; intercept broadcast {unclaimed} unclaimed replies, \
+         accepted {copiers} copiers\n{phase1}"
     );
-    ensure!(
-        prod > 1000 && prod2 > 1000,
-        "sysbench ran too little: {prod} / {prod2}"
-    );
-    ensure!(
-        fidelity >= 0.999,
-        "test executed {test} of {} queries ({fidelity:.4})\n--- copier prod:\n{}\n--- copier \
-         prod2:\n{}\n--- intercept:\n{}",
-        prod + prod2,
-        a.stderr,
-        b.stderr,
-        i.stderr
-    );
+    phase1.check(0.999, 1.001).with_context(|| {
+        format!(
+            "--- copier prod:\n{}\n--- copier prod2:\n{}\n--- intercept:\n{}",
+            a.stderr, b.stderr, i.stderr
+        )
+    })?;
     // Each unclaimed reply is broadcast to both copiers: one of them is its owner, the other
     // counts it as foreign. Anything more was delivered to the wrong copier.
     let cross_delivered = (foreign_a + foreign_b).saturating_sub(unclaimed);
@@ -208,12 +207,12 @@ fn copiers_share_an_intercept_workers_split_flows_targets_split_connections() ->
     let pool = lab.var("LAB_POOL").to_string();
     // On `any`: libpcap's all-interfaces socket must join the fan-out group too.
     let copier = start_copier(&lab, Host::Prod, &pool, Some("any"), &["--workers", "2"])?;
-    let (p0, t0) = (lab.counters(Host::Prod)?, lab.counters(Host::Test)?);
+    let (p0, t0) = (lab.work(Host::Prod)?, lab.work(Host::Test)?);
     // 16 connections: the chance that the flow hash puts them all on one worker is 2^-15.
     load(&lab, Host::Prod, 16, secs, rate * 2)?;
-    let prod = lab.counters(Host::Prod)?.questions_since(&p0);
-    let test = drained(&lab, &t0, prod)?;
-    let fidelity = test as f64 / prod as f64;
+    let prod = Work::between(&p0, &lab.work(Host::Prod)?)?;
+    let test = drained(&lab, &[(Host::Test, &t0)], &prod)?;
+    let phase2 = Comparison::new(prod, test);
     let c = copier.finish(Duration::ZERO)?;
     let i = intercept.finish(Duration::ZERO)?;
     let opened = |w: usize| {
@@ -241,20 +240,14 @@ fn copiers_share_an_intercept_workers_split_flows_targets_split_connections() ->
     };
     let (i0, i1) = (framed(0), framed(1));
     println!(
-        "--workers 2 on copier and intercept, oltp_read_only 16 threads {secs} s at {} tx/s: prod \
-         {prod} queries, test {test}: fidelity {fidelity:.4}; copier sessions per worker {w0} / \
-         {w1}, connections seen by both workers {shared:?}; intercept sessions framed per \
-         worker {i0} / {i1}",
+        "--workers 2 on copier and intercept, oltp_read_only 16 threads {secs} s at {} tx/s: \
+         copier sessions per worker {w0} / {w1}, connections seen by both workers {shared:?}; \
+         intercept sessions framed per worker {i0} / {i1}\n{phase2}",
         rate * 2
     );
-    ensure!(prod > 1000, "sysbench ran only {prod} queries");
-    ensure!(
-        fidelity >= 0.999,
-        "test executed {test} of {prod} queries ({fidelity:.4})\n--- copier:\n{}\n--- \
-         intercept:\n{}",
-        c.stderr,
-        i.stderr
-    );
+    phase2
+        .check(0.999, 1.001)
+        .with_context(|| format!("--- copier:\n{}\n--- intercept:\n{}", c.stderr, i.stderr))?;
     ensure!(
         w0 > 0 && w1 > 0,
         "sessions were not split over both copier workers: {w0} / {w1}\n{}",
@@ -277,40 +270,35 @@ fn copiers_share_an_intercept_workers_split_flows_targets_split_connections() ->
     let second = format!("{}:3306", lab.ip(Host::Prod2));
     let copier = start_copier(&lab, Host::Prod, &pool, None, &["--target", &second])?;
     let (p0, q0, t0) = (
-        lab.counters(Host::Prod)?,
-        lab.counters(Host::Prod2)?,
-        lab.counters(Host::Test)?,
+        lab.work(Host::Prod)?,
+        lab.work(Host::Prod2)?,
+        lab.work(Host::Test)?,
     );
     load(&lab, Host::Prod, 16, secs, rate * 2)?;
-    let prod = lab.counters(Host::Prod)?.questions_since(&p0);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let (mut on_test, mut on_prod2);
-    loop {
-        on_test = lab.counters(Host::Test)?.questions_since(&t0);
-        on_prod2 = lab.counters(Host::Prod2)?.questions_since(&q0);
-        if on_test + on_prod2 >= prod || Instant::now() >= deadline {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(250));
-    }
-    let fidelity = (on_test + on_prod2) as f64 / prod as f64;
+    let prod = Work::between(&p0, &lab.work(Host::Prod)?)?;
+    let targets = drained(&lab, &[(Host::Test, &t0), (Host::Prod2, &q0)], &prod)?;
+    let (on_test, on_prod2) = (
+        Work::between(&t0, &lab.work(Host::Test)?)?,
+        Work::between(&q0, &lab.work(Host::Prod2)?)?,
+    );
+    let phase3 = Comparison::new(prod, targets);
     let c = copier.finish(Duration::ZERO)?;
     let i = intercept.finish(Duration::ZERO)?;
     println!(
         "--target twice (test, prod2), one intercept, oltp_read_only 16 threads {secs} s at {} \
-         tx/s: prod {prod} queries, test {on_test} + prod2 {on_prod2}: fidelity {fidelity:.4}",
-        rate * 2
+         tx/s: executes on test {}, on prod2 {}; prod against both:\n{phase3}",
+        rate * 2,
+        on_test.get("Com_stmt_execute"),
+        on_prod2.get("Com_stmt_execute"),
     );
+    phase3
+        .check(0.999, 1.001)
+        .with_context(|| format!("--- copier:\n{}\n--- intercept:\n{}", c.stderr, i.stderr))?;
     ensure!(
-        fidelity >= 0.999,
-        "the targets executed {on_test} + {on_prod2} of {prod} queries ({fidelity:.4})\n--- \
-         copier:\n{}\n--- intercept:\n{}",
-        c.stderr,
-        i.stderr
-    );
-    ensure!(
-        on_test > 0 && on_prod2 > 0,
-        "the connections were not spread: test {on_test}, prod2 {on_prod2}"
+        on_test.get("Com_stmt_execute") > 0 && on_prod2.get("Com_stmt_execute") > 0,
+        "the connections were not spread: test {:?}, prod2 {:?}",
+        on_test.kinds,
+        on_prod2.kinds
     );
     lab.down()
 }
