@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # tcpshadow demo: installs what is needed, builds, brings up a lab (client, prod, test, assist),
 # starts the mirror (intercept on assist, copier on prod), runs a sysbench load from the client
-# against prod, and shows what prod and test executed, how far test was behind when the load
-# ended, and the fidelity once the mirror drained. Tears the lab down at the end. Run as root on
-# Debian 12.
+# against prod, and shows what prod and test executed (by kind, with the test server's new
+# statement errors), how far test was behind when the load ended, and the work fidelity once the
+# mirror drained. Exits non-zero when work fidelity is below 0.99 or the test server had errors
+# production did not. Tears the lab down at the end. Run as root on Debian 12.
 #
 #   DEMO_TEST=oltp_read_only DEMO_THREADS=8 DEMO_TIME=20 LAB_NAME=demo ./demo.sh
 #   DEMO_REPORT=/tmp/tcpshadow-demo-report: where the comparison report (txt, json, html) is kept
@@ -24,28 +25,14 @@ export LAB_NAME=${LAB_NAME:-demo}
 LAB=deploy/lab/lab.sh
 BIN=$PWD/target/release
 
-# Counters worth comparing between prod and test.
-SHOWN=(Questions Com_select Com_stmt_prepare Com_stmt_execute Com_begin Com_commit
-    Com_insert Com_update Com_delete Connections Aborted_connects)
-
-counters() { # counters HOST VAR: fill the associative array VAR with HOST's counters
-    local -n into=$2
-    local name value
-    while read -r name value; do
-        # shellcheck disable=SC2034 # into is a nameref
-        into["$name"]=$value
-    done < <("$LAB" counters "$1")
-}
-
-# Each `lab.sh counters` call adds 2 to its server's Questions (its SHOW STATUS, and its COM_QUIT,
-# counted at the next call). net_questions HOST BASE sets Q to HOST's Questions since the call that
-# read BASE, less what our own calls added since then; CALLS counts the calls per host.
-declare -A CALLS=([prod]=0 [test]=0)
-net_questions() {
-    local raw
-    raw=$("$LAB" counters "$1" | awk '$1 == "Questions" { print $2 }')
-    CALLS[$1]=$((CALLS[$1] + 1))
-    Q=$((raw - $2 - 2 * (CALLS[$1] - BASE_CALLS[$1])))
+# What each server executed (lab.sh work: counters by kind, statement errors) into a file;
+# bin/work-compare compares four of them, as the lab tests do (tests/src/work.rs).
+snapshot() { "$LAB" work "$1" >"$LAB_DIR/work-$1-$2"; }
+compare() { # compare LABEL [work-compare options]: prod 0->1 against test 0->LABEL
+    local label=$1
+    shift
+    "$BIN/work-compare" "$LAB_DIR/work-prod-0" "$LAB_DIR/work-prod-1" \
+        "$LAB_DIR/work-test-0" "$LAB_DIR/work-test-$label" "$@"
 }
 
 stop_mirror() {
@@ -96,39 +83,26 @@ grep -q "control channel to intercept is up" "$LAB_DIR/copier.log" || {
     exit 1
 }
 
-declare -A prod0 test0 prod1 test1 BASE_CALLS
-counters prod prod0
-counters test test0
-BASE_CALLS=([prod]=0 [test]=0)
+snapshot prod 0
+snapshot test 0
 
 echo "==> load: sysbench $DEMO_TEST, $DEMO_THREADS threads, ${DEMO_TIME}s, client -> prod (mirrored to test)"
 "$LAB" load --test "$DEMO_TEST" --threads "$DEMO_THREADS" --time "$DEMO_TIME" |
     grep -E 'queries:|transactions:|errors:|95th'
 # How far test is behind the moment the load ends: the mirror forwards each request as soon as
 # it is captured, so this should be (almost) everything.
-net_questions prod "${prod0[Questions]}"
-prod_q=$Q
-net_questions test "${test0[Questions]}"
-test_at_end=$Q
+snapshot prod 1
+snapshot test end
+at_end=$( (compare end --min 0 --max 1e9 || true) | sed -n 's/^  work fidelity: \([0-9.]*\).*/\1/p')
 
 echo "==> drain: waiting up to 10 s for test to finish what was mirrored"
-test_q=$test_at_end
 for _ in $(seq 40); do
-    ((test_q >= prod_q)) && break
+    snapshot test 1
+    compare 1 --min 0.999 --max 1.001 >/dev/null && break
     sleep 0.25
-    net_questions test "${test0[Questions]}"
-    test_q=$Q
 done
 stop_mirror
-counters prod prod1
-counters test test1
-
-echo
-echo "==> what the servers executed during the load (counter deltas)"
-printf '%-20s %14s %14s\n' counter "prod $LAB_PROD_IP" "test $LAB_TEST_IP"
-for c in "${SHOWN[@]}"; do
-    printf '%-20s %14s %14s\n' "$c" $((prod1[$c] - prod0[$c])) $((test1[$c] - test0[$c]))
-done
+snapshot test 1
 
 echo
 echo "==> copier summary"
@@ -144,8 +118,11 @@ else
     echo "==> no comparison report was written (see $LAB_DIR/copier.log above)" >&2
 fi
 
-echo "==> summary"
-echo "prod executed $prod_q statements in ${DEMO_TIME}s ($((prod_q / DEMO_TIME))/s)"
-echo "test had executed $test_at_end of them when the load ended, $test_q after draining"
-awk -v e="$test_at_end" -v t="$test_q" -v p="$prod_q" 'BEGIN {
-    if (p > 0) printf "in step when the load ended: %.4f   fidelity (test/prod): %.4f\n", e / p, t / p }'
+echo "==> summary: what the servers executed during the load"
+status=0
+compare 1 --copier-log "$LAB_DIR/copier.log" || status=$?
+echo "  in step when the load ended: ${at_end:-?} of production's work"
+if ((status != 0)); then
+    echo "demo: the test server did not execute what production did (work fidelity below 0.99, or new errors): see above" >&2
+    exit 1
+fi

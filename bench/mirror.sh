@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Lab benchmark of the whole mirror path. For each sysbench thread count it runs the load RUNS
-# times, each time with intercept and the copier started afresh, and reports per run: prod and
-# test queries, how much of prod's work test had done when the load ended and after a drain of at
-# most 10 s (fidelity), the CPU the copier spent per captured packet and intercept per relayed
+# times, each time with intercept and the copier started afresh, and reports per run: prod's
+# queries, the work fidelity (executed work by kind, tests/src/work.rs through bin/work-compare)
+# when the load ended and after a drain of at most 10 s, the statement errors the test server
+# had that production did not, the CPU the copier spent per captured packet and intercept per relayed
 # packet (user and system separately, from /proc/PID/stat; µs per packet = CPU-seconds per
 # million packets), kernel capture drops and both daemons' peak RSS (VmHWM).
 #
@@ -57,6 +58,7 @@ read -r -a SYSBENCH_EXTRA <<<"$SYSBENCH_ARGS"
 
 ./scripts/install-deps.sh >&2
 cargo build --release -p copier -p intercept >&2
+cargo build --release -p tcpshadow-tests --bin work-compare >&2
 trap '"$LAB" down >&2' EXIT
 "$LAB" up >&2
 eval "$("$LAB" env)"
@@ -65,15 +67,21 @@ CREDENTIALS=$LAB_DIR/test-credentials
 printf '%s:%s\n' "$LAB_USER" "$LAB_PASSWORD" >"$CREDENTIALS"
 chmod 600 "$CREDENTIALS"
 
-# Questions since BASE on HOST, less what our own `counters` calls added (2 each).
-declare -A CALLS
-net_questions() {
-    local raw
-    raw=$("$LAB" counters "$1" | awk '$1 == "Questions" { print $2 }')
-    CALLS[$1]=$((CALLS[$1] + 1))
-    Q=$((raw - $2 - 2 * CALLS[$1]))
+# What each server executed (lab.sh work) into a file; work-compare compares four of them.
+snapshot() { "$LAB" work "$1" >"$LAB_DIR/work-$1-$2"; }
+compare() { # compare TEST_LABEL [options]: prod 0->1 against test 0->TEST_LABEL
+    local label=$1
+    shift
+    "$BIN/work-compare" "$LAB_DIR/work-prod-0" "$LAB_DIR/work-prod-1" \
+        "$LAB_DIR/work-test-0" "$LAB_DIR/work-test-$label" "$@"
 }
-raw_questions() { "$LAB" counters "$1" | awk '$1 == "Questions" { print $2 }'; }
+# The figures of a comparison: "work_fidelity new_errors prod_questions".
+figures() {
+    awk '/^  work fidelity:/ { f = $3 }
+        /^  new errors on test:/ { n = 0; for (i = 5; i <= NF; i++) { split($i, kv, "="); n += kv[2] } }
+        $1 == "Questions" { q = $2 }
+        END { printf "%s %d %d\n", f == "" ? 0 : f, n, q }'
+}
 cpu_ticks() { # cpu_ticks PID: "utime stime" in clock ticks
     awk '{ print $14, $15 }' "/proc/$1/stat"
 }
@@ -84,7 +92,7 @@ stop() {
     for _ in $(seq 100); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.1; done
 }
 
-# One run: prints "prod at_end test_after copier_user_us copier_sys_us icpt_user_us icpt_sys_us
+# One run: prints "prod_queries fidelity_at_end fidelity new_errors copier_user_us copier_sys_us icpt_user_us icpt_sys_us
 # drops copier_rss icpt_rss captured relayed".
 one_run() {
     local threads=$1
@@ -110,11 +118,8 @@ one_run() {
         tail -20 "$LAB_DIR/intercept.log" >&2
         exit 1
     fi
-    local p0 t0
-    p0=$(raw_questions prod)
-    t0=$(raw_questions test)
-    CALLS=([prod]=0 [test]=0)
-    local cu0 cs0 iu0 is0 cu1 cs1 iu1 is1
+    snapshot prod 0
+    snapshot test 0
     read -r cu0 cs0 < <(cpu_ticks "$cpid")
     read -r iu0 is0 < <(cpu_ticks "$ipid")
     if ! "$LAB" load --test "$TEST" --threads "$threads" --time "$TIME" -- "${SYSBENCH_EXTRA[@]}" \
@@ -123,16 +128,16 @@ one_run() {
         tail -5 "$LAB_DIR/sysbench-$threads.log" >&2
         exit 1
     fi
-    net_questions prod "$p0"
-    local prod_q=$Q
-    net_questions test "$t0"
-    local at_end=$Q test_q=$Q
+    snapshot prod 1
+    snapshot test end
+    local at_end fidelity errors prod_q
+    read -r at_end _ _ < <( (compare end --min 0 --max 1e9 || true) | figures)
     for _ in $(seq 40); do
-        ((test_q >= prod_q)) && break
+        snapshot test 1
+        compare 1 --min 0.999 --max 1.001 >/dev/null && break
         sleep 0.25
-        net_questions test "$t0"
-        test_q=$Q
     done
+    read -r fidelity errors prod_q < <( (compare 1 || true) | tee "$LAB_DIR/work-compare.txt" | figures)
     read -r cu1 cs1 < <(cpu_ticks "$cpid")
     read -r iu1 is1 < <(cpu_ticks "$ipid")
     local crss irss
@@ -144,20 +149,21 @@ one_run() {
     frames=$(sed -n 's/^  captured: \([0-9]*\) frames.*/\1/p' "$LAB_DIR/copier.log" | tail -1)
     drops=$(sed -n 's/^  captured: .* \([0-9]*\) kernel drops$/\1/p' "$LAB_DIR/copier.log" | tail -1)
     relayed=$(sed -n 's/.*final:.* relayed=\([0-9]*\).*/\1/p' "$LAB_DIR/intercept.log" | tail -1)
-    awk -v p="$prod_q" -v e="$at_end" -v t="$test_q" \
+    awk -v p="$prod_q" -v e="$at_end" -v t="$fidelity" -v ne="$errors" \
         -v cu=$((cu1 - cu0)) -v cs=$((cs1 - cs0)) -v iu=$((iu1 - iu0)) -v is=$((is1 - is0)) \
         -v f="${frames:-0}" -v r="${relayed:-0}" -v d="${drops:-0}" -v tick="$TICK" \
         -v crss="$crss" -v irss="$irss" 'BEGIN {
         us = 1e6 / tick
-        printf "%d %d %d %.3f %.3f %.3f %.3f %d %s %s %d %d\n", p, e, t,
+        printf "%d %.5f %.5f %d %.3f %.3f %.3f %.3f %d %s %s %d %d\n", p, e, t, ne,
             f ? cu * us / f : 0, f ? cs * us / f : 0, r ? iu * us / r : 0, r ? is * us / r : 0,
             d, crss, irss, f, r }'
 }
 
-echo "Each line on stderr is one run: prod test-at-end test-after-drain copier-us/pkt(user sys)" \
-    "intercept-us/pkt(user sys) drops copier-MiB intercept-MiB captured relayed" >&2
-echo "| test | threads | s | runs | prod queries | test at end | fidelity | copier µs/pkt (user + sys) | intercept µs/pkt (user + sys) | kernel drops | peak RSS copier / intercept MiB |"
-echo "|---|---|---|---|---|---|---|---|---|---|---|"
+echo "Each line on stderr is one run: prod-queries work-fidelity-at-end work-fidelity" \
+    "new-errors-on-test copier-us/pkt(user sys) intercept-us/pkt(user sys) drops copier-MiB" \
+    "intercept-MiB captured relayed" >&2
+echo "| test | threads | s | runs | prod queries | work fidelity at end | work fidelity | new errors on test | copier µs/pkt (user + sys) | intercept µs/pkt (user + sys) | kernel drops | peak RSS copier / intercept MiB |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
 for threads in $THREADS; do
     rows=()
     for run in $(seq "$RUNS"); do
@@ -166,6 +172,7 @@ for threads in $THREADS; do
         # Each run's logs outlive the lab, for a look at whatever the table shows.
         mkdir -p "$LOGS/$threads-$run"
         cp "$LAB_DIR"/copier.log "$LAB_DIR"/intercept.log "$LAB_DIR/sysbench-$threads.log" \
+            "$LAB_DIR"/work-compare.txt \
             "$LOGS/$threads-$run/" 2>/dev/null || true
         rows+=("$row")
     done
@@ -182,12 +189,10 @@ for threads in $THREADS; do
             return NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2
         }
         END {
-            for (k = 1; k <= NR; k++) fid[k] = col[1, k] ? col[3, k] / col[1, k] : 0
-            for (k = 1; k <= NR; k++) { col[13, k] = fid[k]; col[14, k] = col[1, k] ? col[2, k] / col[1, k] : 0 }
-            for (k = 1; k <= NR; k++) { col[15, k] = col[4, k] + col[5, k]; col[16, k] = col[6, k] + col[7, k] }
-            printf "| %s | %d | %d | %d | %d | %d (%.4f) | %.5f | %.2f (%.2f + %.2f) | %.2f (%.2f + %.2f) | %d | %.1f / %.1f |\n",
-                test, th, s, n, median(1), median(2), median(14), median(13),
-                median(15), median(4), median(5), median(16), median(6), median(7), median(8),
-                median(9), median(10)
+            for (k = 1; k <= NR; k++) { col[15, k] = col[5, k] + col[6, k]; col[16, k] = col[7, k] + col[8, k] }
+            printf "| %s | %d | %d | %d | %d | %.5f | %.5f | %d | %.2f (%.2f + %.2f) | %.2f (%.2f + %.2f) | %d | %.1f / %.1f |\n",
+                test, th, s, n, median(1), median(2), median(3), median(4),
+                median(15), median(5), median(6), median(16), median(7), median(8), median(9),
+                median(10), median(11)
         }'
 done
