@@ -657,6 +657,12 @@ mod tests {
     }
 
     #[test]
+    fn closes_of_a_statement_the_test_server_rejected_are_not_losses() {
+        assert!(!is_protocol_loss("stmt_commands_of_rejected_statement"));
+        assert!(is_protocol_loss("stmt_commands_dropped"));
+    }
+
+    #[test]
     fn a_clean_run_says_no_losses() {
         let text = summary(&Snapshot::default(), Duration::from_secs(1));
         assert!(text.contains("losses: none"), "{text}");

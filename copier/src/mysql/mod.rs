@@ -173,6 +173,9 @@ pub enum Counter {
     ExecutesDroppedPreparedBeforePickup,
     ExecutesDroppedUntracked,
     StmtCommandsDropped,
+    /// COM_STMT_CLOSE/RESET/FETCH/SEND_LONG_DATA of a statement whose prepare the test server
+    /// refused: not sent, and not a loss of their own (the prepare and the executes are).
+    StmtCommandsOfRejectedStatement,
     ChangeUser,
     ResetConnection,
     PickupLogins,
@@ -248,6 +251,7 @@ pub const COUNTER_NAMES: &[&str] = &[
     "executes_dropped_prepared_before_pickup",
     "executes_dropped_untracked",
     "stmt_commands_dropped",
+    "stmt_commands_of_rejected_statement",
     "change_user",
     "reset_connection",
     "pickup_logins",

@@ -2132,7 +2132,14 @@ impl MysqlTransform {
             self.dropped_refused = Some(code);
         }
         let counter = if !matches!(code, com::STMT_EXECUTE | com::STMT_BULK_EXECUTE) {
-            Counter::StmtCommandsDropped
+            if let UnmappedReason::TestRejected { .. } = reason {
+                // A close, reset or fetch of a statement that does not exist on the test
+                // server: nothing it could have run is lost beyond its refused prepare and
+                // executes, which are counted as such.
+                Counter::StmtCommandsOfRejectedStatement
+            } else {
+                Counter::StmtCommandsDropped
+            }
         } else {
             match reason {
                 UnmappedReason::Unknown if self.stmts_predate_us => {
