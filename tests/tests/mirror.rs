@@ -24,6 +24,12 @@ fn load_secs() -> u32 {
 #[test]
 fn sysbench_sessions_are_mirrored_whole_and_in_step() -> Result<()> {
     let lab = Lab::up_with("mirr", &[("LAB_TEST_MYSQLD_ARGS", "--skip-grant-tables")])?;
+    // The default lab keeps the kernel's offloads, as real NICs: captures see super-frames.
+    let k = lab.exec_ok(Host::Prod, &["ethtool", "-k", lab.var("LAB_IFACE")])?;
+    ensure!(
+        k.lines().any(|l| l.trim() == "tcp-segmentation-offload: on"),
+        "the default lab turned TSO off:\n{k}"
+    );
     let test_ip = lab.ip(Host::Test).to_string();
     // Anything the test server sends must die at assist: a capture on the client sees none of it.
     let filter = format!("ip and src host {test_ip}");
@@ -253,4 +259,45 @@ fn a_plain_tcp_service_receives_byte_identical_streams() -> Result<()> {
 #[test]
 fn connections_open_before_the_copier_started_are_picked_up() -> Result<()> {
     plain_tcp_mirror("pickup", true)
+}
+
+/// The friendlier lab (`LAB_OFFLOADS=off`: one segment per packet, full checksums, as the
+/// project's first labs had it) mirrors as faithfully as the default one, whose offloads are
+/// the kernel's (super-frames in the captures, as real hosts produce).
+#[test]
+fn offloads_off_variant_is_mirrored_too() -> Result<()> {
+    tcpshadow_tests::mirror::build()?;
+    let lab = Lab::up_with("mioff", &[("LAB_OFFLOADS", "off")])?;
+    let tso = lab.exec_ok(Host::Prod, &["ethtool", "-k", lab.var("LAB_IFACE")])?;
+    ensure!(
+        tso.lines()
+            .any(|l| l.trim() == "tcp-segmentation-offload: off"),
+        "LAB_OFFLOADS=off left TSO on:\n{tso}"
+    );
+    let opts = MirrorOptions {
+        copier_args: vec!["--mysql-credentials".into(), lab.credentials_file()?],
+        ..Default::default()
+    };
+    let mirror = Mirror::start(&lab, &opts)?;
+    let (window, _) = lab.mirrored_load(&Load {
+        threads: 8,
+        time_secs: load_secs(),
+        ..Load::default()
+    })?;
+    let (copier, _) = mirror.stop()?;
+    println!("{}", copier.stderr);
+    let figures = window.check(&OwnStatements::default());
+    println!(
+        "offloads off, oltp_read_only 8 threads:\n{}",
+        figures
+            .as_ref()
+            .map_or_else(|e| format!("{e:#}"), String::clone)
+    );
+    figures?;
+    ensure!(
+        copier.stderr.contains("losses: none"),
+        "copier counted losses:\n{}",
+        copier.stderr
+    );
+    Ok(())
 }

@@ -11,6 +11,7 @@
 //! talks to production's port meanwhile. The test side is checked the same way against the
 //! test server's counters.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -18,6 +19,7 @@ use std::time::{Duration, Instant};
 use anyhow::{ensure, Context, Result};
 use copier::report::{read_report, DigestReport, Report};
 use tcpshadow_tests::mirror::{Mirror, MirrorOptions};
+use tcpshadow_tests::work::{Comparison, Work};
 use tcpshadow_tests::{Counters, Host, Lab, Load};
 
 /// The tests of this file take turns: two labs under load at once would measure each other.
@@ -36,6 +38,8 @@ struct Run {
     /// Counter deltas over the run: production, test.
     prod: Counters,
     test: Counters,
+    /// Both servers' executed work over the run (tests/src/work.rs).
+    work: Comparison,
     copier: String,
 }
 
@@ -70,6 +74,7 @@ fn mirrored_run(lab: &Lab, name: &str, secs: u32, extra: &[&str]) -> Result<Run>
         ..Default::default()
     };
     let mirror = Mirror::start(lab, &opts)?;
+    let before = lab.work_both()?;
     let (p0, t0) = (lab.counters(Host::Prod)?, lab.counters(Host::Test)?);
     let load = lab.load(&Load {
         test: "oltp_read_only".into(),
@@ -93,7 +98,14 @@ fn mirrored_run(lab: &Lab, name: &str, secs: u32, extra: &[&str]) -> Result<Run>
         still = if moved { 0 } else { still + 1 };
         t1 = t;
     }
+    let after = lab.work_both()?;
     let (copier, _) = mirror.stop()?;
+    // Every login is seen: the copier runs no statement of its own.
+    let work = Comparison::new(
+        Work::between(&before.0, &after.0)?,
+        Work::between(&before.1, &after.1)?,
+    );
+    println!("{name}:\n{work}");
     let report = read_report(&dir.join("report.json"))
         .with_context(|| format!("copier output:\n{}", copier.stderr))?;
     println!(
@@ -106,6 +118,7 @@ fn mirrored_run(lab: &Lab, name: &str, secs: u32, extra: &[&str]) -> Result<Run>
         report,
         prod: deltas(&p1, &p0),
         test: deltas(&t1, &t0),
+        work,
         copier: copier.stderr,
     })
 }
@@ -187,6 +200,7 @@ fn an_unchanged_test_server_shows_no_regression() -> Result<()> {
         "mismatches on an unchanged test server: {t:?}"
     );
     ensure!(t.prod_errors == 0 && t.test_errors == 0, "errors: {t:?}");
+    run.work.check(0.999, 1.001)?;
     ensure!(r.compare_results, "checksums were not compared");
     ensure!(
         t.not_compared as f64 <= 0.001 * t.commands as f64,
@@ -300,6 +314,7 @@ fn changes_on_the_test_server_show_up_digest_by_digest() -> Result<()> {
         t.test_errors == 0 && t.row_mismatches == 0 && t.result_mismatches == 0,
         "a missing index changes no answer: {t:?}"
     );
+    a.work.check(0.999, 1.001).context("a missing index")?;
     let slow: Vec<&DigestReport> = r
         .digests
         .iter()
@@ -349,6 +364,14 @@ fn changes_on_the_test_server_show_up_digest_by_digest() -> Result<()> {
     print_digests(&b.report);
     println!("{}", b.copier);
     let r = &b.report;
+    // The test server fails the 8 connections' prepares of sbtest2's five statements, and
+    // nothing else (their executes are not sent: the copier counts them).
+    let expected = BTreeMap::from([("statement/com/Prepare".to_string(), 8 * 5)]);
+    ensure!(
+        b.work.new_errors() == expected,
+        "the test server's errors, expected {expected:?}:\n{}",
+        b.work
+    );
     for d in &r.digests {
         let (prod_errors, test_errors) = d.error_totals();
         ensure!(prod_errors == 0, "{}: production errors", d.fingerprint);
