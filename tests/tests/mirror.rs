@@ -27,7 +27,8 @@ fn sysbench_sessions_are_mirrored_whole_and_in_step() -> Result<()> {
     // The default lab keeps the kernel's offloads, as real NICs: captures see super-frames.
     let k = lab.exec_ok(Host::Prod, &["ethtool", "-k", lab.var("LAB_IFACE")])?;
     ensure!(
-        k.lines().any(|l| l.trim() == "tcp-segmentation-offload: on"),
+        k.lines()
+            .any(|l| l.trim() == "tcp-segmentation-offload: on"),
         "the default lab turned TSO off:\n{k}"
     );
     let test_ip = lab.ip(Host::Test).to_string();

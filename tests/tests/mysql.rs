@@ -333,13 +333,14 @@ fn a_test_server_far_behind_production_catches_up() -> Result<()> {
         .find_map(|w| w.strip_prefix("test_behind_holds="))
         .and_then(|n| n.parse::<u64>().ok())
         .unwrap_or(0);
-    let figures = window.check(&OwnStatements::default());
+    // Behind by design when the load ends: only the whole window is held to the bars.
+    let own = OwnStatements::default();
+    let (in_step, whole) = (window.in_step(&own)?, window.whole(&own)?);
     println!(
-        "test server stopped 4 s, holds {held}:\n{}",
-        figures
-            .as_ref()
-            .map_or_else(|e| format!("{e:#}"), String::clone)
+        "test server stopped 4 s, holds {held}; when the load ended:\n{in_step}\nonce it caught \
+         up:\n{whole}"
     );
+    let figures = whole.check(0.999, 1.001);
     println!("{summary}");
     ensure!(
         held > 0,
