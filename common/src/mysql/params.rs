@@ -28,6 +28,10 @@
 //! 6. DATETIME and TIME, only with a valid length byte (0, 4, 7, 11 and 0, 8, 12) and fields in
 //!    range.
 //!
+//! Of the first 64 candidates in that order, those that read fewer numbers from bytes that are
+//! all printable text come first: such bytes are most likely the rest of a string an earlier
+//! reading cut short.
+//!
 //! Every candidate reads exactly the bytes there are. NULL parameters get [`field_type::NULL`]:
 //! their type is unknown, and the caller re-guesses once one of them has a value. The search is
 //! a depth-first walk with a memo of positions that lead nowhere and a budget linear in the
@@ -238,33 +242,51 @@ pub fn value_len(ty: u8, b: &[u8]) -> Option<usize> {
 /// execute's values exactly and that `accept` takes: 2 bytes per parameter. `None` when there
 /// is none, or none within the budget.
 pub fn guess(exec: &ExecuteParams<'_>, mut accept: impl FnMut(&[u8]) -> bool) -> Option<Vec<u8>> {
-    let mut found = None;
-    search(exec, &mut |t| {
-        if accept(t) {
-            found = Some(t.to_vec());
+    let mut best: Option<(u32, Vec<u8>)> = None;
+    let mut seen = 0;
+    search(exec, &mut |t, cost| {
+        seen += 1;
+        if best.as_ref().is_none_or(|b| cost < b.0) && accept(t) {
+            best = Some((cost, t.to_vec()));
+        }
+        // Nothing ranks before an accepted candidate of cost 0 found first.
+        if best.as_ref().is_some_and(|b| b.0 == 0) || seen >= RANKED {
             ControlFlow::Break(())
         } else {
             ControlFlow::Continue(())
         }
     });
-    found
+    best.map(|b| b.1)
 }
 
-/// Up to `max` assignments, best first.
+/// Up to `max` assignments, best first: the ranking [`guess`] picks from.
 pub fn guesses(exec: &ExecuteParams<'_>, max: usize) -> Vec<Vec<u8>> {
     let mut all = Vec::new();
-    if max == 0 {
-        return all;
-    }
-    search(exec, &mut |t| {
-        all.push(t.to_vec());
-        if all.len() >= max {
+    search(exec, &mut |t, cost| {
+        all.push((cost, t.to_vec()));
+        if all.len() >= RANKED {
             ControlFlow::Break(())
         } else {
             ControlFlow::Continue(())
         }
     });
-    all
+    all.sort_by_key(|c| c.0);
+    all.into_iter().take(max).map(|c| c.1).collect()
+}
+
+/// Complete assignments ranked per guess: the first found in walk order.
+const RANKED: usize = 64;
+
+/// What ranks a reading after others: a number read from bytes that are all printable text.
+/// Such bytes are most likely the middle of a string an earlier reading cut in the wrong place
+/// (a LONG and an 11-character string also read as two LONGLONGs, the second all digits).
+fn reading_cost(r: &Reading, b: &[u8]) -> u32 {
+    use field_type::*;
+    let numeric = matches!(r.ty, TINY | SHORT | LONG | LONGLONG | FLOAT | DOUBLE);
+    let texty = b
+        .get(..r.len)
+        .is_some_and(|v| v.iter().all(|c| (0x20..=0x7e).contains(c)));
+    u32::from(numeric && r.len >= 2 && texty)
 }
 
 /// One way to read the value at some position: its type, flags and length.
@@ -409,28 +431,32 @@ fn valid_time(b: &[u8]) -> Option<usize> {
 }
 
 /// A value being read in [`search`]: where it starts, the next reading to try, whether any
-/// complete assignment was found below it, and the string that may start there.
+/// complete assignment was found below it, the string that may start there, and the cost of
+/// the readings before it.
 struct Frame {
     off: usize,
     slot: usize,
     any: bool,
     string: Option<StringAt>,
+    cost: u32,
 }
 
 impl Frame {
-    fn at(values: &[u8], controls: &[u32], off: usize) -> Self {
+    fn at(values: &[u8], controls: &[u32], off: usize, cost: u32) -> Self {
         Self {
             off,
             slot: 0,
             any: false,
             string: string_at(values, controls, off),
+            cost,
         }
     }
 }
 
-/// The depth-first walk over readings: calls `visit` with each complete assignment, in order,
-/// until it breaks or the budget runs out. Iterative: a statement may have 65,535 parameters.
-fn search(exec: &ExecuteParams<'_>, visit: &mut dyn FnMut(&[u8]) -> ControlFlow<()>) {
+/// The depth-first walk over readings: calls `visit` with each complete assignment and its
+/// cost, in walk order, until it breaks or the budget runs out. Iterative: a statement may have
+/// 65,535 parameters.
+fn search(exec: &ExecuteParams<'_>, visit: &mut dyn FnMut(&[u8], u32) -> ControlFlow<()>) {
     let n = usize::from(exec.num_params);
     let mut present = Vec::new();
     for i in 0..n {
@@ -454,7 +480,7 @@ fn search(exec: &ExecuteParams<'_>, visit: &mut dyn FnMut(&[u8]) -> ControlFlow<
     }
     if present.is_empty() {
         if values.is_empty() {
-            let _ = visit(&types);
+            let _ = visit(&types, 0);
         }
         return;
     }
@@ -465,7 +491,7 @@ fn search(exec: &ExecuteParams<'_>, visit: &mut dyn FnMut(&[u8]) -> ControlFlow<
     let mut dead: HashSet<(usize, usize)> = HashSet::new();
     let controls = next_controls(values);
     let mut stack = Vec::with_capacity(present.len().min(1024));
-    stack.push(Frame::at(values, &controls, 0));
+    stack.push(Frame::at(values, &controls, 0, 0));
     while let Some(k) = stack.len().checked_sub(1) {
         let top = &mut stack[k];
         let off = top.off;
@@ -501,11 +527,12 @@ fn search(exec: &ExecuteParams<'_>, visit: &mut dyn FnMut(&[u8]) -> ControlFlow<
         types[2 * i] = r.ty;
         types[2 * i + 1] = r.flags;
         let end = off + r.len;
+        let cost = top.cost + reading_cost(&r, rest);
         if after > 0 {
-            stack.push(Frame::at(values, &controls, end));
+            stack.push(Frame::at(values, &controls, end, cost));
         } else if end == values.len() {
             stack[k].any = true;
-            if visit(&types).is_break() {
+            if visit(&types, cost).is_break() {
                 return;
             }
         }
@@ -644,6 +671,17 @@ mod tests {
             Some(types(&[(VAR_STRING, 0), (LONGLONG, 0)]))
         );
 
+        // id = 42, c = '83868-70364': also two LONGLONGs, the second of digits only.
+        let mut v = 42u32.to_le_bytes().to_vec();
+        write_lenenc_bytes(b"83868-70364", &mut v);
+        let b = execute(&[0], &v);
+        let e = ExecuteParams::parse(&b, 2).unwrap();
+        let all = guesses(&e, 10);
+        assert!(all.contains(&types(&[(LONGLONG, 0), (LONGLONG, 0)])));
+        assert_eq!(all[0], types(&[(LONG, 0), (VAR_STRING, 0)]));
+        assert_eq!(guess(&e, |_| true), Some(all[0].clone()));
+        assert_eq!(guess(&e, |t| t != all[0]), Some(all[1].clone()));
+
         // Binary content is a BLOB; a 300-byte string has a 3-byte length.
         let mut v = Vec::new();
         write_lenenc_bytes(&[0x01; 300], &mut v);
@@ -766,6 +804,7 @@ mod tests {
             e.write(&mut out);
             prop_assert_eq!(&out, &payload);
             let bare = ExecuteParams { types: None, ..e };
+            prop_assert_eq!(guess(&bare, |_| true), guesses(&bare, 1).into_iter().next());
             for g in guesses(&bare, max) {
                 prop_assert_eq!(g.len(), 2 * usize::from(n));
                 prop_assert!(bare.fits(&g));
