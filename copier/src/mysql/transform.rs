@@ -366,7 +366,8 @@ fn new_map(shared: &Shared) -> Box<StatementMap> {
     Box::new(StatementMap::new(shared.config.max_statements))
 }
 
-/// Who a picked-up connection logs in as, and what its login said (recovery compares it).
+/// Who a picked-up connection logs in as, what its login said (recovery compares it), and how
+/// long it waits for recovered state.
 struct PickupLogin {
     /// The user and schema to log in with: the defaults, or what recovery learnt.
     user: Option<String>,
@@ -374,6 +375,8 @@ struct PickupLogin {
     /// What our synthetic login used.
     login_user: Option<String>,
     login_db: Option<Vec<u8>>,
+    /// Until when the login waits for recovered state (`recovery_wait`).
+    recovery_deadline: Option<Instant>,
 }
 
 /// Lists filled and emptied within one call (the packets of one captured chunk). They live
@@ -497,7 +500,6 @@ pub struct MysqlTransform {
     /// A picked-up connection's login (`None` for every other: it is only read by recovery,
     /// and a session whose login we saw has nothing to recover, so it keeps no strings).
     pickup: Option<Box<PickupLogin>>,
-    recovery_deadline: Option<Instant>,
     recovered: bool,
 
     // The test server.
@@ -577,6 +579,7 @@ impl MysqlTransform {
                 db: shared.config.default_db.clone(),
                 login_user: None,
                 login_db: None,
+                recovery_deadline: None,
             })
         });
         let observer = shared
@@ -621,7 +624,6 @@ impl MysqlTransform {
             login: None,
             login_sent: false,
             pickup,
-            recovery_deadline: None,
             recovered: false,
             test_phase: TestPhase::Greeting,
             test_server: None,
@@ -1093,7 +1095,7 @@ impl MysqlTransform {
             return Ok(());
         };
         if self.picked_up {
-            if self.recovery_deadline.is_some() {
+            if self.recovery_deadline().is_some() {
                 return Ok(());
             }
             return self.synthetic_login(server, out);
@@ -1281,7 +1283,7 @@ impl MysqlTransform {
         } else {
             pickup.user = Some(user);
             pickup.db = db;
-            self.recovery_deadline = None;
+            pickup.recovery_deadline = None;
         }
         out.add(
             Counter::RecoveryVariablesDropped as usize,
@@ -1344,14 +1346,24 @@ impl MysqlTransform {
     /// Production had nothing for this connection (gone already, lookup failed or refused):
     /// log in with the defaults now instead of holding its commands until `recovery_wait`.
     fn recovery_unavailable(&mut self, out: &mut TransformOutput<'_>) {
-        if self.dead || !self.picked_up || self.recovered || self.recovery_deadline.is_none() {
+        if self.dead || !self.picked_up || self.recovered || self.recovery_deadline().is_none() {
             return;
         }
-        self.recovery_deadline = None;
+        self.stop_waiting_for_recovery();
         if let Err(a) = self.try_login(out) {
             self.give_up(a, out);
         }
         self.resume(out);
+    }
+
+    fn recovery_deadline(&self) -> Option<Instant> {
+        self.pickup.as_ref().and_then(|p| p.recovery_deadline)
+    }
+
+    fn stop_waiting_for_recovery(&mut self) {
+        if let Some(p) = &mut self.pickup {
+            p.recovery_deadline = None;
+        }
     }
 
     /// Queues `inj`; false (counted as `held_overflow`) when it would exceed the held-bytes
@@ -2437,7 +2449,9 @@ impl StreamTransform for MysqlTransform {
             return;
         }
         if let Some(wait) = self.shared.config.recovery_wait {
-            self.recovery_deadline = Some(now + wait);
+            if let Some(p) = &mut self.pickup {
+                p.recovery_deadline = Some(now + wait);
+            }
         } else if self.pickup.as_ref().is_none_or(|p| p.user.is_none()) {
             self.give_up(
                 abandon(Counter::PickupNoDefaultUser, "pickup_no_default_user"),
@@ -2551,7 +2565,7 @@ impl StreamTransform for MysqlTransform {
         if self.dead {
             return None;
         }
-        match (self.recovery_deadline, self.held_deadline) {
+        match (self.recovery_deadline(), self.held_deadline) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         }
@@ -2573,11 +2587,11 @@ impl StreamTransform for MysqlTransform {
                 return;
             }
         }
-        match self.recovery_deadline {
+        match self.recovery_deadline() {
             Some(d) if now >= d => {}
             _ => return,
         }
-        self.recovery_deadline = None;
+        self.stop_waiting_for_recovery();
         out.count(Counter::RecoveryTimeouts as usize);
         if let Err(a) = self.try_login(out) {
             self.give_up(a, out);
