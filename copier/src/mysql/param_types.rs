@@ -146,9 +146,10 @@ impl LearntTypes {
 /// Whether, and how, the test server was given types for a statement.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Given {
-    /// Never: prepared again after a pickup, or its typed execute was not sent.
+    /// Never: prepared again after a pickup.
     Nothing,
-    /// A client's typed execute was sent (its types' fingerprint: only a change is learnt).
+    /// A client's typed execute was sent (its types' fingerprint: only a change is learnt; 0
+    /// for a statement the client prepared, whose typed execute it sends or sent its own way).
     Client { fingerprint: u64 },
     /// We sent types learnt from a client of another session.
     Learnt,
@@ -274,8 +275,12 @@ impl SessionTypes {
         }
     }
 
-    /// The test server answered a prepare with statement `test_id` of `num_params` parameters.
-    pub(super) fn prepared(&mut self, test_id: u32, num_params: u16) {
+    /// The test server answered a prepare with statement `test_id` of `num_params` parameters;
+    /// `recovered`: the copier's own prepare of a statement production had before the copier
+    /// saw the connection. A client's own prepare is followed by its own typed execute, which
+    /// the test server gets as production did (sometimes by MariaDB's "last prepared" id,
+    /// unknown here): its flag-0 executes are left alone.
+    pub(super) fn prepared(&mut self, test_id: u32, num_params: u16, recovered: bool) {
         self.closed(test_id);
         if num_params == 0 || self.statements.len() >= self.limit {
             // Without an entry its executes pass as they are, as before this bookkeeping.
@@ -285,7 +290,11 @@ impl SessionTypes {
             test_id,
             Statement {
                 num_params,
-                given: Given::Nothing,
+                given: if recovered {
+                    Given::Nothing
+                } else {
+                    Given::Client { fingerprint: 0 }
+                },
                 guessing: None,
             },
         );
@@ -615,7 +624,7 @@ mod tests {
     fn a_guess_the_test_server_refuses_is_replaced_by_the_next_candidate() {
         let l = LearntTypes::new();
         let mut t = SessionTypes::new(16);
-        t.prepared(1, 1);
+        t.prepared(1, 1, true);
         // "\x03abc": text first, though it is a LONG here.
         let p = untyped_execute(b"\x03abc");
         assert_eq!(t.wanted(1, &p[..11]), 12, "first the flag");
@@ -654,7 +663,7 @@ mod tests {
     fn bytes_a_guess_cannot_read_prove_it_wrong_and_guessing_stops_eventually() {
         let l = LearntTypes::new();
         let mut t = SessionTypes::new(16);
-        t.prepared(1, 1);
+        t.prepared(1, 1, true);
         let d = t.execute(&ex(&untyped_execute(&7u32.to_le_bytes()), 1, b"q"), &l);
         assert_eq!(typed_types(&d), Some(vec![LONG, 0]));
         // A 5-byte value: not a LONG after all.
@@ -690,7 +699,7 @@ mod tests {
     fn typed_executes_are_learnt_once_and_bookkeeping_stays_bounded() {
         let l = LearntTypes::new();
         let mut t = SessionTypes::new(2);
-        t.prepared(1, 1);
+        t.prepared(1, 1, true);
         let mut p = untyped_execute(&7u32.to_le_bytes());
         p[11] = 1;
         p.splice(12..12, [LONG, 0]);
@@ -708,12 +717,17 @@ mod tests {
         );
         assert_eq!(t.execute(&ex(&bare, 3, b"q"), &l).exec, Exec::AsIs);
 
-        t.prepared(2, 3);
-        t.prepared(3, 1);
+        t.prepared(2, 3, false);
+        assert_eq!(
+            t.wanted(2, &bare),
+            12,
+            "a client's own statement: the flag only"
+        );
+        t.prepared(3, 1, true);
         assert_eq!(t.wanted(3, &bare), 0, "over the limit: not tracked");
         assert_eq!(t.wanted(9, &bare), 0);
         t.closed(1);
-        t.prepared(3, 1);
+        t.prepared(3, 1, true);
         assert_eq!(t.wanted(3, &bare[..5]), 12);
         t.reset();
         assert_eq!(t.wanted(3, &bare), 0);

@@ -254,8 +254,11 @@ enum TestPhase {
 /// What the test server owes for something we sent it.
 enum TestExpect {
     Reply(ReplyKind),
-    /// A COM_STMT_PREPARE tracked in the statement map.
-    Prepare,
+    /// A COM_STMT_PREPARE tracked in the statement map; `recovered`: ours, of a statement
+    /// production had before we saw the connection.
+    Prepare {
+        recovered: bool,
+    },
     /// Our own COM_INIT_DB (recovered or default schema).
     InitDb,
     /// Our own `SET` of a recovered variable.
@@ -268,7 +271,7 @@ impl TestExpect {
     fn kind(&self) -> ReplyKind {
         match self {
             Self::Reply(k) => *k,
-            Self::Prepare => ReplyKind::Prepare,
+            Self::Prepare { .. } => ReplyKind::Prepare,
             Self::InitDb | Self::SetVariable => ReplyKind::Generic,
             Self::ChangeUser(_) => ReplyKind::Auth,
         }
@@ -1024,13 +1027,13 @@ impl MysqlTransform {
                     }
                 }
             }
-            TestExpect::Prepare => {
+            TestExpect::Prepare { recovered } => {
                 let answer = PrepareAnswer::parse(&pkt.head).unwrap_or_else(|_| {
                     out.count(Counter::ProtocolErrors as usize);
                     LOST_ANSWER
                 });
                 if let PrepareAnswer::Ok { statement_id } = answer {
-                    self.test_prepared(statement_id, &pkt.head);
+                    self.test_prepared(statement_id, &pkt.head, recovered);
                 }
                 let r = self
                     .map
@@ -1056,8 +1059,9 @@ impl MysqlTransform {
         Ok(())
     }
 
-    /// The test server prepared `test_id`: the parameter count its executes need types for.
-    fn test_prepared(&mut self, test_id: u32, head: &[u8]) {
+    /// The test server prepared `test_id` (`recovered`: for a statement production had before
+    /// we saw the connection): the parameter count its executes need types for.
+    fn test_prepared(&mut self, test_id: u32, head: &[u8], recovered: bool) {
         let Ok(ok) = PrepareOk::parse(head) else {
             return;
         };
@@ -1072,7 +1076,7 @@ impl MysqlTransform {
         let limit = self.shared.config.max_statements;
         self.types
             .get_or_insert_with(|| Box::new(SessionTypes::new(limit)))
-            .prepared(test_id, ok.num_params);
+            .prepared(test_id, ok.num_params, recovered);
     }
 
     fn test_ready(&self) -> bool {
@@ -1376,7 +1380,7 @@ impl MysqlTransform {
                 self.queue_injection(
                     Injection {
                         bytes,
-                        expect: Some(TestExpect::Prepare),
+                        expect: Some(TestExpect::Prepare { recovered: true }),
                         register: Some((prod_id, kept)),
                     },
                     out,
@@ -2106,7 +2110,7 @@ impl MysqlTransform {
                     out,
                 );
                 self.expect_client(if tracked {
-                    TestExpect::Prepare
+                    TestExpect::Prepare { recovered: false }
                 } else {
                     TestExpect::Reply(ReplyKind::Prepare)
                 })?;

@@ -314,7 +314,33 @@ fn statements_prepared_while_the_copier_watched_are_left_as_they_are() {
 }
 
 #[test]
-fn reset_and_close_forget_what_the_test_server_was_given() {
+fn a_statement_first_executed_by_the_last_prepared_id_is_left_as_it_is() {
+    // MariaDB's direct execution: the prepare and a typed execute naming "the statement
+    // prepared last" go out together; later executes name the statement and carry no types.
+    let mut h = Harness::new(recovering(), false);
+    h.login(&hex(CAPI_RESPONSE));
+    let values = 51u64.to_le_bytes();
+    h.client_packet(0, &prepare(BY_ID));
+    h.client_packet(0, &exec(u32::MAX, &[0], Some(&[LONGLONG, 0]), &values));
+    h.prod_reply(&prepare_reply(4, 1));
+    h.prod_reply(&one_row());
+    h.test_reply(&prepare_reply(40, 1));
+    h.test_reply(&one_row());
+    h.client_packet(0, &exec(4, &[0], None, &values));
+    assert_eq!(
+        payloads(&mut h),
+        vec![
+            prepare(BY_ID),
+            exec(u32::MAX, &[0], Some(&[LONGLONG, 0]), &values),
+            exec(40, &[0], None, &values),
+        ]
+    );
+    assert_eq!(h.count(Counter::ParamTypesGuessed), 0);
+    assert_eq!(h.count(Counter::ExecutesDroppedUndecodable), 0);
+}
+
+#[test]
+fn after_a_reset_the_clients_own_prepare_and_typed_execute_pass_as_they_are() {
     let f = factory(recovering());
     let values = 51u64.to_le_bytes();
     let mut h = picked_up(&f, &[(5, BY_ID)], &exec(5, &[0], None, &values));
