@@ -670,6 +670,45 @@ mod tests {
     }
 
     #[test]
+    fn parameter_type_counters_are_exposed_by_name() {
+        use crate::mysql::{Counter, COUNTER_NAMES};
+        let mut s = Snapshot {
+            transform_names: COUNTER_NAMES,
+            ..Snapshot::default()
+        };
+        s.engine
+            .transform
+            .add(Counter::ParamTypesGuessed as usize, 176);
+        s.engine
+            .transform
+            .add(Counter::ExecutesDroppedUndecodable as usize, 5);
+        let text = render_copier_metrics(&s, None, 10);
+        let samples = parse(&text).unwrap();
+        let v = |n: &str, l: &[(&str, &str)]| value(&samples, n, l);
+        assert_eq!(
+            v(
+                "tcpshadow_copier_protocol_events_total",
+                &[("name", "param_types_guessed")]
+            ),
+            176.0
+        );
+        assert_eq!(
+            v(
+                "tcpshadow_copier_losses_total",
+                &[
+                    ("stage", "protocol"),
+                    ("reason", "executes_dropped_undecodable")
+                ]
+            ),
+            5.0
+        );
+        assert!(!samples
+            .iter()
+            .any(|s| s.name == "tcpshadow_copier_losses_total"
+                && s.label("reason") == Some("param_types_guessed")));
+    }
+
+    #[test]
     fn snapshot_counters_are_exposed_under_stable_names() {
         let mut s = Snapshot {
             transform_names: &[

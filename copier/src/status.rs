@@ -506,6 +506,42 @@ mod tests {
     }
 
     #[test]
+    fn parameter_types_given_are_events_and_executes_that_could_not_be_typed_losses() {
+        use crate::mysql::{Counter, COUNTER_NAMES};
+        let mut s = Snapshot {
+            transform_names: COUNTER_NAMES,
+            ..Snapshot::default()
+        };
+        for (c, n) in [
+            (Counter::ParamTypesLearnt, 3),
+            (Counter::ParamTypesGuessed, 176),
+            (Counter::ParamTypesCorrected, 2),
+            (Counter::ExecutesDroppedUndecodable, 5),
+        ] {
+            s.engine.transform.add(c as usize, n);
+        }
+        let text = summary(&s, Duration::from_secs(1));
+        assert!(
+            text.contains(
+                "protocol layer: param_types_learnt=3 param_types_guessed=176 \
+                 param_types_corrected=2 executes_dropped_undecodable=5"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("5  protocol layer: executes dropped undecodable"),
+            "{text}"
+        );
+        for name in [
+            "param_types_learnt",
+            "param_types_guessed",
+            "param_types_corrected",
+        ] {
+            assert!(!is_protocol_loss(name), "{name}");
+        }
+    }
+
+    #[test]
     fn losses_a_flag_would_avoid_name_it() {
         let mut s = Snapshot {
             transform_names: &["executes_dropped_prepared_before_pickup", "no_credentials"],

@@ -35,6 +35,7 @@ pub mod digest;
 pub mod fold;
 pub mod handshake;
 pub mod packet;
+pub mod params;
 pub mod stmt;
 
 #[cfg(test)]

@@ -14,6 +14,11 @@
 //!   servers' answers to each COM_STMT_PREPARE;
 //! * connections picked up mid-stream, which get a synthetic login (and, with recovered state,
 //!   their schema and prepared statements) before their captured commands;
+//! * the parameter types of a COM_STMT_EXECUTE sent without them (clients send them with a
+//!   statement's first execute only) for a statement the test server was never given them for,
+//!   such as those prepared again after a pickup: learnt from another session's typed execute
+//!   of the same SQL, or guessed from the execute's bytes and verified against both servers'
+//!   answers (`param_types.rs`); the packet grows by two bytes per parameter;
 //! * with `read_only`, commands that write (judged by `common::mysql::classify`; a COM_QUERY or
 //!   COM_STMT_PREPARE is collected whole, up to 1 MiB, to be judged) and every statement command
 //!   naming a statement prepared from one: they are neither sent nor awaited, LOCAL INFILE
@@ -38,6 +43,7 @@
 //!   and sequence ids, never by their content.
 
 mod observe;
+mod param_types;
 mod replies;
 mod transform;
 
@@ -230,6 +236,17 @@ pub enum Counter {
     ReadOnlySkippedOther,
     /// COM_STMT_EXECUTE / BULK_EXECUTE of a statement whose prepare was not sent.
     ReadOnlySkippedStmtExecute,
+    // Parameter types the test server was never given (`param_types.rs`).
+    /// Executes sent with the types a client of another session gave the same SQL.
+    ParamTypesLearnt,
+    /// Executes sent with types guessed from their own bytes.
+    ParamTypesGuessed,
+    /// Guesses found wrong (the test server refused where production ran, or a later
+    /// execute's bytes did not fit them): the next execute carries another.
+    ParamTypesCorrected,
+    /// Executes not sent: the test server needed types and none could be given (too long to
+    /// hold, or no guess reads their bytes). A loss.
+    ExecutesDroppedUndecodable,
 }
 
 /// Names of [`Counter`] ids, in id order (metrics labels and the summary).
@@ -296,6 +313,10 @@ pub const COUNTER_NAMES: &[&str] = &[
     "read_only_skipped_admin",
     "read_only_skipped_other",
     "read_only_skipped_stmt_execute",
+    "param_types_learnt",
+    "param_types_guessed",
+    "param_types_corrected",
+    "executes_dropped_undecodable",
 ];
 
 /// What `--read-only` counts a command under.
@@ -315,7 +336,7 @@ pub(crate) fn read_only_counter(kind: WriteKind) -> Counter {
     }
 }
 
-const _: () = assert!(COUNTER_NAMES.len() == Counter::ReadOnlySkippedStmtExecute as usize + 1);
+const _: () = assert!(COUNTER_NAMES.len() == Counter::ExecutesDroppedUndecodable as usize + 1);
 const _: () = assert!(COUNTER_NAMES.len() <= crate::engine::TRANSFORM_COUNTERS);
 
 /// The in-line sizes of a MySQL session's parts (bytes), for the memory breakdown of
@@ -325,11 +346,13 @@ pub fn session_layout() -> Vec<(&'static str, usize)> {
     transform::layout()
 }
 
-/// What every session of a factory shares (read-only).
+/// What every session of a factory shares: read-only, but for the parameter types learnt from
+/// clients (a bounded cache behind a lock).
 pub(crate) struct Shared {
     pub(crate) config: MysqlConfig,
     pub(crate) credentials: Arc<Credentials>,
     pub(crate) random: RandomBytes,
+    learnt: param_types::LearntTypes,
 }
 
 /// Makes a [`MysqlTransform`] for every session. Clones share the configuration and
@@ -360,6 +383,7 @@ impl MysqlFactory {
                 config,
                 credentials,
                 random,
+                learnt: param_types::LearntTypes::new(),
             }),
             copy: 0,
         }

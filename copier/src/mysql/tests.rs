@@ -28,6 +28,7 @@ use crate::engine::{
     SessionInfo, StreamTransform, TestEvent, TransformFactory, TransformOutput, TransformStats,
 };
 
+mod param_types;
 mod read_only;
 mod report;
 
@@ -346,6 +347,11 @@ impl Harness {
     fn with_credentials(config: MysqlConfig, creds: &str, picked_up: bool) -> Self {
         let creds = Arc::new(Credentials::parse(creds).unwrap());
         let factory = MysqlFactory::new(config, creds, test_random());
+        Self::with_factory(&factory, picked_up)
+    }
+
+    /// A session of `factory`: sessions of one factory share what it shares (learnt types).
+    fn with_factory(factory: &MysqlFactory, picked_up: bool) -> Self {
         let now = Instant::from_nanos(1_000_000_000);
         let mut h = Self {
             t: factory.make(now, &session(picked_up)),

@@ -28,7 +28,7 @@ use common::mysql::auth::{
     encrypt_password, rand_core, AuthPlugin, Nonce, Password, ServerPublicKey, REQUEST_PUBLIC_KEY,
 };
 use common::mysql::classify::{self, Effect, NameUse, Rules, WriteKind};
-use common::mysql::command::{self, com, ChangeUser};
+use common::mysql::command::{self, com, ChangeUser, PrepareOk};
 use common::mysql::handshake::{
     AuthMoreData, AuthSwitchRequest, Capabilities, ClientLogin, FastAuthResult, Greeting,
     HandshakeResponse, MariaCapabilities, NotMirrorable, ReplyPhase, ServerReply,
@@ -41,6 +41,7 @@ use common::mysql::stmt::{
 };
 
 use super::observe::{Decision, Observer, SQL_LOOKED_AT};
+use super::param_types::{Exec, Execute, SessionTypes};
 use super::replies::{ReplyKind, ReplyTracker, Seen};
 use super::{read_only_counter, Counter, NotRecovered, RecoveredState, Shared};
 use crate::engine::{SessionInfo, StreamTransform, TestEvent, TransformOutput};
@@ -253,8 +254,11 @@ enum TestPhase {
 /// What the test server owes for something we sent it.
 enum TestExpect {
     Reply(ReplyKind),
-    /// A COM_STMT_PREPARE tracked in the statement map.
-    Prepare,
+    /// A COM_STMT_PREPARE tracked in the statement map; `recovered`: ours, of a statement
+    /// production had before we saw the connection.
+    Prepare {
+        recovered: bool,
+    },
     /// Our own COM_INIT_DB (recovered or default schema).
     InitDb,
     /// Our own `SET` of a recovered variable.
@@ -267,7 +271,7 @@ impl TestExpect {
     fn kind(&self) -> ReplyKind {
         match self {
             Self::Reply(k) => *k,
-            Self::Prepare => ReplyKind::Prepare,
+            Self::Prepare { .. } => ReplyKind::Prepare,
             Self::InitDb | Self::SetVariable => ReplyKind::Generic,
             Self::ChangeUser(_) => ReplyKind::Auth,
         }
@@ -366,7 +370,8 @@ fn new_map(shared: &Shared) -> Box<StatementMap> {
     Box::new(StatementMap::new(shared.config.max_statements))
 }
 
-/// Who a picked-up connection logs in as, and what its login said (recovery compares it).
+/// Who a picked-up connection logs in as, what its login said (recovery compares it), and how
+/// long it waits for recovered state.
 struct PickupLogin {
     /// The user and schema to log in with: the defaults, or what recovery learnt.
     user: Option<String>,
@@ -374,6 +379,8 @@ struct PickupLogin {
     /// What our synthetic login used.
     login_user: Option<String>,
     login_db: Option<Vec<u8>>,
+    /// Until when the login waits for recovered state (`recovery_wait`).
+    recovery_deadline: Option<Instant>,
 }
 
 /// Lists filled and emptied within one call (the packets of one captured chunk). They live
@@ -425,6 +432,7 @@ pub(super) fn layout() -> Vec<(&'static str, usize)> {
         ("mysql FrameScanner", size_of::<FrameScanner>()),
         ("mysql ReplyTracker", size_of::<ReplyTracker>()),
         ("mysql StatementMap", size_of::<StatementMap>()),
+        ("mysql SessionTypes", size_of::<SessionTypes>()),
         ("mysql AuthExchange", size_of::<AuthExchange>()),
         ("mysql ProdPacket", size_of::<ProdPacket>()),
         ("mysql Injection", size_of::<Injection>()),
@@ -497,7 +505,6 @@ pub struct MysqlTransform {
     /// A picked-up connection's login (`None` for every other: it is only read by recovery,
     /// and a session whose login we saw has nothing to recover, so it keeps no strings).
     pickup: Option<Box<PickupLogin>>,
-    recovery_deadline: Option<Instant>,
     recovered: bool,
 
     // The test server.
@@ -537,6 +544,9 @@ pub struct MysqlTransform {
     tracking_lost: bool,
     /// Statements may exist that were prepared before we saw the connection.
     stmts_predate_us: bool,
+    /// Which statements the test server has parameter types for; `None` until one with
+    /// parameters is prepared there.
+    types: Option<Box<SessionTypes>>,
 
     inject: VecDeque<Injection>,
     inject_bytes: usize,
@@ -577,6 +587,7 @@ impl MysqlTransform {
                 db: shared.config.default_db.clone(),
                 login_user: None,
                 login_db: None,
+                recovery_deadline: None,
             })
         });
         let observer = shared
@@ -588,6 +599,11 @@ impl MysqlTransform {
         // of each packet (only packets split across segments are copied).
         let arrival_prefix = if observer.is_some() { SQL_LOOKED_AT } else { 1 };
         let compare = observer.as_ref().is_some_and(|o| o.compare_results());
+        // A picked-up session's statements are prepared again without types (`--prod-dsn`),
+        // and production answers the executes held for them before the test server can: those
+        // answers verify the first guesses, so they are kept from the start.
+        let types = (picked_up && shared.config.recovery_wait.is_some())
+            .then(|| Box::new(SessionTypes::new(shared.config.max_statements)));
         Self {
             shared,
             picked_up,
@@ -621,7 +637,6 @@ impl MysqlTransform {
             login: None,
             login_sent: false,
             pickup,
-            recovery_deadline: None,
             recovered: false,
             test_phase: TestPhase::Greeting,
             test_server: None,
@@ -648,6 +663,7 @@ impl MysqlTransform {
             unanswered_prepares: VecDeque::new(),
             tracking_lost: false,
             stmts_predate_us: picked_up,
+            types,
             inject: VecDeque::new(),
             inject_bytes: 0,
             skipped: None,
@@ -811,6 +827,9 @@ impl MysqlTransform {
         out.count(Counter::FramingLost as usize);
         self.test_phase = TestPhase::Blind;
         self.test_fifo.clear();
+        if let Some(t) = &mut self.types {
+            t.test_lost();
+        }
         if let Some(o) = &mut self.observer {
             o.test_lost_all();
         }
@@ -996,12 +1015,26 @@ impl MysqlTransform {
             o.test_start(serial, self.captured);
         }
         match expect {
-            TestExpect::Reply(_) => {}
-            TestExpect::Prepare => {
+            TestExpect::Reply(_) => {
+                if let (Some(serial), Some(t)) = (serial, self.types.as_deref_mut()) {
+                    let refused = (pkt.head.first() == Some(&0xff)).then(|| {
+                        pkt.head
+                            .get(1..3)
+                            .map_or(0, |c| u16::from_le_bytes([c[0], c[1]]))
+                    });
+                    if t.test_answered(serial, refused) {
+                        out.count(Counter::ParamTypesCorrected as usize);
+                    }
+                }
+            }
+            TestExpect::Prepare { recovered } => {
                 let answer = PrepareAnswer::parse(&pkt.head).unwrap_or_else(|_| {
                     out.count(Counter::ProtocolErrors as usize);
                     LOST_ANSWER
                 });
+                if let PrepareAnswer::Ok { statement_id } = answer {
+                    self.test_prepared(statement_id, &pkt.head, recovered);
+                }
                 let r = self
                     .map
                     .get_or_insert_with(|| new_map(&self.shared))
@@ -1024,6 +1057,26 @@ impl MysqlTransform {
             }
         }
         Ok(())
+    }
+
+    /// The test server prepared `test_id` (`recovered`: for a statement production had before
+    /// we saw the connection): the parameter count its executes need types for.
+    fn test_prepared(&mut self, test_id: u32, head: &[u8], recovered: bool) {
+        let Ok(ok) = PrepareOk::parse(head) else {
+            return;
+        };
+        // With MySQL's query attributes an execute carries parameter names and a count too:
+        // a layout the type bookkeeping does not read. Its executes pass as they are.
+        if (self.client_caps | self.session_caps).contains(Capabilities::QUERY_ATTRIBUTES) {
+            return;
+        }
+        if ok.num_params == 0 && self.types.is_none() {
+            return;
+        }
+        let limit = self.shared.config.max_statements;
+        self.types
+            .get_or_insert_with(|| Box::new(SessionTypes::new(limit)))
+            .prepared(test_id, ok.num_params, recovered);
     }
 
     fn test_ready(&self) -> bool {
@@ -1093,7 +1146,7 @@ impl MysqlTransform {
             return Ok(());
         };
         if self.picked_up {
-            if self.recovery_deadline.is_some() {
+            if self.recovery_deadline().is_some() {
                 return Ok(());
             }
             return self.synthetic_login(server, out);
@@ -1284,7 +1337,7 @@ impl MysqlTransform {
         } else {
             pickup.user = Some(user);
             pickup.db = db;
-            self.recovery_deadline = None;
+            pickup.recovery_deadline = None;
         }
         out.add(
             Counter::RecoveryVariablesDropped as usize,
@@ -1330,7 +1383,7 @@ impl MysqlTransform {
                 self.queue_injection(
                     Injection {
                         bytes,
-                        expect: Some(TestExpect::Prepare),
+                        expect: Some(TestExpect::Prepare { recovered: true }),
                         register: Some((prod_id, kept)),
                     },
                     out,
@@ -1347,14 +1400,24 @@ impl MysqlTransform {
     /// Production had nothing for this connection (gone already, lookup failed or refused):
     /// log in with the defaults now instead of holding its commands until `recovery_wait`.
     fn recovery_unavailable(&mut self, out: &mut TransformOutput<'_>) {
-        if self.dead || !self.picked_up || self.recovered || self.recovery_deadline.is_none() {
+        if self.dead || !self.picked_up || self.recovered || self.recovery_deadline().is_none() {
             return;
         }
-        self.recovery_deadline = None;
+        self.stop_waiting_for_recovery();
         if let Err(a) = self.try_login(out) {
             self.give_up(a, out);
         }
         self.resume(out);
+    }
+
+    fn recovery_deadline(&self) -> Option<Instant> {
+        self.pickup.as_ref().and_then(|p| p.recovery_deadline)
+    }
+
+    fn stop_waiting_for_recovery(&mut self) {
+        if let Some(p) = &mut self.pickup {
+            p.recovery_deadline = None;
+        }
     }
 
     /// Queues `inj`; false (counted as `held_overflow`) when it would exceed the held-bytes
@@ -1489,6 +1552,12 @@ impl MysqlTransform {
         if let (Some((_, serial, _)), Some(o)) = (popped, &mut self.observer) {
             o.prod_start(serial, self.captured);
         }
+        if let (Some((ReplyKind::Generic, serial, _)), Some(t)) = (popped, &mut self.types) {
+            let ran = p.prefix().first() != Some(&0xff);
+            if t.prod_answered(serial, ran, serial < self.fwd_serial) {
+                out.count(Counter::ParamTypesCorrected as usize);
+            }
+        }
         match popped.map(|f| f.0) {
             None => out.count(Counter::RepliesUnmatched as usize),
             Some(ReplyKind::Prepare) => {
@@ -1518,6 +1587,9 @@ impl MysqlTransform {
     fn lose_prod_reply(&mut self, kind: ReplyKind, serial: u64, out: &mut TransformOutput<'_>) {
         if kind == ReplyKind::Prepare {
             self.lose_prod_answer(out);
+        }
+        if let Some(t) = &mut self.types {
+            t.prod_lost(serial);
         }
         if let Some(o) = &mut self.observer {
             o.prod_lost(serial);
@@ -1627,11 +1699,17 @@ impl MysqlTransform {
                 // No client command will name it; the test server would keep it until the
                 // session ends (and count it against max_prepared_stmt_count).
                 out.count(Counter::StatementsOrphanedClosed as usize);
+                if let Some(t) = &mut self.types {
+                    t.closed(test_id);
+                }
                 self.close_on_test(test_id, out);
             }
             Resolution::Dropped { test_id, .. } => {
                 out.count(Counter::StatementsOverLimit as usize);
                 if let Some(t) = test_id {
+                    if let Some(types) = &mut self.types {
+                        types.closed(t);
+                    }
                     self.close_on_test(t, out);
                 }
             }
@@ -1749,11 +1827,26 @@ impl MysqlTransform {
                     1 + MAX_SQL_HEAD.min(self.shared.config.max_held_bytes)
                 }
                 Some(&com::STMT_PREPARE) => 1 + SQL_KEPT,
+                Some(&com::STMT_EXECUTE) => self.execute_head(),
                 Some(&c) if command::carries_statement_id(c) => 5,
                 Some(_) => 1,
             }
         };
         HEADER_LEN + (h.len as usize).min(want)
+    }
+
+    /// Payload bytes of a COM_STMT_EXECUTE to collect: its statement id, then what the
+    /// parameter types of its statement need seen (see `param_types.rs`).
+    fn execute_head(&self) -> usize {
+        const ID: usize = 5;
+        let payload = &self.head[HEADER_LEN..];
+        let (Some(types), Some(map)) = (self.types.as_deref(), self.map.as_deref()) else {
+            return ID;
+        };
+        match command::statement_id(payload).map(|id| map.lookup(id)) {
+            Some(Ok(test_id)) => types.wanted(test_id, payload).clamp(ID, MAX_HEAD),
+            _ => ID,
+        }
     }
 
     /// Forwards `data` as far as verdicts allow; returns the bytes consumed (fewer only when a
@@ -2020,16 +2113,19 @@ impl MysqlTransform {
                     out,
                 );
                 self.expect_client(if tracked {
-                    TestExpect::Prepare
+                    TestExpect::Prepare { recovered: false }
                 } else {
                     TestExpect::Reply(ReplyKind::Prepare)
                 })?;
             }
-            c if command::carries_statement_id(c) => return self.statement_command(c, out),
+            c if command::carries_statement_id(c) => return self.statement_command(c, h, out),
             com::CHANGE_USER => return self.change_user(h, out),
             com::RESET_CONNECTION => {
                 if let Some(m) = &mut self.map {
                     m.reset_all();
+                }
+                if let Some(t) = &mut self.types {
+                    t.reset();
                 }
                 self.forget_skipped();
                 self.stmts_predate_us = false;
@@ -2051,6 +2147,7 @@ impl MysqlTransform {
     fn statement_command(
         &mut self,
         code: u8,
+        h: PacketHeader,
         out: &mut TransformOutput<'_>,
     ) -> Result<Verdict, Abandon> {
         let Some(prod_id) = command::statement_id(&self.head[HEADER_LEN..]) else {
@@ -2097,6 +2194,16 @@ impl MysqlTransform {
         };
         match found {
             Ok(test_id) => {
+                if code == com::STMT_CLOSE {
+                    if let Some(t) = &mut self.types {
+                        t.closed(test_id);
+                    }
+                }
+                if code == com::STMT_EXECUTE {
+                    if let Some(v) = self.execute_types(prod_id, test_id, h, out) {
+                        return Ok(v);
+                    }
+                }
                 if test_id != prod_id
                     && command::set_statement_id(&mut self.head[HEADER_LEN..], test_id).is_err()
                 {
@@ -2119,6 +2226,51 @@ impl MysqlTransform {
                 Ok(Verdict::Block)
             }
             Err(u) => Ok(self.drop_statement_command(code, u.reason, out)),
+        }
+    }
+
+    /// Gives the test server the parameter types it lacks for `test_id` (`param_types.rs`),
+    /// rewriting the collected head; `Some(Drop)` when this execute cannot carry them.
+    fn execute_types(
+        &mut self,
+        prod_id: u32,
+        test_id: u32,
+        h: PacketHeader,
+        out: &mut TransformOutput<'_>,
+    ) -> Option<Verdict> {
+        let types = self.types.as_deref_mut()?;
+        let payload = &self.head[HEADER_LEN..];
+        let ex = Execute {
+            test_id,
+            payload,
+            complete: payload.len() == h.len as usize && (h.len as usize) < MAX_PAYLOAD_LEN,
+            sql: self.map.as_deref().and_then(|m| m.sql(prod_id)),
+            serial: self.fwd_serial,
+            verify: self.test_phase != TestPhase::Blind,
+        };
+        let d = types.execute(&ex, &self.shared.learnt);
+        if d.corrected {
+            out.count(Counter::ParamTypesCorrected as usize);
+        }
+        match d.exec {
+            Exec::AsIs => None,
+            Exec::Typed { payload, learnt } => {
+                out.count(if learnt {
+                    Counter::ParamTypesLearnt
+                } else {
+                    Counter::ParamTypesGuessed
+                } as usize);
+                // Like a rewritten COM_CHANGE_USER: the whole packet is in `head`, which goes
+                // out instead, longer by the types; our stream simply carries more bytes.
+                let mut framed = Vec::with_capacity(HEADER_LEN + payload.len());
+                write_packet(h.seq, &payload, &mut framed);
+                self.head = framed;
+                None
+            }
+            Exec::Undecodable => {
+                out.count(Counter::ExecutesDroppedUndecodable as usize);
+                Some(Verdict::Drop)
+            }
         }
     }
 
@@ -2220,6 +2372,9 @@ impl MysqlTransform {
         }
         if let Some(m) = &mut self.map {
             m.reset_all();
+        }
+        if let Some(t) = &mut self.types {
+            t.reset();
         }
         self.forget_skipped();
         self.stmts_predate_us = false;
@@ -2354,6 +2509,7 @@ impl MysqlTransform {
         self.backlog = Vec::new();
         self.inject.clear();
         self.inject_bytes = 0;
+        self.types = None;
         self.blocked = false;
         self.held_deadline = None;
         if let Some(o) = &mut self.observer {
@@ -2447,7 +2603,9 @@ impl StreamTransform for MysqlTransform {
             return;
         }
         if let Some(wait) = self.shared.config.recovery_wait {
-            self.recovery_deadline = Some(now + wait);
+            if let Some(p) = &mut self.pickup {
+                p.recovery_deadline = Some(now + wait);
+            }
         } else if self.pickup.as_ref().is_none_or(|p| p.user.is_none()) {
             self.give_up(
                 abandon(Counter::PickupNoDefaultUser, "pickup_no_default_user"),
@@ -2554,6 +2712,7 @@ impl StreamTransform for MysqlTransform {
                 .map
                 .as_ref()
                 .map_or(0, |m| size_of::<StatementMap>() + m.memory_len())
+            + self.types.as_ref().map_or(0, |t| t.memory_len())
             + self.observer.as_ref().map_or(0, |o| o.memory_len())
     }
 
@@ -2561,7 +2720,7 @@ impl StreamTransform for MysqlTransform {
         if self.dead {
             return None;
         }
-        match (self.recovery_deadline, self.held_deadline) {
+        match (self.recovery_deadline(), self.held_deadline) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         }
@@ -2583,11 +2742,11 @@ impl StreamTransform for MysqlTransform {
                 return;
             }
         }
-        match self.recovery_deadline {
+        match self.recovery_deadline() {
             Some(d) if now >= d => {}
             _ => return,
         }
-        self.recovery_deadline = None;
+        self.stop_waiting_for_recovery();
         out.count(Counter::RecoveryTimeouts as usize);
         if let Err(a) = self.try_login(out) {
             self.give_up(a, out);
