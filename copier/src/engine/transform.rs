@@ -34,7 +34,7 @@ use common::clock::Instant;
 use common::control::{MysqlEvent, TestFeedback};
 
 /// Counters a transform can bump, per engine (ids `0..TRANSFORM_COUNTERS`).
-pub const TRANSFORM_COUNTERS: usize = 64;
+pub const TRANSFORM_COUNTERS: usize = 96;
 
 /// What a factory knows about the session it makes a transform for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
