@@ -378,6 +378,66 @@ impl fmt::Display for Comparison {
     }
 }
 
+/// Errors a test server can have where production did not with no command lost: concurrent
+/// writes of several connections run there in another interleaving than on production (each
+/// connection's order is kept, not the order between them), so a deadlock (1213) or lock wait
+/// timeout (1205) can strike another transaction, and a statement that then runs outside the
+/// rolled-back transaction can meet a duplicate key (1062). The copier counts each by code.
+pub const WRITE_RACE_CODES: &[u16] = &[1062, 1205, 1213];
+
+/// The copier summary's test-only errors by code, from its `losses:` lines
+/// (`N  commands: COMMAND KIND: error CODE on the test server only`); several summaries add up.
+pub fn test_only_errors(summary: &str) -> BTreeMap<u16, u64> {
+    let mut by_code = BTreeMap::new();
+    for line in summary.lines() {
+        let line = line.trim();
+        let Some(rest) = line.strip_suffix(" on the test server only") else {
+            continue;
+        };
+        let (Some((n, _)), Some((_, code))) =
+            (line.split_once("  commands: "), rest.rsplit_once("error "))
+        else {
+            continue;
+        };
+        if let (Ok(n), Ok(code)) = (n.trim().parse::<u64>(), code.trim().parse::<u16>()) {
+            *by_code.entry(code).or_default() += n;
+        }
+    }
+    by_code
+}
+
+impl Comparison {
+    /// [`Comparison::check`] for loads with concurrent writes: the test server's new errors
+    /// must all be write races ([`WRITE_RACE_CODES`]) the copier counted (its summary, which may
+    /// cover more than this window), the copier may have counted no other test-only error, and
+    /// they stay rare (at most 1 in 10,000 executes).
+    pub fn check_write_races(&self, lo: f64, hi: f64, copier_summary: &str) -> Result<()> {
+        let counted = test_only_errors(copier_summary);
+        let others: BTreeMap<u16, u64> = counted
+            .iter()
+            .filter(|(c, _)| !WRITE_RACE_CODES.contains(c))
+            .map(|(c, n)| (*c, *n))
+            .collect();
+        if !others.is_empty() {
+            bail!("the copier counted test-only errors that are no write race: {others:?}\n{self}");
+        }
+        let races: u64 = counted.values().sum();
+        let new: u64 = self.new_errors().values().sum();
+        if new > races {
+            bail!(
+                "{new} new errors on test, of which the copier explained {races} as write races \
+                 ({counted:?})\n{self}"
+            );
+        }
+        let executes = self.prod.get("Com_stmt_execute") + self.prod.get("Questions");
+        if new * 10_000 > executes.max(1) {
+            bail!("{new} write races on test: too many for chance\n{self}");
+        }
+        let allowed = self.new_errors();
+        self.check_errors(lo, hi, &allowed)
+    }
+}
+
 /// Both servers read at a window's start, when the load ended, and once the test server had
 /// caught up (`Lab::work_window`).
 #[derive(Clone, Debug)]
@@ -408,6 +468,20 @@ impl Window {
     /// The whole window, the test server's backlog run.
     pub fn whole(&self, own: &OwnStatements) -> Result<Comparison> {
         self.compare(&self.after, own)
+    }
+
+    /// [`Window::check`] for loads with concurrent writes ([`Comparison::check_write_races`]).
+    pub fn check_write_races(&self, own: &OwnStatements, copier_summary: &str) -> Result<String> {
+        let (in_step, whole) = (self.in_step(own)?, self.whole(own)?);
+        let text =
+            format!("when the load ended:\n{in_step}\nonce the test server caught up:\n{whole}");
+        whole
+            .check_write_races(0.999, 1.001, copier_summary)
+            .with_context(|| format!("when the load ended:\n{in_step}"))?;
+        if in_step.fidelity().unwrap_or(0.0) < 0.99 {
+            bail!("the test server was not in step with production when the load ended (below 0.99):\n{text}");
+        }
+        Ok(text)
     }
 
     /// The mirror tests' bars: work fidelity within [0.999, 1.001] over the whole window, no
@@ -485,6 +559,25 @@ mod tests {
         // Fewer than MIN_COUNT: not a ratio.
         let few = Work::between(&snap(0, 0, 1, &[]), &snap(51, 50, 2, &[])).unwrap();
         assert_eq!(Comparison::new(few.clone(), few).fidelity(), None);
+    }
+
+    #[test]
+    fn write_races_the_copier_counted_are_allowed_and_nothing_else() {
+        let summary = "  losses:\n             2  commands: stmt_execute insert: error 1062 on the test server only\n";
+        assert_eq!(test_only_errors(summary), BTreeMap::from([(1062, 2)]));
+        let prod = Work::between(&snap(0, 0, 1, &[]), &snap(100_001, 100_000, 2, &[])).unwrap();
+        let racy = Work::between(
+            &snap(0, 0, 1, &[]),
+            &snap(100_001, 100_000, 2, &[("statement/com/Execute", 2)]),
+        )
+        .unwrap();
+        let c = Comparison::new(prod, racy);
+        assert!(c.check(0.999, 1.001).is_err());
+        c.check_write_races(0.999, 1.001, summary).unwrap();
+        let other =
+            "             2  commands: stmt_execute insert: error 1210 on the test server only\n";
+        assert!(c.check_write_races(0.999, 1.001, other).is_err());
+        assert!(c.check_write_races(0.999, 1.001, "").is_err());
     }
 
     #[test]

@@ -107,7 +107,9 @@ fn commands_the_test_server_rejects_are_counted_exactly() -> Result<()> {
         &lab,
         &Load {
             test: "oltp_read_write".into(),
-            threads: 8,
+            // Few connections: writes racing differently on the test server (a deadlock there
+            // only) would add errors this test does not expect.
+            threads: 4,
             time_secs: secs,
             ..Load::default()
         },

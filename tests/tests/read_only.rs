@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
 use tcpshadow_tests::mirror::{Mirror, MirrorOptions};
+use tcpshadow_tests::work::{Comparison, Work};
 use tcpshadow_tests::{Counters, Host, Lab, Load};
 
 /// The tests of this file take turns: two labs under load at once on a small machine would
@@ -97,6 +98,7 @@ fn oltp_read_write_runs_only_its_reads_on_the_test_server() -> Result<()> {
     let lab = Lab::up("rosb")?;
     let mirror = start_read_only_mirror(&lab)?;
     let secs = load_secs();
+    let before = lab.work_both()?;
     let (p0, t0) = (lab.counters(Host::Prod)?, lab.counters(Host::Test)?);
     let report = lab.load(&Load {
         test: "oltp_read_write".into(),
@@ -107,8 +109,26 @@ fn oltp_read_write_runs_only_its_reads_on_the_test_server() -> Result<()> {
     let p1 = lab.counters(Host::Prod)?;
     let reads_prod = p1.delta(&p0, "Com_select");
     let t1 = wait_for_reads(&lab, reads_prod, &t0)?;
+    let after = lab.work_both()?;
     let (copier, _) = mirror.stop()?;
     println!("{}", copier.stderr);
+    // Reads by the shared comparison: both bounds, and no error on test that production did
+    // not have (writes are kept off by design, so only Com_select is held to 1).
+    let work = Comparison::new(
+        Work::between(&before.0, &after.0)?,
+        Work::between(&before.1, &after.1)?,
+    );
+    println!("{work}");
+    let select = work
+        .rows()
+        .into_iter()
+        .find(|r| r.kind == "Com_select")
+        .and_then(|r| r.ratio)
+        .unwrap_or(0.0);
+    ensure!(
+        (0.999..=1.001).contains(&select) && work.new_errors().is_empty(),
+        "--read-only: reads {select:.5} of production's, or new errors on test:\n{work}"
+    );
 
     let d = |c: &Counters, e: &Counters, name: &str| c.delta(e, name);
     let reads_test = d(&t1, &t0, "Com_select");
