@@ -348,7 +348,15 @@ impl MirrorArgs {
         Ok(())
     }
 
-    /// Whether every command's answers are collected (for `--report` or `--metrics`).
+    /// Whether the test server's replies are timed (`--report`, or `--metrics` in MySQL
+    /// mode): intercept then relays each as it comes instead of gathering them for
+    /// `--relay-flush-us`, which costs both daemons a wakeup and a write per reply. Counting
+    /// losses needs the answers, not their timing.
+    pub fn times_replies(&self) -> bool {
+        self.report.is_some() || (self.metrics.is_some() && self.protocol == Protocol::Mysql)
+    }
+
+    /// Whether every command's answers are collected.
     pub fn collects(&self) -> bool {
         // In MySQL mode always: both answers of every command are what tells a command the
         // test server rejected or never answered, and those are losses the summary must list

@@ -223,7 +223,7 @@ impl Driver {
                 // intercept hashes the test server's payloads only for copiers that ask.
                 hello = hello.with_features(FEATURE_PAYLOAD_HASHES);
             }
-            if report.is_some() {
+            if args.times_replies() {
                 // The report times the test server's replies: each is wanted as it comes,
                 // not gathered with others for a cheaper write.
                 hello = hello.with_features(FEATURE_PROMPT_REPLIES);
