@@ -705,6 +705,23 @@ impl Lab {
         Ok(out.stdout.trim_end().to_string())
     }
 
+    /// On the test server only: the lab account's schema-wide grant becomes per-table grants,
+    /// `table`'s without SELECT, so its reads there fail (1142) while production runs them.
+    pub fn deny_select_on_test(&self, table: &str) -> Result<()> {
+        let (db, user) = (self.var("LAB_DB"), self.var("LAB_USER"));
+        let tables: u32 = self.var("LAB_TABLES").parse().unwrap_or(4);
+        let mut sql = format!("REVOKE ALL PRIVILEGES ON {db}.* FROM '{user}'@'%'");
+        for t in (1..=tables).map(|i| format!("sbtest{i}")) {
+            let grant = if t == table {
+                "INSERT, UPDATE, DELETE"
+            } else {
+                "ALL PRIVILEGES"
+            };
+            sql.push_str(&format!("; GRANT {grant} ON {db}.{t} TO '{user}'@'%'"));
+        }
+        self.sql(Host::Test, &sql).map(drop)
+    }
+
     /// The server's `SHOW GLOBAL STATUS` counters (Questions, Com_*, Connections, ...).
     pub fn counters(&self, host: Host) -> Result<Counters> {
         let out = run(
