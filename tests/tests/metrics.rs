@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Context, Result};
 use tcpshadow_metrics::{parse, Sample};
 use tcpshadow_tests::mirror::{Mirror, MirrorOptions};
+use tcpshadow_tests::work::OwnStatements;
 use tcpshadow_tests::{Host, Lab, Load};
 
 const COPIER_METRICS: &str = "127.0.0.1:9631";
@@ -105,6 +106,7 @@ fn metrics_endpoints_agree_with_the_final_summaries() -> Result<()> {
     let mirror = Mirror::start(&lab, &opts)?;
     let Mirror { intercept, copier } = mirror;
 
+    let before = lab.work_both()?;
     let load = lab.spawn_load(&Load::default())?;
     let mut load = Some(load);
     let mut copier_scrapes = Vec::new();
@@ -131,6 +133,17 @@ fn metrics_endpoints_agree_with_the_final_summaries() -> Result<()> {
         intercept_scrapes.push(scrape(&lab, Host::Assist, INTERCEPT_METRICS)?);
         std::thread::sleep(Duration::from_millis(700));
     }
+    // The load itself is mirrored as every other: by executed work (no pickup, no statement
+    // of the copier's own).
+    let window = lab.work_window(before, Duration::from_secs(10))?;
+    let figures = window.check(&OwnStatements::default());
+    println!(
+        "oltp_read_only 8 threads, scraped every 0.7 s:\n{}",
+        figures
+            .as_ref()
+            .map_or_else(|e| format!("{e:#}"), String::clone)
+    );
+    figures?;
     ensure!(
         copier_scrapes.len() >= 5,
         "only {} scrapes during the run",
