@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
 use tcpshadow_tests::mirror::{Mirror, MirrorOptions};
-use tcpshadow_tests::work::{OwnStatements, Window};
+use tcpshadow_tests::work::{OwnStatements, Window, Work};
 use tcpshadow_tests::{Host, Lab, Load};
 
 fn load_secs() -> u32 {
@@ -322,8 +322,9 @@ fn pooled_connections_without_prod_dsn_count_what_they_cannot_replay() -> Result
     Ok(())
 }
 
-/// A test server that falls far behind production (here: its mariadbd stopped for 4 s under
-/// 8 sysbench threads, so each connection owes it thousands of commands) is waited for, not
+/// A test server that falls far behind production (here: its mariadbd stopped under 8 sysbench
+/// threads until production has run over 5,000 commands per connection, so each connection owes
+/// it more than the copier keeps in flight) is waited for, not
 /// given up: once it runs again it executes everything production did. The copier has no
 /// `--mysql-default-user`, so a session it gave up could not be picked up again.
 #[test]
@@ -349,16 +350,31 @@ fn a_test_server_far_behind_production_catches_up() -> Result<()> {
     };
     let load = Load {
         threads: 8,
-        time_secs: 12,
+        time_secs: 20,
         ..Load::default()
     };
-    let window = std::thread::scope(|s| -> Result<Window> {
+    // The test server stays stopped until production has run enough for every connection to
+    // owe it more than the copier holds in flight (4,096 commands each, with a margin), however
+    // fast this machine runs the load; at most 14 s (the load lasts 20).
+    const BEHIND: u64 = 8 * (4096 + 1024);
+    let (window, stopped) = std::thread::scope(|s| -> Result<(Window, Duration)> {
         let run = s.spawn(|| mirrored_load(&lab, &load));
         std::thread::sleep(Duration::from_secs(3));
         signal("-STOP")?;
-        std::thread::sleep(Duration::from_secs(4));
+        let at = std::time::Instant::now();
+        let from = lab.work(Host::Prod);
+        let mut ran = 0;
+        while let Ok(from) = &from {
+            ran = Work::between(from, &lab.work(Host::Prod)?)?.get("Com_stmt_execute");
+            if ran >= BEHIND || at.elapsed() >= Duration::from_secs(14) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let stopped = at.elapsed();
         signal("-CONT")?;
-        run.join().expect("load thread")
+        println!("production ran {ran} executes while the test server was stopped");
+        Ok((run.join().expect("load thread")?, stopped))
     })?;
     let (copier, _) = mirror.stop()?;
     let summary = copier.stderr;
@@ -371,8 +387,9 @@ fn a_test_server_far_behind_production_catches_up() -> Result<()> {
     let own = OwnStatements::default();
     let (in_step, whole) = (window.in_step(&own)?, window.whole(&own)?);
     println!(
-        "test server stopped 4 s, holds {held}; when the load ended:\n{in_step}\nonce it caught \
-         up:\n{whole}"
+        "test server stopped {:.1} s, holds {held}; when the load ended:\n{in_step}\nonce it \
+         caught up:\n{whole}",
+        stopped.as_secs_f64()
     );
     let figures = whole.check(0.999, 1.001);
     println!("{summary}");
