@@ -442,6 +442,16 @@ impl Comparison {
     }
 }
 
+/// Prints `label` and a check's figures (or why it failed), and hands the check on: a test
+/// shows its comparison whether it passes or not.
+pub fn shown(label: impl fmt::Display, figures: Result<String>) -> Result<()> {
+    match &figures {
+        Ok(text) => println!("{label}:\n{text}"),
+        Err(e) => println!("{label}:\n{e:#}"),
+    }
+    figures.map(drop)
+}
+
 /// Both servers read at a window's start, when the load ended, and once the test server had
 /// caught up (`Lab::work_window`).
 #[derive(Clone, Debug)]

@@ -137,12 +137,8 @@ fn metrics_endpoints_agree_with_the_final_summaries() -> Result<()> {
     // of the copier's own).
     let window = lab.work_window(before, Duration::from_secs(10))?;
     let figures = window.check(&OwnStatements::default());
-    println!(
-        "oltp_read_only 8 threads, scraped every 0.7 s:\n{}",
-        figures
-            .as_ref()
-            .map_or_else(|e| format!("{e:#}"), String::clone)
-    );
+    let figures =
+        tcpshadow_tests::work::shown("oltp_read_only 8 threads, scraped every 0.7 s", figures);
     figures?;
     ensure!(
         copier_scrapes.len() >= 5,

@@ -55,12 +55,12 @@ fn sysbench_sessions_are_mirrored_whole_and_in_step() -> Result<()> {
         // rewritten here (skip-grant-tables): the copier runs no statement of its own.
         let window = lab.work_window(before, Duration::from_secs(10))?;
         let figures = window.check(&OwnStatements::default());
-        println!(
-            "oltp_read_only {threads} threads {secs} s, sysbench errors {}:\n{}",
-            report.errors,
-            figures
-                .as_ref()
-                .map_or_else(|e| format!("{e:#}"), String::clone)
+        let figures = tcpshadow_tests::work::shown(
+            format!(
+                "oltp_read_only {threads} threads {secs} s, sysbench errors {}",
+                report.errors
+            ),
+            figures,
         );
         ensure!(
             report.errors == 0,
@@ -288,12 +288,7 @@ fn offloads_off_variant_is_mirrored_too() -> Result<()> {
     let (copier, _) = mirror.stop()?;
     println!("{}", copier.stderr);
     let figures = window.check(&OwnStatements::default());
-    println!(
-        "offloads off, oltp_read_only 8 threads:\n{}",
-        figures
-            .as_ref()
-            .map_or_else(|e| format!("{e:#}"), String::clone)
-    );
+    let figures = tcpshadow_tests::work::shown("offloads off, oltp_read_only 8 threads", figures);
     figures?;
     ensure!(
         copier.stderr.contains("losses: none"),

@@ -94,12 +94,8 @@ fn sysbench_logs_in_on_a_test_server_with_normal_grants() -> Result<()> {
             }
             // Every login is seen: the copier runs no statement of its own.
             let figures = window.check(&OwnStatements::default());
-            println!(
-                "{test} {threads} threads {secs} s:\n{}",
-                figures
-                    .as_ref()
-                    .map_or_else(|e| format!("{e:#}"), String::clone)
-            );
+            let figures =
+                tcpshadow_tests::work::shown(format!("{test} {threads} threads {secs} s"), figures);
             figures.with_context(|| format!("{test} {threads} threads"))?;
         }
     }
@@ -108,12 +104,7 @@ fn sysbench_logs_in_on_a_test_server_with_normal_grants() -> Result<()> {
     println!("{}", copier.stderr);
     for (what, window) in writing {
         let figures = window.check_write_races(&OwnStatements::default(), &copier.stderr);
-        println!(
-            "{what}:\n{}",
-            figures
-                .as_ref()
-                .map_or_else(|e| format!("{e:#}"), String::clone)
-        );
+        let figures = tcpshadow_tests::work::shown(&what, figures);
         figures.context(what)?;
     }
     ensure!(
@@ -208,12 +199,12 @@ fn pooled_connections_are_recovered_with_prod_dsn() -> Result<()> {
     } else {
         window.check(&own)
     };
-    println!(
-        "pooled connections, {test} {threads} threads 40 s, copier started after 10 s with \
-         --prod-dsn:\n{}",
-        figures
-            .as_ref()
-            .map_or_else(|e| format!("{e:#}"), String::clone)
+    let figures = tcpshadow_tests::work::shown(
+        format!(
+            "pooled connections, {test} {threads} threads 40 s, copier started after 10 s \
+             with --prod-dsn"
+        ),
+        figures,
     );
     figures?;
     ensure!(

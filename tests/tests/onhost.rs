@@ -175,11 +175,9 @@ fn on_test_host_mode_mirrors_faithfully_and_leaves_no_rule_behind() -> Result<()
         .prod
         .get("Questions");
     let figures = window.check(&OwnStatements::default());
-    println!(
-        "on-test-host: oltp_read_only 8 threads {secs} s:\n{}",
-        figures
-            .as_ref()
-            .map_or_else(|e| format!("{e:#}"), String::clone)
+    let figures = tcpshadow_tests::work::shown(
+        format!("on-test-host: oltp_read_only 8 threads {secs} s"),
+        figures,
     );
     figures?;
     // Let one more status line come: intercept read the replies from its queue, and the kernel
@@ -227,12 +225,7 @@ fn on_test_host_mode_mirrors_faithfully_and_leaves_no_rule_behind() -> Result<()
         })?
         .0
         .check(&OwnStatements::default());
-    println!(
-        "after restart:\n{}",
-        figures
-            .as_ref()
-            .map_or_else(|e| format!("{e:#}"), String::clone)
-    );
+    let figures = tcpshadow_tests::work::shown("after restart", figures);
     figures.context("after restart")?;
 
     // SIGTERM: everything of ours is gone; routes and links are as before.
