@@ -241,7 +241,8 @@ pub struct MirrorArgs {
     pub compare_results: bool,
 
     /// With --report: examples keep the statements' literal values (they may be personal
-    /// data); by default values are shown as `?`.
+    /// data); by default values are shown as `?`. Statements that may carry a password or key
+    /// (IDENTIFIED BY, PASSWORD(), SET PASSWORD, MASTER_PASSWORD, AES_ENCRYPT, ...) stay masked.
     #[arg(long, env = "TCPSHADOW_REPORT_LITERALS")]
     pub report_literals: bool,
 }

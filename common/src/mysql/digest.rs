@@ -752,6 +752,40 @@ fn into_string(v: Vec<u8>) -> String {
     }
 }
 
+/// Words after which a statement's literals may be credentials or keys: `IDENTIFIED BY`,
+/// `IDENTIFIED VIA .. USING`, `PASSWORD('..')`, `SET PASSWORD`, `MASTER_PASSWORD=`,
+/// `CREATE SERVER .. OPTIONS (PASSWORD ..)`, and the functions that take a key.
+const SECRET_WORDS: &[&[u8]] = &[
+    b"IDENTIFIED",
+    b"PASSWORD",
+    b"OLD_PASSWORD",
+    b"MASTER_PASSWORD",
+    b"AES_ENCRYPT",
+    b"AES_DECRYPT",
+    b"DES_ENCRYPT",
+    b"DES_DECRYPT",
+    b"ENCODE",
+    b"DECODE",
+    b"ENCRYPT",
+];
+
+/// Whether `sql` may carry a password or key among its literals (see [`SECRET_WORDS`]): such
+/// a statement is shown masked (by [`mask_literals`]) even when the user asked for literals,
+/// since a report or a log is no place for a credential. Only keywords count, not
+/// identifiers that merely look alike (`` `password` `` as a column name is quoted; an
+/// unquoted column named `password` masks its statement too, on the safe side).
+pub fn holds_secrets(sql: &[u8]) -> bool {
+    let mut lx = Lexer::new(sql);
+    while let Some(t) = lx.next() {
+        if let Tok::Word(w) = t {
+            if SECRET_WORDS.iter().any(|k| k.eq_ignore_ascii_case(w)) {
+                return true;
+            }
+        }
+    }
+    false
+}
+
 /// `sql` with every literal value replaced by `?`, comments removed and whitespace collapsed,
 /// but otherwise as written (case, lists, backticks): a report example that shows the query's
 /// shape without the values, which may be personal data.
@@ -1118,6 +1152,35 @@ mod tests {
         );
         assert_eq!(mask_literals(b"a - 1"), "a - ?");
         assert_eq!(mask_literals(b"`unterminated"), "`unterminated");
+    }
+
+    #[test]
+    fn statements_that_may_carry_credentials_are_recognised() {
+        for sql in [
+            "CREATE USER 'u'@'%' IDENTIFIED BY 'hunter2'",
+            "alter user u identified with mysql_native_password as '*ABC'",
+            "GRANT ALL ON *.* TO u IDENTIFIED BY 'x'",
+            "create user u identified via ed25519 using PASSWORD('x')",
+            "SET PASSWORD FOR 'u'@'%' = 'hash'",
+            "set password = password('x')",
+            "SELECT OLD_PASSWORD('x')",
+            "CHANGE MASTER TO MASTER_HOST='h', MASTER_PASSWORD='x'",
+            "CREATE SERVER s FOREIGN DATA WRAPPER mysql OPTIONS (USER 'u', PASSWORD 'x')",
+            "select aes_encrypt(c, 'key') from t",
+            "/* x */ Set   Password=Password('x')",
+        ] {
+            assert!(holds_secrets(sql.as_bytes()), "{sql}");
+        }
+        for sql in [
+            "SELECT c FROM sbtest1 WHERE id = 'PASSWORD'",
+            "select `password` from users where id = 1",
+            "select 1 -- identified by",
+            "INSERT INTO t VALUES ('identified by x')",
+            "",
+            "'unterminated password",
+        ] {
+            assert!(!holds_secrets(sql.as_bytes()), "{sql}");
+        }
     }
 
     #[test]

@@ -477,7 +477,9 @@ impl Observer {
 
     fn build(&mut self, command: &'static str, sql: &[u8]) -> Arc<Statement> {
         let (fingerprint, traits) = digest::fingerprint(sql);
-        let example = if self.hooks.literals {
+        // Credentials stay masked whatever the user asked: `--report-literals` is for the
+        // values of queries, and reports and logs travel further than the database.
+        let example = if self.hooks.literals && !digest::holds_secrets(sql) {
             String::from_utf8_lossy(sql).into_owned()
         } else {
             digest::mask_literals(sql)

@@ -146,6 +146,27 @@ fn errors_carry_their_code_and_literals_are_kept_on_request() {
 }
 
 #[test]
+fn credentials_stay_masked_even_with_literals() {
+    let (config, sink) = reporting(false, true);
+    let mut h = logged_in(config);
+    h.client_packet(0, &query("CREATE USER 'app'@'%' IDENTIFIED BY 'hunter2'"));
+    h.prod_packet(1, OK);
+    h.test_packet(1, OK);
+    h.client_packet(0, &query("SET PASSWORD FOR app = PASSWORD('hunter3')"));
+    h.prod_packet(1, OK);
+    h.test_packet(1, OK);
+    let got = drained(&sink);
+    let examples: Vec<&str> = got.iter().map(|o| &*o.statement.example).collect();
+    assert_eq!(
+        examples,
+        [
+            "CREATE USER ?@'%' IDENTIFIED BY ?",
+            "SET PASSWORD FOR app = PASSWORD(?)"
+        ]
+    );
+}
+
+#[test]
 fn multi_results_are_one_answer_and_deprecate_eof_replies_end_on_their_ok() {
     let (config, sink) = reporting(false, false);
     let mut h = logged_in(config);
