@@ -260,6 +260,18 @@ pub fn render_copier_metrics(s: &Snapshot, report: Option<&Report>, top_n: usize
         "Test-server segments learnt from intercept and fed to the engines.",
         en.feedback_received,
     );
+    e.counter(
+        "tcpshadow_copier_feedback_resumed_total",
+        "Times feedback came back after a silence of 500 ms or more (intercept stalled, \
+         restarted or unreachable, or merely no traffic).",
+        en.feedback_resumed,
+    );
+    e.counter(
+        "tcpshadow_copier_sessions_resynced_total",
+        "Sessions that waited on the test server through such a silence, resynced at once \
+         (backoff forgotten, a probe for the test server's ACK and window) when it ended.",
+        en.sessions_resynced,
+    );
     e.counters(
         "tcpshadow_copier_feedback_ignored_total",
         "Feedback that did not fit a session, by reason.",

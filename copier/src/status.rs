@@ -354,8 +354,14 @@ pub fn summary(s: &Snapshot, elapsed: Duration) -> String {
     );
     let _ = writeln!(
         out,
-        "  feedback: {} from intercept ({} unknown session, {} stale); control: {}",
-        e.feedback_received, e.feedback_unknown_session, e.feedback_stale, s.control
+        "  feedback: {} from intercept ({} unknown session, {} stale; back after {} outages, \
+         {} waiting sessions resynced); control: {}",
+        e.feedback_received,
+        e.feedback_unknown_session,
+        e.feedback_stale,
+        e.feedback_resumed,
+        e.sessions_resynced,
+        s.control
     );
     let proto: Vec<String> = s
         .engine

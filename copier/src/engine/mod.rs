@@ -106,6 +106,8 @@ mod delayed_ack_tests;
 #[cfg(test)]
 mod recovery_tests;
 #[cfg(test)]
+mod resync_tests;
+#[cfg(test)]
 mod sim_tests;
 #[cfg(test)]
 mod tests;
@@ -144,6 +146,12 @@ const CONTROL_QUEUE_CAP: usize = 4096;
 const EVENT_QUEUE_CAP: usize = 65536;
 /// Sessions the two indexes (by flow, by mirrored address) are sized for at the start.
 const INDEX_PRESIZE: usize = 8192;
+
+/// No feedback at all for this long, then some: the path was away (intercept stalled,
+/// restarted, or unreachable), not merely quiet, if sessions waited on it meanwhile. Under
+/// load feedback comes every few milliseconds; longer than the smallest RTO, so a session
+/// that waited has backed off at least once, and short enough that resyncing saves seconds.
+pub const FEEDBACK_SILENCE: Duration = Duration::from_millis(500);
 
 /// The delayed-ACK bound (see [`EngineConfig::delayed_ack`]): far below the test server's
 /// RTO (200 ms at least) and its tail-loss probe with one segment in flight (RTO_MIN more
@@ -418,6 +426,9 @@ pub struct Engine {
     mem_new_session: usize,
     /// Paces re-establishing sessions while the test server does not answer (`recovery.rs`).
     gate: recovery::Gate,
+    /// When the last feedback arrived: feedback after a longer silence than
+    /// [`FEEDBACK_SILENCE`] means the path is back, and waiting sessions are resynced.
+    last_feedback: Option<Instant>,
 }
 
 impl Engine {
@@ -461,6 +472,7 @@ impl Engine {
             mem_used: 0,
             mem_new_session: SESSION_FIXED_BYTES,
             gate: recovery::Gate::default(),
+            last_feedback: None,
             cfg,
         }
     }
@@ -629,6 +641,40 @@ impl Engine {
     /// A test-server segment relayed by intercept.
     pub fn on_feedback(&mut self, now: Instant, fb: &TestFeedback) {
         self.stats.feedback_received += 1;
+        let resumed = self
+            .last_feedback
+            .is_some_and(|t| now.saturating_since(t) >= FEEDBACK_SILENCE);
+        self.last_feedback = Some(now);
+        self.feedback_one(now, fb);
+        if resumed {
+            // After this one is applied: its ACK may already have settled its own session.
+            self.resync(now);
+        }
+    }
+
+    /// The feedback path is back after an outage: every session still waiting on the test
+    /// server is resynced at once (see `Session::resync`) instead of on its backed-off
+    /// timer. Called by `on_feedback` after a silence; an edge that knows more (the control
+    /// channel was re-established) may call it too. Cheap when nothing waits.
+    pub fn resync(&mut self, now: Instant) {
+        self.stats.feedback_resumed += 1;
+        for idx in 0..self.slots.len() {
+            let slot = &mut self.slots[idx];
+            let id = SessionId {
+                idx: idx as u32,
+                gen: slot.gen,
+            };
+            let Some(s) = slot.session.as_mut() else {
+                continue;
+            };
+            if s.resync(now, &self.cfg) {
+                self.stats.sessions_resynced += 1;
+                self.settle(id, now, Outcome::Open);
+            }
+        }
+    }
+
+    fn feedback_one(&mut self, now: Instant, fb: &TestFeedback) {
         let id = match self.by_mirror.get(&fb.client) {
             Some(&id) if fb.server == self.cfg.target => id,
             _ => {

@@ -163,6 +163,8 @@ pub(crate) struct Session {
     rto_at: Option<Instant>,
     persist_at: Option<Instant>,
     probe_pending: bool,
+    /// The pending probe is a resync (see [`Session::resync`]), not a zero-window probe.
+    resync_probe: bool,
     probes: u32,
 
     // --- the test server's stream ---
@@ -276,6 +278,7 @@ impl Session {
             rto_at: None,
             persist_at: None,
             probe_pending: false,
+            resync_probe: false,
             probes: 0,
             irs: 0,
             rcv_nxt: 0,
@@ -1135,6 +1138,43 @@ impl Session {
         Outcome::Open
     }
 
+    /// The feedback path is back after an outage (intercept stalled, restarted or away):
+    /// whatever this session sent meanwhile was very likely received and acknowledged by the
+    /// test server, only the ACKs died with nobody capturing them. Its timers, backed off
+    /// through the outage, would leave it silent for as long again (seconds, up to
+    /// `max_rto`), so a session waiting on the test server forgets the backoff and the
+    /// retries the outage cost it, and sends at once what makes the test server restate its
+    /// ACK and window: a probe below `snd_una` (answered with an ACK by any TCP), or its
+    /// SYN again. What the test server really lacks is then retransmitted one plain RTO
+    /// later. Returns whether the session was waiting.
+    pub(crate) fn resync(&mut self, now: Instant, cfg: &EngineConfig) -> bool {
+        let waiting = match self.phase {
+            Phase::SynSent => self.rto_at.is_some() && self.snd_max != self.iss,
+            Phase::Established => self.snd_una != self.snd_max || self.persist_at.is_some(),
+            Phase::Lingering { .. } => false,
+        };
+        if !waiting || self.backoff == 0 {
+            return false;
+        }
+        self.backoff = 0;
+        self.retries = 0;
+        self.probes = 0;
+        self.rtt_probe = None;
+        match self.phase {
+            Phase::SynSent => {
+                self.syn_pending = true;
+                self.rto_at = None;
+            }
+            _ => {
+                self.probe_pending = true;
+                self.resync_probe = true;
+                self.persist_at = None;
+                self.rto_at = (self.snd_una != self.snd_max).then(|| now + self.current_rto(cfg));
+            }
+        }
+        true
+    }
+
     /// Arms or disarms the persist timer; called after every change.
     pub(crate) fn refresh_timers(&mut self, now: Instant, cfg: &EngineConfig) {
         if self.phase != Phase::Established {
@@ -1338,18 +1378,37 @@ impl Session {
             let n = emit(&repr, &[], buf, stats)?;
             self.probe_pending = false;
             self.acked_all();
-            stats.zero_window_probes += 1;
+            // A resync's probe is counted as the resync (by the engine), not as a window probe.
+            if !std::mem::take(&mut self.resync_probe) {
+                stats.zero_window_probes += 1;
+            }
             self.refresh_timers(now, cfg);
             return Some(n);
         }
         if self.ack_pending {
-            let repr = self.repr(self.snd_nxt, 0, ip_id, cfg.ttl);
+            let repr = self.repr(self.acceptable_seq(), 0, ip_id, cfg.ttl);
             let n = emit(&repr, &[], buf, stats)?;
             self.acked_all();
             stats.pure_acks_sent += 1;
             return Some(n);
         }
         None
+    }
+
+    /// The sequence number a pure ACK carries: `snd_nxt`, but never beyond the right edge of
+    /// the test server's window (Linux's `tcp_acceptable_seq`). A retransmission that went out
+    /// into a shut window (see `rto_retx_pending`) leaves `snd_nxt` beyond it, and a receiver
+    /// drops a segment that starts beyond its window whole, its ACK unread (Linux 6.x counts
+    /// it in `TCPBeyondWindow`). Every ACK of ours would then be ignored while the test server
+    /// waits for them with its window shut: a deadlock, seen after intercept stalls, when the
+    /// test server's replies to a backlog fill its send buffer.
+    fn acceptable_seq(&self) -> u32 {
+        let edge = self.snd_una.wrapping_add(self.snd_wnd);
+        if seq::gt(self.snd_nxt, edge) {
+            edge
+        } else {
+            self.snd_nxt
+        }
     }
 
     /// A segment carrying ACK = `rcv_nxt` left: nothing is owed any more.
@@ -1431,6 +1490,7 @@ impl Session {
         self.fast_retx_pending = false;
         self.rto_retx_pending = false;
         self.probe_pending = false;
+        self.resync_probe = false;
         self.syn_pending = false;
     }
 

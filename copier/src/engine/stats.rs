@@ -105,6 +105,12 @@ pub struct EngineStats {
     /// Fast retransmits (three duplicate ACKs).
     pub fast_retransmits: u64,
     pub zero_window_probes: u64,
+    /// Times feedback came back after a silence long enough to mean the path was away
+    /// (intercept stalled, restarted or unreachable): every waiting session was resynced.
+    pub feedback_resumed: u64,
+    /// Sessions resynced then: their backoff forgotten and a probe sent that makes the test
+    /// server restate its ACK and window at once.
+    pub sessions_resynced: u64,
     pub rsts_sent: u64,
     /// RSTs sent because the copier shut down with the session still open.
     pub shutdown_resets: u64,
@@ -232,6 +238,8 @@ impl EngineStats {
             retransmit_timeouts,
             fast_retransmits,
             zero_window_probes,
+            feedback_resumed,
+            sessions_resynced,
             rsts_sent,
             shutdown_resets,
             transmit_buffer_too_small,

@@ -1311,6 +1311,29 @@ fn stale_zero_window_with_data_in_flight_still_retransmits_the_head() {
 }
 
 #[test]
+fn acks_stay_inside_a_shut_window_after_a_retransmission_beyond_it() {
+    let mut h = H::default();
+    h.establish();
+    let s = C.wrapping_add(1);
+    h.client(s, ACK, &data(3000));
+    assert_eq!(h.drain().len(), 3);
+    // The test server took the first segment, then shut its window (its reader is blocked
+    // sending us a large reply); our retransmission of the head goes out beyond it.
+    h.fb(T + 1, s.wrapping_add(1460), ACK, 0, 0);
+    let out = h.run_for(ms(250));
+    assert_eq!(out.len(), 1, "{out:?}");
+    assert_eq!(out[0].1.seq, s.wrapping_add(1460));
+    // Its reply data must be acknowledged by a segment it accepts: one starting inside its
+    // window (here, at its edge), not at our snd_nxt beyond it.
+    h.fb(T + 1, s.wrapping_add(1460), ACK | PSH, 0, 1000);
+    h.fb(T + 1001, s.wrapping_add(1460), ACK | PSH, 0, 1000);
+    let acks = h.drain();
+    assert_eq!(acks.len(), 1, "{acks:?}");
+    assert!(acks[0].payload.is_empty());
+    assert_eq!((acks[0].seq, acks[0].ack), (s.wrapping_add(1460), T + 2001));
+}
+
+#[test]
 fn pickup_carries_the_clients_timestamps() {
     let mut c = cfg();
     c.pickup_midstream = true;
