@@ -261,6 +261,12 @@ pub fn render_copier_metrics(s: &Snapshot, report: Option<&Report>, top_n: usize
         en.feedback_received,
     );
     e.counter(
+        "tcpshadow_copier_held_bytes_replayed_total",
+        "Client bytes captured while their session waited to be re-established (the test \
+         server restarted or refused it), replayed ahead of the packet that brought it back.",
+        en.held_bytes_replayed,
+    );
+    e.counter(
         "tcpshadow_copier_feedback_resumed_total",
         "Times feedback came back after a silence of 500 ms or more (intercept stalled, \
          restarted or unreachable, or merely no traffic).",
@@ -431,6 +437,7 @@ fn losses(s: &Snapshot) -> Vec<(&'static str, &'static str, u64)> {
             en.client_segments_dropped,
         ),
         ("stream", "client_reset_bytes", en.client_reset_bytes_lost),
+        ("stream", "held_while_waiting_bytes", en.held_bytes_lost),
         ("control", "feedback_queue_full", s.control.feedback_dropped),
         (
             "control",

@@ -79,6 +79,10 @@ impl Snapshot {
             ),
             ("bytes lost to client resets", e.client_reset_bytes_lost),
             (
+                "client bytes lost while their session waited for the test server",
+                e.held_bytes_lost,
+            ),
+            (
                 "feedback dropped (copier queue full)",
                 self.control.feedback_dropped,
             ),
@@ -320,11 +324,14 @@ pub fn summary(s: &Snapshot, elapsed: Duration) -> String {
         let _ = writeln!(
             out,
             "  recovery: {} sessions re-established after losing their test-side connection ({}); \
-             {} still waiting; {} stale test connections reset",
+             {} still waiting; {} stale test connections reset; {} bytes the clients sent \
+             meanwhile replayed, {} lost",
             e.reestablished_total(),
             by.join(" "),
             e.sessions_awaiting_reestablish,
             e.stale_test_connections_reset,
+            e.held_bytes_replayed,
+            e.held_bytes_lost,
         );
     }
     let _ = writeln!(

@@ -2,7 +2,7 @@
 //! `oltp_read_only` (8 threads) runs from the client against production, and production never
 //! notices.
 //!
-//! * intercept killed (SIGKILL) and restarted;
+//! * intercept killed (SIGKILL) and restarted 2 s later;
 //! * copier killed (SIGKILL) and restarted;
 //! * the test server's mariadbd restarted;
 //! * loss, delay and reordering (`tc netem`) on the path from the copier to the test server;
@@ -18,7 +18,9 @@
 //! `TCPSHADOW_FAULT_PRE_SECS` (load before the fault, 5), `TCPSHADOW_FAULT_WINDOW_SECS` (the
 //! measured window after recovery, 20), `TCPSHADOW_FAULT_LEFTOVER_SECS` (longest wait after
 //! the load for the test server to be clean, 15; polled, so a clean one passes early), `TCPSHADOW_FAULT_NETEM_SECS` (how long netem stays, 8),
-//! `TCPSHADOW_FAULTS` (a comma-separated subset of intercept,copier,test,netem,stall).
+//! `TCPSHADOW_FAULTS` (a comma-separated subset of intercept,copier,test,netem,stall, in order;
+//! repeats allowed). `TCPSHADOW_FAULT_PCAP=FILE` records the test host's MySQL-port packets
+//! (headers) over all the runs, for diagnosis.
 
 use std::process::Command;
 use std::thread::sleep;
@@ -32,6 +34,10 @@ use tcpshadow_tests::{Background, Host, Lab, Load};
 /// The copier's memory bound in these runs, MiB (until `--max-memory` exists, the bound the
 /// acceptance compares `VmHWM` with).
 const MEMORY_BUDGET_MIB: u64 = 256;
+
+/// How long a killed intercept stays away before it is started again (a copier is restarted at
+/// once, as a service manager would: whatever it does not capture meanwhile is lost for good).
+const DOWN_SECS: u64 = 2;
 
 fn env_secs(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -218,7 +224,7 @@ impl Fault {
 
     fn describe(self) -> &'static str {
         match self {
-            Fault::InterceptKilled => "a. intercept SIGKILLed and restarted",
+            Fault::InterceptKilled => "a. intercept SIGKILLed, restarted 2 s later",
             Fault::CopierKilled => "b. copier SIGKILLed and restarted",
             Fault::TestRestarted => "c. test mariadbd restarted",
             Fault::Netem => "d. netem loss 2% delay 20ms 10ms reorder 25% toward test",
@@ -229,7 +235,8 @@ impl Fault {
     /// Longest the fault itself may take, for sizing the load.
     fn budget_secs(self, netem_secs: u64) -> u64 {
         match self {
-            Fault::InterceptKilled | Fault::CopierKilled => 4,
+            Fault::InterceptKilled => DOWN_SECS + 4,
+            Fault::CopierKilled => 4,
             Fault::TestRestarted => 10,
             Fault::Netem => netem_secs + 2,
             Fault::InterceptStalled => 6,
@@ -297,6 +304,8 @@ fn inject(rig: &mut Rig, fault: Fault, netem_secs: u64) -> Result<()> {
                 let run = old.finish(Duration::ZERO)?;
                 rig.past_intercept_output.push_str(&run.stderr);
             }
+            // Away long enough for every session's timer to back off a few times.
+            sleep(Duration::from_secs(DOWN_SECS));
             rig.start_intercept()?;
         }
         Fault::CopierKilled => {
@@ -553,6 +562,21 @@ fn mirror_survives_faults() -> Result<()> {
         _ => Fault::ALL.to_vec(),
     };
     let mut rig = Rig::up()?;
+    // For diagnosis: the test host's MySQL-port traffic, headers only, over all the runs.
+    let _pcap = match std::env::var("TCPSHADOW_FAULT_PCAP") {
+        Ok(path) if !path.is_empty() => {
+            let iface = rig.lab.var("LAB_IFACE").to_string();
+            let mut dump = rig.lab.spawn(
+                Host::Test,
+                &[
+                    "tcpdump", "-n", "-i", &iface, "-s", "96", "-w", &path, "tcp", "port", "3306",
+                ],
+            )?;
+            dump.wait_for_output("listening on", Duration::from_secs(10))?;
+            Some(dump)
+        }
+        _ => None,
+    };
     let mut outcomes = Vec::new();
     let mut failures = Vec::new();
     for fault in wanted {

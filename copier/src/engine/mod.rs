@@ -130,7 +130,7 @@ use pool::AddressPool;
 pub use recovery::lost_test_answers;
 pub use sample::Sample;
 use sample::{Sampler, Verdict};
-use session::{Outcome, Session, Start};
+use session::{Held, Outcome, Session, Start};
 pub use stats::EngineStats;
 pub use transform::{
     Identity, IdentityFactory, SessionInfo, StreamTransform, TestEvent, TestSegment,
@@ -589,10 +589,15 @@ impl Engine {
                 } else if let Some(s) = slot_session(&mut self.slots, id) {
                     s.touch_lingering(now, &self.cfg);
                     self.stats.captured_stale += 1;
+                    self.hold(id, pkt);
                     self.schedule(id);
                 }
                 return;
             }
+            self.hold(id, pkt);
+            let Some(s) = slot_session(&mut self.slots, id) else {
+                return;
+            };
             if new_isn {
                 // The client reused the 4-tuple: the old connection is over whatever we saw.
                 self.finish(id, now, CloseReason::Reused);
@@ -708,7 +713,9 @@ impl Engine {
         let was_syn_sent = s.phase == session::Phase::SynSent;
         let out = s.on_feedback(now, &self.cfg, &mut self.stats, fb);
         if was_syn_sent && s.phase == session::Phase::Established {
-            // The test server answers: sessions waiting for it may all come back.
+            // The test server answers: sessions waiting for it may all come back, and this
+            // one's replay is in its stream now.
+            s.held = None;
             self.gate.succeeded();
         }
         self.settle(id, now, out);
@@ -732,20 +739,65 @@ impl Engine {
             self.stats.reestablish_deferred += 1;
             return false;
         }
+        // What the client sent while the session waited goes first, then this packet.
+        let held = s.held.take().map(|b| *b).unwrap_or_default();
+        let (start, stream) = match held.joined(pkt.seq, pkt.payload) {
+            Ok(joined) => joined,
+            Err(lost) => {
+                self.stats.held_bytes_lost += lost as u64;
+                (pkt.seq, pkt.payload.to_vec())
+            }
+        };
         self.release(id);
         let key = FlowKey {
             client: SocketAddrV4::new(pkt.src, pkt.src_port),
             prod_ip: pkt.dst,
         };
-        self.open_session(now, pkt, Start::Pickup);
-        let Some(new) = self.by_flow.get(&key).copied() else {
-            return true; // not opened (shed, pool exhausted): counted there
+        let replayed = stream.len().saturating_sub(pkt.payload.len());
+        let first = TcpPacket {
+            seq: start,
+            payload: &stream,
+            payload_len: stream.len() as u32,
+            ..*pkt
         };
+        self.open_session(now, &first, Start::Pickup);
+        let Some(new) = self.by_flow.get(&key).copied() else {
+            // Not opened (shed, pool exhausted): counted there.
+            self.stats.held_bytes_lost += replayed as u64;
+            return true;
+        };
+        self.stats.held_bytes_replayed += replayed as u64;
         if let Some(s) = slot_session(&mut self.slots, new) {
             s.revived_after = Some(revival.attempts);
+            // Kept until the test server answers: if it refuses this one too, the next
+            // attempt replays the whole run again.
+            s.held = Some(Box::new(Held::from_stream(start, stream)));
         }
+        self.recharge(new);
         self.stats.sessions_reestablished[revival.reason.index()] += 1;
         true
+    }
+
+    /// Keeps a client packet's bytes for a session that waits to be re-established (see
+    /// `Session::held`), within its buffer and the memory budget.
+    fn hold(&mut self, id: SessionId, pkt: &TcpPacket<'_>) {
+        if pkt.payload.is_empty() {
+            return;
+        }
+        let admit_below = self.cfg.max_memory - self.cfg.max_memory / 16;
+        let budget_room = admit_below.saturating_sub(self.mem_used);
+        let max_buffer = self.cfg.max_session_buffer;
+        let Some(s) = slot_session(&mut self.slots, id) else {
+            return;
+        };
+        if !s.holds_client_bytes() {
+            return;
+        }
+        let held = s.held.get_or_insert_with(Box::default);
+        let room = max_buffer.saturating_sub(held.len()).min(budget_room);
+        let lost = held.push(pkt.seq, pkt.payload, room);
+        self.stats.held_bytes_lost += lost as u64;
+        self.recharge(id);
     }
 
     /// Something learnt about the test server's side of the session that sends from
@@ -1046,6 +1098,9 @@ impl Engine {
         };
         if s.revival.is_some() {
             self.stats.sessions_awaiting_reestablish += 1;
+        } else if let Some(h) = s.held.take() {
+            // Not to be re-established (its client left): there is nobody to replay it to.
+            self.stats.held_bytes_lost += h.len() as u64;
         }
         // A handshake timeout says nothing about the test server if it did answer (the client
         // never finished its own handshake with production).
@@ -1090,6 +1145,9 @@ impl Engine {
         self.free.push(id.idx);
         debug_assert!(s.is_lingering());
         self.stats.sessions_lingering -= 1;
+        if let Some(h) = &s.held {
+            self.stats.held_bytes_lost += h.len() as u64;
+        }
         if s.revival.is_some() {
             self.stats.sessions_awaiting_reestablish -= 1;
         }

@@ -9,11 +9,13 @@
 //! talks, so mid-stream pickup cannot resurrect it half-way by accident.
 //!
 //! Here such a session is remembered as *waiting to re-establish* ([`Revival`]): it lingers with
-//! no buffers at all (`enter_linger` dropped them), and the next captured client packet that
+//! no buffers but the held run below (`enter_linger` dropped them), and the next captured client packet that
 //! carries data starts a new session through the mid-stream pickup path (for MySQL: a synthetic
 //! login and, with `--prod-dsn`, the connection's user, schema and statements from production).
-//! What the client sent while the session waited is not replayed: holding it would mean
-//! unbounded memory for as long as the test server is down.
+//! What the client sent while the session waited is held (`session/recovery.rs`, `Held`): one
+//! contiguous run of its stream, bounded by the session's buffer and the memory budget, replayed
+//! by the new session ahead of the packet that brought it back. A test server's restart then
+//! costs only the commands in flight when it went down; a run the bounds cut is counted lost.
 //!
 //! # Pacing
 //!
@@ -30,7 +32,8 @@
 //! * Never re-establish a session whose client or production ended the connection (FIN, RST),
 //!   nor one cut for a reason that is the copier's own decision (buffer overflow, capture gap,
 //!   shedding, not mirrorable): those would only fail again or defeat a bound.
-//! * Never hold client bytes for a waiting session.
+//! * Never hold client bytes beyond the session's buffer or the engine's memory budget, and
+//!   never replay a run with a hole in it (the capture missed bytes production received).
 
 use std::time::Duration;
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 use common::wire::{TcpFlags, TcpOptions};
 
 use super::recovery::{HOLD_MIN, PROBE_MAX, PROBE_MIN};
-use super::tests::{cfg, ms, Sent, C, CLIENT, H, T};
+use super::tests::{cat, cfg, ms, Sent, C, CLIENT, H, T};
 use super::{CloseReason, EngineConfig, EngineEvent};
 
 const SYN: u8 = TcpFlags::SYN;
@@ -244,7 +244,63 @@ fn a_session_reset_again_right_after_coming_back_waits_longer_each_time() {
 }
 
 #[test]
-fn a_waiting_session_holds_no_bytes_and_is_forgotten_when_the_client_goes_quiet() {
+fn what_the_client_sent_while_the_test_server_was_away_is_replayed_first() {
+    let mut h = H::new(pickup_cfg());
+    reset_by_test(&mut h);
+    // The client's next command brings the session back at once, but the test server is
+    // restarting: refused.
+    h.client(C.wrapping_add(4), ACK | PSH, b"def");
+    let syn = syns(&h.drain())[0].clone();
+    h.fb(0, syn.seq.wrapping_add(1), RST | ACK, 0, 0);
+    assert_eq!(h.e.stats().closed(CloseReason::TestRefused), 1);
+    // The next one waits for the gate's probe interval: held, with the refused one's.
+    h.client(C.wrapping_add(7), ACK | PSH, b"ghi");
+    assert!(h.drain().is_empty());
+    h.advance(PROBE_MIN * 2);
+    h.client(C.wrapping_add(10), ACK | PSH, b"jkl");
+    let syn = syns(&h.drain())[0].clone();
+    assert_eq!(
+        syn.seq,
+        C.wrapping_add(3),
+        "the new stream starts at the first held byte"
+    );
+    h.fb(T, syn.seq.wrapping_add(1), SYN | ACK, 65535, 0);
+    let out = h.drain();
+    let data: Vec<u8> = out.iter().flat_map(|s| s.payload.clone()).collect();
+    assert_eq!(data, b"defghijkl");
+    assert_eq!(out[0].seq, C.wrapping_add(4));
+    let st = h.e.stats();
+    assert_eq!((st.held_bytes_replayed, st.held_bytes_lost), (6, 0));
+    // Once the test server has it, nothing stays held: later bytes are not kept.
+    h.client(C.wrapping_add(13), ACK | PSH, b"mno");
+    assert_eq!(cat(&h.drain()), b"mno");
+    h.fb(T + 1, C.wrapping_add(16), ACK, 65535, 0);
+    assert_eq!(h.e.queued_bytes(), 0);
+}
+
+#[test]
+fn a_hold_beyond_the_session_buffer_is_lost_and_counted() {
+    let mut c = pickup_cfg();
+    c.max_session_buffer = 4;
+    let mut h = H::new(c);
+    reset_by_test(&mut h);
+    h.client(C.wrapping_add(4), ACK | PSH, b"def");
+    let syn = syns(&h.drain())[0].clone();
+    h.fb(0, syn.seq.wrapping_add(1), RST | ACK, 0, 0);
+    h.client(C.wrapping_add(7), ACK | PSH, b"ghi"); // 6 bytes: over the bound
+    assert_eq!(h.e.stats().held_bytes_lost, 6);
+    h.advance(PROBE_MIN * 2);
+    h.client(C.wrapping_add(10), ACK | PSH, b"jkl");
+    let syn = syns(&h.drain())[0].clone();
+    assert_eq!(
+        syn.seq,
+        C.wrapping_add(9),
+        "starts again from what came after"
+    );
+}
+
+#[test]
+fn a_quiet_waiting_session_holds_no_bytes_and_is_forgotten() {
     let mut h = H::new(pickup_cfg());
     reset_by_test(&mut h);
     assert_eq!(h.e.queued_bytes(), 0);

@@ -57,6 +57,8 @@ const TRANSFORM_RETRY: Duration = Duration::from_millis(1);
 
 mod recovery;
 
+pub(crate) use recovery::Held;
+
 pub(crate) enum Outcome {
     Open,
     Finished(CloseReason),
@@ -93,6 +95,11 @@ pub(crate) struct Session {
     pub(crate) revival: Option<Revival>,
     /// For a session that re-establishes another: that one's quick resets in a row.
     pub(crate) revived_after: Option<u32>,
+    /// The client bytes captured while the session waited to be re-established, and while
+    /// the session re-establishing it has not reached the test server yet: replayed by the
+    /// next one, so a test server's restart costs nothing it can be given later (see
+    /// `session/recovery.rs`).
+    pub(crate) held: Option<Box<Held>>,
 
     // --- client stream (client seq space) ---
     reasm: Reassembly,
@@ -232,6 +239,7 @@ impl Session {
             captured_at: None,
             revival: None,
             revived_after: None,
+            held: None,
             client: SocketAddrV4::new(pkt.src, pkt.src_port),
             prod_ip: pkt.dst,
             mirrored,
@@ -316,6 +324,7 @@ impl Session {
     /// gave out; plus what its transform says it holds.
     pub(crate) fn heap_bytes(&self) -> usize {
         self.send_buf.capacity()
+            + self.held.as_ref().map_or(0, |h| h.heap_bytes())
             + self.reasm.heap_bytes()
             + self.prod_reasm.as_ref().map_or(0, Reassembly::heap_bytes)
             + self.transform.as_ref().map_or(0, |t| t.0.memory_len())

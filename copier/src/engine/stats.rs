@@ -111,6 +111,13 @@ pub struct EngineStats {
     /// Sessions resynced then: their backoff forgotten and a probe sent that makes the test
     /// server restate its ACK and window at once.
     pub sessions_resynced: u64,
+    /// Client bytes captured while their session waited to be re-established (the test server
+    /// restarted or refused it), replayed by the session that came back, ahead of the packet
+    /// that brought it back (see `session/recovery.rs`)...
+    pub held_bytes_replayed: u64,
+    /// ...and those lost: a capture hole in the run, over the session's buffer or the memory
+    /// budget, or the session never re-established (its client left first).
+    pub held_bytes_lost: u64,
     pub rsts_sent: u64,
     /// RSTs sent because the copier shut down with the session still open.
     pub shutdown_resets: u64,
@@ -240,6 +247,8 @@ impl EngineStats {
             zero_window_probes,
             feedback_resumed,
             sessions_resynced,
+            held_bytes_replayed,
+            held_bytes_lost,
             rsts_sent,
             shutdown_resets,
             transmit_buffer_too_small,

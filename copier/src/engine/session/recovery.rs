@@ -6,7 +6,7 @@
 //! reset stale connection lets the SYN go out again at once.
 
 use common::control::TestFeedback;
-use common::wire::{SegmentRepr, TcpFlags, TcpOptions};
+use common::wire::{seq, SegmentRepr, TcpFlags, TcpOptions};
 
 use common::clock::Instant;
 
@@ -58,5 +58,126 @@ impl Session {
         r.options = TcpOptions::default();
         self.syn_pending = true;
         Some(r)
+    }
+}
+
+/// Client bytes kept for a session waiting to be re-established (see `Session::held`): one
+/// contiguous run of the client's stream, from the first packet captured after its test-side
+/// connection was lost. Bounded by the caller (`room`).
+#[derive(Debug, Default)]
+pub(crate) struct Held {
+    /// The client sequence number of `bytes[0]`.
+    start: u32,
+    bytes: Vec<u8>,
+}
+
+impl Held {
+    pub(crate) fn heap_bytes(&self) -> usize {
+        self.bytes.capacity()
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.bytes.len()
+    }
+
+    fn end(&self) -> u32 {
+        self.start.wrapping_add(self.bytes.len() as u32)
+    }
+
+    /// Keeps what `payload` at `seq` adds to the run, if at most `room` more bytes fit.
+    /// Returns the bytes lost: held ones dropped for a hole (the capture missed client
+    /// bytes, so the run cannot go on; it starts again at this packet), or everything when
+    /// the packet does not fit (a replay must be contiguous). Repeats are trimmed.
+    pub(crate) fn push(&mut self, seq: u32, payload: &[u8], room: usize) -> usize {
+        let mut lost = 0;
+        let new = if self.bytes.is_empty() {
+            self.start = seq;
+            payload
+        } else if seq::lt(seq, self.end()) {
+            let skip = self.end().wrapping_sub(seq) as usize;
+            payload.get(skip..).unwrap_or(&[])
+        } else if seq::gt(seq, self.end()) {
+            lost += self.bytes.len();
+            self.bytes.clear();
+            self.start = seq;
+            payload
+        } else {
+            payload
+        };
+        if new.len() > room {
+            lost += self.bytes.len() + new.len();
+            self.bytes = Vec::new();
+            return lost;
+        }
+        self.bytes.extend_from_slice(new);
+        lost
+    }
+
+    /// The run joined with a packet that continues it (or overlaps its end): the client
+    /// stream from the run's start to the packet's end, as one payload. When the packet does
+    /// not continue the run (a hole between), the run's length: lost, the packet goes alone.
+    pub(crate) fn joined(self, seq: u32, payload: &[u8]) -> Result<(u32, Vec<u8>), usize> {
+        if self.bytes.is_empty() {
+            return Ok((seq, payload.to_vec()));
+        }
+        if seq::gt(seq, self.end()) {
+            return Err(self.bytes.len());
+        }
+        let start = self.start;
+        let skip = self.end().wrapping_sub(seq) as usize;
+        let mut bytes = self.bytes;
+        bytes.extend_from_slice(payload.get(skip..).unwrap_or(&[]));
+        Ok((start, bytes))
+    }
+
+    /// A run that starts at `start`.
+    pub(crate) fn from_stream(start: u32, bytes: Vec<u8>) -> Self {
+        Self { start, bytes }
+    }
+}
+
+impl Session {
+    /// Whether client bytes captured now are to be held: the session waits to be
+    /// re-established, or re-establishes one and has not reached the test server yet (its
+    /// SYN may still be refused, and then the next attempt replays them all).
+    pub(crate) fn holds_client_bytes(&self) -> bool {
+        match self.phase {
+            Phase::Lingering { .. } => self.revival.is_some(),
+            Phase::SynSent => self.held.is_some(),
+            Phase::Established => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Held;
+
+    #[test]
+    fn a_run_trims_repeats_restarts_after_a_hole_and_keeps_its_bound() {
+        let mut h = Held::default();
+        assert_eq!(h.push(u32::MAX - 1, b"abcd", 100), 0); // across the wrap
+        assert_eq!(h.push(u32::MAX - 1, b"abcdef", 100), 0); // a repeat, longer
+        assert_eq!(h.len(), 6);
+        assert_eq!(h.push(4, b"g", 100), 0);
+        assert_eq!(h.push(10, b"xyz", 100), 7, "a hole: the run starts again");
+        assert_eq!(
+            h.push(13, b"12345", 4),
+            8,
+            "over the bound: all of it is lost"
+        );
+        assert_eq!(h.len(), 0);
+    }
+
+    #[test]
+    fn a_continuing_packet_joins_the_run_and_a_later_one_does_not() {
+        let mut h = Held::default();
+        h.push(100, b"abc", 100);
+        assert_eq!(
+            Held::from_stream(100, b"abc".to_vec()).joined(102, b"cde"),
+            Ok((100, b"abcde".to_vec()))
+        );
+        assert_eq!(h.joined(104, b"x"), Err(3));
+        assert_eq!(Held::default().joined(7, b"q"), Ok((7, b"q".to_vec())));
     }
 }
