@@ -8,11 +8,11 @@
 //! * loss, delay and reordering (`tc netem`) on the path from the copier to the test server;
 //! * intercept stalled (SIGSTOP) for 5 s, then SIGCONT.
 //!
-//! For each: production sysbench sees no errors; by executed work (tests/src/work.rs), the
-//! test server runs at least 0.99 of production's work in the window after recovery and never
-//! more than production over the whole run, the fault included (that whole-run figure is
-//! printed beside; its lower bar is issue 25's); the copier's peak RSS (`VmHWM`) stays under the budget; and 15 s after the load
-//! ends nothing mirrored is left open on the test server.
+//! For each: production sysbench sees no errors; by executed work (tests/src/work.rs), over the
+//! whole run, the fault included, the test server runs at least 0.99 of production's work and
+//! never more (the window after recovery is printed beside); the copier's peak RSS (`VmHWM`)
+//! stays under the budget; and 15 s after the load ends nothing mirrored is left open on the
+//! test server.
 //!
 //! One lab serves all five faults in turn (bring-up is the slow part). The windows are tunable:
 //! `TCPSHADOW_FAULT_PRE_SECS` (load before the fault, 5), `TCPSHADOW_FAULT_WINDOW_SECS` (the
@@ -514,13 +514,15 @@ fn check(o: &Outcome) -> Vec<String> {
             o.prod_errors
         ));
     }
-    // Issue 25 sets the whole run's lower bar; until then it is measured and printed, and
-    // only its upper bound (no duplicates) and the window after recovery are held.
-    let after = o.after_recovery.fidelity().unwrap_or(0.0);
-    if after < 0.99 {
+    // Faults are judged over the whole run, the fault included (issue 25): at least 0.99 of
+    // production's work, and no more than production (a duplicate is as wrong as a loss). The
+    // window after recovery is printed beside; it has no bar of its own, since the test
+    // server runs the fault's backlog in it (above 1) or after it (below 1).
+    let whole = o.whole.fidelity().unwrap_or(0.0);
+    if whole < 0.99 {
         bad.push(format!(
-            "{what}: work fidelity {after:.4} in the window after recovery\n{}",
-            o.after_recovery
+            "{what}: work fidelity {whole:.4} over the whole run\n{}",
+            o.whole
         ));
     }
     if o.whole.highest().unwrap_or(0.0) > 1.001 {

@@ -147,6 +147,9 @@ const EVENT_QUEUE_CAP: usize = 65536;
 /// Sessions the two indexes (by flow, by mirrored address) are sized for at the start.
 const INDEX_PRESIZE: usize = 8192;
 
+/// The largest segment a replayed run is cut into (see `try_reestablish`).
+const REPLAY_SEGMENT: usize = 32 * 1024;
+
 /// No feedback at all for this long, then some: the path was away (intercept stalled,
 /// restarted, or unreachable), not merely quiet, if sessions waited on it meanwhile. Under
 /// load feedback comes every few milliseconds; longer than the smallest RTO, so a session
@@ -754,13 +757,17 @@ impl Engine {
             prod_ip: pkt.dst,
         };
         let replayed = stream.len().saturating_sub(pkt.payload.len());
-        let first = TcpPacket {
-            seq: start,
-            payload: &stream,
-            payload_len: stream.len() as u32,
-            ..*pkt
+        // As captured segments: one may not exceed an IPv4 packet (the reassembly's bound).
+        let segment = |at: usize| {
+            let bytes = &stream[at..stream.len().min(at + REPLAY_SEGMENT)];
+            TcpPacket {
+                seq: start.wrapping_add(at as u32),
+                payload: bytes,
+                payload_len: bytes.len() as u32,
+                ..*pkt
+            }
         };
-        self.open_session(now, &first, Start::Pickup);
+        self.open_session(now, &segment(0), Start::Pickup);
         let Some(new) = self.by_flow.get(&key).copied() else {
             // Not opened (shed, pool exhausted): counted there.
             self.stats.held_bytes_lost += replayed as u64;
@@ -771,9 +778,12 @@ impl Engine {
             s.revived_after = Some(revival.attempts);
             // Kept until the test server answers: if it refuses this one too, the next
             // attempt replays the whole run again.
-            s.held = Some(Box::new(Held::from_stream(start, stream)));
+            s.held = Some(Box::new(Held::from_stream(start, stream.clone())));
         }
         self.recharge(new);
+        for at in (REPLAY_SEGMENT..stream.len()).step_by(REPLAY_SEGMENT) {
+            self.on_client_packet(now, &segment(at));
+        }
         self.stats.sessions_reestablished[revival.reason.index()] += 1;
         true
     }

@@ -279,6 +279,50 @@ fn what_the_client_sent_while_the_test_server_was_away_is_replayed_first() {
 }
 
 #[test]
+fn a_run_longer_than_an_ip_packet_is_replayed_whole() {
+    let mut h = H::new(pickup_cfg());
+    reset_by_test(&mut h);
+    let mut seq = C.wrapping_add(4);
+    let mut sent = Vec::new();
+    h.client(seq, ACK | PSH, &[1]);
+    sent.push(1u8);
+    seq = seq.wrapping_add(1);
+    let syn = syns(&h.drain())[0].clone();
+    h.fb(0, syn.seq.wrapping_add(1), RST | ACK, 0, 0);
+    // 200 KB while the gate waits (one 1000-byte command at a time).
+    for i in 0..200u32 {
+        let cmd = vec![(i % 251) as u8; 1000];
+        h.client(seq, ACK | PSH, &cmd);
+        seq = seq.wrapping_add(1000);
+        sent.extend_from_slice(&cmd);
+    }
+    assert!(syns(&h.drain()).is_empty());
+    h.advance(PROBE_MIN * 2);
+    h.client(seq, ACK | PSH, b"z");
+    sent.push(b'z');
+    let syn = syns(&h.drain())[0].clone();
+    h.fb(T, syn.seq.wrapping_add(1), SYN | ACK, 65535, 0);
+    let mut got = cat(&h.drain());
+    // The window of 65535 lets part go; each ACK lets more.
+    let mut acked = C.wrapping_add(4).wrapping_add(got.len() as u32);
+    while got.len() < sent.len() {
+        h.fb(T + 1, acked, ACK, 65535, 0);
+        let more = cat(&h.drain());
+        assert!(
+            !more.is_empty(),
+            "stalled at {} of {}",
+            got.len(),
+            sent.len()
+        );
+        acked = acked.wrapping_add(more.len() as u32);
+        got.extend(more);
+    }
+    assert_eq!(got, sent);
+    assert_eq!(h.e.stats().client_segments_dropped, 0);
+    assert_eq!(h.e.stats().held_bytes_replayed, 200_001);
+}
+
+#[test]
 fn a_hold_beyond_the_session_buffer_is_lost_and_counted() {
     let mut c = pickup_cfg();
     c.max_session_buffer = 4;
