@@ -20,7 +20,8 @@ Subcommands (each has its own --help):
       compare two runs' comparison reports digest by digest
 
   copier doctor [the daemon's flags or --config FILE] [--probe-client IP]
-      check the whole mirror path and explain each failure with its fix";
+      check the whole mirror path (probing it from the live clients seen) and explain each
+      failure with its fix; exit status 1 if a check FAILs";
 
 fn main() -> ExitCode {
     // Before any thread exists, so that only the reload thread ever takes SIGHUP.
