@@ -63,15 +63,27 @@ pub struct DoctorArgs {
     /// watch). Without --client-ip-pool the busiest of them are the probe's client addresses.
     #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(0..=10_000))]
     pub client_watch_ms: u64,
+
+    /// Print the report as one JSON document (every check's name, status, message and fix,
+    /// and the summary) instead of lines.
+    #[arg(long)]
+    pub json: bool,
 }
 
-/// Runs every check, printing each line as it goes; returns the report.
+/// Runs every check, printing each line as it goes (unless `--json`: then nothing is printed
+/// and the caller renders the report with [`json`]); returns the report.
 pub fn run(args: &DoctorArgs) -> Report {
-    let mut r = Report::printing();
+    let mut r = if args.json {
+        Report::default()
+    } else {
+        Report::printing()
+    };
     let d = &args.daemon;
     let m = &d.mirror;
     let routes = d.routes();
-    println!("{}", headline(args));
+    if !args.json {
+        println!("{}", headline(args));
+    }
 
     let raw_ok = capabilities(&mut r);
     let routes = match routes {
@@ -117,7 +129,7 @@ pub fn run(args: &DoctorArgs) -> Report {
         Ok(t) => t,
         Err(e) => {
             r.add(Check::fail("secret", format!("{e:#}")));
-            return finish(r);
+            return finish(r, args);
         }
     };
     let hello = Hello::new(&format!("copier-doctor@{}", host::hostname()));
@@ -135,7 +147,7 @@ pub fn run(args: &DoctorArgs) -> Report {
                 "skipped: the probe SYN, the assistant's settings and the ARP check all need \
                  intercept",
             ));
-            return finish(r);
+            return finish(r, args);
         }
     };
     if let Some(ports) = link.ports.clone() {
@@ -154,7 +166,7 @@ pub fn run(args: &DoctorArgs) -> Report {
         }
     }
     let Some(first) = good_routes.first().copied() else {
-        return finish(r);
+        return finish(r, args);
     };
     let probe_ip = probe_address(args);
     assistant_checks(&mut r, &mut link, args, first, probe_ip);
@@ -186,7 +198,7 @@ pub fn run(args: &DoctorArgs) -> Report {
         }
     }
     let _ = link.stream.shutdown(Shutdown::Both);
-    finish(r)
+    finish(r, args)
 }
 
 /// The first line: what is checked.
@@ -210,9 +222,54 @@ fn headline(args: &DoctorArgs) -> String {
     )
 }
 
-fn finish(r: Report) -> Report {
-    println!("{}", r.summary());
+fn finish(r: Report, args: &DoctorArgs) -> Report {
+    if !args.json {
+        println!("{}", r.summary());
+    }
     r
+}
+
+/// `--json`: the whole report as one document, for automation. `fix` is null when the check
+/// names none; `failed` is what the exit status says.
+pub fn json(args: &DoctorArgs, r: &Report) -> String {
+    let checks: Vec<serde_json::Value> = r
+        .checks
+        .iter()
+        .map(|c| {
+            let (message, fix) = c.message_and_fix();
+            serde_json::json!({
+                "name": c.name,
+                "status": c.level.word(),
+                "message": message,
+                "fix": fix,
+            })
+        })
+        .collect();
+    let routes: Vec<serde_json::Value> = args
+        .daemon
+        .routes()
+        .unwrap_or_default()
+        .iter()
+        .map(|r| serde_json::json!({"port": r.prod_port, "target": r.target.to_string()}))
+        .collect();
+    let doc = serde_json::json!({
+        "schema": "tcpshadow.doctor/1",
+        "host": host::hostname(),
+        "headline": headline(args),
+        "routes": routes,
+        "intercept": args.daemon.mirror.first_intercept().to_string(),
+        "client_ip_pool": args.daemon.mirror.client_ip_pool.map(|(a, l)| format!("{a}/{l}")),
+        "checks": checks,
+        "summary": {
+            "checks": r.checks.len(),
+            "ok": r.count(Level::Ok),
+            "warn": r.count(Level::Warn),
+            "fail": r.count(Level::Fail),
+            "line": r.summary(),
+        },
+        "failed": r.failed(),
+    });
+    serde_json::to_string_pretty(&doc).unwrap_or_else(|_| "{}".into())
 }
 
 fn join<T: ToString>(items: &[T]) -> String {
@@ -349,8 +406,8 @@ fn clock(r: &mut Report) {
     if b < a {
         r.add(Check::fail(
             "clock",
-            "the monotonic clock goes backwards: timers and pacing break; fix the kernel's \
-             clocksource",
+            "the monotonic clock goes backwards: timers and pacing break; fix: the kernel's \
+             clocksource (/sys/devices/system/clocksource)",
         ));
         return;
     }
@@ -1481,6 +1538,28 @@ mod tests {
                  --via 198.18.0.4` (or `ip route replace 198.18.0.10/32 via 198.18.0.4`)"
             )
         );
+    }
+
+    #[test]
+    fn the_json_report_holds_every_check_and_the_summary() {
+        let d = doctor(&["--json"]);
+        let mut r = Report::default();
+        r.add(Check::ok("clock", "synchronised"));
+        r.add(Check::fail("mtu", "too small; fix: --mss 1360"));
+        let v: serde_json::Value = serde_json::from_str(&json(&d, &r)).unwrap();
+        assert_eq!(v["schema"], "tcpshadow.doctor/1");
+        assert_eq!(v["failed"], true);
+        assert_eq!(v["summary"]["checks"], 2);
+        assert_eq!(v["summary"]["fail"], 1);
+        assert_eq!(v["summary"]["line"], "2 checks: 1 ok, 0 warn, 1 FAIL");
+        assert_eq!(v["routes"][0]["target"], "198.18.0.3:3306");
+        let checks = v["checks"].as_array().unwrap();
+        assert_eq!(checks[0]["status"], "ok");
+        assert_eq!(checks[0]["fix"], serde_json::Value::Null);
+        assert_eq!(checks[1]["name"], "mtu");
+        assert_eq!(checks[1]["status"], "fail");
+        assert_eq!(checks[1]["message"], "too small");
+        assert_eq!(checks[1]["fix"], "--mss 1360");
     }
 
     #[test]
