@@ -16,7 +16,7 @@
 
 mod clients;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, Shutdown, SocketAddr, SocketAddrV4, TcpStream};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -191,8 +191,9 @@ pub fn run(args: &DoctorArgs) -> Report {
         )),
         (false, true) => {
             if send_probes(&mut r, &mut link, &mut probes, args) {
+                let mut arp = ArpAsker::default();
                 for route in &good_routes {
-                    judge_probes(&mut r, &mut link, &probes, route, args);
+                    judge_probes(&mut r, &mut link, &mut arp, &probes, route, args);
                 }
             }
         }
@@ -1090,6 +1091,7 @@ fn send_probes(r: &mut Report, link: &mut Link, probes: &mut [Probe], args: &Doc
 fn judge_probes(
     r: &mut Report,
     link: &mut Link,
+    arp: &mut ArpAsker,
     probes: &[Probe],
     route: &Route,
     args: &DoctorArgs,
@@ -1172,8 +1174,8 @@ fn judge_probes(
                 let check = match p.source {
                     Source::Pool => pool_unreached(p, args),
                     Source::Given | Source::Live => {
-                        let arp = who_answers_arp(link, route, *p.me.ip());
-                        client_unreached(p, args, answered.len(), &arp)
+                        let seen = arp.ask(link, *target.ip(), *p.me.ip());
+                        client_unreached(p, args, answered.len(), &seen)
                     }
                 };
                 r.add(check);
@@ -1261,27 +1263,47 @@ enum ArpSeen {
     Unknown,
 }
 
-/// Asks intercept who answers ARP for `client` on the test server's segment: it tells what
-/// the test server does with replies that do not go via the assistant.
-fn who_answers_arp(link: &mut Link, route: &Route, client: Ipv4Addr) -> ArpSeen {
-    let q = DoctorQuery {
-        target: *route.target.ip(),
-        arp: vec![ArpTarget {
-            addr: client,
-            pool: false,
-        }],
-    };
-    if link.send(&CopierMessage::Doctor(q)).is_err() {
-        return ArpSeen::Unknown;
-    }
-    // intercept waits a second for ARP answers; late Feedback for the probes may come first.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        match link.recv_until(deadline) {
-            Ok(Some(InterceptMessage::DoctorReport(rep))) => return arp_seen(&rep.checks),
-            Ok(Some(_)) => {}
-            Ok(None) | Err(_) => return ArpSeen::Unknown,
+/// Asks intercept who answers ARP for a client address on the test server's segment: it tells
+/// what the test server does with replies that do not go via the assistant. Each address is
+/// asked once; once intercept fails to answer, it is not asked again (each try waits 5 s).
+#[derive(Default)]
+struct ArpAsker {
+    seen: HashMap<(Ipv4Addr, Ipv4Addr), ArpSeen>,
+    silent: bool,
+}
+
+impl ArpAsker {
+    fn ask(&mut self, link: &mut Link, target: Ipv4Addr, client: Ipv4Addr) -> ArpSeen {
+        if self.silent {
+            return ArpSeen::Unknown;
         }
+        if let Some(s) = self.seen.get(&(target, client)) {
+            return s.clone();
+        }
+        let q = DoctorQuery {
+            target,
+            arp: vec![ArpTarget {
+                addr: client,
+                pool: false,
+            }],
+        };
+        let mut answer = None;
+        if link.send(&CopierMessage::Doctor(q)).is_ok() {
+            // intercept waits a second for ARP answers; late Feedback may come first.
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while let Ok(Some(m)) = link.recv_until(deadline) {
+                if let InterceptMessage::DoctorReport(rep) = m {
+                    answer = Some(arp_seen(&rep.checks));
+                    break;
+                }
+            }
+        }
+        let Some(seen) = answer else {
+            self.silent = true;
+            return ArpSeen::Unknown;
+        };
+        self.seen.insert((target, client), seen.clone());
+        seen
     }
 }
 
