@@ -19,8 +19,9 @@ Subcommands (each has its own --help):
   copier report diff A.json B.json [--top N]
       compare two runs' comparison reports digest by digest
 
-  copier doctor [the daemon's flags or --config FILE] [--probe-client IP]
-      check the whole mirror path and explain each failure with its fix";
+  copier doctor [the daemon's flags or --config FILE] [--probe-client IP] [--json]
+      check the whole mirror path (probing it from the live clients seen) and explain each
+      failure with its fix; exit status 1 if a check FAILs";
 
 fn main() -> ExitCode {
     // Before any thread exists, so that only the reload thread ever takes SIGHUP.
@@ -118,7 +119,12 @@ fn main_doctor(argv: Vec<OsString>) -> ExitCode {
     }
     // Only problems reach the log: the checks are the output.
     ops::reload::init_logging("warn", false);
-    if copier::doctor::run(&parsed.args).failed() {
+    let report = copier::doctor::run(&parsed.args);
+    if parsed.args.json {
+        println!("{}", copier::doctor::json(&parsed.args, &report));
+    }
+    // 0 only when no check FAILed: warnings alone are not a broken path.
+    if report.failed() {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS

@@ -5,12 +5,16 @@
 //! intercept not running; another host answering ARP for the client addresses; target set to
 //! prod's own address.
 //!
+//! Issue 23: without `--client-ip-pool`, the doctor probes the reply path from the live clients
+//! it sees querying production, and a client the test server does not route via the assistant
+//! is a FAIL naming it, what the test server does with it and the route that fixes it.
+//!
 //! Each doctor run's output is printed (run with `--nocapture` to see the transcript).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{ensure, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 use tcpshadow_tests::mirror::{release_bin, CONTROL_PORT};
 use tcpshadow_tests::{Background, Host, Lab, Run};
 
@@ -63,23 +67,31 @@ impl<'a> Doctor<'a> {
     /// `copier doctor` on prod with the lab's settings, `target` overridden if given.
     fn copier(&self, what: &str, target: Option<&str>) -> Result<Run> {
         let target = target.unwrap_or(&self.target);
-        let run = self.lab.exec(
-            Host::Prod,
+        self.copier_with(
+            what,
             &[
-                &self.copier,
-                "doctor",
                 "--target",
                 target,
-                "--intercept",
-                &self.listen,
                 "--client-ip-pool",
                 self.lab.var("LAB_POOL"),
-                "--interface",
-                self.lab.var("LAB_IFACE"),
-                "--probe-wait-ms",
-                "2000",
             ],
-        )?;
+        )
+    }
+
+    /// `copier doctor` on prod with `args` (no pool unless they give one).
+    fn copier_with(&self, what: &str, args: &[&str]) -> Result<Run> {
+        let mut argv = vec![
+            self.copier.as_str(),
+            "doctor",
+            "--intercept",
+            &self.listen,
+            "--interface",
+            self.lab.var("LAB_IFACE"),
+            "--probe-wait-ms",
+            "2000",
+        ];
+        argv.extend(args);
+        let run = self.lab.exec(Host::Prod, &argv)?;
         show(what, "copier doctor", &run);
         Ok(run)
     }
@@ -386,6 +398,151 @@ fn doctor_names_each_fault_and_passes_once_fixed() -> Result<()> {
     ensure!(
         stopped.success(),
         "intercept did not exit cleanly: {stopped:?}"
+    );
+    Ok(())
+}
+
+/// The lines of `run` on `check` at `level` (`ok`, `warn`, `FAIL`).
+fn lines_of<'a>(run: &'a Run, level: &str, check: &str) -> Vec<&'a str> {
+    let head = format!("{level:<4}  {check}:");
+    run.stdout
+        .lines()
+        .filter(|l| l.starts_with(&head))
+        .collect()
+}
+
+#[test]
+fn doctor_probes_the_reply_path_from_the_live_clients() -> Result<()> {
+    let lab = Lab::up("dlive")?;
+    let d = Doctor::new(&lab)?;
+    let client = lab.ip(Host::Client).to_string();
+    let assist = lab.ip(Host::Assist).to_string();
+    let host_route = format!("{client}/32");
+    let target = d.target.clone();
+    let no_pool = ["--target", target.as_str()];
+    let _intercept = d.start_intercept()?;
+
+    // No client queries production, and neither --client-ip-pool nor --probe-client: the
+    // probe has no address to go from, and says which flag gives one.
+    let run = d.copier_with("no live client", &no_pool)?;
+    passes(&run)?;
+    let skipped = lines_of(&run, "warn", "probe SYN");
+    ensure!(
+        skipped.len() == 1
+            && skipped[0].contains("no live client seen")
+            && skipped[0].contains("--probe-client IP"),
+        "expected a warning naming --probe-client:\n{}",
+        run.stdout
+    );
+    ensure!(
+        !lines_of(&run, "warn", "live clients").is_empty(),
+        "no warning that no client was seen:\n{}",
+        run.stdout
+    );
+
+    // Real clients querying production, one connection after the other, as an application
+    // with short-lived connections does.
+    let query = format!(
+        "while :; do mariadb --no-defaults -h {} -u{} -p{} -N -e \
+         'SELECT COUNT(*) FROM sbtest1 WHERE id < 100' {} >/dev/null || exit 1; sleep 0.05; done",
+        lab.ip(Host::Prod),
+        lab.var("LAB_USER"),
+        lab.var("LAB_PASSWORD"),
+        lab.var("LAB_DB"),
+    );
+    let clients = lab.spawn(Host::Client, &["sh", "-c", &query])?;
+    let before = lab.counters(Host::Prod)?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while lab.counters(Host::Prod)?.delta(&before, "Com_select") < 5 {
+        if std::time::Instant::now() > deadline {
+            bail!(
+                "the clients' queries do not reach production: {:?}",
+                clients.output()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    // Healthy: the probe SYN goes from the live client's own address and passes.
+    let run = d.copier_with("live clients, routes in place", &no_pool)?;
+    passes(&run)?;
+    let seen = format!("1 client address, {client},");
+    ensure!(
+        lines_of(&run, "ok", "live clients")
+            .iter()
+            .any(|l| l.contains(&seen)),
+        "the live client was not seen:\n{}",
+        run.stdout
+    );
+    let from = format!("live client {client}:");
+    ensure!(
+        lines_of(&run, "ok", "probe SYN")
+            .iter()
+            .any(|l| l.contains(&from)),
+        "the probe did not go from the live client:\n{}",
+        run.stdout
+    );
+
+    // The test server loses its route for that client: it now delivers the replies on its
+    // segment, straight to the client.
+    lab.exec_ok(Host::Test, &["ip", "route", "del", &host_route])?;
+    let run = d.copier_with("route for the live client removed on test", &no_pool)?;
+    let routes_line = format!("deploy/routes.sh test-host add --pool {host_route} --via {assist}");
+    let ip_route = format!("ip route replace {host_route} via {assist}");
+    let not_routed = format!("does not route its replies for {client} to the assistant {assist}");
+    let named = format!("live client {client} (seen sending to port 3306)");
+    fails(
+        &run,
+        "probe SYN",
+        &[
+            &named,
+            &not_routed,
+            "reached intercept within",
+            &format!("{} answers ARP for it", lab.var("LAB_CLIENT_MAC")),
+            "hands its replies straight to that host",
+            &routes_line,
+            &ip_route,
+        ],
+    )?;
+
+    // The same, for automation: one JSON document, the fix apart, the exit status alike.
+    let mut json_args = no_pool.to_vec();
+    json_args.push("--json");
+    let run = d.copier_with("route removed, --json", &json_args)?;
+    ensure!(
+        run.status.code() == Some(1) && run.stdout.trim_start().starts_with('{'),
+        "expected exit status 1 and a JSON document, got {}:\n{}",
+        run.status,
+        run.stdout
+    );
+    for field in [
+        "\"schema\": \"tcpshadow.doctor/1\"",
+        "\"status\": \"fail\"",
+        "\"failed\": true",
+        &format!("\"fix\": \"on the test server, `{routes_line}` (or `{ip_route}`)\""),
+    ] {
+        ensure!(run.stdout.contains(field), "no {field} in:\n{}", run.stdout);
+    }
+
+    // Restored with the line the doctor gave: it passes again.
+    d.routes(
+        Host::Test,
+        &["test-host", "add", "--pool", &host_route, "--via", &assist],
+    )?;
+    let run = d.copier_with("route restored by routes.sh", &no_pool)?;
+    passes(&run)?;
+    ensure!(
+        lines_of(&run, "ok", "probe SYN")
+            .iter()
+            .any(|l| l.contains(&from)),
+        "the probe did not go from the live client:\n{}",
+        run.stdout
+    );
+    let clients = clients.stop()?;
+    ensure!(
+        !clients.stderr.contains("ERROR"),
+        "the clients' queries failed: {}",
+        clients.stderr
     );
     Ok(())
 }
