@@ -396,7 +396,9 @@ pub fn render_copier_metrics(s: &Snapshot, report: Option<&Report>, top_n: usize
             Kind::Counter,
             "Commands the test server did not run as production did, by command, statement kind \
              (first keyword), reason (test_error: ERR on test only; prod_error: ERR on \
-             production only; unanswered: sent, never answered) and error code.",
+             production only; unanswered: sent, never answered, the session ended first; \
+             answer_unseen: sent and had by the test server, its answer unreadable at intercept, \
+             not known to be lost) and error code.",
         );
         for d in &figures.divergence {
             let code = d.reason.code().map(|c| c.to_string()).unwrap_or_default();

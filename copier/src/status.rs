@@ -190,7 +190,11 @@ impl StatusLine {
                 fmt_us(r.live.test_p99_us),
                 r.totals.row_mismatches + r.totals.result_mismatches,
                 r.totals.test_errors,
-                r.divergence.iter().map(|d| d.count).sum::<u64>(),
+                r.divergence
+                    .iter()
+                    .filter(|d| d.reason.is_loss())
+                    .map(|d| d.count)
+                    .sum::<u64>(),
             ),
             None => String::new(),
         };
@@ -471,7 +475,7 @@ pub fn summary(s: &Snapshot, elapsed: Duration) -> String {
         // Executes of a statement the test server refused to prepare are listed here, by
         // kind and code, so the protocol layer's count of the same commands is not repeated.
         losses.retain(|(what, _)| !what.starts_with("protocol layer: executes dropped rejected"));
-        losses.extend(r.divergence.iter().map(|d| {
+        losses.extend(r.divergence.iter().filter(|d| d.reason.is_loss()).map(|d| {
             let what = if d.kind == "-" {
                 d.command.to_string()
             } else {
@@ -481,6 +485,24 @@ pub fn summary(s: &Snapshot, elapsed: Duration) -> String {
         }));
     }
     losses.retain(|(_, n)| *n > 0);
+    if let Some(r) = &s.report {
+        // Not losses, and not nothing either: the test server had these, but how it ran
+        // them nobody saw.
+        let unseen: Vec<String> = r
+            .divergence
+            .iter()
+            .filter(|d| !d.reason.is_loss())
+            .map(|d| format!("{} {} {}", d.count, d.command, d.kind))
+            .collect();
+        if !unseen.is_empty() {
+            let _ = writeln!(
+                out,
+                "  answers not seen (intercept lost the test server's framing; the test server had \
+                 these commands, how it ran them is unknown): {}",
+                unseen.join(", ")
+            );
+        }
+    }
     if losses.is_empty() {
         let _ = writeln!(out, "  losses: none");
     } else {
@@ -688,6 +710,12 @@ mod tests {
                         reason: Reason::Unanswered,
                         count: 2,
                     },
+                    Divergent {
+                        command: "stmt_execute",
+                        kind: "begin",
+                        reason: Reason::AnswerUnseen,
+                        count: 40,
+                    },
                 ],
                 ..ReportFigures::default()
             }),
@@ -701,6 +729,12 @@ mod tests {
         );
         assert!(
             text.contains("2  commands: query update: sent, never answered by the test server"),
+            "{text}"
+        );
+        // Answers intercept could not read are said apart, not claimed as losses.
+        assert!(!text.contains("commands: stmt_execute begin"), "{text}");
+        assert!(
+            text.contains("how it ran them is unknown): 40 stmt_execute begin"),
             "{text}"
         );
     }

@@ -579,7 +579,7 @@ impl Observer {
         };
         p.test = match d {
             Decision::Sent => TestSide::Awaiting(now),
-            Decision::SentBlind => TestSide::Done(TestOutcome::Lost),
+            Decision::SentBlind => TestSide::Done(TestOutcome::Unseen),
             Decision::Skipped => TestSide::Done(TestOutcome::Skipped),
             Decision::Dropped => TestSide::Done(TestOutcome::Dropped),
             Decision::Refused(code) => TestSide::Done(TestOutcome::Refused(code)),
@@ -640,7 +640,7 @@ impl Observer {
         self.test = None;
         for p in &mut self.pending {
             if matches!(p.test, TestSide::Awaiting(_)) {
-                p.test = TestSide::Done(TestOutcome::Lost);
+                p.test = TestSide::Done(TestOutcome::Unseen);
             }
         }
         self.emit_ready();

@@ -353,7 +353,10 @@ impl Collector {
                 }),
                 false,
             ),
-            TestOutcome::Skipped | TestOutcome::Dropped | TestOutcome::Lost => (None, false),
+            TestOutcome::Skipped
+            | TestOutcome::Dropped
+            | TestOutcome::Lost
+            | TestOutcome::Unseen => (None, false),
         };
         if counts_prod {
             self.totals.commands += 1;

@@ -1,6 +1,7 @@
 //! Commands the test server did not run as production did, by command, statement kind and
 //! reason: an error on one server only, or a command sent and never answered. These are losses
-//! of the mirror's last mile, and the copier counts them whether or not `--report` writes
+//! of the mirror's last mile (and, apart, commands whose answer intercept could not read, which
+//! the test server had but nobody can tell how it ran: [`Reason::is_loss`] is false for them), and the copier counts them whether or not `--report` writes
 //! files: the summary lists them under `losses:`, the status line and `--metrics` carry them.
 //!
 //! Pure and bounded: fed one observation at a time by the collector, at most [`MAX_ENTRIES`]
@@ -24,8 +25,11 @@ pub enum Reason {
     TestError(u16),
     /// Production answered ERR with this code, the test server did not fail.
     ProdError(u16),
-    /// Sent to the test server; its answer was never seen (framing lost, session ended first).
+    /// Sent to the test server; its answer was never seen because the session ended first.
     Unanswered,
+    /// Sent to the test server, which had it; intercept could not read its answer (the test
+    /// server's framing was lost). Not known to be lost: counted apart.
+    AnswerUnseen,
 }
 
 impl Reason {
@@ -35,13 +39,19 @@ impl Reason {
             Reason::TestError(_) => "test_error",
             Reason::ProdError(_) => "prod_error",
             Reason::Unanswered => "unanswered",
+            Reason::AnswerUnseen => "answer_unseen",
         }
+    }
+
+    /// Whether the test server is known not to have run the command as production did.
+    pub fn is_loss(self) -> bool {
+        self != Reason::AnswerUnseen
     }
 
     pub fn code(self) -> Option<u16> {
         match self {
             Reason::TestError(c) | Reason::ProdError(c) => Some(c),
-            Reason::Unanswered => None,
+            Reason::Unanswered | Reason::AnswerUnseen => None,
         }
     }
 }
@@ -52,6 +62,10 @@ impl fmt::Display for Reason {
             Reason::TestError(c) => write!(f, "error {c} on the test server only"),
             Reason::ProdError(c) => write!(f, "error {c} on production only"),
             Reason::Unanswered => write!(f, "sent, never answered by the test server"),
+            Reason::AnswerUnseen => write!(
+                f,
+                "sent, its answer not seen (intercept lost the test server's framing)"
+            ),
         }
     }
 }
@@ -93,6 +107,10 @@ impl Divergence {
                 self.add(&o.statement, Reason::Unanswered);
                 return;
             }
+            TestOutcome::Unseen => {
+                self.add(&o.statement, Reason::AnswerUnseen);
+                return;
+            }
             // Kept off by design, or not sendable (the protocol layer counts those).
             TestOutcome::Skipped | TestOutcome::Dropped => return,
         };
@@ -110,7 +128,7 @@ impl Divergence {
             let reason = match reason {
                 Reason::TestError(_) => Reason::TestError(0),
                 Reason::ProdError(_) => Reason::ProdError(0),
-                Reason::Unanswered => Reason::Unanswered,
+                r @ (Reason::Unanswered | Reason::AnswerUnseen) => r,
             };
             key = ("other", "other", reason);
         }
@@ -254,6 +272,8 @@ mod tests {
             TestOutcome::Answered(answer(AnswerKind::Ok)),
         ));
         d.observe(&obs(&upd, Some(AnswerKind::Ok), TestOutcome::Lost));
+        // Counted apart, not as a loss: the test server had it, its answer was unreadable.
+        d.observe(&obs(&upd, Some(AnswerKind::Ok), TestOutcome::Unseen));
         // Not losses here: the same answers, the same error, production unseen, by design.
         d.observe(&obs(
             &upd,
@@ -277,7 +297,9 @@ mod tests {
         assert_eq!(find("update", Reason::TestError(1142)), Some(1));
         assert_eq!(find("update", Reason::ProdError(1062)), Some(1));
         assert_eq!(find("update", Reason::Unanswered), Some(1));
-        assert_eq!(d.total(), 6);
+        assert_eq!(find("update", Reason::AnswerUnseen), Some(1));
+        assert!(!Reason::AnswerUnseen.is_loss() && Reason::Unanswered.is_loss());
+        assert_eq!(d.total(), 7);
     }
 
     #[test]

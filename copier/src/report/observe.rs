@@ -72,8 +72,13 @@ pub enum TestOutcome {
     /// it could not run there (an execute of a statement on a table the test account may not
     /// read). Reported as a test-server error without a latency.
     Refused(u16),
-    /// Sent, but its answer was never seen (framing lost, session ended first).
+    /// Sent, but its answer was never seen: the session ended first (the test server reset
+    /// it, a capture gap), so it may not have run there.
     Lost,
+    /// Sent, and the test server had it (the session went on), but intercept could not read
+    /// its answer (it lost the framing of the test server's stream: restarted, or dropped
+    /// packets). Whether it ran as on production is unknown; not a loss of the mirror's.
+    Unseen,
 }
 
 /// One client command and both servers' answers.
