@@ -497,8 +497,9 @@ pub fn summary(s: &Snapshot, elapsed: Duration) -> String {
         if !unseen.is_empty() {
             let _ = writeln!(
                 out,
-                "  answers not seen (intercept lost the test server's framing; the test server had \
-                 these commands, how it ran them is unknown): {}",
+                "  answers not seen (intercept lost the test server's framing, or the test server \
+                 was over 4096 commands behind; it had these commands, how it ran them is \
+                 unknown): {}",
                 unseen.join(", ")
             );
         }

@@ -27,8 +27,9 @@ pub enum Reason {
     ProdError(u16),
     /// Sent to the test server; its answer was never seen because the session ended first.
     Unanswered,
-    /// Sent to the test server, which had it; intercept could not read its answer (the test
-    /// server's framing was lost). Not known to be lost: counted apart.
+    /// Sent to the test server, which had it; its answer was not read (intercept lost the test
+    /// server's framing, or the test server was too far behind to be kept track of). Not
+    /// known to be lost: counted apart.
     AnswerUnseen,
 }
 
@@ -62,10 +63,7 @@ impl fmt::Display for Reason {
             Reason::TestError(c) => write!(f, "error {c} on the test server only"),
             Reason::ProdError(c) => write!(f, "error {c} on production only"),
             Reason::Unanswered => write!(f, "sent, never answered by the test server"),
-            Reason::AnswerUnseen => write!(
-                f,
-                "sent, its answer not seen (intercept lost the test server's framing)"
-            ),
+            Reason::AnswerUnseen => write!(f, "sent, its answer not seen"),
         }
     }
 }

@@ -75,9 +75,11 @@ pub enum TestOutcome {
     /// Sent, but its answer was never seen: the session ended first (the test server reset
     /// it, a capture gap), so it may not have run there.
     Lost,
-    /// Sent, and the test server had it (the session went on), but intercept could not read
-    /// its answer (it lost the framing of the test server's stream: restarted, or dropped
-    /// packets). Whether it ran as on production is unknown; not a loss of the mirror's.
+    /// Sent, and the test server had it (the session went on), but its answer was not read:
+    /// intercept lost the framing of the test server's stream (restarted, or dropped packets),
+    /// or the test server was so far behind (`--multiply`, a slower build) that the command
+    /// left the bounded bookkeeping first. Whether it ran as on production is unknown; not a
+    /// loss of the mirror's.
     Unseen,
 }
 

@@ -210,6 +210,24 @@ fn read_only_skips_are_not_answers_and_losses_are_reported_as_such() {
 }
 
 #[test]
+fn a_test_server_far_behind_leaves_answers_unseen_not_lost() {
+    let (config, sink) = reporting(false, false);
+    let mut h = logged_in(config);
+    // Production answers every command at once; the test server answers none yet.
+    for _ in 0..=crate::mysql::observe::MAX_PENDING {
+        h.client_packet(0, &query("SELECT 1"));
+        h.prod_reply(&rows_reply(&[b"1"]));
+    }
+    let got = drained(&sink);
+    assert!(!got.is_empty());
+    assert!(
+        got.iter().all(|o| o.test == TestOutcome::Unseen),
+        "{:?}",
+        got.iter().map(|o| o.test).collect::<Vec<_>>()
+    );
+}
+
+#[test]
 fn our_own_commands_are_not_reported_and_recovered_statements_are_named() {
     let (mut config, sink) = reporting(false, false);
     config.default_user = Some("sb".into());
