@@ -544,21 +544,8 @@ impl Args {
 /// Both directions of every route's production port, minus packets to or from a target host
 /// (our own output, should a target port equal a production port).
 pub fn capture_filter(routes: &[Route]) -> String {
-    let mut ports: Vec<u16> = routes.iter().map(|r| r.prod_port).collect();
-    ports.sort_unstable();
-    ports.dedup();
-    let mut hosts: Vec<Ipv4Addr> = routes.iter().map(|r| *r.target.ip()).collect();
-    hosts.sort_unstable();
-    hosts.dedup();
-    let any = |dir: &str, items: Vec<String>| {
-        items
-            .iter()
-            .map(|i| format!("{dir} {i}"))
-            .collect::<Vec<_>>()
-            .join(" or ")
-    };
-    let ports: Vec<String> = ports.iter().map(u16::to_string).collect();
-    let hosts: Vec<String> = hosts.iter().map(Ipv4Addr::to_string).collect();
+    let (ports, hosts) = filter_terms(routes);
+    let any = filter_any;
     if ports.len() == 1 && hosts.len() == 1 {
         let (p, t) = (&ports[0], &hosts[0]);
         return format!(
@@ -568,11 +555,34 @@ pub fn capture_filter(routes: &[Route]) -> String {
     format!(
         // libpcap gives `and` and `or` the same precedence: every group is bracketed.
         "tcp and ((({}) and not ({})) or (({}) and not ({})))",
-        any("dst port", ports.clone()),
-        any("dst host", hosts.clone()),
-        any("src port", ports),
-        any("src host", hosts),
+        any("dst port", &ports),
+        any("dst host", &hosts),
+        any("src port", &ports),
+        any("src host", &hosts),
     )
+}
+
+/// The routes' production ports and target hosts, each once, in order, as BPF terms.
+pub(crate) fn filter_terms(routes: &[Route]) -> (Vec<String>, Vec<String>) {
+    let mut ports: Vec<u16> = routes.iter().map(|r| r.prod_port).collect();
+    ports.sort_unstable();
+    ports.dedup();
+    let mut hosts: Vec<Ipv4Addr> = routes.iter().map(|r| *r.target.ip()).collect();
+    hosts.sort_unstable();
+    hosts.dedup();
+    (
+        ports.iter().map(u16::to_string).collect(),
+        hosts.iter().map(Ipv4Addr::to_string).collect(),
+    )
+}
+
+/// `what a or what b or ...` (bracket it: libpcap gives `and` and `or` the same precedence).
+pub(crate) fn filter_any(what: &str, items: &[String]) -> String {
+    items
+        .iter()
+        .map(|i| format!("{what} {i}"))
+        .collect::<Vec<_>>()
+        .join(" or ")
 }
 
 fn parse_sample(s: &str) -> Result<Sample, String> {

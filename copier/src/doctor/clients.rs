@@ -16,7 +16,7 @@ use anyhow::Result;
 use common::wire::TcpPacket;
 
 use crate::capture::LiveCapture;
-use crate::cli::Route;
+use crate::cli::{filter_any, filter_terms, Route};
 
 /// Distinct client addresses kept; more are counted, not kept (the doctor probes a handful).
 const MAX_TRACKED: usize = 1024;
@@ -100,24 +100,12 @@ fn is_client(ip: Ipv4Addr) -> bool {
 /// What clients send to the production ports, minus what goes to a target host (the
 /// copier's own output, when a target port equals a production port).
 pub fn filter(routes: &[Route]) -> String {
-    let mut ports: Vec<u16> = routes.iter().map(|r| r.prod_port).collect();
-    ports.sort_unstable();
-    ports.dedup();
-    let mut hosts: Vec<Ipv4Addr> = routes.iter().map(|r| *r.target.ip()).collect();
-    hosts.sort_unstable();
-    hosts.dedup();
-    let any = |what: &str, items: Vec<String>| {
-        items
-            .iter()
-            .map(|i| format!("{what} {i}"))
-            .collect::<Vec<_>>()
-            .join(" or ")
-    };
+    let (ports, hosts) = filter_terms(routes);
     // libpcap gives `and` and `or` the same precedence: every group is bracketed.
     format!(
         "tcp and ({}) and not ({})",
-        any("dst port", ports.iter().map(u16::to_string).collect()),
-        any("dst host", hosts.iter().map(Ipv4Addr::to_string).collect()),
+        filter_any("dst port", &ports),
+        filter_any("dst host", &hosts),
     )
 }
 
