@@ -791,18 +791,16 @@ impl Engine {
     /// Keeps a client packet's bytes for a session that waits to be re-established (see
     /// `Session::held`), within its buffer and the memory budget.
     fn hold(&mut self, id: SessionId, pkt: &TcpPacket<'_>) {
-        if pkt.payload.is_empty() {
+        // On every client packet: the common case (an established session) leaves at once.
+        let Some(s) = slot_session(&mut self.slots, id) else {
+            return;
+        };
+        if pkt.payload.is_empty() || !s.holds_client_bytes() {
             return;
         }
         let admit_below = self.cfg.max_memory - self.cfg.max_memory / 16;
         let budget_room = admit_below.saturating_sub(self.mem_used);
         let max_buffer = self.cfg.max_session_buffer;
-        let Some(s) = slot_session(&mut self.slots, id) else {
-            return;
-        };
-        if !s.holds_client_bytes() {
-            return;
-        }
         let held = s.held.get_or_insert_with(Box::default);
         let room = max_buffer.saturating_sub(held.len()).min(budget_room);
         let lost = held.push(pkt.seq, pkt.payload, room);
