@@ -63,9 +63,10 @@ pub struct Args {
 
     /// Longest wait, in ms, before the kernel hands captured packets over (a TPACKET_V3
     /// block timeout): one wakeup per block instead of one per packet. 0: immediate mode
-    /// (a wakeup per packet, no added delay; more CPU).
-    #[arg(long, env = "TCPSHADOW_CAPTURE_BLOCK_MS", default_value_t = 1, value_parser = clap::value_parser!(u16).range(0..=100))]
-    pub capture_block_ms: u16,
+    /// (a wakeup per packet, no added delay; more CPU) [default: the shortest with which the
+    /// capture ring holds 1 s of traffic: 4 with a 64 MiB ring, at most 10].
+    #[arg(long, env = "TCPSHADOW_CAPTURE_BLOCK_MS", value_parser = clap::value_parser!(u16).range(0..=100))]
+    pub capture_block_ms: Option<u16>,
 
     /// Scheduling priority of the capture and its threads: normal (as started, the default),
     /// high (nice -20) or realtime (SCHED_RR 1). A capture that waits for the CPU behind many
@@ -491,6 +492,22 @@ impl Args {
         Ok(i32::try_from(bytes).unwrap_or(i32::MAX))
     }
 
+    /// The capture's block timeout for a ring of `buffer` bytes: `--capture-block-ms`, or the
+    /// shortest that makes the ring hold [`RING_HOLDS_MS`] of traffic. libpcap cuts a TPACKET_V3
+    /// ring into blocks of [`CAPTURE_BLOCK_BYTES`] (its largest snap length) and the kernel
+    /// retires a block after the timeout even if it holds a few packets: below about a
+    /// thousand packets a block (most traffic) a ring holds blocks x timeout of it, whatever
+    /// its size in bytes. While the copier waits for a CPU (a saturated host, a CFS-throttled
+    /// container) that is all the kernel can keep before it drops.
+    pub fn capture_block_ms(&self, buffer: i32) -> u16 {
+        if let Some(ms) = self.capture_block_ms {
+            return ms;
+        }
+        let blocks = (usize::try_from(buffer).unwrap_or(0) / CAPTURE_BLOCK_BYTES).max(1);
+        let ms = RING_HOLDS_MS.div_ceil(blocks as u64);
+        u16::try_from(ms.clamp(1, MAX_AUTO_BLOCK_MS)).unwrap_or(1)
+    }
+
     /// The capture filter: the production ports' traffic in both directions, excluding what we
     /// send ourselves (it leaves this host toward the targets with the same port numbers).
     pub fn capture_filter(&self) -> Result<String> {
@@ -584,6 +601,13 @@ pub(crate) fn filter_any(what: &str, items: &[String]) -> String {
         .collect::<Vec<_>>()
         .join(" or ")
 }
+
+/// A libpcap TPACKET_V3 block (libpcap 1.10 sizes them by its largest snap length, 256 KiB).
+pub const CAPTURE_BLOCK_BYTES: usize = 256 << 10;
+/// How much traffic the capture ring holds by default while the copier waits for a CPU, ms.
+pub const RING_HOLDS_MS: u64 = 1000;
+/// The longest block timeout chosen by default: every captured packet may wait that long.
+const MAX_AUTO_BLOCK_MS: u64 = 10;
 
 fn parse_sample(s: &str) -> Result<Sample, String> {
     let p: f64 = s
@@ -736,6 +760,21 @@ mod tests {
         let mut v = vec!["copier", "--intercept", "198.18.0.4:36524"];
         v.extend(extra);
         Args::try_parse_from(v).unwrap()
+    }
+
+    #[test]
+    fn the_default_block_timeout_makes_the_ring_hold_a_second() {
+        let a = args(&[]);
+        let ms = |mib: i32| a.capture_block_ms(mib << 20);
+        // 256 blocks of 256 KiB: 4 ms each; more blocks, shorter; few, capped.
+        assert_eq!(ms(64), 4);
+        assert_eq!(ms(256), 1);
+        assert_eq!(ms(16), 10);
+        assert_eq!(a.capture_block_ms(0), 10);
+        let a = args(&["--capture-block-ms", "1"]);
+        assert_eq!(a.capture_block_ms(64 << 20), 1);
+        let a = args(&["--capture-block-ms", "0"]);
+        assert_eq!(a.capture_block_ms(64 << 20), 0);
     }
 
     fn route(port: u16, target: &str) -> Route {

@@ -44,6 +44,27 @@ pub fn plan(args: &Args) -> Result<Plan> {
     })
 }
 
+/// Says at start how much a starved copier's ring holds (see `Args::capture_block_ms`).
+fn log_ring(buffer: i32, block_ms: u16) {
+    let blocks = usize::try_from(buffer).unwrap_or(0) / crate::cli::CAPTURE_BLOCK_BYTES;
+    if block_ms == 0 {
+        tracing::info!(
+            buffer_mib = buffer >> 20,
+            "capture ring: immediate mode (a wakeup per packet)"
+        );
+        return;
+    }
+    tracing::info!(
+        blocks,
+        block_kib = crate::cli::CAPTURE_BLOCK_BYTES >> 10,
+        block_ms,
+        holds_ms = blocks as u64 * u64::from(block_ms),
+        "capture ring: {blocks} blocks retired after {block_ms} ms: while the copier waits for a \
+         CPU it holds {} ms of traffic (more at rates that fill a block sooner)",
+        blocks as u64 * u64::from(block_ms)
+    );
+}
+
 pub fn run(args: &Args) -> Result<Snapshot> {
     if args.workers > 1 {
         return workers::run(args);
@@ -52,8 +73,9 @@ pub fn run(args: &Args) -> Result<Snapshot> {
     let plan = plan(args)?;
     let filter = args.capture_filter()?;
     let buffer = args.capture_buffer_bytes()?;
-    let mut capture =
-        LiveCapture::open_live(&args.interface, &filter, buffer, args.capture_block_ms)?;
+    let block_ms = args.capture_block_ms(buffer);
+    let mut capture = LiveCapture::open_live(&args.interface, &filter, buffer, block_ms)?;
+    log_ring(buffer, block_ms);
     // Before the driver starts its control threads (they inherit it) and before the
     // capabilities go (raising needs CAP_SYS_NICE).
     raise_priority(args);
@@ -206,8 +228,12 @@ mod workers {
         let group = fanout::group_for_process(0);
         let mut captures = Vec::with_capacity(n as usize);
         for _ in 0..n {
-            let capture =
-                LiveCapture::open_live(&args.interface, &filter, buffer, args.capture_block_ms)?;
+            let capture = LiveCapture::open_live(
+                &args.interface,
+                &filter,
+                buffer,
+                args.capture_block_ms(buffer),
+            )?;
             capture.join_fanout(group)?;
             captures.push(capture);
         }

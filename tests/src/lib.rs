@@ -756,7 +756,17 @@ impl Lab {
             &mut self.command(&["work", host.as_str()]),
             format!("[{host}] work"),
         )?
-        .check()?;
+        .check()
+        .map_err(|e| {
+            // A server that stopped answering: what it logged says why (the lab's directory,
+            // and the log with it, is gone once the test has torn the lab down).
+            let log = self
+                .command(&["logs", host.as_str(), "40"])
+                .output()
+                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                .unwrap_or_default();
+            e.context(format!("{host}'s MariaDB error log, last lines:\n{log}"))
+        })?;
         work::WorkSnapshot::parse(&out.stdout)
     }
 

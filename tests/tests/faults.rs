@@ -6,7 +6,9 @@
 //! * copier killed (SIGKILL) and restarted;
 //! * the test server's mariadbd restarted;
 //! * loss, delay and reordering (`tc netem`) on the path from the copier to the test server;
-//! * intercept stalled (SIGSTOP) for 5 s, then SIGCONT.
+//! * intercept stalled (SIGSTOP) for 5 s, then SIGCONT;
+//! * the copier stalled (SIGSTOP) for 0.5 s, then SIGCONT: its capture ring must hold the
+//!   traffic meanwhile.
 //!
 //! For each: production sysbench sees no errors; by executed work (tests/src/work.rs), over the
 //! whole run, the fault included, the test server runs at least 0.99 of production's work and
@@ -18,7 +20,7 @@
 //! `TCPSHADOW_FAULT_PRE_SECS` (load before the fault, 5), `TCPSHADOW_FAULT_WINDOW_SECS` (the
 //! measured window after recovery, 20), `TCPSHADOW_FAULT_LEFTOVER_SECS` (longest wait after
 //! the load for the test server to be clean, 15; polled, so a clean one passes early), `TCPSHADOW_FAULT_NETEM_SECS` (how long netem stays, 8),
-//! `TCPSHADOW_FAULTS` (a comma-separated subset of intercept,copier,test,netem,stall, in order;
+//! `TCPSHADOW_FAULTS` (a comma-separated list of intercept,copier,test,netem,stall,copierstall, in order;
 //! repeats allowed). `TCPSHADOW_FAULT_PCAP=FILE` records the test host's MySQL-port packets
 //! (headers) over all the runs, for diagnosis.
 
@@ -89,6 +91,10 @@ impl Rig {
         ];
         copier_args.extend(lab.pickup_args()?);
         copier_args.extend(["--prod-dsn".into(), lab.prod_dsn()]);
+        // For comparisons, e.g. TCPSHADOW_FAULT_COPIER_ARGS="--capture-block-ms 1".
+        if let Ok(extra) = std::env::var("TCPSHADOW_FAULT_COPIER_ARGS") {
+            copier_args.extend(extra.split_whitespace().map(String::from));
+        }
         let mut rig = Rig {
             lab,
             intercept_args,
@@ -201,15 +207,17 @@ enum Fault {
     TestRestarted,
     Netem,
     InterceptStalled,
+    CopierStalled,
 }
 
 impl Fault {
-    const ALL: [Fault; 5] = [
+    const ALL: [Fault; 6] = [
         Fault::InterceptKilled,
         Fault::CopierKilled,
         Fault::TestRestarted,
         Fault::Netem,
         Fault::InterceptStalled,
+        Fault::CopierStalled,
     ];
 
     fn key(self) -> &'static str {
@@ -219,6 +227,7 @@ impl Fault {
             Fault::TestRestarted => "test",
             Fault::Netem => "netem",
             Fault::InterceptStalled => "stall",
+            Fault::CopierStalled => "copierstall",
         }
     }
 
@@ -229,6 +238,7 @@ impl Fault {
             Fault::TestRestarted => "c. test mariadbd restarted",
             Fault::Netem => "d. netem loss 2% delay 20ms 10ms reorder 25% toward test",
             Fault::InterceptStalled => "e. intercept SIGSTOP 5 s, SIGCONT",
+            Fault::CopierStalled => "f. copier SIGSTOP 0.5 s (no CPU for it), SIGCONT",
         }
     }
 
@@ -240,6 +250,7 @@ impl Fault {
             Fault::TestRestarted => 10,
             Fault::Netem => netem_secs + 2,
             Fault::InterceptStalled => 6,
+            Fault::CopierStalled => 2,
         }
     }
 }
@@ -390,6 +401,14 @@ fn inject(rig: &mut Rig, fault: Fault, netem_secs: u64) -> Result<()> {
             signal(pid, "STOP", "intercept")?;
             sleep(Duration::from_secs(5));
             signal(pid, "CONT", "intercept")?;
+        }
+        Fault::CopierStalled => {
+            // What a saturated host or a CFS-throttled container does to a copier: its capture
+            // ring alone must hold the traffic meanwhile (docs/BENCHMARKS.md, issue 25).
+            let pid = rig.copier_pid()?;
+            signal(pid, "STOP", "copier")?;
+            sleep(Duration::from_millis(500));
+            signal(pid, "CONT", "copier")?;
         }
     }
     Ok(())
@@ -555,7 +574,7 @@ fn mirror_survives_faults() -> Result<()> {
                 match Fault::ALL.iter().find(|f| f.key() == k) {
                     Some(f) => v.push(*f),
                     None => bail!(
-                        "TCPSHADOW_FAULTS: unknown fault {k:?} (intercept,copier,test,netem,stall)"
+                        "TCPSHADOW_FAULTS: unknown fault {k:?} (intercept,copier,test,netem,stall,copierstall)"
                     ),
                 }
             }
