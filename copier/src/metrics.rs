@@ -440,6 +440,8 @@ fn losses(s: &Snapshot) -> Vec<(&'static str, &'static str, u64)> {
         ),
         ("stream", "client_reset_bytes", en.client_reset_bytes_lost),
         ("stream", "held_while_waiting_bytes", en.held_bytes_lost),
+        ("stream", "capture_gaps_gone_past", en.capture_gaps_skipped),
+        ("stream", "capture_gap_bytes", en.capture_gap_bytes_lost),
         ("control", "feedback_queue_full", s.control.feedback_dropped),
         (
             "control",

@@ -83,6 +83,14 @@ impl Snapshot {
                 e.held_bytes_lost,
             ),
             (
+                "capture gaps gone past (their commands not mirrored; the sessions went on)",
+                e.capture_gaps_skipped,
+            ),
+            (
+                "client bytes in those capture gaps",
+                e.capture_gap_bytes_lost,
+            ),
+            (
                 "feedback dropped (copier queue full)",
                 self.control.feedback_dropped,
             ),
@@ -272,6 +280,9 @@ fn protocol_loss_fix(name: &str) -> Option<&'static str> {
     Some(match name {
         "executes_dropped_prepared_before_pickup" => {
             "statements prepared before the copier saw the connection: --prod-dsn recovers them"
+        }
+        "executes_dropped_prepared_in_capture_gap" => {
+            "statements whose prepare the capture lost (kernel drops): see the capture ring"
         }
         "pickup_no_default_user" => {
             "connections open before the copier started, user unknown: set --mysql-default-user \

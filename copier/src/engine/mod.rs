@@ -104,6 +104,8 @@ mod budget_tests;
 #[cfg(test)]
 mod delayed_ack_tests;
 #[cfg(test)]
+mod gap_tests;
+#[cfg(test)]
 mod recovery_tests;
 #[cfg(test)]
 mod resync_tests;

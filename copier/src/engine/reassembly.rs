@@ -187,24 +187,7 @@ impl Reassembly {
                     *dst = *src;
                 }
                 held = rel > 0;
-                if let Some((0, run)) = o.ranges.first() {
-                    let run_len = run as usize;
-                    let (a, b) = o.held.as_slices();
-                    let from_a = a.len().min(run_len);
-                    deliver(&a[..from_a]);
-                    if run_len > from_a {
-                        deliver(&b[..run_len - from_a]);
-                    }
-                    o.held.drain(..run_len);
-                    o.ranges.shift(run);
-                    self.next = self.next.wrapping_add(run);
-                    self.delivered_any = true;
-                }
-                if o.ranges.is_empty() {
-                    // The hole is filled: give the room back (holes are rare; a session
-                    // that has one now and then pays one allocation for each).
-                    self.ooo = None;
-                }
+                self.deliver_ready(deliver);
             }
         } else if !new_fin {
             return Insert::Duplicate;
@@ -215,6 +198,93 @@ impl Reassembly {
         Insert::Accepted {
             held,
             trimmed: original_len - data.len(),
+        }
+    }
+
+    /// Delivers the held run that starts at `next`, if there is one.
+    fn deliver_ready(&mut self, deliver: &mut dyn FnMut(&[u8])) {
+        let Some(o) = self.ooo.as_mut() else {
+            return;
+        };
+        if let Some((0, run)) = o.ranges.first() {
+            let run_len = run as usize;
+            let (a, b) = o.held.as_slices();
+            let from_a = a.len().min(run_len);
+            deliver(&a[..from_a]);
+            if run_len > from_a {
+                deliver(&b[..run_len - from_a]);
+            }
+            o.held.drain(..run_len);
+            o.ranges.shift(run);
+            self.next = self.next.wrapping_add(run);
+            self.delivered_any = true;
+        }
+        if o.ranges.is_empty() {
+            // The hole is filled: give the room back (holes are rare; a session that has
+            // one now and then pays one allocation for each).
+            self.ooo = None;
+        }
+    }
+
+    /// Where the first run held beyond a hole starts (client seq) and its length.
+    pub(crate) fn first_held_run(&self) -> Option<(u32, u32)> {
+        let (start, end) = self.ooo.as_ref()?.ranges.first()?;
+        Some((self.next.wrapping_add(start), end - start))
+    }
+
+    /// Copies the first bytes of the first held run into `buf`; returns how many.
+    pub(crate) fn first_held_prefix(&self, buf: &mut [u8]) -> usize {
+        let Some(o) = self.ooo.as_ref() else {
+            return 0;
+        };
+        let Some((start, end)) = o.ranges.first() else {
+            return 0;
+        };
+        let n = buf.len().min((end - start) as usize);
+        for (dst, src) in buf
+            .iter_mut()
+            .zip(o.held.range(start as usize..start as usize + n))
+        {
+            *dst = *src;
+        }
+        n
+    }
+
+    /// Gives up the bytes from `next` to `to`, held ones included: the capture lost some of
+    /// them for good, and the stream goes on at `to`. A FIN before `to` stops the skip there.
+    /// Nothing is delivered (see [`flush`](Self::flush)). Returns the bytes given up; `to`
+    /// behind `next`, or beyond the window a segment may reach, skips nothing.
+    pub(crate) fn skip_to(&mut self, to: u32) -> u32 {
+        let mut d = to.wrapping_sub(self.next);
+        if d > self.limit {
+            d = 0;
+        }
+        if let Some(f) = self.fin_at {
+            d = d.min(f.wrapping_sub(self.next));
+        }
+        if let Some(o) = self.ooo.as_mut() {
+            let drop = (d as usize).min(o.held.len());
+            o.held.drain(..drop);
+            o.ranges.shift(d);
+            if o.ranges.is_empty() {
+                self.ooo = None;
+            }
+        }
+        self.next = self.next.wrapping_add(d);
+        if d > 0 {
+            self.delivered_any = true;
+        }
+        if self.fin_at == Some(self.next) {
+            self.fin_done = true;
+        }
+        d
+    }
+
+    /// Delivers the held run that starts at `next` (after [`skip_to`](Self::skip_to)).
+    pub(crate) fn flush(&mut self, deliver: &mut dyn FnMut(&[u8])) {
+        self.deliver_ready(deliver);
+        if self.fin_at == Some(self.next) {
+            self.fin_done = true;
         }
     }
 }
@@ -294,6 +364,39 @@ mod tests {
             run(&mut r, s.wrapping_add(8), b"zz", false, &mut out),
             Insert::Duplicate
         );
+    }
+
+    #[test]
+    fn skipping_a_hole_delivers_the_run_beyond_it() {
+        let mut r = Reassembly::new(100, 1000);
+        let mut out = Vec::new();
+        run(&mut r, 100, b"ab", false, &mut out);
+        run(&mut r, 105, b"fgh", false, &mut out);
+        run(&mut r, 110, b"kl", true, &mut out);
+        assert_eq!(r.first_held_run(), Some((105, 3)));
+        let mut head = [0u8; 2];
+        assert_eq!(r.first_held_prefix(&mut head), 2);
+        assert_eq!(&head, b"fg");
+        assert_eq!(r.skip_to(105), 3);
+        assert!(out == b"ab");
+        r.flush(&mut |b| out.extend_from_slice(b));
+        assert_eq!(out, b"abfgh");
+        assert_eq!(r.first_held_run(), Some((110, 2)));
+        // Skipping into the FIN stops there.
+        assert_eq!(r.skip_to(500), 4);
+        assert!(r.fin_done() && !r.has_held());
+        assert_eq!(out, b"abfgh");
+    }
+
+    #[test]
+    fn skipping_with_nothing_held_moves_the_stream_on() {
+        let mut r = Reassembly::new(0, 1000);
+        let mut out = Vec::new();
+        assert_eq!(r.skip_to(40), 40);
+        assert_eq!(r.skip_to(10), 0);
+        assert_eq!(r.skip_to(5000), 0);
+        run(&mut r, 40, b"x", false, &mut out);
+        assert_eq!(out, b"x");
     }
 
     #[test]

@@ -52,6 +52,10 @@ const TS_OPTION_LEN: u16 = 12;
 const SHRINK_ABOVE: usize = 256 << 10;
 /// Out-of-order ranges of the test server's stream we remember.
 const TEST_HOLES: usize = 4;
+/// How long a capture gap that production's stream proves is waited for all the same before it
+/// is gone past: a capture that queues the two directions apart may show production's ACK a
+/// little before the client segment it acknowledges.
+const PROVEN_GAP_GRACE: Duration = Duration::from_millis(50);
 /// How soon a transform's timer runs again when it left its deadline in the past.
 const TRANSFORM_RETRY: Duration = Duration::from_millis(1);
 
@@ -112,6 +116,9 @@ pub(crate) struct Session {
     prod_ack: Option<u32>,
     /// The client's FIN was reached in order (and the transform told).
     client_fin_reached: bool,
+    /// After a capture gap: client bytes are given up until a segment starts a command
+    /// (`StreamTransform::starts_command`); see [`Session::settle_gaps`].
+    resync_client: bool,
 
     // --- the transform between the client stream and ours ---
     /// `None`: our stream is the client stream, byte for byte.
@@ -253,6 +260,7 @@ impl Session {
             client_established: picked_up,
             prod_ack: None,
             client_fin_reached: false,
+            resync_client: false,
             transform: transform.map(transform::Slot),
             prod_reasm: None,
             wants_prod,
@@ -427,7 +435,9 @@ impl Session {
         }
         if pkt.payload.is_empty() && !f.fin() {
             if self.wants_prod {
-                self.update_gap(now, stats);
+                if let Some(reason) = self.settle_gaps(now, cfg, stats) {
+                    return Outcome::Finished(reason);
+                }
             }
             return Outcome::Open;
         }
@@ -444,9 +454,16 @@ impl Session {
             self.reasm.rebase(start);
             self.floating_start = false;
         }
-        let delivered = self.take_client_bytes(now, cfg, stats, start, pkt.payload, f.fin());
+        let delivered = if self.resync_client && !self.resync_at(stats, start, pkt.payload) {
+            0
+        } else {
+            self.take_client_bytes(now, cfg, stats, start, pkt.payload, f.fin())
+        };
         if delivered > 0 {
             self.floating_start = false;
+        }
+        if let Some(reason) = self.settle_gaps(now, cfg, stats) {
+            return Outcome::Finished(reason);
         }
         if self.reasm.fin_done() && !self.client_fin_reached {
             self.client_fin_reached = true;
@@ -457,7 +474,6 @@ impl Session {
         if let Some(reason) = self.settle_stream(cfg) {
             return Outcome::Finished(reason);
         }
-        self.update_gap(now, stats);
         Outcome::Open
     }
 
@@ -473,6 +489,30 @@ impl Session {
         payload: &[u8],
         fin: bool,
     ) -> usize {
+        let mut r = Insert::Duplicate;
+        let delivered = self.feed_client(now, cfg, stats, |reasm, deliver| {
+            r = reasm.insert(start, payload, fin, deliver);
+        });
+        match r {
+            Insert::Accepted { held, trimmed } => {
+                stats.client_segments_held += u64::from(held);
+                stats.client_bytes_duplicate += trimmed as u64;
+            }
+            Insert::Duplicate => stats.client_bytes_duplicate += payload.len() as u64,
+            Insert::Dropped => stats.client_segments_dropped += 1,
+        }
+        delivered
+    }
+
+    /// Runs `op` on the client reassembly with a sink that moves the bytes it delivers into
+    /// our stream (straight, or through the transform); returns how many it delivered.
+    fn feed_client(
+        &mut self,
+        now: Instant,
+        cfg: &EngineConfig,
+        stats: &mut EngineStats,
+        op: impl FnOnce(&mut Reassembly, &mut dyn FnMut(&[u8])),
+    ) -> usize {
         let room = self.push_room(cfg);
         let captured = self.captured_at;
         let Session {
@@ -483,40 +523,31 @@ impl Session {
             ..
         } = self;
         let mut delivered = 0usize;
-        let (r, result) = match transform {
+        let result = match transform {
             None => {
-                let r = reasm.insert(start, payload, fin, &mut |bytes| {
+                op(reasm, &mut |bytes| {
                     send_buf.extend(bytes);
                     delivered += bytes.len();
                 });
-                let result = TransformResult {
+                TransformResult {
                     pushed: delivered,
                     ..TransformResult::default()
-                };
-                (r, result)
+                }
             }
             Some(t) => {
                 let mut out =
                     TransformOutput::bound(send_buf, &mut stats.transform, *fin_queued, room);
                 out.set_captured(captured);
-                let r = reasm.insert(start, payload, fin, &mut |bytes| {
+                op(reasm, &mut |bytes| {
                     delivered += bytes.len();
                     if !out.is_done() {
                         t.0.on_client_data(now, bytes, &mut out);
                     }
                 });
-                (r, out.result())
+                out.result()
             }
         };
         stats.client_bytes_reassembled += delivered as u64;
-        match r {
-            Insert::Accepted { held, trimmed } => {
-                stats.client_segments_held += u64::from(held);
-                stats.client_bytes_duplicate += trimmed as u64;
-            }
-            Insert::Duplicate => stats.client_bytes_duplicate += payload.len() as u64,
-            Insert::Dropped => stats.client_segments_dropped += 1,
-        }
         self.apply(result, stats);
         delivered
     }
@@ -640,8 +671,10 @@ impl Session {
                 return Outcome::Finished(reason);
             }
         }
-        self.update_gap(now, stats);
-        Outcome::Open
+        match self.settle_gaps(now, cfg, stats) {
+            Some(reason) => Outcome::Finished(reason),
+            None => Outcome::Open,
+        }
     }
 
     /// Production's replies, in order, to the transform.
@@ -673,6 +706,26 @@ impl Session {
         if !carries {
             return;
         }
+        let mut r = Insert::Duplicate;
+        self.feed_prod(now, cfg, stats, |reasm, deliver| {
+            r = reasm.insert(start, pkt.payload, f.fin(), deliver);
+        });
+        if r == Insert::Dropped {
+            stats.prod_segments_dropped += 1;
+        }
+    }
+
+    /// Runs `op` on production's reassembly with a sink into the transform.
+    fn feed_prod(
+        &mut self,
+        now: Instant,
+        cfg: &EngineConfig,
+        stats: &mut EngineStats,
+        op: impl FnOnce(&mut Reassembly, &mut dyn FnMut(&[u8])),
+    ) {
+        if self.abandoned.is_some() || self.overflowed {
+            return;
+        }
         let room = self.push_room(cfg);
         let captured = self.captured_at;
         let Session {
@@ -688,7 +741,7 @@ impl Session {
         let mut delivered = 0usize;
         let mut out = TransformOutput::bound(send_buf, &mut stats.transform, *fin_queued, room);
         out.set_captured(captured);
-        let r = reasm.insert(start, pkt.payload, f.fin(), &mut |bytes| {
+        op(reasm, &mut |bytes| {
             delivered += bytes.len();
             if !out.is_done() {
                 t.0.on_prod_data(now, bytes, &mut out);
@@ -696,10 +749,199 @@ impl Session {
         });
         let result = out.result();
         stats.prod_bytes_reassembled += delivered as u64;
-        if r == Insert::Dropped {
-            stats.prod_segments_dropped += 1;
-        }
         self.apply(result, stats);
+    }
+
+    // ------------------------------------------------------------------ capture gaps
+
+    /// A capture gap costs the commands in it, not the session. Once production's own stream
+    /// proves bytes were lost for good, the session goes on from the next client segment that
+    /// starts a command (client side), or tells the transform its view of production's replies
+    /// has a hole (production side). The proof, client side: production acknowledged the
+    /// whole hole, so it has those bytes and the client will never send them again (the
+    /// capture sees a client segment before production's ACK of it). Production side: the
+    /// client acknowledged them. A hole without proof is only suspected (`update_gap`) and
+    /// given `capture_gap_timeout` to heal. A session whose transform cannot go on (no
+    /// framing; a login or a command cut in two) ends as `CaptureGap`.
+    fn settle_gaps(
+        &mut self,
+        now: Instant,
+        cfg: &EngineConfig,
+        stats: &mut EngineStats,
+    ) -> Option<CloseReason> {
+        if self.gap_since.is_some_and(|t| now >= t + PROVEN_GAP_GRACE) {
+            if let Some(to) = self.client_gap_proven() {
+                if let Some(r) = self.skip_client_gap(now, cfg, stats, to) {
+                    return Some(r);
+                }
+            }
+            if let Some(to) = self.prod_gap_proven() {
+                if let Some(r) = self.skip_prod_gap(now, cfg, stats, to) {
+                    return Some(r);
+                }
+            }
+        }
+        self.update_gap(now, stats);
+        None
+    }
+
+    /// When a suspected gap that is proven will be gone past.
+    fn proven_gap_deadline(&self) -> Option<Instant> {
+        let since = self.gap_since?;
+        (self.client_gap_proven().is_some() || self.prod_gap_proven().is_some())
+            .then(|| since + PROVEN_GAP_GRACE)
+    }
+
+    /// Where the client stream goes on after a hole production proved lost, if it did.
+    fn client_gap_proven(&self) -> Option<u32> {
+        let ack = self.prod_ack?;
+        if self.floating_start && self.reasm.pristine() {
+            return None;
+        }
+        let end = self.reasm.end();
+        if !(seq::gt(ack, end) && ack.wrapping_sub(end) < 1 << 30) {
+            return None;
+        }
+        match self.reasm.first_held_run() {
+            Some((held, _)) => seq::ge(ack, held).then_some(held),
+            None => Some(ack),
+        }
+    }
+
+    fn prod_gap_proven(&self) -> Option<u32> {
+        let r = self.prod_reasm.as_ref()?;
+        let ack = self.client_ack?;
+        let end = r.end();
+        if !(seq::gt(ack, end) && ack.wrapping_sub(end) < 1 << 30) {
+            return None;
+        }
+        match r.first_held_run() {
+            Some((held, _)) => seq::ge(ack, held).then_some(held),
+            None => Some(ack),
+        }
+    }
+
+    /// Gives up the client bytes up to `to`, if the transform can go on after them.
+    fn skip_client_gap(
+        &mut self,
+        now: Instant,
+        cfg: &EngineConfig,
+        stats: &mut EngineStats,
+        to: u32,
+    ) -> Option<CloseReason> {
+        if !self.resync_client {
+            let mut can = false;
+            self.call_transform(cfg, stats, |t, out| can = t.on_client_gap(now, out));
+            if !can {
+                stats.capture_gaps_fatal += 1;
+                return Some(CloseReason::CaptureGap);
+            }
+            stats.capture_gaps_skipped += 1;
+            self.resync_client = true;
+        }
+        stats.capture_gap_bytes_lost += u64::from(self.reasm.skip_to(to));
+        self.resume_client(now, cfg, stats);
+        self.settle_stream(cfg)
+    }
+
+    /// While resynchronising: the first held run that starts a command goes on; the runs
+    /// before it are given up.
+    fn resume_client(&mut self, now: Instant, cfg: &EngineConfig, stats: &mut EngineStats) {
+        while self.resync_client {
+            let Some((at, len)) = self.reasm.first_held_run() else {
+                return;
+            };
+            stats.capture_gap_bytes_lost += u64::from(self.reasm.skip_to(at));
+            let mut head = [0u8; 16];
+            let n = self.reasm.first_held_prefix(&mut head);
+            if self.starts_command(&head[..n]) {
+                self.resync_client = false;
+                self.feed_client(now, cfg, stats, |reasm, deliver| reasm.flush(deliver));
+            } else {
+                stats.capture_gap_segments_skipped += 1;
+                stats.capture_gap_bytes_lost += u64::from(self.reasm.skip_to(at.wrapping_add(len)));
+            }
+        }
+    }
+
+    fn starts_command(&self, head: &[u8]) -> bool {
+        self.transform
+            .as_ref()
+            .is_some_and(|t| t.0.starts_command(head))
+    }
+
+    /// A segment captured while resynchronising with nothing held: whether it goes into the
+    /// reassembly. One that starts a command does, and the stream goes on at its start; any
+    /// other is given up whole (it starts inside a command, so nothing in it can be framed).
+    fn resync_at(&mut self, stats: &mut EngineStats, start: u32, payload: &[u8]) -> bool {
+        let next = self.reasm.next();
+        let end = start.wrapping_add(payload.len() as u32);
+        if !payload.is_empty() && !seq::gt(end, next) {
+            return true; // all behind: a duplicate, counted as such
+        }
+        if seq::ge(start, next) && (payload.is_empty() || self.starts_command(payload)) {
+            stats.capture_gap_bytes_lost += u64::from(self.reasm.skip_to(start));
+            self.resync_client = false;
+            return true;
+        }
+        stats.capture_gap_segments_skipped += 1;
+        stats.capture_gap_bytes_lost += u64::from(self.reasm.skip_to(end));
+        false
+    }
+
+    fn skip_prod_gap(
+        &mut self,
+        now: Instant,
+        cfg: &EngineConfig,
+        stats: &mut EngineStats,
+        to: u32,
+    ) -> Option<CloseReason> {
+        let mut can = false;
+        self.call_transform(cfg, stats, |t, out| can = t.on_prod_gap(now, out));
+        if !can {
+            stats.capture_gaps_fatal += 1;
+            return Some(CloseReason::CaptureGap);
+        }
+        stats.prod_gaps_skipped += 1;
+        self.feed_prod(now, cfg, stats, |reasm, deliver| {
+            reasm.skip_to(to);
+            reasm.flush(deliver);
+        });
+        self.settle_stream(cfg)
+    }
+
+    /// A suspected gap that did not heal within `capture_gap_timeout`: its bytes are taken as
+    /// lost (the client would have retransmitted them by now) and skipped like a proven gap.
+    fn gap_timed_out(
+        &mut self,
+        now: Instant,
+        cfg: &EngineConfig,
+        stats: &mut EngineStats,
+    ) -> Option<CloseReason> {
+        self.gap_since = None;
+        if let Some((at, _)) = self.reasm.first_held_run() {
+            if let Some(r) = self.skip_client_gap(now, cfg, stats, at) {
+                return Some(r);
+            }
+        }
+        let prod_to = self.prod_reasm.as_ref().and_then(|r| {
+            r.first_held_run().map(|(at, _)| at).or(self
+                .client_ack
+                .filter(|&a| seq::gt(a, r.end()) && a.wrapping_sub(r.end()) < 1 << 30))
+        });
+        if let Some(to) = prod_to {
+            if let Some(r) = self.skip_prod_gap(now, cfg, stats, to) {
+                return Some(r);
+            }
+        }
+        // Production acknowledged bytes never captured, and nothing came after them.
+        if let Some(to) = self.client_gap_proven() {
+            if let Some(r) = self.skip_client_gap(now, cfg, stats, to) {
+                return Some(r);
+            }
+        }
+        self.update_gap(now, stats);
+        None
     }
 
     /// A gap exists while client bytes are held beyond a hole, or production acknowledged
@@ -1052,6 +1294,9 @@ impl Session {
         }
         at = earlier(at, self.close_started.map(|t| t + cfg.close_timeout));
         at = earlier(at, self.gap_since.map(|t| t + cfg.capture_gap_timeout));
+        if self.gap_since.is_some() {
+            at = earlier(at, self.proven_gap_deadline());
+        }
         at = earlier(at, self.rto_at);
         at = earlier(at, self.persist_at);
         at = earlier(at, self.ack_at);
@@ -1092,8 +1337,15 @@ impl Session {
         if due(self.close_started.map(|t| t + cfg.close_timeout)) {
             return Outcome::Finished(CloseReason::CloseTimeout);
         }
+        if due(self.proven_gap_deadline()) {
+            if let Some(reason) = self.settle_gaps(now, cfg, stats) {
+                return Outcome::Finished(reason);
+            }
+        }
         if due(self.gap_since.map(|t| t + cfg.capture_gap_timeout)) {
-            return Outcome::Finished(CloseReason::CaptureGap);
+            if let Some(reason) = self.gap_timed_out(now, cfg, stats) {
+                return Outcome::Finished(reason);
+            }
         }
         if due(self.transform_deadline()) {
             self.transform_timer_ran = Some(now);

@@ -78,6 +78,19 @@ pub struct EngineStats {
     /// we never captured; the same for production's replies when a transform reads them);
     /// sessions where it did not heal are closed with `CaptureGap`.
     pub capture_gaps_suspected: u64,
+    /// Capture gaps in the client's stream that the session went on after (proven by
+    /// production's ACKs, or not healed in time): the commands in them never reached the test
+    /// server...
+    pub capture_gaps_skipped: u64,
+    /// ...the client bytes given up with them...
+    pub capture_gap_bytes_lost: u64,
+    /// ...and segments given up after them because they did not start a command.
+    pub capture_gap_segments_skipped: u64,
+    /// Holes in production's stream (a transform reads it) that its session went on after.
+    pub prod_gaps_skipped: u64,
+    /// Capture gaps a session could not go on after (no framing, a login or a command cut in
+    /// two): the session ended with `CaptureGap`.
+    pub capture_gaps_fatal: u64,
     /// Client bytes that came out of reassembly in order (the client's stream; what we send is
     /// `bytes_queued`, the same unless a transform rewrites).
     pub client_bytes_reassembled: u64,
@@ -232,6 +245,11 @@ impl EngineStats {
             client_resets_with_queued_data,
             client_reset_bytes_lost,
             capture_gaps_suspected,
+            capture_gaps_skipped,
+            capture_gap_bytes_lost,
+            capture_gap_segments_skipped,
+            prod_gaps_skipped,
+            capture_gaps_fatal,
             client_bytes_reassembled,
             prod_bytes_reassembled,
             prod_segments_dropped,

@@ -80,6 +80,28 @@ pub trait StreamTransform: Send {
     /// production segment with data that was captured.
     fn on_prod_data(&mut self, _now: Instant, _data: &[u8], _out: &mut TransformOutput<'_>) {}
 
+    /// The capture lost client bytes that production received (a kernel drop: the client
+    /// will never send them again). The next bytes given start a segment that
+    /// [`starts_command`](Self::starts_command) accepted; what came between is gone. Returns
+    /// whether the transform can carry on from there with what it knows; `false` ends the
+    /// session as a capture gap. The default cannot: a stream without framing has no
+    /// boundary to go on from.
+    fn on_client_gap(&mut self, _now: Instant, _out: &mut TransformOutput<'_>) -> bool {
+        false
+    }
+
+    /// Whether `head`, the first captured bytes of a client segment after a capture gap,
+    /// begins a request of the protocol (the engine skips segments until one does).
+    fn starts_command(&self, _head: &[u8]) -> bool {
+        false
+    }
+
+    /// The same for production's stream: bytes the client received were not captured, and the
+    /// next bytes given may start anywhere. `false` ends the session as a capture gap.
+    fn on_prod_gap(&mut self, _now: Instant, _out: &mut TransformOutput<'_>) -> bool {
+        false
+    }
+
     /// Something learnt about the test server's side of the connection.
     fn on_test_event(
         &mut self,

@@ -247,6 +247,11 @@ pub enum Counter {
     /// Executes not sent: the test server needed types and none could be given (too long to
     /// hold, or no guess reads their bytes). A loss.
     ExecutesDroppedUndecodable,
+    /// Executes of a statement unknown after a capture gap (its prepare may have been in it).
+    ExecutesDroppedPreparedInCaptureGap,
+    /// Capture gaps the session could not go on after: in a login, or cutting a command in
+    /// two (its start already read). The session ends as a capture gap.
+    CaptureGapsInsideCommand,
 }
 
 /// Names of [`Counter`] ids, in id order (metrics labels and the summary).
@@ -317,6 +322,8 @@ pub const COUNTER_NAMES: &[&str] = &[
     "param_types_guessed",
     "param_types_corrected",
     "executes_dropped_undecodable",
+    "executes_dropped_prepared_in_capture_gap",
+    "capture_gaps_inside_command",
 ];
 
 /// What `--read-only` counts a command under.
@@ -336,7 +343,7 @@ pub(crate) fn read_only_counter(kind: WriteKind) -> Counter {
     }
 }
 
-const _: () = assert!(COUNTER_NAMES.len() == Counter::ExecutesDroppedUndecodable as usize + 1);
+const _: () = assert!(COUNTER_NAMES.len() == Counter::CaptureGapsInsideCommand as usize + 1);
 const _: () = assert!(COUNTER_NAMES.len() <= crate::engine::TRANSFORM_COUNTERS);
 
 /// The in-line sizes of a MySQL session's parts (bytes), for the memory breakdown of

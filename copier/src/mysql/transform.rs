@@ -544,6 +544,8 @@ pub struct MysqlTransform {
     tracking_lost: bool,
     /// Statements may exist that were prepared before we saw the connection.
     stmts_predate_us: bool,
+    /// Statements may exist whose prepare the capture lost (a gap was gone past).
+    stmts_in_gap: bool,
     /// Which statements the test server has parameter types for; `None` until one with
     /// parameters is prepared there.
     types: Option<Box<SessionTypes>>,
@@ -663,6 +665,7 @@ impl MysqlTransform {
             unanswered_prepares: VecDeque::new(),
             tracking_lost: false,
             stmts_predate_us: picked_up,
+            stmts_in_gap: false,
             types,
             inject: VecDeque::new(),
             inject_bytes: 0,
@@ -1576,6 +1579,13 @@ impl MysqlTransform {
         self.prod_prepare_answer(LOST_ANSWER, out);
     }
 
+    /// Production's replies cannot be framed until the client's next command arms a resync.
+    fn unsync_prod(&mut self) {
+        if self.prod_phase != ProdPhase::Failed {
+            self.prod_phase = ProdPhase::Unsynced;
+        }
+    }
+
     fn lose_all_prod(&mut self, out: &mut TransformOutput<'_>) {
         self.prod_replies.reset();
         while let Some((kind, serial, _)) = self.prod_fifo.pop_front() {
@@ -2129,6 +2139,7 @@ impl MysqlTransform {
                 }
                 self.forget_skipped();
                 self.stmts_predate_us = false;
+                self.stmts_in_gap = false;
                 out.count(Counter::ResetConnection as usize);
                 self.expect_client(TestExpect::Reply(ReplyKind::Generic))?;
             }
@@ -2297,6 +2308,9 @@ impl MysqlTransform {
                 UnmappedReason::Unknown if self.stmts_predate_us => {
                     Counter::ExecutesDroppedPreparedBeforePickup
                 }
+                UnmappedReason::Unknown if self.stmts_in_gap => {
+                    Counter::ExecutesDroppedPreparedInCaptureGap
+                }
                 UnmappedReason::Unknown => Counter::ExecutesDroppedUnknownStatement,
                 UnmappedReason::TestRejected { .. } => Counter::ExecutesDroppedRejected,
                 UnmappedReason::AwaitingTest
@@ -2378,6 +2392,7 @@ impl MysqlTransform {
         }
         self.forget_skipped();
         self.stmts_predate_us = false;
+        self.stmts_in_gap = false;
         self.change_user_in_flight = true;
         self.swallow_client_auth = true;
         out.count(Counter::ChangeUser as usize);
@@ -2615,6 +2630,47 @@ impl StreamTransform for MysqlTransform {
     }
 
     fn wants_prod_data(&self) -> bool {
+        true
+    }
+
+    /// Commands lost whole cost nothing else: the test server has every command before them
+    /// and gets every command after. That holds only while both client readers stand between
+    /// two packets (the forwarding one lags the arrival one by whole packets held in
+    /// `backlog`, so the arrival reader tells for both) and the login is over; a command cut
+    /// in two cannot be completed, and its start may be on the test server already.
+    fn on_client_gap(&mut self, _now: Instant, out: &mut TransformOutput<'_>) -> bool {
+        if self.dead {
+            return false;
+        }
+        if self.stage != ClientStage::Commands
+            || !self.arrival.at_boundary()
+            || self.change_user_in_flight
+        {
+            out.count(Counter::CaptureGapsInsideCommand as usize);
+            return false;
+        }
+        self.arrival_in_command = false;
+        // Production answered the lost commands too, in bytes no reply can be paired with: its
+        // replies are framed again from the next command on, as after a pickup.
+        self.lose_all_prod(out);
+        self.unsync_prod();
+        self.stmts_in_gap = true;
+        true
+    }
+
+    fn starts_command(&self, head: &[u8]) -> bool {
+        self.stage == ClientStage::Commands && plausible_command(head)
+    }
+
+    /// Production's replies have a hole: the replies owed are lost to the comparison (and a
+    /// prepare's answer to the statement map), and framing starts again at the next command.
+    /// Nothing changes for the test server.
+    fn on_prod_gap(&mut self, _now: Instant, out: &mut TransformOutput<'_>) -> bool {
+        if self.dead {
+            return false;
+        }
+        self.lose_all_prod(out);
+        self.unsync_prod();
         true
     }
 
