@@ -161,3 +161,29 @@ fn a_session_without_framing_ends_at_a_proven_gap() {
     assert_eq!(h.closed_reason(), Some(CloseReason::CaptureGap));
     assert_eq!(h.e.stats().capture_gaps_fatal, 1);
 }
+
+#[test]
+fn a_hole_longer_than_a_session_may_hold_is_gone_past_too() {
+    let mut h = framed_engine();
+    let s = C.wrapping_add(1);
+    h.client(s, ACK | PSH, b"C1;");
+    prod(&mut h, P, s.wrapping_add(3), b"r1");
+    // The client acknowledges 64 MiB of production's stream the capture never had.
+    let far = (P + 2).wrapping_add(64 << 20);
+    let b = packet(
+        CLIENT,
+        PROD,
+        s.wrapping_add(3),
+        far,
+        ACK | PSH,
+        b"C2;",
+        TcpOptions::default(),
+    );
+    h.capture(&b);
+    h.run_for(Duration::from_millis(100));
+    assert_eq!(h.e.stats().prod_gaps_skipped, 1);
+    assert_eq!(h.e.stats().sessions_active, 1);
+    prod(&mut h, far, s.wrapping_add(6), b"r2");
+    h.run_for(Duration::from_millis(100));
+    assert_eq!(h.e.stats().prod_gaps_skipped, 1, "in order again");
+}

@@ -253,10 +253,11 @@ impl Reassembly {
     /// Gives up the bytes from `next` to `to`, held ones included: the capture lost some of
     /// them for good, and the stream goes on at `to`. A FIN before `to` stops the skip there.
     /// Nothing is delivered (see [`flush`](Self::flush)). Returns the bytes given up; `to`
-    /// behind `next`, or beyond the window a segment may reach, skips nothing.
+    /// behind `next` (or a quarter of the sequence space ahead) skips nothing. A skip may go
+    /// beyond what a held segment may reach: the bytes are gone, none is kept.
     pub(crate) fn skip_to(&mut self, to: u32) -> u32 {
         let mut d = to.wrapping_sub(self.next);
-        if d > self.limit {
+        if d >= 1 << 30 {
             d = 0;
         }
         if let Some(f) = self.fin_at {
@@ -394,8 +395,9 @@ mod tests {
         let mut out = Vec::new();
         assert_eq!(r.skip_to(40), 40);
         assert_eq!(r.skip_to(10), 0);
-        assert_eq!(r.skip_to(5000), 0);
-        run(&mut r, 40, b"x", false, &mut out);
+        assert_eq!(r.skip_to(40 + (1 << 30)), 0);
+        assert_eq!(r.skip_to(5040), 5000, "further than a segment may be held");
+        run(&mut r, 5040, b"x", false, &mut out);
         assert_eq!(out, b"x");
     }
 

@@ -1341,6 +1341,12 @@ impl Session {
             if let Some(reason) = self.settle_gaps(now, cfg, stats) {
                 return Outcome::Finished(reason);
             }
+            if due(self.proven_gap_deadline()) {
+                // Still proven and due: nothing could be skipped. Ending the session is the
+                // only way that cannot leave a timer in the past for the engine to spin on.
+                stats.capture_gaps_fatal += 1;
+                return Outcome::Finished(CloseReason::CaptureGap);
+            }
         }
         if due(self.gap_since.map(|t| t + cfg.capture_gap_timeout)) {
             if let Some(reason) = self.gap_timed_out(now, cfg, stats) {
