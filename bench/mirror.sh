@@ -96,12 +96,12 @@ stop() {
 # drops copier_rss icpt_rss captured relayed".
 one_run() {
     local threads=$1
-    "$LAB" exec assist "$BIN/intercept" --port "$LAB_MYSQL_PORT" --interface "$LAB_IFACE" \
+    "$LAB" service assist "$BIN/intercept" --port "$LAB_MYSQL_PORT" --interface "$LAB_IFACE" \
         --listen "$LAB_ASSIST_IP:36524" --status-interval 0 "${INTERCEPT_EXTRA[@]}" \
         >"$LAB_DIR/intercept.log" 2>&1 &
     local ipid=$!
     sleep 0.5
-    "$LAB" exec prod "$BIN/copier" --port "$LAB_MYSQL_PORT" --interface "$LAB_IFACE" \
+    "$LAB" service prod "$BIN/copier" --port "$LAB_MYSQL_PORT" --interface "$LAB_IFACE" \
         --target "$LAB_TEST_IP:$LAB_MYSQL_PORT" --intercept "$LAB_ASSIST_IP:36524" \
         --mysql-credentials "$CREDENTIALS" --status-interval 0 "${COPIER_EXTRA[@]}" \
         >"$LAB_DIR/copier.log" 2>&1 &

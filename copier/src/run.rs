@@ -79,6 +79,7 @@ pub fn run(args: &Args) -> Result<Snapshot> {
     // Before the driver starts its control threads (they inherit it) and before the
     // capabilities go (raising needs CAP_SYS_NICE).
     raise_priority(args);
+    let mut on_demand = on_demand(args);
     let routes = plan
         .routes
         .iter()
@@ -86,7 +87,7 @@ pub fn run(args: &Args) -> Result<Snapshot> {
         .collect::<Vec<_>>()
         .join(", ");
     let mut driver = Driver::start(&args.mirror, plan, clock.now())?;
-    drop_privileges()?;
+    drop_privileges(args)?;
     tracing::info!(
         "mirroring {routes} on {} (intercept {}), filter: {filter}",
         args.interface,
@@ -100,11 +101,17 @@ pub fn run(args: &Args) -> Result<Snapshot> {
         let wall = wall_nanos();
         // Once stopping, nothing new is captured; what is queued still goes out.
         if !driver.poll_stop(now) {
+            let mut lag = Duration::ZERO;
             let drained = capture.drain(CAPTURE_BUDGET, |at, pkt| {
-                driver.feed_at(now, capture_time(now, wall, at), pkt)
+                let t = capture_time(now, wall, at);
+                lag = lag.max(now.saturating_since(t));
+                driver.feed_at(now, t, pkt)
             });
             if let Err(e) = drained {
                 return Err(driver.fail(now, &capture.stats, e));
+            }
+            if let Some(p) = &mut on_demand {
+                p.observe(lag, std::time::Instant::now());
             }
         }
         if driver.pump(now) == Pump::Done {
@@ -127,11 +134,25 @@ fn raise_priority(args: &Args) {
     ops::sched::raise_logged(args.capture_priority);
 }
 
+/// `--capture-priority auto`: the calling capture thread's priority, raised while it lags.
+fn on_demand(args: &Args) -> Option<ops::sched::OnDemand> {
+    (args.capture_priority == ops::sched::Priority::Auto).then(ops::sched::OnDemand::new)
+}
+
 /// Once the capture, the raw socket and the metrics listener are open, the live copier needs no
 /// capability at all: reconnecting to intercept, --prod-dsn, reports and SIGHUP reloads are
-/// plain sockets and files. Dropped in every thread, with no_new_privs.
-fn drop_privileges() -> Result<()> {
-    let dropped = ops::privs::drop_all_but(&[]).map_err(|e| {
+/// plain sockets and files. Dropped in every thread, with no_new_privs. The one exception:
+/// `--capture-priority auto` where RLIMIT_NICE could not be raised keeps CAP_SYS_NICE, to
+/// raise the capture when it falls behind.
+fn drop_privileges(args: &Args) -> Result<()> {
+    let keep: &[u32] = if args.capture_priority == ops::sched::Priority::Auto
+        && ops::sched::raise_needs_capability()
+    {
+        &[ops::privs::CAP_SYS_NICE]
+    } else {
+        &[]
+    };
+    let dropped = ops::privs::drop_all_but(keep).map_err(|e| {
         anyhow::anyhow!(
             "cannot drop capabilities after opening the capture (refusing to run with more than \
              needed): {e}"
@@ -445,6 +466,8 @@ mod workers {
         let mut driver = Driver::start_worker(&args.mirror, plan, clock.now(), worker)?;
         let mut seen = FlowsSeen::default();
         let mut next_publish = clock.now();
+        // Each worker thread raises itself: its priority is its own.
+        let mut on_demand = super::on_demand(args);
         loop {
             let now = clock.now();
             let wall = wall_nanos();
@@ -452,13 +475,19 @@ mod workers {
                 driver.begin_drain(now);
             }
             if !driver.poll_stop(now) {
+                let mut lag = Duration::ZERO;
                 let drained = capture.drain(CAPTURE_BUDGET, |at, pkt| {
                     seen.note(pkt);
-                    driver.feed_at(now, capture_time(now, wall, at), pkt)
+                    let t = capture_time(now, wall, at);
+                    lag = lag.max(now.saturating_since(t));
+                    driver.feed_at(now, t, pkt)
                 });
                 if let Err(e) = drained {
                     publish(figures, &driver, &mut capture);
                     return Err(driver.fail(now, &capture.stats, e));
+                }
+                if let Some(p) = &mut on_demand {
+                    p.observe(lag, std::time::Instant::now());
                 }
             }
             if driver.pump(now) == Pump::Done {

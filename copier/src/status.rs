@@ -385,6 +385,24 @@ pub fn summary(s: &Snapshot, elapsed: Duration) -> String {
         e.sessions_resynced,
         s.control
     );
+    if e.capture_gaps_suspected > 0 {
+        let _ = writeln!(
+            out,
+            "  capture gaps: {} suspected; {} gone past (the session went on from the next \
+             command: {} client bytes lost, {} segments after them skipped; {} holes in \
+             production's replies), {} ended their session ({} in a login or inside a \
+             command, {} stuck)",
+            e.capture_gaps_suspected,
+            e.capture_gaps_skipped,
+            e.capture_gap_bytes_lost,
+            e.capture_gap_segments_skipped,
+            e.prod_gaps_skipped,
+            e.capture_gaps_fatal,
+            e.transform
+                .get(crate::mysql::Counter::CaptureGapsInsideCommand as usize),
+            e.capture_gaps_stuck,
+        );
+    }
     let proto: Vec<String> = s
         .engine
         .transform

@@ -75,6 +75,9 @@ commands:
   env                   print KEY='value' lines describing the lab (eval "$(lab.sh env)")
   exec HOST [CMD...]    run CMD (default: a shell) in HOST's namespace, with the env variables set;
                         HOST is client, prod, test, assist, br (or prod2 with LAB_PROD2=1)
+  service HOST CMD...   like exec, in a session of its own, as a daemon of that machine runs (the
+                        kernel shares the CPU between sessions, so one in ours would compete
+                        with this shell's other children, not with the machine's services)
   load [OPTIONS] [SYSBENCH ARGS...]
                         run sysbench; options: --test oltp_read_only|oltp_read_write|... (default
                         oltp_read_only), --threads N (8), --time S (10), --target prod|prod2|test (prod),
@@ -951,6 +954,16 @@ cmd_env() {
     done
 }
 
+cmd_service() {
+    [[ $# -ge 2 ]] || die "usage: $PROG service HOST CMD..."
+    need_tools setsid
+    local host=$1
+    shift
+    # setsid(1) forks only when it leads its process group, which a child of ours does not:
+    # the daemon keeps the pid it was started with (callers signal it).
+    cmd_exec "$host" setsid "$@"
+}
+
 cmd_exec() {
     need_root
     [[ $# -ge 1 ]] || die "usage: $PROG exec HOST [CMD...]"
@@ -1226,6 +1239,7 @@ status) cmd_status ;;
 list) cmd_list ;;
 env) cmd_env ;;
 exec) cmd_exec "$@" ;;
+service) cmd_service "$@" ;;
 load) cmd_load "$@" ;;
 counters) cmd_counters "$@" ;;
 work) cmd_work "$@" ;;

@@ -447,7 +447,15 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 
     // Before the workers and the control server's threads start (they inherit it) and before
     // the capabilities go (raising needs CAP_SYS_NICE).
-    ops::sched::raise_logged(cli.capture_priority);
+    let priority = match cli.capture_priority {
+        ops::sched::Priority::Auto => {
+            // Raising on demand needs the capture's lag measured, which only the copier does.
+            tracing::info!("--capture-priority auto is the copier's; intercept runs as started");
+            ops::sched::Priority::Normal
+        }
+        p => p,
+    };
+    ops::sched::raise_logged(priority);
 
     let mut more = Vec::new();
     if let ReplyCapture::Pcap(first) = &mut source {

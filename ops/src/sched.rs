@@ -19,12 +19,17 @@
 //! and never fails the daemon: it reports what it could not do and the caller logs it.
 
 use std::io;
+use std::time::{Duration, Instant};
 
 /// What `--capture-priority` asks for.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Priority {
     /// Leave the scheduling as the daemon was started (nice value, policy).
     Normal,
+    /// As started while the capture keeps up; [`High`](Self::High) for as long as it falls
+    /// behind the wire (see [`OnDemand`]). Only a daemon that measures its lag and calls
+    /// [`OnDemand::observe`] ever raises; for any other it is `Normal`.
+    Auto,
     /// Nice -20 (the weight of about 87 normal threads): enough in the lab for 1,000
     /// connections opened at once next to the capture.
     #[default]
@@ -45,18 +50,56 @@ pub enum Raised {
     /// `Normal`: nothing asked; the thread's nice value as found.
     Unchanged { nice: i32 },
     /// The nice value is now `nice` (it may already have been that low, e.g. systemd's
-    /// `Nice=`).
-    Nice { nice: i32 },
+    /// `Nice=`); what became of the session's CPU group.
+    Nice { nice: i32, group: Group },
     /// SCHED_RR at `priority`.
     Realtime { priority: i32 },
+    /// `Auto`: as started (`nice`) and allowed to raise itself later (`RLIMIT_NICE`), once the
+    /// capabilities are gone.
+    OnDemand { nice: i32 },
+}
+
+/// The kernel's autogroup scheduling (`kernel.sched_autogroup_enabled`, on in Debian's and
+/// most distributions' kernels) shares the CPU between sessions first and only then between
+/// the threads of a session: a nice value orders a thread among its session's threads and
+/// does nothing against another session's. So a copier in a session of its own (a service,
+/// `setsid`) raises its session's group as well; one sharing a session with a shell cannot
+/// without raising the shell's other children too, and says so.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Group {
+    /// No autogroup scheduling (disabled, or a kernel without it; cgroups decide instead).
+    NotGrouped,
+    /// The process leads its session: the session's group has the same nice value.
+    Raised,
+    /// The process shares its session: its group was left as it is.
+    Shared,
+    /// The group could not be raised (the error is the system's).
+    Failed,
 }
 
 impl Raised {
     pub fn describe(&self) -> String {
         match self {
             Raised::Unchanged { nice } => format!("as started (nice {nice})"),
-            Raised::Nice { nice } => format!("nice {nice}"),
+            Raised::Nice { nice, group } => match group {
+                Group::NotGrouped => format!("nice {nice}"),
+                Group::Raised => format!("nice {nice}, its session's CPU group too"),
+                Group::Shared => format!(
+                    "nice {nice}, among its session's threads only: it shares its session \
+                     (and so the kernel's CPU group) with other processes, against which the \
+                     priority counts for nothing; run it as a service or under setsid"
+                ),
+                Group::Failed => format!(
+                    "nice {nice}, among its session's threads only: its session's CPU group \
+                     could not be raised (/proc/self/autogroup)"
+                ),
+            },
             Raised::Realtime { priority } => format!("SCHED_RR priority {priority}"),
+            Raised::OnDemand { nice } => format!(
+                "as started (nice {nice}); raised to nice {HIGH_NICE} while the capture is over \
+                 {} ms behind the wire",
+                AUTO_RAISE_AT.as_millis()
+            ),
         }
     }
 }
@@ -72,14 +115,26 @@ pub fn raise(p: Priority) -> io::Result<Raised> {
         Priority::Normal => Ok(Raised::Unchanged {
             nice: current_nice()?,
         }),
-        Priority::High => {
-            let nice = current_nice()?;
-            if nice <= HIGH_NICE {
-                return Ok(Raised::Nice { nice });
+        Priority::Auto => {
+            // Without the limit (no CAP_SYS_RESOURCE, in some containers) the daemon can keep
+            // CAP_SYS_NICE instead (`raise_needs_capability`); an error only if neither.
+            if let Err(e) = allow_nice(HIGH_NICE) {
+                if !has_cap_sys_nice() {
+                    return Err(e);
+                }
             }
-            set_nice(HIGH_NICE)?;
-            Ok(Raised::Nice {
+            Ok(Raised::OnDemand {
                 nice: current_nice()?,
+            })
+        }
+        Priority::High => {
+            if current_nice()? > HIGH_NICE {
+                set_nice(HIGH_NICE)?;
+            }
+            let nice = current_nice()?;
+            Ok(Raised::Nice {
+                nice,
+                group: raise_session_group(nice),
             })
         }
         Priority::Realtime => {
@@ -112,6 +167,197 @@ pub fn raise_logged(p: Priority) {
             clap::ValueEnum::to_possible_value(&p)
                 .map_or_else(String::new, |v| v.get_name().to_owned())
         ),
+    }
+}
+
+/// How far behind the wire the capture may fall before [`Priority::Auto`] raises it: a tenth
+/// of what the capture ring holds by default (1 s), so that a raise comes long before a drop.
+pub const AUTO_RAISE_AT: Duration = Duration::from_millis(100);
+/// A raised capture that stays this close to the wire...
+pub const AUTO_CALM: Duration = Duration::from_millis(20);
+/// ...for this long goes back to its own priority: raised, it runs before the threads it
+/// shares the CPU with (production's, on a master) and sends in larger bursts, which shows in
+/// the report's test latencies (docs/BENCHMARKS.md).
+pub const AUTO_LOWER_AFTER: Duration = Duration::from_secs(30);
+
+/// [`Priority::Auto`] for one capture thread: fed the capture's lag (how long ago the packets
+/// it just handled crossed the wire), it raises the thread and its session's CPU group to
+/// [`Priority::High`] once the lag reaches [`AUTO_RAISE_AT`] and lowers them again after
+/// [`AUTO_LOWER_AFTER`] within [`AUTO_CALM`]. A fair share of a saturated host is not what a
+/// capture needs: its work is fixed by the traffic, and what it cannot do in time the kernel
+/// drops for good (docs/BENCHMARKS.md: 8 threads, pinning off, a fair share lost 0.75-0.97 of
+/// the work). Raising needs [`raise`] with `Auto` earlier, while the daemon was privileged.
+#[derive(Debug)]
+pub struct OnDemand {
+    started_nice: i32,
+    raised: bool,
+    gave_up: bool,
+    calm_since: Option<Instant>,
+    raises: u64,
+}
+
+impl OnDemand {
+    /// For the calling thread, as it is now.
+    pub fn new() -> Self {
+        Self {
+            started_nice: current_nice().unwrap_or(0),
+            raised: false,
+            gave_up: false,
+            calm_since: None,
+            raises: 0,
+        }
+    }
+
+    /// Times the capture was raised so far.
+    pub fn raises(&self) -> u64 {
+        self.raises
+    }
+
+    pub fn is_raised(&self) -> bool {
+        self.raised
+    }
+
+    /// The capture handled packets that crossed the wire `lag` ago (the largest of a batch).
+    pub fn observe(&mut self, lag: Duration, now: Instant) {
+        if self.gave_up {
+            return;
+        }
+        if !self.raised {
+            if lag < AUTO_RAISE_AT {
+                return;
+            }
+            match raise(Priority::High) {
+                Ok(r) => {
+                    self.raised = true;
+                    self.raises += 1;
+                    self.calm_since = None;
+                    tracing::info!(
+                        "the capture fell {} ms behind the wire: raised to {} until it keeps up \
+                         for {} s",
+                        lag.as_millis(),
+                        r.describe(),
+                        AUTO_LOWER_AFTER.as_secs()
+                    );
+                }
+                Err(e) => {
+                    self.gave_up = true;
+                    tracing::warn!(
+                        "the capture fell {} ms behind the wire and cannot raise its priority \
+                         ({e}): on a saturated host the kernel will drop what it cannot keep \
+                         up with. Start it as root, with CAP_SYS_NICE, or with RLIMIT_NICE \
+                         allowing -20 (systemd: LimitNICE=-20)",
+                        lag.as_millis()
+                    );
+                }
+            }
+            return;
+        }
+        if lag > AUTO_CALM {
+            self.calm_since = None;
+            return;
+        }
+        let since = *self.calm_since.get_or_insert(now);
+        if now.saturating_duration_since(since) < AUTO_LOWER_AFTER {
+            return;
+        }
+        // Lowering a priority is always allowed.
+        let _ = set_nice(self.started_nice);
+        if lead_session_group() {
+            let _ = std::fs::write("/proc/self/autogroup", "0");
+        }
+        self.raised = false;
+        self.calm_since = None;
+        tracing::info!(
+            "the capture kept up for {} s: back to nice {}",
+            AUTO_LOWER_AFTER.as_secs(),
+            self.started_nice
+        );
+    }
+}
+
+impl Default for OnDemand {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Makes sure this process may later lower its nice value to `nice` without a capability:
+/// `RLIMIT_NICE` (which also covers its session's autogroup). Raising the hard limit needs
+/// CAP_SYS_RESOURCE, which a daemon has only until it drops its capabilities.
+fn allow_nice(nice: i32) -> io::Result<()> {
+    let want = libc::rlim_t::try_from(20 - nice).unwrap_or(40);
+    let mut cur = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `cur` is a valid rlimit to fill.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NICE, &mut cur) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if cur.rlim_cur >= want {
+        return Ok(());
+    }
+    let new = libc::rlimit {
+        rlim_cur: want,
+        rlim_max: cur.rlim_max.max(want),
+    };
+    // SAFETY: `new` is a valid rlimit.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NICE, &new) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// After [`raise`] with `Auto`: whether raising later needs CAP_SYS_NICE kept, because
+/// `RLIMIT_NICE` could not be set to allow it.
+pub fn raise_needs_capability() -> bool {
+    let mut cur = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `cur` is a valid rlimit to fill.
+    let ok = unsafe { libc::getrlimit(libc::RLIMIT_NICE, &mut cur) } == 0;
+    !(ok && cur.rlim_cur >= libc::rlim_t::try_from(20 - HIGH_NICE).unwrap_or(40))
+}
+
+fn has_cap_sys_nice() -> bool {
+    // The effective set, from our own status: no capget(2) plumbing for one bit.
+    std::fs::read_to_string("/proc/thread-self/status")
+        .ok()
+        .and_then(|st| {
+            st.lines()
+                .find_map(|l| l.strip_prefix("CapEff:"))
+                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        })
+        .is_some_and(|eff| eff & (1 << crate::privs::CAP_SYS_NICE) != 0)
+}
+
+/// Whether autogroup scheduling is on and this process leads its session (so its session's
+/// group is its own).
+fn lead_session_group() -> bool {
+    // SAFETY: plain system calls on our own process.
+    let (sid, pid) = unsafe { (libc::getsid(0), libc::getpid()) };
+    sid == pid && autogroup_enabled()
+}
+
+fn autogroup_enabled() -> bool {
+    std::fs::read_to_string("/proc/sys/kernel/sched_autogroup_enabled")
+        .is_ok_and(|v| v.trim() == "1")
+}
+
+/// Gives the session's autogroup the nice value `nice` if this process leads the session.
+fn raise_session_group(nice: i32) -> Group {
+    if !autogroup_enabled() {
+        return Group::NotGrouped;
+    }
+    // SAFETY: plain system calls on our own process.
+    let (sid, pid) = unsafe { (libc::getsid(0), libc::getpid()) };
+    if sid != pid {
+        return Group::Shared;
+    }
+    match std::fs::write("/proc/self/autogroup", nice.to_string()) {
+        Ok(()) => Group::Raised,
+        Err(_) => Group::Failed,
     }
 }
 
@@ -193,7 +439,16 @@ mod tests {
         });
         match got {
             Ok((r, nice, child)) => {
-                assert_eq!(r, Raised::Nice { nice: HIGH_NICE });
+                assert!(
+                    matches!(
+                        r,
+                        Raised::Nice {
+                            nice: HIGH_NICE,
+                            ..
+                        }
+                    ),
+                    "{r:?}"
+                );
                 assert_eq!((nice, child), (HIGH_NICE, HIGH_NICE));
             }
             Err(e) => assert!(denied(&e), "{e}"),
@@ -228,8 +483,41 @@ mod tests {
     }
 
     #[test]
+    fn on_demand_raises_only_when_behind_and_lowers_after_keeping_up() {
+        let got = in_thread(|| {
+            let before = current_nice().unwrap();
+            let mut p = OnDemand::new();
+            let t0 = Instant::now();
+            p.observe(Duration::from_millis(50), t0);
+            let calm = (p.is_raised(), current_nice().unwrap());
+            p.observe(Duration::from_millis(150), t0);
+            let behind = (p.is_raised(), current_nice().unwrap());
+            p.observe(Duration::from_millis(5), t0);
+            p.observe(Duration::from_millis(5), t0 + AUTO_LOWER_AFTER);
+            (before, calm, behind, p.is_raised(), current_nice().unwrap(), p.raises())
+        });
+        let (before, calm, behind, still, after, raises) = got;
+        assert_eq!(calm, (false, before));
+        if behind.0 {
+            assert_eq!(behind.1, HIGH_NICE);
+            assert_eq!(raises, 1);
+            assert!(!still, "lowered after keeping up");
+            assert_eq!(after, before);
+        } else {
+            // Not root, no CAP_SYS_NICE: it gives up once and stays as it was.
+            assert_eq!((behind.1, raises, after), (before, 0, before));
+        }
+    }
+
+    #[test]
     fn descriptions_name_the_setting() {
-        assert_eq!(Raised::Nice { nice: -20 }.describe(), "nice -20");
+        let nice = |group| Raised::Nice { nice: -20, group }.describe();
+        assert_eq!(nice(Group::NotGrouped), "nice -20");
+        assert_eq!(nice(Group::Raised), "nice -20, its session's CPU group too");
+        assert!(nice(Group::Shared).contains("run it as a service or under setsid"));
+        assert!(Raised::OnDemand { nice: 0 }
+            .describe()
+            .contains("raised to nice -20 while the capture is over 100 ms behind"));
         assert_eq!(
             Raised::Realtime { priority: 1 }.describe(),
             "SCHED_RR priority 1"

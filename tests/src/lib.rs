@@ -667,11 +667,14 @@ impl Lab {
         Ok(self.exec(host, args)?.check()?.stdout)
     }
 
-    /// Starts `args` in `host` in the background.
+    /// Starts `args` in `host` in the background, in a session of its own (`lab.sh service`):
+    /// a daemon of its machine, which the kernel's per-session CPU groups then treat as one,
+    /// not as another child of the test runner's session.
     pub fn spawn(&self, host: Host, args: &[&str]) -> Result<Background> {
         let what = format!("[{host}] {}", args.join(" "));
-        let mut child = self
-            .exec_command(host, args)
+        let mut cmd = self.command(&["service", host.as_str()]);
+        cmd.args(args);
+        let mut child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

@@ -56,6 +56,8 @@ const TEST_HOLES: usize = 4;
 /// is gone past: a capture that queues the two directions apart may show production's ACK a
 /// little before the client segment it acknowledges.
 const PROVEN_GAP_GRACE: Duration = Duration::from_millis(50);
+/// Holes gone past in one go, at most (the reassembly holds at most 8 beyond the first).
+const GAP_ROUNDS: usize = 10;
 /// How soon a transform's timer runs again when it left its deadline in the past.
 const TRANSFORM_RETRY: Duration = Duration::from_millis(1);
 
@@ -770,14 +772,23 @@ impl Session {
         stats: &mut EngineStats,
     ) -> Option<CloseReason> {
         if self.gap_since.is_some_and(|t| now >= t + PROVEN_GAP_GRACE) {
-            if let Some(to) = self.client_gap_proven() {
-                if let Some(r) = self.skip_client_gap(now, cfg, stats, to) {
-                    return Some(r);
+            // Each skip goes past one hole, and bytes held beyond it may end at another that
+            // production's ACKs prove too: a few rounds, each moving the stream on.
+            for _ in 0..GAP_ROUNDS {
+                let client = self.client_gap_proven();
+                let prod = self.prod_gap_proven();
+                if client.is_none() && prod.is_none() {
+                    break;
                 }
-            }
-            if let Some(to) = self.prod_gap_proven() {
-                if let Some(r) = self.skip_prod_gap(now, cfg, stats, to) {
-                    return Some(r);
+                if let Some(to) = client {
+                    if let Some(r) = self.skip_client_gap(now, cfg, stats, to) {
+                        return Some(r);
+                    }
+                }
+                if let Some(to) = prod {
+                    if let Some(r) = self.skip_prod_gap(now, cfg, stats, to) {
+                        return Some(r);
+                    }
                 }
             }
         }
@@ -1345,6 +1356,7 @@ impl Session {
                 // Still proven and due: nothing could be skipped. Ending the session is the
                 // only way that cannot leave a timer in the past for the engine to spin on.
                 stats.capture_gaps_fatal += 1;
+                stats.capture_gaps_stuck += 1;
                 return Outcome::Finished(CloseReason::CaptureGap);
             }
         }

@@ -91,6 +91,8 @@ pub struct EngineStats {
     /// Capture gaps a session could not go on after (no framing, a login or a command cut in
     /// two): the session ended with `CaptureGap`.
     pub capture_gaps_fatal: u64,
+    /// ...of which gaps still proven after every skip (a defect; ended rather than spun on).
+    pub capture_gaps_stuck: u64,
     /// Client bytes that came out of reassembly in order (the client's stream; what we send is
     /// `bytes_queued`, the same unless a transform rewrites).
     pub client_bytes_reassembled: u64,
@@ -250,6 +252,7 @@ impl EngineStats {
             capture_gap_segments_skipped,
             prod_gaps_skipped,
             capture_gaps_fatal,
+            capture_gaps_stuck,
             client_bytes_reassembled,
             prod_bytes_reassembled,
             prod_segments_dropped,
