@@ -494,7 +494,14 @@ mod tests {
             let behind = (p.is_raised(), current_nice().unwrap());
             p.observe(Duration::from_millis(5), t0);
             p.observe(Duration::from_millis(5), t0 + AUTO_LOWER_AFTER);
-            (before, calm, behind, p.is_raised(), current_nice().unwrap(), p.raises())
+            (
+                before,
+                calm,
+                behind,
+                p.is_raised(),
+                current_nice().unwrap(),
+                p.raises(),
+            )
         });
         let (before, calm, behind, still, after, raises) = got;
         assert_eq!(calm, (false, before));
