@@ -57,14 +57,15 @@ pub struct Args {
     pub no_pickup: bool,
 
     /// Kernel capture buffer (libpcap's ring, resident once used), in MiB [default: a quarter
-    /// of --max-memory, at most 64]. It counts toward --max-memory: a larger value is refused.
+    /// of --max-memory, 64 at its default]. It counts toward --max-memory: a larger value is
+    /// refused (raise --max-memory for a larger ring).
     #[arg(long, env = "TCPSHADOW_CAPTURE_BUFFER_MB", value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub capture_buffer_mb: Option<u32>,
 
     /// Longest wait, in ms, before the kernel hands captured packets over (a TPACKET_V3
     /// block timeout): one wakeup per block instead of one per packet. 0: immediate mode
     /// (a wakeup per packet, no added delay; more CPU) [default: the shortest with which the
-    /// capture ring holds 1 s of traffic: 4 with a 64 MiB ring, at most 10].
+    /// capture ring holds 1 s of traffic: 4 with a 64 MiB ring, at least 4, at most 10].
     #[arg(long, env = "TCPSHADOW_CAPTURE_BLOCK_MS", value_parser = clap::value_parser!(u16).range(0..=100))]
     pub capture_block_ms: Option<u16>,
 
@@ -173,7 +174,7 @@ pub struct MirrorArgs {
     /// Memory the copier may use, in MiB (32 to 65536; the program itself takes about 10),
     /// shared out in fixed parts: 3/8 for
     /// sessions (send queues, reassembly, held commands, statement maps, and a fixed size per
-    /// session), 1/4 for the capture ring (at most 64 MiB), 1/8 for the comparison report,
+    /// session), 1/4 for the capture ring, 1/8 for the comparison report,
     /// 1/16 for the control channel's queues, the rest for the program itself. When the
     /// sessions' part is full, whole sessions are shed, the one furthest behind first (reset
     /// on the test server), and new ones are refused; both counted (shed_memory). See
@@ -483,8 +484,8 @@ impl Args {
                 if bytes * workers > budget.capture() {
                     bail!(
                         "--capture-buffer-mb {mb} x {workers} workers is more than --max-memory {} \
-                         allows for the capture rings ({} MiB, a quarter): raise --max-memory or \
-                         lower the buffer",
+                         allows for the capture rings ({} MiB, a quarter of it): raise \
+                         --max-memory or lower the buffer",
                         self.mirror.max_memory,
                         budget.capture() >> 20
                     );
@@ -508,7 +509,7 @@ impl Args {
         }
         let blocks = (usize::try_from(buffer).unwrap_or(0) / CAPTURE_BLOCK_BYTES).max(1);
         let ms = RING_HOLDS_MS.div_ceil(blocks as u64);
-        u16::try_from(ms.clamp(1, MAX_AUTO_BLOCK_MS)).unwrap_or(1)
+        u16::try_from(ms.clamp(MIN_AUTO_BLOCK_MS, MAX_AUTO_BLOCK_MS)).unwrap_or(1)
     }
 
     /// The capture filter: the production ports' traffic in both directions, excluding what we
@@ -611,6 +612,10 @@ pub const CAPTURE_BLOCK_BYTES: usize = 256 << 10;
 pub const RING_HOLDS_MS: u64 = 1000;
 /// The longest block timeout chosen by default: every captured packet may wait that long.
 const MAX_AUTO_BLOCK_MS: u64 = 10;
+/// The shortest one: a larger ring (a larger `--max-memory`) then holds more than a second
+/// rather than waking the copier more often (1 ms blocks cost 6.4 CPU-µs per packet where
+/// 4 ms cost 4.5: docs/BENCHMARKS.md).
+const MIN_AUTO_BLOCK_MS: u64 = 4;
 
 fn parse_sample(s: &str) -> Result<Sample, String> {
     let p: f64 = s
@@ -769,9 +774,9 @@ mod tests {
     fn the_default_block_timeout_makes_the_ring_hold_a_second() {
         let a = args(&[]);
         let ms = |mib: i32| a.capture_block_ms(mib << 20);
-        // 256 blocks of 256 KiB: 4 ms each; more blocks, shorter; few, capped.
+        // 256 blocks of 256 KiB: 4 ms each; more blocks hold longer at 4 ms; few, capped.
         assert_eq!(ms(64), 4);
-        assert_eq!(ms(256), 1);
+        assert_eq!(ms(256), 4);
         assert_eq!(ms(16), 10);
         assert_eq!(a.capture_block_ms(0), 10);
         let a = args(&["--capture-block-ms", "1"]);

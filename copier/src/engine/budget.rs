@@ -71,14 +71,10 @@ impl MemoryBudget {
     }
 
     /// The capture ring (libpcap's mmap'ed TPACKET ring: every page of it ends up resident).
-    /// A quarter, and never more than 64 MiB (the old default).
+    /// A quarter: 64 MiB at the default 256 MiB, and more for whoever gives `--max-memory`
+    /// more (a larger ring holds a longer stall of the copier at high packet rates).
     pub const fn capture(&self) -> usize {
-        let q = self.total / 4;
-        if q < 64 << 20 {
-            q
-        } else {
-            64 << 20
-        }
+        self.total / 4
     }
 
     /// The comparison report's tables and the queue of observations feeding them. An eighth.

@@ -1341,6 +1341,9 @@ impl Session {
         if self.is_lingering() {
             return Outcome::Open;
         }
+        // A timer is no captured packet: what the last one left here is stale (a gap first
+        // suspected now would be dated back to it, and a transform told so).
+        self.captured_at = None;
         let due = |t: Option<Instant>| t.is_some_and(|t| t <= now);
         if (self.phase == Phase::SynSent || !self.client_established)
             && self.created + cfg.handshake_timeout <= now
