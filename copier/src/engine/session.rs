@@ -842,10 +842,7 @@ impl Session {
         to: u32,
     ) -> Option<CloseReason> {
         if !self.resync_client {
-            let mut can = false;
-            self.call_transform(cfg, stats, |t, out| can = t.on_client_gap(now, out));
-            if !can {
-                stats.capture_gaps_fatal += 1;
+            if !self.transform_goes_on(cfg, stats, |t, out| t.on_client_gap(now, out)) {
                 return Some(CloseReason::CaptureGap);
             }
             stats.capture_gaps_skipped += 1;
@@ -854,6 +851,22 @@ impl Session {
         stats.capture_gap_bytes_lost += u64::from(self.reasm.skip_to(to));
         self.resume_client(now, cfg, stats);
         self.settle_stream(cfg)
+    }
+
+    /// Asks the transform whether it can go on after a gap (`ask`); a session without one, or
+    /// whose transform cannot, counts a fatal gap.
+    fn transform_goes_on(
+        &mut self,
+        cfg: &EngineConfig,
+        stats: &mut EngineStats,
+        ask: impl FnOnce(&mut dyn StreamTransform, &mut TransformOutput<'_>) -> bool,
+    ) -> bool {
+        let mut can = false;
+        self.call_transform(cfg, stats, |t, out| can = ask(t, out));
+        if !can {
+            stats.capture_gaps_fatal += 1;
+        }
+        can
     }
 
     /// While resynchronising: the first held run that starts a command goes on; the runs
@@ -908,10 +921,7 @@ impl Session {
         stats: &mut EngineStats,
         to: u32,
     ) -> Option<CloseReason> {
-        let mut can = false;
-        self.call_transform(cfg, stats, |t, out| can = t.on_prod_gap(now, out));
-        if !can {
-            stats.capture_gaps_fatal += 1;
+        if !self.transform_goes_on(cfg, stats, |t, out| t.on_prod_gap(now, out)) {
             return Some(CloseReason::CaptureGap);
         }
         stats.prod_gaps_skipped += 1;
