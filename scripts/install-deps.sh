@@ -14,7 +14,13 @@ PACKAGES=(
     chromium curl                               # report.html screenshot test; metrics scrapes
     shellcheck                                  # scripts/test.sh lints the shell scripts
     systemd                                     # systemd-analyze verify of deploy/systemd units
+    default-jdk-headless libmariadb-java        # the pool test's Connector/J client (javac at test time)
+    libhikaricp-java libslf4j-java              # ... and its connection pool
 )
+# Node.js and pip may come from elsewhere (nodesource, pyenv): Debian's only where none is there.
+command -v node >/dev/null 2>&1 || PACKAGES+=(nodejs)
+command -v npm >/dev/null 2>&1 || PACKAGES+=(npm)
+python3 -m pip --version >/dev/null 2>&1 || PACKAGES+=(python3-pip)
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -57,3 +63,24 @@ if [[ -n $need && $(printf '%s\n%s\n' "$need" "$have" | sort -V | head -n 1) != 
     exit 1
 fi
 echo "install-deps: cargo $have" >&2
+
+# The pool test's Python and Node.js connectors, from their registries, into the build tree
+# (not the system's packages): pinned, so that a run tests what the last one tested.
+clients=$root/target/lab-clients
+PY_CONNECTOR=mysql-connector-python==9.5.0
+NODE_CONNECTOR=mysql2@3.24.5
+if [[ ! -e $clients/py/.installed-$PY_CONNECTOR ]]; then
+    echo "install-deps: pip install $PY_CONNECTOR into $clients/py" >&2
+    rm -rf "$clients/py"
+    python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore \
+        --target "$clients/py" "$PY_CONNECTOR"
+    touch "$clients/py/.installed-$PY_CONNECTOR"
+fi
+if [[ ! -e $clients/node/.installed-$NODE_CONNECTOR ]]; then
+    echo "install-deps: npm install $NODE_CONNECTOR into $clients/node" >&2
+    rm -rf "$clients/node"
+    mkdir -p "$clients/node"
+    npm install --silent --no-audit --no-fund --prefix "$clients/node" "$NODE_CONNECTOR"
+    touch "$clients/node/.installed-$NODE_CONNECTOR"
+fi
+echo "install-deps: pool clients in $clients ($PY_CONNECTOR, $NODE_CONNECTOR)" >&2

@@ -359,7 +359,10 @@ impl Driver {
             self.take_relayed(now, k);
         }
         if let Some(lookup) = &self.lookup {
-            while let Some(answer) = lookup.try_answer() {
+            while let Some(mut answer) = lookup.try_answer() {
+                if let (Some(state), Some(t)) = (&mut answer.state, answer.variables_read_at) {
+                    state.variables_at = Some(self.engine_time(t));
+                }
                 let ev = match &answer.state {
                     Some(state) => TestEvent::App(state),
                     None => TestEvent::App(&NotRecovered),

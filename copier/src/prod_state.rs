@@ -65,8 +65,11 @@ use common::mysql::{read_lenenc_bytes, read_lenenc_int};
 use crate::mysql::RecoveredState;
 
 /// How long requests are gathered before one lookup runs: pools reconnect in bursts, and one
-/// query for many connections costs production less than many queries.
-pub const BATCH_WINDOW: Duration = Duration::from_millis(20);
+/// query for many connections costs production less than many queries. Short: what a
+/// connection runs between its pickup and the read of its variables is lost (their state
+/// before the read is unknown), and a busy pool connection runs a command every millisecond
+/// or so; a pool picked up at the copier's start shows up within a few.
+pub const BATCH_WINDOW: Duration = Duration::from_millis(2);
 /// Most connections looked up in one query (bounds the query's length).
 pub const MAX_BATCH: usize = 256;
 /// Requests waiting for the worker; beyond, a request is dropped (counted).
@@ -688,6 +691,9 @@ pub struct LookupRequest {
 pub struct LookupAnswer {
     pub mirrored: SocketAddrV4,
     pub state: Option<RecoveredState>,
+    /// When production read the variables (the middle of that query's round trip); the
+    /// driver puts it on the engine's clock as [`RecoveredState::variables_at`].
+    pub variables_read_at: Option<Instant>,
 }
 
 /// The PROCESSLIST query for these clients. Only addresses we format ourselves go in.
@@ -753,6 +759,7 @@ pub fn match_processlist(
             statements: Vec::new(),
             variables: Vec::new(),
             variables_dropped: 0,
+            variables_at: None,
         };
         found.insert(*client, (id, state));
     }
@@ -992,12 +999,18 @@ impl From<&Readiness> for Wanted {
     }
 }
 
+/// What one lookup found, per client, and when production read the variables.
+type Found = (
+    HashMap<SocketAddrV4, (u64, RecoveredState)>,
+    Option<Instant>,
+);
+
 fn lookup_batch(
     c: &mut MysqlClient<impl Read + Write>,
     batch: &[LookupRequest],
     wanted: Wanted,
     queries: &AtomicU64,
-) -> Result<HashMap<SocketAddrV4, (u64, RecoveredState)>, ProdError> {
+) -> Result<Found, ProdError> {
     // Each is one SELECT production runs for us, not for its clients: counted so that a
     // comparison of executed work can take them out.
     let mut c = |sql: &str| {
@@ -1013,22 +1026,30 @@ fn lookup_batch(
     let rows = c(&processlist_query(&clients))?;
     let mut found = match_processlist(batch, &rows);
     if found.is_empty() {
-        return Ok(found);
+        return Ok((found, None));
     }
     let ids: Vec<u64> = found.values().map(|(id, _)| *id).collect();
+    // The middle of the variables query's round trip: when production read them, give or take
+    // half of it (user variables change with every command; session variables seldom).
+    let mut read_at = None;
+    if wanted.session_variables {
+        let t0 = Instant::now();
+        let rows = c(&session_variables_query(&ids))?;
+        read_at = Some(t0 + t0.elapsed() / 2);
+        add_variables(&mut found, Variable::Session, &rows);
+    }
+    if wanted.user_variables {
+        let t0 = Instant::now();
+        let rows = c(&user_variables_query(&ids))?;
+        read_at = Some(t0 + t0.elapsed() / 2);
+        add_variables(&mut found, Variable::User, &rows);
+    }
+    // After the variables: a statement is the same before and after the read, a variable not.
     if wanted.statements {
         let rows = c(&statements_query(&ids))?;
         add_statements(&mut found, &rows);
     }
-    if wanted.session_variables {
-        let rows = c(&session_variables_query(&ids))?;
-        add_variables(&mut found, Variable::Session, &rows);
-    }
-    if wanted.user_variables {
-        let rows = c(&user_variables_query(&ids))?;
-        add_variables(&mut found, Variable::User, &rows);
-    }
-    Ok(found)
+    Ok((found, read_at))
 }
 
 // ------------------------------------------------------------------------------------ worker
@@ -1195,7 +1216,7 @@ impl Worker {
             if self.stopping() {
                 return;
             }
-            let (mut found, failed) = match self.lookup(&batch) {
+            let ((mut found, read_at), failed) = match self.lookup(&batch) {
                 Ok(found) => (found, false),
                 Err(e) => {
                     self.counters
@@ -1204,7 +1225,7 @@ impl Worker {
                     self.report(&e);
                     // Reconnect on the next batch: the connection's state is unknown now.
                     self.conn = None;
-                    (HashMap::new(), true)
+                    ((HashMap::new(), None), true)
                 }
             };
             for r in &batch {
@@ -1221,6 +1242,7 @@ impl Worker {
                     .send(LookupAnswer {
                         mirrored: r.mirrored,
                         state,
+                        variables_read_at: read_at,
                     })
                     .is_err()
                 {
@@ -1231,10 +1253,7 @@ impl Worker {
         }
     }
 
-    fn lookup(
-        &mut self,
-        batch: &[LookupRequest],
-    ) -> Result<HashMap<SocketAddrV4, (u64, RecoveredState)>, ProdError> {
+    fn lookup(&mut self, batch: &[LookupRequest]) -> Result<Found, ProdError> {
         let conn = match &mut self.conn {
             Some(c) => c,
             None => self.conn.insert(open(&self.dsn, &self.own)?),

@@ -281,6 +281,10 @@ fn protocol_loss_fix(name: &str) -> Option<&'static str> {
         "executes_dropped_prepared_before_pickup" => {
             "statements prepared before the copier saw the connection: --prod-dsn recovers them"
         }
+        "commands_dropped_before_state_read" => {
+            "picked-up connections ran them before --prod-dsn read their state (their user \
+             variables or schema then are unknown)"
+        }
         "executes_dropped_prepared_in_capture_gap" => {
             "statements whose prepare the capture lost (kernel drops): see the capture ring"
         }

@@ -815,6 +815,11 @@ impl Lab {
         Paused::new(load.id())
     }
 
+    /// [`Lab::pause`] of a process by pid (a [`Background`]'s), and every process below it.
+    pub fn pause_pid(&self, pid: u32) -> Paused {
+        Paused::new(pid)
+    }
+
     /// Both servers' [`Lab::work`] once neither is running anything: read until two reads in a
     /// row show no new work (the test server has run all that was mirrored to it). With the
     /// load paused ([`Lab::pause`]) this opens a window exactly: two servers read one after the

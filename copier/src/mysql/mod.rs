@@ -132,6 +132,11 @@ pub struct RecoveredState {
     pub variables: Vec<Vec<u8>>,
     /// Variables production had that no `SET` can carry (a name or value out of bounds).
     pub variables_dropped: u32,
+    /// When production read the variables (the middle of that query's round trip, on the
+    /// capture's clock). The client's commands production answered before then are in them:
+    /// their `SET`s go to the test server after those, not before (`@n = @n + 1` would count
+    /// twice). `None`: before every held command.
+    pub variables_at: Option<Instant>,
 }
 
 impl fmt::Debug for RecoveredState {
@@ -252,6 +257,19 @@ pub enum Counter {
     /// Capture gaps the session could not go on after: in a login, or cutting a command in
     /// two (its start already read). The session ends as a capture gap.
     CaptureGapsInsideCommand,
+    /// Recovered statements prepared on the test server at their first use after the pickup
+    /// (in the schema the session is in then, as the client's own use shows it).
+    RecoveredPreparedAtFirstUse,
+    /// Statements of a picked-up connection closed before their next use (recovered, or gone
+    /// before production's lookup): never prepared on the test server, nothing lost.
+    RecoveredClosedUnused,
+    /// Queries, prepares and executes of a picked-up connection that production ran between
+    /// the pickup and its read of the connection's state, and that depend on what it could
+    /// not read: a user variable (`@` in their SQL), or the schema when a later command of
+    /// that stretch changed it. Not sent (a loss); the others go as they are. They ran in a state the
+    /// copier cannot give the test server (before the snapshot), and once sent after it they
+    /// would apply twice (`SET @n = @n + 1`).
+    CommandsDroppedBeforeStateRead,
 }
 
 /// Names of [`Counter`] ids, in id order (metrics labels and the summary).
@@ -324,6 +342,9 @@ pub const COUNTER_NAMES: &[&str] = &[
     "executes_dropped_undecodable",
     "executes_dropped_prepared_in_capture_gap",
     "capture_gaps_inside_command",
+    "recovered_prepared_at_first_use",
+    "recovered_closed_unused",
+    "commands_dropped_before_state_read",
 ];
 
 /// What `--read-only` counts a command under.
@@ -343,7 +364,7 @@ pub(crate) fn read_only_counter(kind: WriteKind) -> Counter {
     }
 }
 
-const _: () = assert!(COUNTER_NAMES.len() == Counter::CaptureGapsInsideCommand as usize + 1);
+const _: () = assert!(COUNTER_NAMES.len() == Counter::CommandsDroppedBeforeStateRead as usize + 1);
 const _: () = assert!(COUNTER_NAMES.len() <= crate::engine::TRANSFORM_COUNTERS);
 
 /// The in-line sizes of a MySQL session's parts (bytes), for the memory breakdown of

@@ -1018,6 +1018,7 @@ fn recovered_state_decides_the_login_and_prepares_the_statements_again() {
             b"SET @`tag` = 1".to_vec(),
         ],
         variables_dropped: 1,
+        variables_at: None,
     };
     assert!(!format!("{state:?}").contains("SELECT"));
     assert!(!format!("{state:?}").contains("ANSI"));
@@ -1033,14 +1034,14 @@ fn recovered_state_decides_the_login_and_prepares_the_statements_again() {
     );
     h.test_packet(2, OK);
     let got: Vec<_> = h.received().into_iter().map(|g| g.1).collect();
-    // The variables first: sql_mode changes how the prepares parse.
+    // The variables first: sql_mode changes how the prepares parse. A statement is prepared
+    // at its first use, in the schema current then: the held execute's, not the other.
     assert_eq!(
         got,
         vec![
             query("SET SESSION sql_mode = 'ANSI_QUOTES'"),
             query("SET @`tag` = 1"),
             prepare("SELECT ?"),
-            prepare("SELECT 2")
         ]
     );
     assert_eq!(h.count(Counter::RecoveredVariables), 2);
@@ -1053,7 +1054,12 @@ fn recovered_state_decides_the_login_and_prepares_the_statements_again() {
     let got: Vec<_> = h.received().into_iter().map(|g| g.1).collect();
     assert_eq!(got, vec![execute(1)]);
     assert_eq!(h.count(Counter::RecoveredStatements), 2);
+    assert_eq!(h.count(Counter::RecoveredPreparedAtFirstUse), 1);
     assert_eq!(h.count(Counter::CommandsHeldAwaitingPrepare), 1);
+    // The other is closed unused: nothing reaches the test server, nothing is lost.
+    h.client_packet(0, &[0x19, 6, 0, 0, 0]);
+    assert!(h.received().is_empty());
+    assert_eq!(h.count(Counter::RecoveredClosedUnused), 1);
 
     // Without a recovery in time, the defaults log in.
     let mut h = Harness::new(config, true);
@@ -1065,6 +1071,108 @@ fn recovered_state_decides_the_login_and_prepares_the_statements_again() {
     assert_eq!(HandshakeResponse::parse(&got[0].1).unwrap().username, b"sb");
     assert_eq!(h.count(Counter::RecoveryTimeouts), 1);
     assert_eq!(h.t.next_deadline(), None);
+}
+
+#[test]
+fn recovered_variables_start_the_session_where_production_read_them() {
+    let config = MysqlConfig {
+        recovery_wait: Some(Duration::from_millis(200)),
+        ..pickup_config()
+    };
+    let recovered = |at| RecoveredState {
+        user: "sb".into(),
+        db: Some("sbtest".into()),
+        variables: vec![b"SET @`n` = 7".to_vec()],
+        variables_at: Some(at),
+        ..Default::default()
+    };
+    let inc = query("SET @n = @n + 1");
+    let mut h = Harness::new(config.clone(), true);
+    h.test_packet(0, &test_greeting(NATIVE));
+    // Production ran the first increment before it read @n (7 includes it), the second after.
+    h.client_packet(0, &inc);
+    h.prod_packet(1, OK);
+    h.client_packet(0, &query("SELECT 1"));
+    h.prod_packet(1, OK);
+    h.now = h.now + Duration::from_millis(5);
+    let read_at = h.now;
+    h.now = h.now + Duration::from_millis(5);
+    h.client_packet(0, &inc);
+    h.prod_packet(1, OK);
+    h.client_packet(0, &query("SELECT @n"));
+    h.call(|t, now, out| t.recover(now, recovered(read_at), out));
+    assert_eq!(h.received().len(), 1, "our login");
+    h.test_packet(2, OK);
+    let got: Vec<_> = h.received().into_iter().map(|g| g.1).collect();
+    // The first ran in a state before the read (unknown); sent after the SETs it would count
+    // twice: it is not sent, and counted. The query naming no variable runs the same anyway.
+    assert_eq!(
+        got,
+        vec![
+            query("SELECT 1"),
+            query("SET @`n` = 7"),
+            inc.clone(),
+            query("SELECT @n")
+        ]
+    );
+    assert_eq!(h.count(Counter::CommandsDroppedBeforeStateRead), 1);
+    assert_eq!(h.count(Counter::RepliesUnmatched), 0);
+    assert_eq!(h.count(Counter::RecoveredVariables), 1);
+
+    // A query production ran before a schema change that it also ran before its lookup ran
+    // in a schema nobody read: not sent. The change itself, and what follows, go.
+    let mut h = Harness::new(config.clone(), true);
+    h.test_packet(0, &test_greeting(NATIVE));
+    for q in ["SELECT 1", "USE other", "SELECT 2"] {
+        h.client_packet(0, &query(q));
+        h.prod_packet(1, OK);
+    }
+    let read_at = h.now;
+    h.call(|t, now, out| t.recover(now, recovered(read_at), out));
+    assert_eq!(h.received().len(), 1, "our login");
+    h.test_packet(2, OK);
+    let got: Vec<_> = h.received().into_iter().map(|g| g.1).collect();
+    assert_eq!(got, vec![query("USE other"), query("SELECT 2")]);
+    // The variables go ahead of the first command production ran after reading them.
+    h.now = h.now + Duration::from_millis(1);
+    h.client_packet(0, &query("SELECT 3"));
+    assert!(
+        h.received().is_empty(),
+        "waiting for production's answer to tell"
+    );
+    h.prod_packet(1, OK);
+    let got: Vec<_> = h.received().into_iter().map(|g| g.1).collect();
+    assert_eq!(got, vec![query("SET @`n` = 7"), query("SELECT 3")]);
+    assert_eq!(h.count(Counter::CommandsDroppedBeforeStateRead), 1);
+
+    // A held command production has not answered yet waits for its answer to tell.
+    let mut h = Harness::new(config.clone(), true);
+    h.test_packet(0, &test_greeting(NATIVE));
+    h.client_packet(0, &inc);
+    let read_at = h.now;
+    h.call(|t, now, out| t.recover(now, recovered(read_at), out));
+    h.test_packet(2, OK);
+    assert_eq!(h.received().len(), 1, "only our login: the increment waits");
+    h.now = h.now + Duration::from_millis(1);
+    h.prod_packet(1, OK);
+    let got: Vec<_> = h.received().into_iter().map(|g| g.1).collect();
+    assert_eq!(got, vec![query("SET @`n` = 7"), inc.clone()]);
+
+    // ... for a while: then it goes after them.
+    let mut h = Harness::new(config, true);
+    h.test_packet(0, &test_greeting(NATIVE));
+    h.client_packet(0, &inc);
+    let read_at = h.now;
+    h.call(|t, now, out| t.recover(now, recovered(read_at), out));
+    h.test_packet(2, OK);
+    assert_eq!(h.received().len(), 1);
+    let deadline =
+        h.t.next_deadline()
+            .expect("a deadline for the held command");
+    h.now = deadline;
+    h.call(|t, now, out| t.on_timeout(now, out));
+    let got: Vec<_> = h.received().into_iter().map(|g| g.1).collect();
+    assert_eq!(got, vec![query("SET @`n` = 7"), inc]);
 }
 
 #[test]

@@ -381,6 +381,64 @@ struct PickupLogin {
     login_db: Option<Vec<u8>>,
     /// Until when the login waits for recovered state (`recovery_wait`).
     recovery_deadline: Option<Instant>,
+    /// When production answered the client's commands (serial, capture time), from the pickup
+    /// until the recovered variables are placed.
+    answered: VecDeque<(u64, Instant)>,
+    /// Recovered variables' `SET`s, due before the first held command production answered
+    /// after it read them (at that `Instant`).
+    variables: Option<(Instant, Vec<Injection>)>,
+    /// How long a held command waits for production's answer to tell which side it is on.
+    variables_deadline: Option<Instant>,
+    /// Serials of the schema changes (COM_INIT_DB, `USE`) that arrived meanwhile: a query
+    /// production ran before one of them and before its lookup ran in a schema nobody
+    /// read.
+    schema_changes: Vec<u64>,
+    /// Serials of the queries that may write a user variable ([`writes_user_variable`]).
+    variable_writes: Vec<u64>,
+}
+
+/// Production's answers remembered per picked-up connection to place its variables.
+const ANSWERS_KEPT: usize = 1024;
+/// A held command whose production answer is not seen within this goes after the variables.
+const VARIABLES_WAIT: Duration = Duration::from_millis(100);
+
+/// The first bytes of a picked-up session's commands looked at as they arrive: enough for a
+/// `USE` and for most `SET @...` of a user variable.
+const VARIABLE_PREFIX: usize = 64;
+
+/// A query that may write a user variable, judged by its first bytes: a `SET` naming one, or
+/// an assignment (`:=`, `INTO @`).
+fn writes_user_variable(prefix: &[u8]) -> bool {
+    let [com::QUERY, sql @ ..] = prefix else {
+        return false;
+    };
+    let sql = sql.trim_ascii_start();
+    let has = |needle: &[u8]| {
+        sql.windows(needle.len())
+            .any(|w| w.eq_ignore_ascii_case(needle))
+    };
+    sql.contains(&b'@')
+        && (sql.get(..3).is_some_and(|w| w.eq_ignore_ascii_case(b"SET"))
+            || has(b":=")
+            || has(b"INTO @"))
+}
+
+/// COM_INIT_DB, or a query that starts with `USE` (the first bytes of a command).
+fn is_schema_change(prefix: &[u8]) -> bool {
+    match prefix {
+        [com::INIT_DB, ..] => true,
+        [com::QUERY, u, s, e, sep, ..] => {
+            [*u, *s, *e].eq_ignore_ascii_case(b"USE") && (sep.is_ascii_whitespace() || *sep == b'`')
+        }
+        _ => false,
+    }
+}
+
+/// Where a held command goes relative to the recovered variables.
+enum Side {
+    Before,
+    After,
+    Unknown,
 }
 
 /// Lists filled and emptied within one call (the packets of one captured chunk). They live
@@ -442,6 +500,34 @@ pub(super) fn layout() -> Vec<(&'static str, usize)> {
         ),
         ("mysql prod_fifo item", size_of::<(ReplyKind, u64, u8)>()),
     ]
+}
+
+/// Recovered statements not prepared on the test server yet (production's id, its whole
+/// SQL): each is, right before the first client command that names it.
+#[derive(Default)]
+struct Deferred {
+    sql: HashMap<u32, Box<[u8]>>,
+    bytes: usize,
+}
+
+impl Deferred {
+    fn insert(&mut self, prod_id: u32, sql: Vec<u8>) {
+        self.bytes += sql.len();
+        if let Some(old) = self.sql.insert(prod_id, sql.into_boxed_slice()) {
+            self.bytes -= old.len();
+        }
+    }
+
+    fn remove(&mut self, prod_id: u32) -> Option<Box<[u8]>> {
+        let sql = self.sql.remove(&prod_id)?;
+        self.bytes -= sql.len();
+        Some(sql)
+    }
+
+    fn memory_len(&self) -> usize {
+        use std::mem::size_of;
+        size_of::<Self>() + self.sql.capacity() * (size_of::<(u32, Box<[u8]>)>() + 1) + self.bytes
+    }
 }
 
 /// The [`StreamTransform`] of one MySQL session. See the module documentation.
@@ -506,6 +592,7 @@ pub struct MysqlTransform {
     /// and a session whose login we saw has nothing to recover, so it keeps no strings).
     pickup: Option<Box<PickupLogin>>,
     recovered: bool,
+    deferred: Option<Box<Deferred>>,
 
     // The test server.
     test_phase: TestPhase,
@@ -590,6 +677,11 @@ impl MysqlTransform {
                 login_user: None,
                 login_db: None,
                 recovery_deadline: None,
+                answered: VecDeque::new(),
+                variables: None,
+                variables_deadline: None,
+                schema_changes: Vec::new(),
+                variable_writes: Vec::new(),
             })
         });
         let observer = shared
@@ -599,7 +691,15 @@ impl MysqlTransform {
             .map(|h| Box::new(Observer::new(h, copy, shared.config.max_statements)));
         // The report fingerprints each command's SQL: the arrival reader then keeps that much
         // of each packet (only packets split across segments are copied).
-        let arrival_prefix = if observer.is_some() { SQL_LOOKED_AT } else { 1 };
+        // A picked-up session tells `USE` from other queries as they arrive (see
+        // `PickupLogin::schema_changes`).
+        let arrival_prefix = if observer.is_some() {
+            SQL_LOOKED_AT
+        } else if picked_up {
+            VARIABLE_PREFIX
+        } else {
+            1
+        };
         let compare = observer.as_ref().is_some_and(|o| o.compare_results());
         // A picked-up session's statements are prepared again without types (`--prod-dsn`),
         // and production answers the executes held for them before the test server can: those
@@ -640,6 +740,7 @@ impl MysqlTransform {
             login_sent: false,
             pickup,
             recovered: false,
+            deferred: None,
             test_phase: TestPhase::Greeting,
             test_server: None,
             session_caps: Capabilities::default(),
@@ -1322,6 +1423,7 @@ impl MysqlTransform {
             statements,
             variables,
             variables_dropped,
+            variables_at,
         } = state;
         let Some(pickup) = self.pickup.as_deref_mut() else {
             return;
@@ -1346,22 +1448,27 @@ impl MysqlTransform {
             Counter::RecoveryVariablesDropped as usize,
             u64::from(variables_dropped),
         );
-        // Before the re-prepares: sql_mode (ANSI_QUOTES) and the character set change how
-        // the test server parses them.
-        for set in variables {
-            let mut payload = Vec::with_capacity(1 + set.len());
-            payload.push(com::QUERY);
-            payload.extend_from_slice(&set);
-            let mut bytes = Vec::with_capacity(payload.len() + HEADER_LEN);
-            write_packet(0, &payload, &mut bytes);
-            let inj = Injection {
-                bytes,
-                expect: Some(TestExpect::SetVariable),
-                register: None,
-            };
-            if self.queue_injection(inj, out) {
-                out.count(Counter::RecoveredVariables as usize);
-            }
+        // Before the re-prepares (at first use): sql_mode (ANSI_QUOTES) and the character set
+        // change how the test server parses them.
+        let sets: Vec<Injection> = variables
+            .into_iter()
+            .map(|set| {
+                let mut payload = Vec::with_capacity(1 + set.len());
+                payload.push(com::QUERY);
+                payload.extend_from_slice(&set);
+                let mut bytes = Vec::with_capacity(payload.len() + HEADER_LEN);
+                write_packet(0, &payload, &mut bytes);
+                Injection {
+                    bytes,
+                    expect: Some(TestExpect::SetVariable),
+                    register: None,
+                }
+            })
+            .collect();
+        match (variables_at, self.pickup.as_deref_mut()) {
+            // Also without variables: the schema production reported has the same boundary.
+            (Some(at), Some(p)) => p.variables = Some((at, sets)),
+            _ => self.queue_variables(sets, out),
         }
         if !self.test_blind() {
             for (prod_id, sql) in statements
@@ -1376,21 +1483,13 @@ impl MysqlTransform {
                     self.skip_statement(prod_id, out);
                     continue;
                 }
-                let mut payload = Vec::with_capacity(1 + sql.len());
-                payload.push(com::STMT_PREPARE);
-                payload.extend_from_slice(&sql);
-                let mut bytes = Vec::with_capacity(payload.len() + HEADER_LEN);
-                write_packet(0, &payload, &mut bytes);
-                let mut kept = sql;
-                kept.truncate(SQL_KEPT);
-                self.queue_injection(
-                    Injection {
-                        bytes,
-                        expect: Some(TestExpect::Prepare { recovered: true }),
-                        register: Some((prod_id, kept)),
-                    },
-                    out,
-                );
+                // Prepared at its first use, not now: production does not say which schema a
+                // statement was prepared in, and the test server resolves its tables in the
+                // schema current at the prepare. A statement is used where it was prepared far
+                // more often than not (a pool's `setCatalog` and its cache of statements).
+                self.deferred
+                    .get_or_insert_with(Box::default)
+                    .insert(prod_id, sql);
                 out.count(Counter::RecoveredStatements as usize);
             }
         }
@@ -1420,6 +1519,197 @@ impl MysqlTransform {
     fn stop_waiting_for_recovery(&mut self) {
         if let Some(p) = &mut self.pickup {
             p.recovery_deadline = None;
+        }
+    }
+
+    /// Sends the test server a recovered statement's PREPARE now, between two client commands
+    /// (the one naming it waits for the answer, as after a client's own prepare).
+    fn prepare_recovered(
+        &mut self,
+        prod_id: u32,
+        sql: &[u8],
+        out: &mut TransformOutput<'_>,
+    ) -> Result<(), Abandon> {
+        let mut payload = Vec::with_capacity(1 + sql.len());
+        payload.push(com::STMT_PREPARE);
+        payload.extend_from_slice(sql);
+        let mut bytes = Vec::with_capacity(payload.len() + HEADER_LEN);
+        write_packet(0, &payload, &mut bytes);
+        let queued = self.queue_injection(
+            Injection {
+                bytes,
+                expect: Some(TestExpect::Prepare { recovered: true }),
+                register: Some((prod_id, sql[..sql.len().min(SQL_KEPT)].to_vec())),
+            },
+            out,
+        );
+        if queued {
+            out.count(Counter::RecoveredPreparedAtFirstUse as usize);
+        }
+        self.flush_injections(out)
+    }
+
+    fn queue_variables(&mut self, sets: Vec<Injection>, out: &mut TransformOutput<'_>) {
+        for inj in sets {
+            if self.queue_injection(inj, out) {
+                out.count(Counter::RecoveredVariables as usize);
+            }
+        }
+    }
+
+    /// Which side of the recovered variables' snapshot the held command `serial` is on: before
+    /// it when production answered it (by the capture's clock) before it read them.
+    fn variables_side(&self, serial: u64) -> Side {
+        let Some(p) = self.pickup.as_deref() else {
+            return Side::After;
+        };
+        let Some((at, _)) = &p.variables else {
+            return Side::After;
+        };
+        match p.answered.iter().find(|(s, _)| *s == serial) {
+            Some((_, answered)) if answered <= at => Side::Before,
+            Some(_) => Side::After,
+            // Its answer went by unframed, or will never come.
+            None if p.answered.back().is_some_and(|(s, _)| *s > serial) => Side::After,
+            None if p.variables_deadline.is_some_and(|d| self.now >= d) => Side::After,
+            None if matches!(self.prod_phase, ProdPhase::Failed | ProdPhase::Unsynced) => {
+                Side::After
+            }
+            None => Side::Unknown,
+        }
+    }
+
+    /// The recovered variables go out now, ahead of the command being decided.
+    fn place_variables(&mut self, out: &mut TransformOutput<'_>) {
+        let Some(p) = self.pickup.as_deref_mut() else {
+            return;
+        };
+        let sets = p.variables.take().map(|(_, s)| s).unwrap_or_default();
+        p.answered = VecDeque::new();
+        p.schema_changes = Vec::new();
+        p.variable_writes = Vec::new();
+        p.variables_deadline = None;
+        self.queue_variables(sets, out);
+    }
+
+    /// Before the client command `fwd_serial`: `Some(Block)` while it is not known whether
+    /// production ran it before reading the recovered variables, `Some(Drop)` for a query or
+    /// an execute it ran before (see [`Counter::CommandsDroppedBeforeStateRead`]).
+    fn variables_pending(&self) -> bool {
+        self.pickup
+            .as_deref()
+            .is_some_and(|p| p.variables.is_some())
+    }
+
+    /// Whether the query or execute being decided may read or write a user variable: its SQL
+    /// holds an `@`, or is not all known.
+    fn names_user_variable(&self, code: u8) -> bool {
+        let payload = &self.head[HEADER_LEN..];
+        let sql = match code {
+            com::QUERY => {
+                let whole = PacketHeader::parse(&self.head)
+                    .is_some_and(|h| h.len as usize == payload.len());
+                if !whole {
+                    return true;
+                }
+                payload.get(1..)
+            }
+            _ => {
+                let Some(id) = command::statement_id(payload) else {
+                    return true;
+                };
+                if let Some(sql) = self.deferred.as_ref().and_then(|d| d.sql.get(&id)) {
+                    Some(&sql[..])
+                } else {
+                    // The map keeps the first SQL_KEPT bytes: a text that long may go on.
+                    self.map
+                        .as_deref()
+                        .and_then(|m| m.sql(id))
+                        .filter(|s| s.len() < SQL_KEPT)
+                }
+            }
+        };
+        sql.is_none_or(|s| s.contains(&b'@'))
+    }
+
+    /// Whether the command `serial` (production ran it before its lookup) depends on a schema
+    /// nobody read: a later command that production also ran before the lookup changed the
+    /// schema, so the one production reported is not the one this command ran in. Executes of
+    /// statements already prepared do not depend on it (the statement keeps its schema).
+    fn schema_unknown(&self, code: u8, serial: u64) -> bool {
+        let depends = match code {
+            com::QUERY => true,
+            _ => command::statement_id(&self.head[HEADER_LEN..]).is_some_and(|id| {
+                self.deferred
+                    .as_ref()
+                    .is_some_and(|d| d.sql.contains_key(&id))
+            }),
+        };
+        depends && self.later_before(serial, |p| &p.schema_changes)
+    }
+
+    /// Whether one of `list`'s commands after `serial` also ran before production's lookup.
+    fn later_before(&self, serial: u64, list: impl Fn(&PickupLogin) -> &Vec<u64>) -> bool {
+        self.pickup.as_deref().is_some_and(|p| {
+            list(p)
+                .iter()
+                .any(|&c| c > serial && matches!(self.variables_side(c), Side::Before))
+        })
+    }
+
+    fn variables_first(&mut self, out: &mut TransformOutput<'_>) -> Option<Verdict> {
+        if !self.variables_pending() {
+            return None;
+        }
+        let code = self.head.get(HEADER_LEN).copied()?;
+        if !expects_reply(code) {
+            return None;
+        }
+        match self.variables_side(self.fwd_serial) {
+            // A prepare, a schema change, a close: no variable in them, and the statements and
+            // schema the client has after them are what recovery gives anyway. (A prepare is
+            // never dropped here: the statement map pairs every prepare with both answers.)
+            Side::Before if !matches!(code, com::QUERY | com::STMT_EXECUTE) => None,
+            Side::Before => {
+                let serial = self.fwd_serial;
+                let later_write = self.later_before(serial, |p| &p.variable_writes);
+                let own_write = self
+                    .pickup
+                    .as_deref()
+                    .is_some_and(|p| p.variable_writes.contains(&serial));
+                let drop = if self.schema_unknown(code, serial) || own_write {
+                    // It ran in a schema nobody read, or sent after the recovered values it
+                    // would apply twice (`SET @n = @n + 1`).
+                    true
+                } else if self.names_user_variable(code) {
+                    // It read the variables as production read them unless a later command
+                    // of this stretch wrote them; if so it saw older values, else the SETs go
+                    // ahead of it (before any, it would read none on the test server).
+                    if !later_write {
+                        self.place_variables(out);
+                    }
+                    later_write
+                } else {
+                    // It runs the same in any state of the variables.
+                    false
+                };
+                if drop {
+                    out.count(Counter::CommandsDroppedBeforeStateRead as usize);
+                    return Some(Verdict::Drop);
+                }
+                None
+            }
+            Side::After => {
+                self.place_variables(out);
+                None
+            }
+            Side::Unknown => {
+                if let Some(p) = self.pickup.as_deref_mut() {
+                    p.variables_deadline
+                        .get_or_insert(self.now + VARIABLES_WAIT);
+                }
+                Some(Verdict::Block)
+            }
         }
     }
 
@@ -1552,6 +1842,19 @@ impl MysqlTransform {
 
     fn prod_reply(&mut self, p: &ProdPacket, out: &mut TransformOutput<'_>) {
         let popped = self.prod_fifo.pop_front();
+        let recovering = !self.recovered;
+        if let (Some((_, serial, _)), Some(pk)) = (popped, self.pickup.as_deref_mut()) {
+            if recovering || pk.variables.is_some() {
+                if pk.answered.len() >= ANSWERS_KEPT {
+                    pk.answered.pop_front();
+                }
+                pk.answered.push_back((serial, self.captured));
+                if pk.variables.is_some() {
+                    // A command held for this answer may now go.
+                    self.resume(out);
+                }
+            }
+        }
         if let (Some((_, serial, _)), Some(o)) = (popped, &mut self.observer) {
             o.prod_start(serial, self.captured);
         }
@@ -1700,6 +2003,11 @@ impl MysqlTransform {
                 if let Some(k) = &mut self.skipped {
                     k.statements.remove(&prod_id);
                 }
+                // Prepared by the client itself between the pickup and production's lookup:
+                // its own prepare is the one to use.
+                if let Some(d) = &mut self.deferred {
+                    d.remove(prod_id);
+                }
                 out.count(Counter::StatementsMapped as usize)
             }
             Resolution::TestRejected { .. } => {
@@ -1737,6 +2045,10 @@ impl MysqlTransform {
         let in_command = &mut self.arrival_in_command;
         let serial = &mut self.arrival_serial;
         let mut observer = self.observer.as_deref_mut();
+        let mut changes = self
+            .pickup
+            .as_deref_mut()
+            .filter(|p| !self.recovered || p.variables.is_some());
         self.arrival.feed(data, |p| {
             if p.header.part != 0 {
                 if *in_command {
@@ -1761,6 +2073,14 @@ impl MysqlTransform {
             }
             let n = *serial;
             *serial += 1;
+            if let Some(c) = changes.as_deref_mut() {
+                if is_schema_change(p.prefix) && c.schema_changes.len() < ANSWERS_KEPT {
+                    c.schema_changes.push(n);
+                }
+                if writes_user_variable(p.prefix) && c.variable_writes.len() < ANSWERS_KEPT {
+                    c.variable_writes.push(n);
+                }
+            }
             if let Some(o) = observer.as_deref_mut() {
                 let end = p.header.payload_offset() + u64::from(p.header.len);
                 o.arrived(n, p.prefix, end);
@@ -1837,6 +2157,8 @@ impl MysqlTransform {
                     1 + MAX_SQL_HEAD.min(self.shared.config.max_held_bytes)
                 }
                 Some(&com::STMT_PREPARE) => 1 + SQL_KEPT,
+                // Whether it names a user variable (`variables_first`).
+                Some(&com::QUERY) if self.variables_pending() => 1 + SQL_KEPT,
                 Some(&com::STMT_EXECUTE) => self.execute_head(),
                 Some(&c) if command::carries_statement_id(c) => 5,
                 Some(_) => 1,
@@ -2050,6 +2372,9 @@ impl MysqlTransform {
             }
             return Ok(Verdict::Block);
         }
+        if let Some(v) = self.variables_first(out) {
+            return Ok(v);
+        }
         self.flush_injections(out)?;
         self.command(h, out)
     }
@@ -2138,6 +2463,7 @@ impl MysqlTransform {
                     t.reset();
                 }
                 self.forget_skipped();
+                self.forget_deferred();
                 self.stmts_predate_us = false;
                 self.stmts_in_gap = false;
                 out.count(Counter::ResetConnection as usize);
@@ -2193,6 +2519,14 @@ impl MysqlTransform {
         }
         if self.tracking_lost {
             return Ok(self.drop_statement_command(code, UnmappedReason::Desynchronized, out));
+        }
+        if let Some(sql) = self.deferred.as_mut().and_then(|d| d.remove(prod_id)) {
+            if code == com::STMT_CLOSE {
+                out.count(Counter::RecoveredClosedUnused as usize);
+                self.dropped_by_design = true;
+                return Ok(Verdict::Drop);
+            }
+            self.prepare_recovered(prod_id, &sql, out)?;
         }
         let found = if code == com::STMT_CLOSE {
             self.map
@@ -2295,7 +2629,13 @@ impl MysqlTransform {
             self.dropped_refused = Some(code);
         }
         let counter = if !matches!(code, com::STMT_EXECUTE | com::STMT_BULK_EXECUTE) {
-            if let UnmappedReason::TestRejected { .. } = reason {
+            if code == com::STMT_CLOSE && reason == UnmappedReason::Unknown && self.stmts_predate_us
+            {
+                // Prepared before the pickup, closed before production's lookup listed it:
+                // the test server never had it, and a close runs nothing.
+                self.dropped_by_design = true;
+                Counter::RecoveredClosedUnused
+            } else if let UnmappedReason::TestRejected { .. } = reason {
                 // A close, reset or fetch of a statement that does not exist on the test
                 // server: nothing it could have run is lost beyond its refused prepare and
                 // executes, which are counted as such.
@@ -2391,6 +2731,7 @@ impl MysqlTransform {
             t.reset();
         }
         self.forget_skipped();
+        self.forget_deferred();
         self.stmts_predate_us = false;
         self.stmts_in_gap = false;
         self.change_user_in_flight = true;
@@ -2496,6 +2837,12 @@ impl MysqlTransform {
             }
         }
         kind
+    }
+
+    /// COM_RESET_CONNECTION and COM_CHANGE_USER drop production's statements: the recovered
+    /// ones not prepared yet are gone with them.
+    fn forget_deferred(&mut self) {
+        self.deferred = None;
     }
 
     /// COM_RESET_CONNECTION and COM_CHANGE_USER drop every statement on both servers.
@@ -2755,6 +3102,7 @@ impl StreamTransform for MysqlTransform {
             + self.login.as_ref().map_or(0, Vec::capacity)
             + self.inject_bytes
             + self.inject.capacity() * size_of::<Injection>()
+            + self.deferred.as_ref().map_or(0, |d| d.memory_len())
             + self.test_fifo.capacity() * size_of::<(TestExpect, Option<u64>, u8)>()
             + self.prod_fifo.capacity() * size_of::<(ReplyKind, u64, u8)>()
             + self.prod_answers.capacity() * size_of::<PrepareAnswer>()
@@ -2776,10 +3124,11 @@ impl StreamTransform for MysqlTransform {
         if self.dead {
             return None;
         }
-        match (self.recovery_deadline(), self.held_deadline) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        let variables = self.pickup.as_deref().and_then(|p| p.variables_deadline);
+        [self.recovery_deadline(), self.held_deadline, variables]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     fn on_timeout(&mut self, now: Instant, out: &mut TransformOutput<'_>) {
@@ -2793,6 +3142,17 @@ impl StreamTransform for MysqlTransform {
             self.held_deadline = None;
             out.count(Counter::HeldTimeouts as usize);
             self.lose_framing(out);
+            self.resume(out);
+            if self.dead {
+                return;
+            }
+        }
+        if self
+            .pickup
+            .as_deref()
+            .and_then(|p| p.variables_deadline)
+            .is_some_and(|d| now >= d)
+        {
             self.resume(out);
             if self.dead {
                 return;
