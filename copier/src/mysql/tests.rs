@@ -1145,6 +1145,36 @@ fn recovered_variables_start_the_session_where_production_read_them() {
     assert_eq!(got, vec![query("SET @`n` = 7"), query("SELECT 3")]);
     assert_eq!(h.count(Counter::CommandsDroppedBeforeStateRead), 1);
 
+    // A prepare production ran in that schema nobody read is not sent either, and its
+    // executes are lost with it; a query without tables (SET, COMMIT) runs anywhere.
+    let mut h = Harness::new(config.clone(), true);
+    h.test_packet(0, &test_greeting(NATIVE));
+    h.client_packet(0, &prepare("SELECT c FROM t WHERE id = ?"));
+    h.prod_reply(&prepare_reply(9, 1));
+    h.client_packet(0, &query("COMMIT"));
+    h.prod_packet(1, OK);
+    h.client_packet(0, &query("USE other"));
+    h.prod_packet(1, OK);
+    let read_at = h.now;
+    h.call(|t, now, out| t.recover(now, recovered(read_at), out));
+    assert_eq!(h.received().len(), 1, "our login");
+    h.test_packet(2, OK);
+    let got: Vec<_> = h.received().into_iter().map(|g| g.1).collect();
+    assert_eq!(got, vec![query("COMMIT"), query("USE other")]);
+    h.now = h.now + Duration::from_millis(1);
+    h.client_packet(0, &execute(9));
+    h.prod_reply(&result_set(1, 1, false, 0));
+    let got: Vec<_> = h.received().into_iter().map(|g| g.1).collect();
+    assert_eq!(
+        got,
+        vec![query("SET @`n` = 7")],
+        "the variables; not the execute"
+    );
+    assert_eq!(h.count(Counter::CommandsDroppedBeforeStateRead), 2);
+    h.client_packet(0, &[0x19, 9, 0, 0, 0]);
+    assert!(h.received().is_empty());
+    assert_eq!(h.count(Counter::CommandsDroppedBeforeStateRead), 2);
+
     // A held command production has not answered yet waits for its answer to tell.
     let mut h = Harness::new(config.clone(), true);
     h.test_packet(0, &test_greeting(NATIVE));

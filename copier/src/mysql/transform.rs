@@ -237,6 +237,9 @@ enum Fate {
     Untracked,
     /// Not sent (`--read-only`): production's id is remembered so its executes are not sent.
     Skipped,
+    /// Not sent: a picked-up connection prepared it in a schema nobody read
+    /// (`variables_first`). Like `Skipped`, its executes are lost with it, and counted.
+    Lost,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -364,6 +367,9 @@ struct Skipped {
     statements: HashSet<u32>,
     /// SQL-level prepared statement names whose PREPARE was not sent, with its kind.
     names: HashMap<Box<[u8]>, WriteKind>,
+    /// Those of `statements` not sent for want of a picked-up connection's state ([`Fate::Lost`]):
+    /// what they would have run is lost, not kept off by design.
+    lost: HashSet<u32>,
 }
 
 fn new_map(shared: &Shared) -> Box<StatementMap> {
@@ -421,6 +427,27 @@ fn writes_user_variable(prefix: &[u8]) -> bool {
         && (sql.get(..3).is_some_and(|w| w.eq_ignore_ascii_case(b"SET"))
             || has(b":=")
             || has(b"INTO @"))
+}
+
+/// Whether a query's text may name a table (so depends on the current schema): all but
+/// transaction control and a `SET` without a subquery, by their first bytes.
+fn names_tables(sql: &[u8]) -> bool {
+    let sql = sql.trim_ascii_start();
+    let starts = |w: &[u8]| {
+        sql.get(..w.len())
+            .is_some_and(|s| s.eq_ignore_ascii_case(w))
+    };
+    let has_select = sql.windows(6).any(|w| w.eq_ignore_ascii_case(b"SELECT"));
+    let control = [
+        &b"COMMIT"[..],
+        b"ROLLBACK",
+        b"BEGIN",
+        b"START TRANSACTION",
+        b"SAVEPOINT",
+        b"RELEASE",
+        b"USE",
+    ];
+    !(control.iter().any(|w| starts(w)) || (starts(b"SET") && !has_select))
 }
 
 /// COM_INIT_DB, or a query that starts with `USE` (the first bytes of a command).
@@ -647,6 +674,8 @@ pub struct MysqlTransform {
     /// The client's latest COM_STMT_PREPARE was not sent: MariaDB's "last prepared" id
     /// ([`LAST_PREPARED`]) names it.
     last_prepare_skipped: bool,
+    /// The last prepare was not sent for want of a picked-up connection's state ([`Fate::Lost`]).
+    last_prepare_lost: bool,
     /// The packets after a command that was not sent (LOCAL INFILE contents) are not sent either.
     skip_data: bool,
 }
@@ -772,6 +801,7 @@ impl MysqlTransform {
             inject_bytes: 0,
             skipped: None,
             last_prepare_skipped: false,
+            last_prepare_lost: false,
             skip_data: false,
         }
     }
@@ -1638,7 +1668,8 @@ impl MysqlTransform {
     /// statements already prepared do not depend on it (the statement keeps its schema).
     fn schema_unknown(&self, code: u8, serial: u64) -> bool {
         let depends = match code {
-            com::QUERY => true,
+            com::QUERY => names_tables(&self.head[HEADER_LEN + 1..]),
+            com::STMT_PREPARE => true,
             _ => command::statement_id(&self.head[HEADER_LEN..]).is_some_and(|id| {
                 self.deferred
                     .as_ref()
@@ -1669,6 +1700,17 @@ impl MysqlTransform {
             // A prepare, a schema change, a close: no variable in them, and the statements and
             // schema the client has after them are what recovery gives anyway. (A prepare is
             // never dropped here: the statement map pairs every prepare with both answers.)
+            Side::Before if code == com::STMT_PREPARE => {
+                if !self.schema_unknown(code, self.fwd_serial) {
+                    return None;
+                }
+                // Its answer is paired like any prepare's; its executes are lost with it.
+                self.last_prepare_skipped = false;
+                self.last_prepare_lost = true;
+                self.prepare_passed(Fate::Lost, out);
+                out.count(Counter::CommandsDroppedBeforeStateRead as usize);
+                Some(Verdict::Drop)
+            }
             Side::Before if !matches!(code, com::QUERY | com::STMT_EXECUTE) => None,
             Side::Before => {
                 let serial = self.fwd_serial;
@@ -1967,7 +2009,15 @@ impl MysqlTransform {
             (Fate::Skipped, PrepareAnswer::Ok { statement_id }) => {
                 self.skip_statement(statement_id, out)
             }
-            (Fate::Skipped, PrepareAnswer::Err { .. }) | (Fate::Untracked, _) => {}
+            (Fate::Lost, PrepareAnswer::Ok { statement_id }) => {
+                self.skip_statement(statement_id, out);
+                if let Some(k) = &mut self.skipped {
+                    if k.statements.contains(&statement_id) {
+                        k.lost.insert(statement_id);
+                    }
+                }
+            }
+            (Fate::Skipped | Fate::Lost, PrepareAnswer::Err { .. }) | (Fate::Untracked, _) => {}
         }
     }
 
@@ -2439,6 +2489,7 @@ impl MysqlTransform {
                         .prepare_sent(&self.head[HEADER_LEN + 1..]);
                 }
                 self.last_prepare_skipped = false;
+                self.last_prepare_lost = false;
                 self.prepare_passed(
                     if tracked {
                         Fate::Tracked
@@ -2496,6 +2547,24 @@ impl MysqlTransform {
             out.count(Counter::CommandsForwarded as usize);
             return Ok(Verdict::Forward);
         };
+        let lost = self
+            .skipped
+            .as_ref()
+            .is_some_and(|k| k.lost.contains(&prod_id))
+            || (prod_id == LAST_PREPARED && self.last_prepare_lost);
+        if lost {
+            if code == com::STMT_CLOSE {
+                // A close runs nothing: it only ends what the test server never had.
+                self.dropped_by_design = true;
+                if let Some(k) = &mut self.skipped {
+                    k.statements.remove(&prod_id);
+                    k.lost.remove(&prod_id);
+                }
+            } else {
+                out.count(Counter::CommandsDroppedBeforeStateRead as usize);
+            }
+            return Ok(Verdict::Drop);
+        }
         if self.shared.config.read_only
             && (self
                 .skipped
@@ -2849,8 +2918,9 @@ impl MysqlTransform {
     fn forget_skipped(&mut self) {
         self.skipped = None;
         self.last_prepare_skipped = false;
+        self.last_prepare_lost = false;
         for f in &mut self.unanswered_prepares {
-            if *f == Fate::Skipped {
+            if matches!(*f, Fate::Skipped | Fate::Lost) {
                 *f = Fate::Untracked;
             }
         }
