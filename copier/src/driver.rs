@@ -360,8 +360,13 @@ impl Driver {
         }
         if let Some(lookup) = &self.lookup {
             while let Some(mut answer) = lookup.try_answer() {
-                if let (Some(state), Some(t)) = (&mut answer.state, answer.variables_read_at) {
-                    state.variables_at = Some(self.engine_time(t));
+                if let Some(state) = &mut answer.state {
+                    let on_engine = |(a, b)| (self.engine_time(a), self.engine_time(b));
+                    state.variables_at = answer.variables_read.first.map(on_engine);
+                    let again = answer.variables_read.again.map(on_engine);
+                    if let Some(g) = &mut state.variables_again {
+                        g.1 = again;
+                    }
                 }
                 let ev = match &answer.state {
                     Some(state) => TestEvent::App(state),

@@ -691,9 +691,9 @@ pub struct LookupRequest {
 pub struct LookupAnswer {
     pub mirrored: SocketAddrV4,
     pub state: Option<RecoveredState>,
-    /// When production read the variables (the middle of that query's round trip); the
-    /// driver puts it on the engine's clock as [`RecoveredState::variables_at`].
-    pub variables_read_at: Option<Instant>,
+    /// When production read the variables (those queries' round trips); the driver puts them
+    /// on the engine's clock ([`RecoveredState::variables_at`], `variables_again`).
+    pub variables_read: Reads,
 }
 
 /// The PROCESSLIST query for these clients. Only addresses we format ourselves go in.
@@ -760,6 +760,7 @@ pub fn match_processlist(
             variables: Vec::new(),
             variables_dropped: 0,
             variables_at: None,
+            variables_again: None,
         };
         found.insert(*client, (id, state));
     }
@@ -1000,10 +1001,7 @@ impl From<&Readiness> for Wanted {
 }
 
 /// What one lookup found, per client, and when production read the variables.
-type Found = (
-    HashMap<SocketAddrV4, (u64, RecoveredState)>,
-    Option<Instant>,
-);
+type Found = (HashMap<SocketAddrV4, (u64, RecoveredState)>, Reads);
 
 fn lookup_batch(
     c: &mut MysqlClient<impl Read + Write>,
@@ -1026,30 +1024,58 @@ fn lookup_batch(
     let rows = c(&processlist_query(&clients))?;
     let mut found = match_processlist(batch, &rows);
     if found.is_empty() {
-        return Ok((found, None));
+        return Ok((found, Reads::default()));
     }
     let ids: Vec<u64> = found.values().map(|(id, _)| *id).collect();
-    // The middle of the variables query's round trip: when production read them, give or take
-    // half of it (user variables change with every command; session variables seldom).
-    let mut read_at = None;
+    // Each read's round trip: production read the variables within it (user variables change
+    // with every command; session variables seldom).
+    let mut reads = Reads::default();
     if wanted.session_variables {
         let t0 = Instant::now();
         let rows = c(&session_variables_query(&ids))?;
-        read_at = Some(t0 + t0.elapsed() / 2);
+        reads.first = Some((t0, Instant::now()));
         add_variables(&mut found, Variable::Session, &rows);
     }
     if wanted.user_variables {
+        let session_only: HashMap<SocketAddrV4, (Vec<Vec<u8>>, u32)> = found
+            .iter()
+            .map(|(a, (_, s))| (*a, (s.variables.clone(), s.variables_dropped)))
+            .collect();
         let t0 = Instant::now();
         let rows = c(&user_variables_query(&ids))?;
-        read_at = Some(t0 + t0.elapsed() / 2);
+        reads.first = Some((t0, Instant::now()));
         add_variables(&mut found, Variable::User, &rows);
+        // Once more, right after: a command that writes a variable may be answered within
+        // the first read's round trip, on no known side of it; the session then starts from
+        // this read instead (see `RecoveredState::variables_again`).
+        let mut again = found.clone();
+        for (a, (_, s)) in again.iter_mut() {
+            if let Some((v, d)) = session_only.get(a) {
+                s.variables.clone_from(v);
+                s.variables_dropped = *d;
+            }
+        }
+        let t0 = Instant::now();
+        let rows = c(&user_variables_query(&ids))?;
+        reads.again = Some((t0, Instant::now()));
+        add_variables(&mut again, Variable::User, &rows);
+        for (a, (_, s)) in found.iter_mut() {
+            s.variables_again = again.remove(a).map(|(_, g)| (g.variables, None));
+        }
     }
     // After the variables: a statement is the same before and after the read, a variable not.
     if wanted.statements {
         let rows = c(&statements_query(&ids))?;
         add_statements(&mut found, &rows);
     }
-    Ok((found, read_at))
+    Ok((found, reads))
+}
+
+/// The round trips of a lookup's reads of the variables, on the standard clock.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Reads {
+    pub first: Option<(Instant, Instant)>,
+    pub again: Option<(Instant, Instant)>,
 }
 
 // ------------------------------------------------------------------------------------ worker
@@ -1216,7 +1242,7 @@ impl Worker {
             if self.stopping() {
                 return;
             }
-            let ((mut found, read_at), failed) = match self.lookup(&batch) {
+            let ((mut found, reads), failed) = match self.lookup(&batch) {
                 Ok(found) => (found, false),
                 Err(e) => {
                     self.counters
@@ -1225,7 +1251,7 @@ impl Worker {
                     self.report(&e);
                     // Reconnect on the next batch: the connection's state is unknown now.
                     self.conn = None;
-                    ((HashMap::new(), None), true)
+                    ((HashMap::new(), Reads::default()), true)
                 }
             };
             for r in &batch {
@@ -1242,7 +1268,7 @@ impl Worker {
                     .send(LookupAnswer {
                         mirrored: r.mirrored,
                         state,
-                        variables_read_at: read_at,
+                        variables_read: reads,
                     })
                     .is_err()
                 {

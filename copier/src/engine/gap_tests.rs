@@ -187,3 +187,27 @@ fn a_hole_longer_than_a_session_may_hold_is_gone_past_too() {
     h.run_for(Duration::from_millis(100));
     assert_eq!(h.e.stats().prod_gaps_skipped, 1, "in order again");
 }
+
+#[test]
+fn production_bytes_piling_up_behind_a_hole_do_not_wait_for_the_clients_ack() {
+    // A copier catching up on its ring meets production's burst after a hole long before the
+    // client's ACKs of it: past a bound, the hole is taken as the capture's.
+    let mut h = framed_engine();
+    let s = C.wrapping_add(1);
+    h.client(s, ACK | PSH, b"C1;");
+    prod(&mut h, P, s.wrapping_add(3), b"r1");
+    let chunk = vec![b'r'; 60_000];
+    let mut at = (P + 2).wrapping_add(1_000);
+    for _ in 0..16 {
+        prod(&mut h, at, s.wrapping_add(3), &chunk);
+        at = at.wrapping_add(chunk.len() as u32);
+    }
+    assert_eq!(h.e.stats().prod_gaps_skipped, 0, "under the bound it waits");
+    for _ in 0..4 {
+        prod(&mut h, at, s.wrapping_add(3), &chunk);
+        at = at.wrapping_add(chunk.len() as u32);
+    }
+    let st = h.e.stats();
+    assert_eq!(st.prod_gaps_skipped, 1);
+    assert_eq!(st.sessions_active, 1);
+}

@@ -59,6 +59,11 @@ const TEST_HOLES: usize = 4;
 const PROVEN_GAP_GRACE: Duration = Duration::from_millis(50);
 /// Holes gone past in one go, at most (the reassembly holds at most 8 beyond the first).
 const GAP_ROUNDS: usize = 10;
+/// Production bytes a session holds behind a hole in production's stream before the hole is
+/// taken as the capture's without the client's ACK (`prod_held_too_long`): 1 MiB is a
+/// fraction of a second of the busiest session's replies, and eight such sessions stay well
+/// within the sessions' part of the default --max-memory (96 MiB).
+const PROD_HOLD_LIMIT: usize = 1 << 20;
 /// How soon a transform's timer runs again when it left its deadline in the past.
 const TRANSFORM_RETRY: Duration = Duration::from_millis(1);
 
@@ -772,7 +777,8 @@ impl Session {
         cfg: &EngineConfig,
         stats: &mut EngineStats,
     ) -> Option<CloseReason> {
-        if self.gap_since.is_some_and(|t| now >= t + PROVEN_GAP_GRACE) {
+        if self.gap_since.is_some_and(|t| now >= t + PROVEN_GAP_GRACE) || self.prod_held_too_long()
+        {
             // Each skip goes past one hole, and bytes held beyond it may end at another that
             // production's ACKs prove too: a few rounds, each moving the stream on.
             for _ in 0..GAP_ROUNDS {
@@ -820,8 +826,23 @@ impl Session {
         }
     }
 
+    /// Production's bytes held behind a hole in its stream beyond [`PROD_HOLD_LIMIT`]: the
+    /// capture saw production send what follows the hole, and a hole the network made would
+    /// have been sent again by now (production retransmits within its RTO, far less than the
+    /// time that many bytes take). The hole is the capture's: its replies are given up.
+    fn prod_held_too_long(&self) -> bool {
+        self.prod_reasm
+            .as_ref()
+            .is_some_and(|r| r.held_len() > PROD_HOLD_LIMIT)
+    }
+
     fn prod_gap_proven(&self) -> Option<u32> {
         let r = self.prod_reasm.as_ref()?;
+        if self.prod_held_too_long() {
+            // The client's ACKs that would prove it may come far later in the capture (a
+            // copier catching up on its ring meets production's bursts first).
+            return r.first_held_run().map(|(held, _)| held);
+        }
         let ack = self.client_ack?;
         let end = r.end();
         if !(seq::gt(ack, end) && ack.wrapping_sub(end) < 1 << 30) {

@@ -114,6 +114,9 @@ impl Default for MysqlConfig {
     }
 }
 
+/// When a query to production was sent and its answer received (capture clock).
+pub type RoundTrip = (Instant, Instant);
+
 /// What `--prod-dsn` learnt about a picked-up connection on production.
 #[derive(Clone, Default, PartialEq, Eq)]
 pub struct RecoveredState {
@@ -132,11 +135,15 @@ pub struct RecoveredState {
     pub variables: Vec<Vec<u8>>,
     /// Variables production had that no `SET` can carry (a name or value out of bounds).
     pub variables_dropped: u32,
-    /// When production read the variables (the middle of that query's round trip, on the
-    /// capture's clock). The client's commands production answered before then are in them:
-    /// their `SET`s go to the test server after those, not before (`@n = @n + 1` would count
-    /// twice). `None`: before every held command.
-    pub variables_at: Option<Instant>,
+    /// The round trip of the query that read the variables, on the capture's clock:
+    /// production read them within it. What the client's commands production answered before
+    /// it did is in them; their `SET`s go to the test server where production read them
+    /// (`transform.rs`, `variables_first`). `None`: before every held command.
+    pub variables_at: Option<RoundTrip>,
+    /// The same `SET`s from a second read right after the first, and its round trip: the
+    /// session starts from it when a command writing a variable was answered within the first
+    /// read's round trip (on neither known side of it).
+    pub variables_again: Option<(Vec<Vec<u8>>, Option<RoundTrip>)>,
 }
 
 impl fmt::Debug for RecoveredState {
@@ -270,6 +277,9 @@ pub enum Counter {
     /// copier cannot give the test server (before the snapshot), and once sent after it they
     /// would apply twice (`SET @n = @n + 1`).
     CommandsDroppedBeforeStateRead,
+    /// Picked-up sessions started from production's second read of their variables: a
+    /// command writing one was answered within the first read's round trip.
+    RecoveryVariablesReadAgain,
 }
 
 /// Names of [`Counter`] ids, in id order (metrics labels and the summary).
@@ -345,6 +355,7 @@ pub const COUNTER_NAMES: &[&str] = &[
     "recovered_prepared_at_first_use",
     "recovered_closed_unused",
     "commands_dropped_before_state_read",
+    "recovery_variables_read_again",
 ];
 
 /// What `--read-only` counts a command under.
@@ -364,7 +375,7 @@ pub(crate) fn read_only_counter(kind: WriteKind) -> Counter {
     }
 }
 
-const _: () = assert!(COUNTER_NAMES.len() == Counter::CommandsDroppedBeforeStateRead as usize + 1);
+const _: () = assert!(COUNTER_NAMES.len() == Counter::RecoveryVariablesReadAgain as usize + 1);
 const _: () = assert!(COUNTER_NAMES.len() <= crate::engine::TRANSFORM_COUNTERS);
 
 /// The in-line sizes of a MySQL session's parts (bytes), for the memory breakdown of

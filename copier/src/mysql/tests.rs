@@ -1019,6 +1019,7 @@ fn recovered_state_decides_the_login_and_prepares_the_statements_again() {
         ],
         variables_dropped: 1,
         variables_at: None,
+        variables_again: None,
     };
     assert!(!format!("{state:?}").contains("SELECT"));
     assert!(!format!("{state:?}").contains("ANSI"));
@@ -1083,7 +1084,7 @@ fn recovered_variables_start_the_session_where_production_read_them() {
         user: "sb".into(),
         db: Some("sbtest".into()),
         variables: vec![b"SET @`n` = 7".to_vec()],
-        variables_at: Some(at),
+        variables_at: Some((at, at)),
         ..Default::default()
     };
     let inc = query("SET @n = @n + 1");
@@ -1131,18 +1132,24 @@ fn recovered_variables_start_the_session_where_production_read_them() {
     h.call(|t, now, out| t.recover(now, recovered(read_at), out));
     assert_eq!(h.received().len(), 1, "our login");
     h.test_packet(2, OK);
-    let got: Vec<_> = h.received().into_iter().map(|g| g.1).collect();
-    assert_eq!(got, vec![query("USE other"), query("SELECT 2")]);
+    assert!(
+        h.received().is_empty(),
+        "nothing answered after the read yet: production's answers up to it may be on the way"
+    );
     // The variables go ahead of the first command production ran after reading them.
     h.now = h.now + Duration::from_millis(1);
     h.client_packet(0, &query("SELECT 3"));
-    assert!(
-        h.received().is_empty(),
-        "waiting for production's answer to tell"
-    );
     h.prod_packet(1, OK);
     let got: Vec<_> = h.received().into_iter().map(|g| g.1).collect();
-    assert_eq!(got, vec![query("SET @`n` = 7"), query("SELECT 3")]);
+    assert_eq!(
+        got,
+        vec![
+            query("USE other"),
+            query("SELECT 2"),
+            query("SET @`n` = 7"),
+            query("SELECT 3")
+        ]
+    );
     assert_eq!(h.count(Counter::CommandsDroppedBeforeStateRead), 1);
 
     // A prepare production ran in that schema nobody read is not sent either, and its
@@ -1159,21 +1166,48 @@ fn recovered_variables_start_the_session_where_production_read_them() {
     h.call(|t, now, out| t.recover(now, recovered(read_at), out));
     assert_eq!(h.received().len(), 1, "our login");
     h.test_packet(2, OK);
-    let got: Vec<_> = h.received().into_iter().map(|g| g.1).collect();
-    assert_eq!(got, vec![query("COMMIT"), query("USE other")]);
+    assert!(h.received().is_empty());
     h.now = h.now + Duration::from_millis(1);
     h.client_packet(0, &execute(9));
     h.prod_reply(&result_set(1, 1, false, 0));
     let got: Vec<_> = h.received().into_iter().map(|g| g.1).collect();
     assert_eq!(
         got,
-        vec![query("SET @`n` = 7")],
+        vec![query("COMMIT"), query("USE other"), query("SET @`n` = 7")],
         "the variables; not the execute"
     );
     assert_eq!(h.count(Counter::CommandsDroppedBeforeStateRead), 2);
     h.client_packet(0, &[0x19, 9, 0, 0, 0]);
     assert!(h.received().is_empty());
     assert_eq!(h.count(Counter::CommandsDroppedBeforeStateRead), 2);
+
+    // A write answered within the first read's round trip is on no known side of it: the
+    // session starts from the second read, which it certainly came before.
+    let mut h = Harness::new(config.clone(), true);
+    h.test_packet(0, &test_greeting(NATIVE));
+    h.client_packet(0, &inc);
+    h.prod_packet(1, OK);
+    let t1 = h.now;
+    let ms = Duration::from_millis(1);
+    let state = RecoveredState {
+        variables_at: Some((Instant::from_nanos(t1.as_nanos() - 1_000_000), t1 + ms)),
+        variables_again: Some((
+            vec![b"SET @`n` = 8".to_vec()],
+            Some((t1 + 2 * ms, t1 + 3 * ms)),
+        )),
+        ..recovered(t1)
+    };
+    h.call(|t, now, out| t.recover(now, state, out));
+    assert_eq!(h.received().len(), 1, "our login");
+    h.test_packet(2, OK);
+    assert!(h.received().is_empty());
+    h.now = t1 + 5 * ms;
+    h.client_packet(0, &query("SELECT 1"));
+    h.prod_packet(1, OK);
+    let got: Vec<_> = h.received().into_iter().map(|g| g.1).collect();
+    assert_eq!(got, vec![query("SET @`n` = 8"), query("SELECT 1")]);
+    assert_eq!(h.count(Counter::RecoveryVariablesReadAgain), 1);
+    assert_eq!(h.count(Counter::CommandsDroppedBeforeStateRead), 1);
 
     // A held command production has not answered yet waits for its answer to tell.
     let mut h = Harness::new(config.clone(), true);
@@ -1189,7 +1223,7 @@ fn recovered_variables_start_the_session_where_production_read_them() {
     assert_eq!(got, vec![query("SET @`n` = 7"), inc.clone()]);
 
     // ... for a while: then it goes after them.
-    let mut h = Harness::new(config, true);
+    let mut h = Harness::new(config.clone(), true);
     h.test_packet(0, &test_greeting(NATIVE));
     h.client_packet(0, &inc);
     let read_at = h.now;
@@ -1203,6 +1237,22 @@ fn recovered_variables_start_the_session_where_production_read_them() {
     h.call(|t, now, out| t.on_timeout(now, out));
     let got: Vec<_> = h.received().into_iter().map(|g| g.1).collect();
     assert_eq!(got, vec![query("SET @`n` = 7"), inc]);
+    assert_eq!(h.t.next_deadline(), None, "no timer left behind");
+
+    // The wait over with nothing decided yet (the client idle): no timer stays in the past.
+    let mut h = Harness::new(config, true);
+    h.test_packet(0, &test_greeting(NATIVE));
+    h.client_packet(0, &query("SELECT 1"));
+    h.prod_packet(1, OK);
+    let read_at = h.now;
+    h.call(|t, now, out| t.recover(now, recovered(read_at), out));
+    h.test_packet(2, OK);
+    let deadline =
+        h.t.next_deadline()
+            .expect("waiting for answers after the read");
+    h.now = deadline;
+    h.call(|t, now, out| t.on_timeout(now, out));
+    assert_eq!(h.t.next_deadline(), None);
 }
 
 #[test]

@@ -391,10 +391,16 @@ struct PickupLogin {
     /// until the recovered variables are placed.
     answered: VecDeque<(u64, Instant)>,
     /// Recovered variables' `SET`s, due before the first held command production answered
-    /// after it read them (at that `Instant`).
-    variables: Option<(Instant, Vec<Injection>)>,
+    /// after it read them.
+    variables: Option<Snapshot>,
+    /// The same from production's second read, used instead when a command writing a
+    /// variable was answered within the first read's round trip.
+    variables_again: Option<Snapshot>,
     /// How long a held command waits for production's answer to tell which side it is on.
     variables_deadline: Option<Instant>,
+    /// That wait is over: what is still not known goes after the variables. (The deadline
+    /// is cleared then, so that a session idle until its next command sets no past timer.)
+    variables_expired: bool,
     /// Serials of the schema changes (COM_INIT_DB, `USE`) that arrived meanwhile: a query
     /// production ran before one of them and before its lookup ran in a schema nobody
     /// read.
@@ -458,6 +464,20 @@ fn is_schema_change(prefix: &[u8]) -> bool {
             [*u, *s, *e].eq_ignore_ascii_case(b"USE") && (sep.is_ascii_whitespace() || *sep == b'`')
         }
         _ => false,
+    }
+}
+
+/// Recovered variables and the round trip of the read that gave them (capture clock).
+struct Snapshot {
+    read: (Instant, Instant),
+    sets: Vec<Injection>,
+}
+
+impl Snapshot {
+    /// When production read them, give or take half the round trip.
+    fn at(&self) -> Instant {
+        let (a, b) = self.read;
+        a + (b - a) / 2
     }
 }
 
@@ -708,7 +728,9 @@ impl MysqlTransform {
                 recovery_deadline: None,
                 answered: VecDeque::new(),
                 variables: None,
+                variables_again: None,
                 variables_deadline: None,
+                variables_expired: false,
                 schema_changes: Vec::new(),
                 variable_writes: Vec::new(),
             })
@@ -1454,6 +1476,7 @@ impl MysqlTransform {
             variables,
             variables_dropped,
             variables_at,
+            variables_again,
         } = state;
         let Some(pickup) = self.pickup.as_deref_mut() else {
             return;
@@ -1480,24 +1503,35 @@ impl MysqlTransform {
         );
         // Before the re-prepares (at first use): sql_mode (ANSI_QUOTES) and the character set
         // change how the test server parses them.
-        let sets: Vec<Injection> = variables
-            .into_iter()
-            .map(|set| {
-                let mut payload = Vec::with_capacity(1 + set.len());
-                payload.push(com::QUERY);
-                payload.extend_from_slice(&set);
-                let mut bytes = Vec::with_capacity(payload.len() + HEADER_LEN);
-                write_packet(0, &payload, &mut bytes);
-                Injection {
-                    bytes,
-                    expect: Some(TestExpect::SetVariable),
-                    register: None,
-                }
-            })
-            .collect();
+        let injections = |variables: Vec<Vec<u8>>| -> Vec<Injection> {
+            variables
+                .into_iter()
+                .map(|set| {
+                    let mut payload = Vec::with_capacity(1 + set.len());
+                    payload.push(com::QUERY);
+                    payload.extend_from_slice(&set);
+                    let mut bytes = Vec::with_capacity(payload.len() + HEADER_LEN);
+                    write_packet(0, &payload, &mut bytes);
+                    Injection {
+                        bytes,
+                        expect: Some(TestExpect::SetVariable),
+                        register: None,
+                    }
+                })
+                .collect()
+        };
+        let sets = injections(variables);
         match (variables_at, self.pickup.as_deref_mut()) {
             // Also without variables: the schema production reported has the same boundary.
-            (Some(at), Some(p)) => p.variables = Some((at, sets)),
+            (Some(read), Some(p)) => {
+                p.variables = Some(Snapshot { read, sets });
+                p.variables_again = variables_again.and_then(|(v, read)| {
+                    read.map(|read| Snapshot {
+                        read,
+                        sets: injections(v),
+                    })
+                });
+            }
             _ => self.queue_variables(sets, out),
         }
         if !self.test_blind() {
@@ -1593,15 +1627,18 @@ impl MysqlTransform {
         let Some(p) = self.pickup.as_deref() else {
             return Side::After;
         };
-        let Some((at, _)) = &p.variables else {
+        let Some(snap) = &p.variables else {
             return Side::After;
         };
+        let at = snap.at();
         match p.answered.iter().find(|(s, _)| *s == serial) {
-            Some((_, answered)) if answered <= at => Side::Before,
+            Some((_, answered)) if *answered <= at => Side::Before,
             Some(_) => Side::After,
             // Its answer went by unframed, or will never come.
             None if p.answered.back().is_some_and(|(s, _)| *s > serial) => Side::After,
-            None if p.variables_deadline.is_some_and(|d| self.now >= d) => Side::After,
+            None if p.variables_expired || p.variables_deadline.is_some_and(|d| self.now >= d) => {
+                Side::After
+            }
             None if matches!(self.prod_phase, ProdPhase::Failed | ProdPhase::Unsynced) => {
                 Side::After
             }
@@ -1614,17 +1651,17 @@ impl MysqlTransform {
         let Some(p) = self.pickup.as_deref_mut() else {
             return;
         };
-        let sets = p.variables.take().map(|(_, s)| s).unwrap_or_default();
+        let sets = p.variables.take().map(|s| s.sets).unwrap_or_default();
+        p.variables_again = None;
         p.answered = VecDeque::new();
         p.schema_changes = Vec::new();
         p.variable_writes = Vec::new();
         p.variables_deadline = None;
+        p.variables_expired = false;
         self.queue_variables(sets, out);
     }
 
-    /// Before the client command `fwd_serial`: `Some(Block)` while it is not known whether
-    /// production ran it before reading the recovered variables, `Some(Drop)` for a query or
-    /// an execute it ran before (see [`Counter::CommandsDroppedBeforeStateRead`]).
+    /// Whether the held commands still wait for the recovered variables' place.
     fn variables_pending(&self) -> bool {
         self.pickup
             .as_deref()
@@ -1688,9 +1725,52 @@ impl MysqlTransform {
         })
     }
 
+    /// Which read the session starts from: the first, unless a command writing a variable
+    /// was answered within its round trip (it may be in that read or not) and there is a
+    /// second. False while production's answers up to the read's end are not all in (capture
+    /// lag), for at most [`VARIABLES_WAIT`].
+    fn settle_snapshot(&mut self, out: &mut TransformOutput<'_>) -> bool {
+        let now = self.now;
+        let unframed = matches!(self.prod_phase, ProdPhase::Failed | ProdPhase::Unsynced);
+        let Some(p) = self.pickup.as_deref_mut() else {
+            return true;
+        };
+        loop {
+            let Some(snap) = &p.variables else {
+                return true;
+            };
+            let (a, b) = snap.read;
+            let settled = unframed
+                || p.answered.back().is_some_and(|(_, t)| *t > b)
+                || p.variables_expired
+                || p.variables_deadline.is_some_and(|d| now >= d);
+            if !settled {
+                p.variables_deadline.get_or_insert(now + VARIABLES_WAIT);
+                return false;
+            }
+            let ambiguous = p.variable_writes.iter().any(|w| {
+                p.answered
+                    .iter()
+                    .any(|(s, t)| s == w && (a..=b).contains(t))
+            });
+            if !ambiguous || p.variables_again.is_none() {
+                return true;
+            }
+            p.variables = p.variables_again.take();
+            out.count(Counter::RecoveryVariablesReadAgain as usize);
+        }
+    }
+
+    /// Before the client command `fwd_serial`: `Some(Block)` while it is not known whether
+    /// production ran it before reading the recovered variables, `Some(Drop)` for a query or
+    /// an execute it ran before and that depends on what it could not read (see
+    /// [`Counter::CommandsDroppedBeforeStateRead`]).
     fn variables_first(&mut self, out: &mut TransformOutput<'_>) -> Option<Verdict> {
         if !self.variables_pending() {
             return None;
+        }
+        if !self.settle_snapshot(out) {
+            return Some(Verdict::Block);
         }
         let code = self.head.get(HEADER_LEN).copied()?;
         if !expects_reply(code) {
@@ -2697,7 +2777,12 @@ impl MysqlTransform {
         if let UnmappedReason::TestRejected { code } = reason {
             self.dropped_refused = Some(code);
         }
-        let counter = if !matches!(code, com::STMT_EXECUTE | com::STMT_BULK_EXECUTE) {
+        let in_stretch = reason == UnmappedReason::Unknown && self.variables_pending();
+        let counter = if in_stretch && code != com::STMT_CLOSE {
+            // Production ran it before reading the connection's state, and closed its
+            // statement before that read too: the statement is known to no one.
+            Counter::CommandsDroppedBeforeStateRead
+        } else if !matches!(code, com::STMT_EXECUTE | com::STMT_BULK_EXECUTE) {
             if code == com::STMT_CLOSE && reason == UnmappedReason::Unknown && self.stmts_predate_us
             {
                 // Prepared before the pickup, closed before production's lookup listed it:
@@ -3217,12 +3302,13 @@ impl StreamTransform for MysqlTransform {
                 return;
             }
         }
-        if self
+        if let Some(p) = self
             .pickup
-            .as_deref()
-            .and_then(|p| p.variables_deadline)
-            .is_some_and(|d| now >= d)
+            .as_deref_mut()
+            .filter(|p| p.variables_deadline.is_some_and(|d| now >= d))
         {
+            p.variables_deadline = None;
+            p.variables_expired = true;
             self.resume(out);
             if self.dead {
                 return;
