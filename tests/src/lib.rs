@@ -183,6 +183,14 @@ impl Background {
         self.child.as_ref().map(Child::id)
     }
 
+    /// How the process ended, if it has (without waiting).
+    pub fn exited(&mut self) -> Result<Option<ExitStatus>> {
+        match self.child.as_mut() {
+            Some(child) => Ok(child.try_wait()?),
+            None => Ok(None),
+        }
+    }
+
     /// Output so far: (stdout, stderr).
     pub fn output(&self) -> (String, String) {
         let get = |s: &Arc<Mutex<String>>| s.lock().unwrap_or_else(|e| e.into_inner()).clone();

@@ -132,6 +132,46 @@ impl Rig {
         Ok(())
     }
 
+    /// After a fault run: both servers, intercept and copier running again. Returns what it
+    /// found down (a process that exited is restarted with its output kept).
+    fn restore(&mut self) -> Result<Vec<String>> {
+        let mut found = Vec::new();
+        for host in ["prod", "test"] {
+            // `lab.sh start` is a no-op for a running server.
+            let out = self.lab.command(&["start", host]).output()?;
+            let said = String::from_utf8_lossy(&out.stderr);
+            ensure!(out.status.success(), "lab.sh start {host} failed:\n{said}");
+            if !said.contains("already running") {
+                found.push(format!("the {host} server was down; started again"));
+            }
+        }
+        if let Some(i) = self.intercept.as_mut() {
+            if let Some(status) = i.exited()? {
+                found.push(format!("intercept had exited ({status}); started again"));
+                let run = self.intercept.take().map(|i| i.stop()).transpose()?;
+                if let Some(run) = run {
+                    self.past_intercept_output.push_str(&run.stderr);
+                }
+            }
+        }
+        if let Some(c) = self.copier.as_mut() {
+            if let Some(status) = c.exited()? {
+                found.push(format!("the copier had exited ({status}); started again"));
+                let run = self.copier.take().map(|c| c.stop()).transpose()?;
+                if let Some(run) = run {
+                    self.past_copier_output.push_str(&run.stderr);
+                }
+            }
+        }
+        if self.intercept.is_none() {
+            self.start_intercept()?;
+        }
+        if self.copier.is_none() {
+            self.start_copier()?;
+        }
+        Ok(found)
+    }
+
     fn copier_pid(&self) -> Result<u32> {
         self.copier
             .as_ref()
@@ -465,6 +505,25 @@ fn inject(rig: &mut Rig, fault: Fault, netem_secs: u64) -> Result<()> {
     Ok(())
 }
 
+/// The production load of one fault run. A run that ends early (an error) still waits for its
+/// load, so the next fault starts from a quiet lab instead of measuring this one's tail.
+struct LoadGuard(Option<std::process::Child>);
+
+impl LoadGuard {
+    fn finish(&mut self) -> Result<std::process::Output> {
+        let child = self.0.take().context("the load was already waited for")?;
+        Ok(child.wait_with_output()?)
+    }
+}
+
+impl Drop for LoadGuard {
+    fn drop(&mut self) {
+        if let Some(child) = self.0.take() {
+            let _ = child.wait_with_output();
+        }
+    }
+}
+
 fn run_fault(rig: &mut Rig, fault: Fault) -> Result<Outcome> {
     let pre = env_secs("TCPSHADOW_FAULT_PRE_SECS", 5);
     let window = env_secs("TCPSHADOW_FAULT_WINDOW_SECS", 20);
@@ -479,21 +538,17 @@ fn run_fault(rig: &mut Rig, fault: Fault) -> Result<Outcome> {
     // The whole run is measured, the fault included: a loss during the fault must not be
     // hidden by the backlog the test server runs after it.
     let start = rig.lab.work_both()?;
-    let load = rig.lab.spawn_load(&Load {
+    let mut load = LoadGuard(Some(rig.lab.spawn_load(&Load {
         time_secs: u32::try_from(total)?,
         ..Load::default()
-    })?;
+    })?));
     let started = Instant::now();
     sleep(Duration::from_secs(pre));
     let before_fault = rig.lab.work_both()?;
     let fault_at = Instant::now();
     let hwm_before = rig.copier_hwm_kib().unwrap_or(0);
     let copier_before = rig.copier.as_ref().map(|c| (c.pid(), c.output().1));
-    if let Err(e) = inject(rig, fault, netem_secs) {
-        // Let the load finish so the next fault starts from a quiet lab.
-        let _ = load.wait_with_output();
-        return Err(e);
-    }
+    inject(rig, fault, netem_secs)?;
     let recovered = Instant::now();
     let fault_secs = (recovered - fault_at).as_secs_f64();
     ensure!(
@@ -522,7 +577,7 @@ fn run_fault(rig: &mut Rig, fault: Fault) -> Result<Outcome> {
         _ => (None, None),
     };
     let hwm = rig.copier_hwm_kib()?.max(hwm_before);
-    let out = load.wait_with_output()?;
+    let out = load.finish()?;
     let sysbench = String::from_utf8_lossy(&out.stdout).into_owned();
     ensure!(
         out.status.success(),
@@ -686,14 +741,19 @@ fn mirror_survives_faults() -> Result<()> {
                 failures.extend(check(&o));
                 outcomes.push(o);
             }
-            Err(e) => failures.push(format!("{}: {e:#}", fault.describe())),
+            Err(e) => {
+                // Printed now, beside its fault: the summary at the end may be cut from a
+                // CI log that keeps only a part of the output.
+                let line = format!("{}: {e:#}", fault.describe());
+                println!("FAILED {line}");
+                failures.push(line);
+            }
         }
-        // A fault that left a process down would spoil the next one.
-        if rig.intercept.is_none() {
-            rig.start_intercept()?;
-        }
-        if rig.copier.is_none() {
-            rig.start_copier()?;
+        // A fault that left a part down would spoil every fault after it: bring it back, and
+        // say so.
+        for line in rig.restore()? {
+            println!("FAILED {}: {line}", fault.describe());
+            failures.push(format!("{}: {line}", fault.describe()));
         }
     }
     println!("\n| fault | prod sysbench errors | work fidelity, whole run | after recovery | new errors on test (whole run) | copier VmHWM | left on test (clean after) | kernel drops, sessions abandoned |");
@@ -714,6 +774,9 @@ fn mirror_survives_faults() -> Result<()> {
             o.drops.map_or("-".into(), |d| d.to_string()),
             o.abandoned.map_or("-".into(), |a| a.to_string()),
         );
+    }
+    if !failures.is_empty() {
+        println!("\nfailures (the logs follow):\n{}\n", failures.join("\n"));
     }
     let copier = rig.copier.take();
     let intercept = rig.intercept.take();
