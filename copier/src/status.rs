@@ -285,6 +285,10 @@ fn protocol_loss_fix(name: &str) -> Option<&'static str> {
             "picked-up connections ran them before --prod-dsn read their state (their user \
              variables or schema then are unknown)"
         }
+        "commands_dropped_before_transaction_boundary" => {
+            "picked-up connections were inside a transaction whose start ran before the copier \
+             saw them; they are mirrored from its end on"
+        }
         "executes_dropped_prepared_in_capture_gap" => {
             "statements whose prepare the capture lost (kernel drops): see the capture ring"
         }

@@ -202,6 +202,30 @@ pub fn classify_with(sql: &[u8], rules: &Rules<'_>) -> Classified {
     classify_at(sql, rules, 0)
 }
 
+/// Whether `sql` opens a transaction explicitly: `BEGIN [WORK]`, `START TRANSACTION …` or
+/// `XA START|BEGIN …` as its first statement. A picked-up connection whose production reply
+/// says "in a transaction" began that transaction here, not before the copier saw it.
+/// `BEGIN NOT ATOMIC` (a compound statement) is not one. Executable comments are read as code.
+pub fn starts_transaction(sql: &[u8]) -> bool {
+    let mut lx = Lexer::new(
+        sql,
+        Reading {
+            exec_comments: true,
+            backslash_escapes: true,
+        },
+    );
+    lx.next_statement();
+    let first = lx.next();
+    if is(first, "BEGIN") {
+        let next = lx.next();
+        return matches!(next, Tok::End) || is(next, "WORK");
+    }
+    if is(first, "START") {
+        return is(lx.next(), "TRANSACTION");
+    }
+    is(first, "XA") && is_any(lx.next(), &["START", "BEGIN"])
+}
+
 fn classify_at(sql: &[u8], rules: &Rules<'_>, depth: u8) -> Classified {
     if depth > MAX_DEPTH {
         return Classified {
@@ -1383,6 +1407,31 @@ mod tests {
         assert_eq!(effect(&quoted), Effect::Write(Other));
         let ok = "EXPLAIN ANALYZE ".repeat(3) + "SELECT 1";
         assert_eq!(effect(&ok), Effect::Read);
+    }
+
+    #[test]
+    fn transaction_starts() {
+        for sql in [
+            "BEGIN",
+            "begin work",
+            "  /* pool */ START TRANSACTION READ ONLY",
+            "start transaction with consistent snapshot",
+            "XA START 'x'",
+            "BEGIN;",
+        ] {
+            assert!(starts_transaction(sql.as_bytes()), "{sql}");
+        }
+        for sql in [
+            "BEGIN NOT ATOMIC SELECT 1; END",
+            "COMMIT",
+            "SELECT 'BEGIN'",
+            "SET autocommit=0",
+            "",
+            "START SLAVE",
+            "XA END 'x'",
+        ] {
+            assert!(!starts_transaction(sql.as_bytes()), "{sql}");
+        }
     }
 
     #[test]

@@ -46,6 +46,7 @@ mod observe;
 mod param_types;
 mod replies;
 mod transform;
+mod txn_gate;
 
 #[cfg(test)]
 mod tests;
@@ -280,6 +281,14 @@ pub enum Counter {
     /// Picked-up sessions started from production's second read of their variables: a
     /// command writing one was answered within the first read's round trip.
     RecoveryVariablesReadAgain,
+    /// Queries and executes of a picked-up connection inside a transaction that began before
+    /// the copier saw it (production's replies said so, `txn_gate.rs`): not sent (a loss),
+    /// since the test server never ran that transaction's start.
+    CommandsDroppedBeforeTransactionBoundary,
+    /// Commands of a picked-up connection sent before a transaction boundary was proven:
+    /// production's reply to them did not come within `GATE_WAIT` (or its replies cannot be
+    /// framed). Sent as they are; a duplicate key on the test server may follow.
+    TransactionBoundaryUnproven,
 }
 
 /// Names of [`Counter`] ids, in id order (metrics labels and the summary).
@@ -356,6 +365,8 @@ pub const COUNTER_NAMES: &[&str] = &[
     "recovered_closed_unused",
     "commands_dropped_before_state_read",
     "recovery_variables_read_again",
+    "commands_dropped_before_transaction_boundary",
+    "transaction_boundary_unproven",
 ];
 
 /// What `--read-only` counts a command under.
@@ -375,7 +386,7 @@ pub(crate) fn read_only_counter(kind: WriteKind) -> Counter {
     }
 }
 
-const _: () = assert!(COUNTER_NAMES.len() == Counter::RecoveryVariablesReadAgain as usize + 1);
+const _: () = assert!(COUNTER_NAMES.len() == Counter::TransactionBoundaryUnproven as usize + 1);
 const _: () = assert!(COUNTER_NAMES.len() <= crate::engine::TRANSFORM_COUNTERS);
 
 /// The in-line sizes of a MySQL session's parts (bytes), for the memory breakdown of

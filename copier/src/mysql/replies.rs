@@ -445,7 +445,7 @@ fn eof_status(head: &[u8]) -> Option<u16> {
 }
 
 /// The status flags of an OK (0x00 or 0xFE header) or EOF; `None` if the head is too short.
-fn ok_status(len: u32, head: &[u8]) -> Option<u16> {
+pub(super) fn ok_status(len: u32, head: &[u8]) -> Option<u16> {
     if len == 5 && head.first() == Some(&0xfe) {
         return eof_status(head);
     }

@@ -28,6 +28,7 @@ use crate::engine::{
     SessionInfo, StreamTransform, TestEvent, TransformFactory, TransformOutput, TransformStats,
 };
 
+mod boundary;
 mod gaps;
 mod param_types;
 mod read_only;

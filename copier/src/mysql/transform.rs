@@ -42,7 +42,8 @@ use common::mysql::stmt::{
 
 use super::observe::{Decision, Observer, SQL_LOOKED_AT};
 use super::param_types::{Exec, Execute, SessionTypes};
-use super::replies::{ReplyKind, ReplyTracker, Seen};
+use super::replies::{ok_status, ReplyKind, ReplyTracker, Role, Seen};
+use super::txn_gate::{Gate, ReplyStatus, TxnGate};
 use super::{read_only_counter, Counter, NotRecovered, RecoveredState, Shared};
 use crate::engine::{SessionInfo, StreamTransform, TestEvent, TransformOutput};
 
@@ -407,6 +408,9 @@ struct PickupLogin {
     schema_changes: Vec<u64>,
     /// Serials of the queries that may write a user variable ([`writes_user_variable`]).
     variable_writes: Vec<u64>,
+    /// The wait for a transaction boundary before writes go (`txn_gate.rs`); gone once one
+    /// is proven.
+    txn_gate: Option<TxnGate>,
 }
 
 /// Production's answers remembered per picked-up connection to place its variables.
@@ -733,6 +737,7 @@ impl MysqlTransform {
                 variables_expired: false,
                 schema_changes: Vec::new(),
                 variable_writes: Vec::new(),
+                txn_gate: Some(TxnGate::new()),
             })
         });
         let observer = shared
@@ -1761,6 +1766,78 @@ impl MysqlTransform {
         }
     }
 
+    fn txn_gate(&self) -> Option<&TxnGate> {
+        self.pickup.as_deref()?.txn_gate.as_ref()
+    }
+
+    fn txn_gate_mut(&mut self) -> Option<&mut TxnGate> {
+        self.pickup.as_deref_mut()?.txn_gate.as_mut()
+    }
+
+    fn end_txn_gate(&mut self) {
+        if let Some(p) = self.pickup.as_deref_mut() {
+            p.txn_gate = None;
+        }
+    }
+
+    /// Before the client command `fwd_serial` of a picked-up connection: `Some(Drop)` for a
+    /// query or an execute inside a transaction that began before the copier saw the
+    /// connection, `Some(Block)` while production's replies have not told yet (bounded by
+    /// `GATE_WAIT`), `None` once a boundary is proven (the gate is then gone). See
+    /// `txn_gate.rs`.
+    fn transaction_first(&mut self, out: &mut TransformOutput<'_>) -> Option<Verdict> {
+        self.txn_gate()?;
+        let code = self.head.get(HEADER_LEN).copied()?;
+        let body = self.head.get(HEADER_LEN + 1..).unwrap_or(&[]);
+        let sql = match code {
+            com::QUERY => body,
+            com::STMT_EXECUTE | com::STMT_BULK_EXECUTE => {
+                let id = command::statement_id(&self.head[HEADER_LEN..])?;
+                // An unknown statement is dropped further on anyway.
+                self.map.as_deref()?.sql(id)?
+            }
+            // Prepares, closes, pings, schema changes: no row is changed by them.
+            _ => return None,
+        };
+        if classify::starts_transaction(sql) {
+            // A transaction the test server sees from its start (a BEGIN inside one commits
+            // it first): the boundary.
+            self.end_txn_gate();
+            return None;
+        }
+        if classify::classify(sql).effect.is_read() {
+            // A read, a COMMIT, a SET: inside a tail it runs on the test server outside the
+            // transaction, and changes nothing there. Only writes wait for the proof.
+            return None;
+        }
+        let serial = self.fwd_serial;
+        if self.prod_phase == ProdPhase::Failed {
+            // Production's replies will not be read: nothing can be proven.
+            self.end_txn_gate();
+            out.count(Counter::TransactionBoundaryUnproven as usize);
+            return None;
+        }
+        let pending = self.prod_fifo.front().is_some_and(|f| f.1 < serial);
+        let now = self.now;
+        let gate = self.txn_gate_mut()?;
+        let earlier_pending = pending || gate.replying.is_some_and(|s| s < serial);
+        let unproven = gate.timed_out(serial, now);
+        match gate.decide(serial, earlier_pending, now) {
+            Gate::Open => {
+                if unproven {
+                    out.count(Counter::TransactionBoundaryUnproven as usize);
+                }
+                self.end_txn_gate();
+                None
+            }
+            Gate::Drop => {
+                out.count(Counter::CommandsDroppedBeforeTransactionBoundary as usize);
+                Some(Verdict::Drop)
+            }
+            Gate::Wait => Some(Verdict::Block),
+        }
+    }
+
     /// Before the client command `fwd_serial`: `Some(Block)` while it is not known whether
     /// production ran it before reading the recovered variables, `Some(Drop)` for a query or
     /// an execute it ran before and that depends on what it could not read (see
@@ -1920,6 +1997,9 @@ impl MysqlTransform {
                     self.prod_reply(p, out);
                 }
                 self.observe_prod(&seen, p);
+                if seen.end {
+                    self.prod_reply_ended(&seen, p, out);
+                }
             }
             ProdPhase::Resyncing => {
                 if p.seq == self.prod_next().1 {
@@ -1940,6 +2020,9 @@ impl MysqlTransform {
                     count_seen(seen, out);
                     self.prod_reply(p, out);
                     self.observe_prod(&seen, p);
+                    if seen.end {
+                        self.prod_reply_ended(&seen, p, out);
+                    }
                 } else {
                     self.lose_all_prod(out);
                     self.prod_phase = ProdPhase::Unsynced;
@@ -1962,8 +2045,32 @@ impl MysqlTransform {
             .map_or((ReplyKind::Generic, 1), |f| (f.0, f.2))
     }
 
+    /// The last packet of production's reply to the command `prod_replying`: a picked-up
+    /// connection's transaction gate learns what the reply said of its transaction.
+    fn prod_reply_ended(&mut self, seen: &Seen, p: &ProdPacket, out: &mut TransformOutput<'_>) {
+        let Some(gate) = self.txn_gate_mut() else {
+            return;
+        };
+        let Some(serial) = gate.replying.take() else {
+            return;
+        };
+        let st = match seen.role {
+            Role::Ok | Role::RowsEnd => {
+                ok_status(p.len, p.prefix()).map_or(ReplyStatus::Err, ReplyStatus::Status)
+            }
+            Role::Err => ReplyStatus::Err,
+            _ => ReplyStatus::None,
+        };
+        gate.replied(serial, st);
+        // A command held for this answer may now go.
+        self.resume(out);
+    }
+
     fn prod_reply(&mut self, p: &ProdPacket, out: &mut TransformOutput<'_>) {
         let popped = self.prod_fifo.pop_front();
+        if let Some(gate) = self.txn_gate_mut() {
+            gate.replying = popped.map(|f| f.1);
+        }
         let recovering = !self.recovered;
         if let (Some((_, serial, _)), Some(pk)) = (popped, self.pickup.as_deref_mut()) {
             if recovering || pk.variables.is_some() {
@@ -2287,8 +2394,11 @@ impl MysqlTransform {
                     1 + MAX_SQL_HEAD.min(self.shared.config.max_held_bytes)
                 }
                 Some(&com::STMT_PREPARE) => 1 + SQL_KEPT,
-                // Whether it names a user variable (`variables_first`).
-                Some(&com::QUERY) if self.variables_pending() => 1 + SQL_KEPT,
+                // Whether it names a user variable (`variables_first`), or writes inside a
+                // transaction begun before the pickup (`transaction_first`).
+                Some(&com::QUERY) if self.variables_pending() || self.txn_gate().is_some() => {
+                    1 + SQL_KEPT
+                }
                 Some(&com::STMT_EXECUTE) => self.execute_head(),
                 Some(&c) if command::carries_statement_id(c) => 5,
                 Some(_) => 1,
@@ -2503,6 +2613,9 @@ impl MysqlTransform {
             return Ok(Verdict::Block);
         }
         if let Some(v) = self.variables_first(out) {
+            return Ok(v);
+        }
+        if let Some(v) = self.transaction_first(out) {
             return Ok(v);
         }
         self.flush_injections(out)?;
@@ -3280,10 +3393,16 @@ impl StreamTransform for MysqlTransform {
             return None;
         }
         let variables = self.pickup.as_deref().and_then(|p| p.variables_deadline);
-        [self.recovery_deadline(), self.held_deadline, variables]
-            .into_iter()
-            .flatten()
-            .min()
+        let gate = self.txn_gate().and_then(TxnGate::deadline);
+        [
+            self.recovery_deadline(),
+            self.held_deadline,
+            variables,
+            gate,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     fn on_timeout(&mut self, now: Instant, out: &mut TransformOutput<'_>) {
@@ -3309,6 +3428,17 @@ impl StreamTransform for MysqlTransform {
         {
             p.variables_deadline = None;
             p.variables_expired = true;
+            self.resume(out);
+            if self.dead {
+                return;
+            }
+        }
+        if self
+            .txn_gate()
+            .and_then(TxnGate::deadline)
+            .is_some_and(|d| now >= d)
+        {
+            // The held command goes unproven (`transaction_first` counts it).
             self.resume(out);
             if self.dead {
                 return;

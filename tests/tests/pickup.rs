@@ -1,0 +1,303 @@
+//! Issue 18 part 2: a copier started at any moment of a running load keeps every session it
+//! picks up. The load never pauses; the copier is started, run a few seconds and stopped
+//! again, several times, so that its start falls wherever the clients happen to be:
+//!
+//! * sysbench `oltp_read_write` (8 threads): inside transactions, between a statement and its
+//!   reply;
+//! * one connection that reads a 20,000-row table over and over (about 4 MB a result): inside
+//!   a large result set, where the client sends nothing for a long time;
+//! * one connection that prepares a statement over the binary protocol, waits, executes it,
+//!   waits and closes it (mysql-connector-python's low-level API): between a prepare and its
+//!   execute.
+//!
+//! The first copier starts before any client connects (its sessions begin at their SYN); the
+//! others pick the connections up mid-stream with `--prod-dsn`.
+//!
+//! For each copier run: no session abandoned, no capture gap suspected (the kernel dropped
+//! nothing: a gap then is the copier's own mistake), every lookup answered, and no loss in the
+//! summary but the ones a mid-stream start explains (its "losses:" lines are printed): the
+//! writes of the transaction each connection was in when the copier started (at most its 4
+//! writes per sysbench connection, `txn_gate.rs`), and the commands in flight when it stopped. Over
+//! the whole test, the test server has no statement error production did not have, but the
+//! duplicate keys a copier stopped inside a sysbench transaction leaves behind (the write races
+//! of `check_write_races`, counted by the copier).
+//!
+//! Tunable: `TCPSHADOW_PICKUP_ROUNDS` (copier runs, 6), `TCPSHADOW_PICKUP_SECS` (each run, 4).
+
+use std::path::PathBuf;
+use std::thread::sleep;
+use std::time::Duration;
+
+use anyhow::{ensure, Context, Result};
+use tcpshadow_tests::mirror::{release_bin, CONTROL_PORT};
+use tcpshadow_tests::work::{test_only_errors, OwnStatements, WRITE_RACE_CODES};
+use tcpshadow_tests::{Background, Host, Lab, Load};
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Where `scripts/install-deps.sh` put mysql-connector-python.
+fn python_path() -> Result<PathBuf> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/lab-clients/py");
+    ensure!(
+        dir.is_dir(),
+        "{} is missing: run scripts/install-deps.sh (it installs mysql-connector-python)",
+        dir.display()
+    );
+    Ok(dir.canonicalize()?)
+}
+
+/// The losses a copier started mid-stream may report: what a connection sent before the
+/// copier could know its state. Anything else under "losses:" fails the round.
+const PICKUP_LOSSES: &[&str] = &[
+    "commands dropped before state read",
+    "commands dropped before transaction boundary",
+    // The copier stops with commands in flight: their replies come after its summary.
+    "sent, never answered by the test server",
+    // Each run ends with a SIGTERM while the clients are connected.
+    "sessions reset at copier exit",
+    // Write races: concurrent transactions interleave differently on the two servers.
+    "error 1062 on the test server only",
+    "error 1205 on the test server only",
+    "error 1213 on the test server only",
+    "error 1205 on production only",
+    "error 1213 on production only",
+];
+
+/// The lines under the summary's "losses:" (empty for "losses: none").
+fn losses(summary: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut inside = false;
+    for line in summary.lines() {
+        let t = line.trim();
+        if let Some(rest) = t.strip_prefix("losses:") {
+            inside = rest.trim().is_empty();
+            if !inside && rest.trim() != "none" {
+                out.push(rest.trim().to_string());
+            }
+            continue;
+        }
+        if inside {
+            if line.starts_with("    ") && !t.is_empty() {
+                out.push(t.to_string());
+            } else {
+                inside = false;
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn a_copier_started_at_any_moment_keeps_every_session() -> Result<()> {
+    tcpshadow_tests::mirror::build()?;
+    let rounds = env_u64("TCPSHADOW_PICKUP_ROUNDS", 6);
+    let run_secs = env_u64("TCPSHADOW_PICKUP_SECS", 4);
+    // Gaps between copier runs, in ms: uneven, so each start falls somewhere else in the
+    // clients' cycles.
+    let gaps_ms = [700u64, 1300, 450, 2100, 900, 1650, 300, 1100];
+    let lab = Lab::up("pickup")?;
+    let listen = format!("{}:{CONTROL_PORT}", lab.ip(Host::Assist));
+    let intercept_bin = release_bin("intercept")?.to_string_lossy().into_owned();
+    let copier_bin = release_bin("copier")?.to_string_lossy().into_owned();
+    let iface = lab.var("LAB_IFACE").to_string();
+    let mut intercept = lab.spawn(
+        Host::Assist,
+        &[
+            &intercept_bin,
+            "--port",
+            "3306",
+            "--interface",
+            &iface,
+            "--listen",
+            &listen,
+            "--status-interval",
+            "2",
+        ],
+    )?;
+    intercept.wait_for_output("waiting for copiers", Duration::from_secs(10))?;
+    let target = format!("{}:3306", lab.ip(Host::Test));
+    let mut copier_args: Vec<String> = [
+        copier_bin.as_str(),
+        "--port",
+        "3306",
+        "--interface",
+        &iface,
+        "--target",
+        &target,
+        "--intercept",
+        &listen,
+        "--status-interval",
+        "2",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    copier_args.extend(lab.pickup_args()?);
+    copier_args.extend(["--prod-dsn".into(), lab.prod_dsn()]);
+    let start_copier = || -> Result<Background> {
+        let args: Vec<&str> = copier_args.iter().map(String::as_str).collect();
+        let mut c = lab.spawn(Host::Prod, &args)?;
+        c.wait_for_output(
+            "control channel to intercept is up",
+            Duration::from_secs(15),
+        )?;
+        Ok(c)
+    };
+
+    let total = rounds * (run_secs + 3) + 10;
+    let before = lab.work_both_quiet(Duration::from_secs(10))?;
+    // The first copier sees every connection from its SYN.
+    let mut copier = Some(start_copier()?);
+    let load = lab.spawn_load(&Load {
+        test: "oltp_read_write".into(),
+        threads: 8,
+        time_secs: u32::try_from(total)?,
+        ..Load::default()
+    })?;
+    let (user, password, prod) = (
+        lab.var("LAB_USER").to_string(),
+        lab.var("LAB_PASSWORD").to_string(),
+        lab.ip(Host::Prod).to_string(),
+    );
+    let big = format!(
+        "for i in $(seq 1 {n}); do echo 'SELECT * FROM sbtest.sbtest1;'; done \
+         | mariadb --no-defaults -h {prod} -u {user} -p{password} > /dev/null",
+        n = total * 20
+    );
+    let mut big_results = lab.spawn(Host::Client, &["bash", "-c", &big])?;
+    let script = format!(
+        "import time, mysql.connector\n\
+         c = mysql.connector.connect(host='{prod}', user='{user}', password='{password}', \
+           database='sbtest', use_pure=True)\n\
+         end = time.time() + {total}\n\
+         i = 0\n\
+         while time.time() < end:\n\
+         \x20   i += 1\n\
+         \x20   s = c.cmd_stmt_prepare(b'SELECT c FROM sbtest2 WHERE id = ?')\n\
+         \x20   time.sleep(0.23)\n\
+         \x20   r = c.cmd_stmt_execute(s['statement_id'], data=(i % 1000 + 1,), parameters=s['parameters'])\n\
+         \x20   if isinstance(r, tuple):\n\
+         \x20       c.unread_result = True\n\
+         \x20       c.get_rows(binary=True, columns=r[1])\n\
+         \x20   time.sleep(0.11)\n\
+         \x20   c.cmd_stmt_close(s['statement_id'])\n\
+         print('prepared', i)\n"
+    );
+    let mut prepares = lab.spawn(
+        Host::Client,
+        &[
+            "env",
+            &format!("PYTHONPATH={}", python_path()?.display()),
+            "python3",
+            "-c",
+            &script,
+        ],
+    )?;
+    let mut bad = Vec::new();
+    let mut summaries = String::new();
+    for round in 0..rounds {
+        if round > 0 {
+            sleep(Duration::from_millis(
+                gaps_ms[round as usize % gaps_ms.len()],
+            ));
+            copier = Some(start_copier()?);
+        }
+        sleep(Duration::from_secs(run_secs));
+        let run = copier.take().context("copier")?.stop()?;
+        let summary = run.stderr;
+        let at = summary.find("copier summary after").unwrap_or(0);
+        let tail = &summary[at..];
+        println!("--- copier run {round}:\n{tail}");
+        summaries.push_str(tail);
+        summaries.push('\n');
+        let line = |key: &str| tail.lines().find(|l| l.trim_start().starts_with(key));
+        let sessions = line("sessions:").unwrap_or("");
+        if !sessions.contains(" 0 abandoned") {
+            bad.push(format!("run {round}: sessions abandoned: {sessions}"));
+        }
+        let captured = line("captured:").unwrap_or("");
+        if !captured.contains(" 0 kernel drops") {
+            bad.push(format!(
+                "run {round}: the kernel dropped (the test wants none): {captured}"
+            ));
+        }
+        // The line is there only when a gap was suspected.
+        if let Some(gaps) = line("capture gaps:") {
+            bad.push(format!("run {round}: capture gaps with no drop: {gaps}"));
+        }
+        if let Some(l) = line("--prod-dsn lookups:") {
+            if !(l.contains(" 0 not found") && l.contains(" 0 failed") && l.contains(" 0 dropped"))
+            {
+                bad.push(format!("run {round}: lookups not answered: {l}"));
+            }
+        }
+        for loss in losses(tail) {
+            if !PICKUP_LOSSES.iter().any(|p| loss.contains(p)) {
+                bad.push(format!(
+                    "run {round}: a loss a pickup does not explain: {loss}"
+                ));
+            }
+            // Only the tail of the transaction each connection was in: sysbench's has 4
+            // writes, the other clients none.
+            let n: u64 = loss
+                .split_whitespace()
+                .next()
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(u64::MAX);
+            if loss.contains("before transaction boundary") && n > 8 * 4 {
+                bad.push(format!(
+                    "run {round}: more than the tails of 8 transactions: {loss}"
+                ));
+            }
+        }
+        ensure!(
+            big_results.exited()?.is_none() && prepares.exited()?.is_none(),
+            "a client of the test ended early:\nbig results: {:?}\nprepares: {:?}",
+            big_results.output(),
+            prepares.output()
+        );
+    }
+    let out = load.wait_with_output()?;
+    ensure!(
+        out.status.success(),
+        "sysbench failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = big_results.stop();
+    let prepared = prepares.finish(Duration::from_secs(5))?;
+    println!("prepare client: {}", prepared.stdout.trim());
+    // No comparison of amounts: the copier was off between its runs. Errors only: every
+    // statement error the test server had that production did not must be a write race a
+    // copier counted.
+    let whole = lab
+        .work_window(before, Duration::from_secs(10))?
+        .whole(&OwnStatements::default())?;
+    println!("the whole test, the copier's pauses included:\n{whole}");
+    let _ = intercept.stop();
+    let counted = test_only_errors(&summaries);
+    let others: Vec<_> = counted
+        .iter()
+        .filter(|(c, _)| !WRITE_RACE_CODES.contains(c))
+        .collect();
+    if !others.is_empty() {
+        bad.push(format!(
+            "the copiers counted test-only errors that are no write race: {others:?}"
+        ));
+    }
+    let new: u64 = whole.new_errors().values().sum();
+    let races: u64 = counted.values().sum();
+    if new > races {
+        bad.push(format!(
+            "{new} new statement errors on test, {races} of them explained by the copiers as \
+             write races ({counted:?})"
+        ));
+    }
+    ensure!(bad.is_empty(), "copier runs failed:\n{}", bad.join("\n"));
+    Ok(())
+}
