@@ -205,7 +205,10 @@ fn pool_is_mirrored(lab: &Lab, connector: &str) -> Result<()> {
     let losses = losses_section(&copier.stderr);
     let other: Vec<&str> = losses
         .iter()
-        .filter(|l| !l.contains("commands dropped before state read"))
+        .filter(|l| {
+            !l.contains("commands dropped before state read")
+                && !l.contains("commands dropped before transaction boundary")
+        })
         .map(String::as_str)
         .collect();
     ensure!(
