@@ -289,6 +289,10 @@ pub enum Counter {
     /// production's reply to them did not come within `GATE_WAIT` (or its replies cannot be
     /// framed). Sent as they are; a duplicate key on the test server may follow.
     TransactionBoundaryUnproven,
+    /// COM_STMT_RESET of a statement prepared before the pickup that nobody could recover
+    /// (closed before `--prod-dsn` read the connection, or no `--prod-dsn`): not sent, and not
+    /// a loss of its own (a reset runs nothing; the execute after it is counted).
+    StmtResetsOfStatementsBeforePickup,
 }
 
 /// Names of [`Counter`] ids, in id order (metrics labels and the summary).
@@ -367,6 +371,7 @@ pub const COUNTER_NAMES: &[&str] = &[
     "recovery_variables_read_again",
     "commands_dropped_before_transaction_boundary",
     "transaction_boundary_unproven",
+    "stmt_resets_of_statements_before_pickup",
 ];
 
 /// What `--read-only` counts a command under.
@@ -386,7 +391,8 @@ pub(crate) fn read_only_counter(kind: WriteKind) -> Counter {
     }
 }
 
-const _: () = assert!(COUNTER_NAMES.len() == Counter::TransactionBoundaryUnproven as usize + 1);
+const _: () =
+    assert!(COUNTER_NAMES.len() == Counter::StmtResetsOfStatementsBeforePickup as usize + 1);
 const _: () = assert!(COUNTER_NAMES.len() <= crate::engine::TRANSFORM_COUNTERS);
 
 /// The in-line sizes of a MySQL session's parts (bytes), for the memory breakdown of

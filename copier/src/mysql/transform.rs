@@ -2891,7 +2891,10 @@ impl MysqlTransform {
             self.dropped_refused = Some(code);
         }
         let in_stretch = reason == UnmappedReason::Unknown && self.variables_pending();
-        let counter = if in_stretch && code != com::STMT_CLOSE {
+        // A reset or close runs nothing: of a statement known to no one, the execute is the
+        // loss, counted once.
+        let runs_nothing = matches!(code, com::STMT_CLOSE | com::STMT_RESET);
+        let counter = if in_stretch && !runs_nothing {
             // Production ran it before reading the connection's state, and closed its
             // statement before that read too: the statement is known to no one.
             Counter::CommandsDroppedBeforeStateRead
@@ -2902,6 +2905,14 @@ impl MysqlTransform {
                 // the test server never had it, and a close runs nothing.
                 self.dropped_by_design = true;
                 Counter::RecoveredClosedUnused
+            } else if code == com::STMT_RESET
+                && reason == UnmappedReason::Unknown
+                && (self.stmts_predate_us || in_stretch)
+            {
+                // mysql-connector-python resets before every execute: the execute after it
+                // is counted, the reset is not lost work.
+                self.dropped_by_design = true;
+                Counter::StmtResetsOfStatementsBeforePickup
             } else if let UnmappedReason::TestRejected { .. } = reason {
                 // A close, reset or fetch of a statement that does not exist on the test
                 // server: nothing it could have run is lost beyond its refused prepare and

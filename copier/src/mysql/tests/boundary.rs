@@ -151,3 +151,21 @@ fn a_recovered_statement_prepared_at_first_use_waits_at_the_gate_too() {
     );
     assert_eq!(h.count(Counter::TransactionBoundaryUnproven), 0);
 }
+
+#[test]
+fn a_statement_known_to_no_one_is_one_loss_however_the_client_resets_and_closes_it() {
+    // mysql-connector-python: RESET, EXECUTE, later CLOSE, of a statement prepared before the
+    // copier saw the connection (no --prod-dsn here).
+    let mut h = picked_up();
+    h.client_packet(0, &[com::STMT_RESET, 3, 0, 0, 0]);
+    h.client_packet(0, &execute(3));
+    h.client_packet(0, &close(3));
+    assert!(payloads(&mut h).is_empty());
+    assert_eq!(h.count(Counter::ExecutesDroppedPreparedBeforePickup), 1);
+    assert_eq!(h.count(Counter::StmtResetsOfStatementsBeforePickup), 1);
+    assert_eq!(h.count(Counter::RecoveredClosedUnused), 1);
+    assert_eq!(h.count(Counter::StmtCommandsDropped), 0);
+    assert!(!crate::status::is_protocol_loss(
+        "stmt_resets_of_statements_before_pickup"
+    ));
+}
