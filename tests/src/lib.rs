@@ -151,6 +151,22 @@ pub fn lab_command(name: &str) -> Command {
     cmd
 }
 
+/// Where `scripts/install-deps.sh` put the lab's registry connectors (`py`: PyPI packages
+/// for `PYTHONPATH`, `node`: npm's `node_modules` parent).
+pub fn lab_clients_dir(what: &str) -> Result<PathBuf> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../target/lab-clients")
+        .join(what);
+    if !dir.is_dir() {
+        bail!(
+            "{} is missing: run scripts/install-deps.sh (it installs the lab's Python and \
+             Node.js connectors)",
+            dir.display()
+        );
+    }
+    Ok(dir.canonicalize()?)
+}
+
 /// A process running in a lab host (see [`Lab::spawn`]). Its output is collected in the
 /// background; dropping it kills the process.
 pub struct Background {

@@ -24,31 +24,19 @@
 //!
 //! Tunable: `TCPSHADOW_PICKUP_ROUNDS` (copier runs, 6), `TCPSHADOW_PICKUP_SECS` (each run, 4).
 
-use std::path::PathBuf;
 use std::thread::sleep;
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
 use tcpshadow_tests::mirror::{release_bin, CONTROL_PORT};
 use tcpshadow_tests::work::{test_only_errors, OwnStatements, WRITE_RACE_CODES};
-use tcpshadow_tests::{Background, Host, Lab, Load};
+use tcpshadow_tests::{lab_clients_dir, Background, Host, Lab, Load};
 
 fn env_u64(name: &str, default: u64) -> u64 {
     std::env::var(name)
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
-}
-
-/// Where `scripts/install-deps.sh` put mysql-connector-python.
-fn python_path() -> Result<PathBuf> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/lab-clients/py");
-    ensure!(
-        dir.is_dir(),
-        "{} is missing: run scripts/install-deps.sh (it installs mysql-connector-python)",
-        dir.display()
-    );
-    Ok(dir.canonicalize()?)
 }
 
 /// The losses a copier started mid-stream may report: what a connection sent before the
@@ -192,7 +180,7 @@ fn a_copier_started_at_any_moment_keeps_every_session() -> Result<()> {
         Host::Client,
         &[
             "env",
-            &format!("PYTHONPATH={}", python_path()?.display()),
+            &format!("PYTHONPATH={}", lab_clients_dir("py")?.display()),
             "python3",
             "-c",
             &script,

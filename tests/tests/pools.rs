@@ -21,7 +21,7 @@ use std::time::Duration;
 use anyhow::{bail, ensure, Context, Result};
 use tcpshadow_tests::mirror::{Mirror, MirrorOptions};
 use tcpshadow_tests::work::OwnStatements;
-use tcpshadow_tests::{Host, Lab};
+use tcpshadow_tests::{lab_clients_dir, Host, Lab};
 
 fn env_or<T: std::str::FromStr>(key: &str, default: T) -> T {
     std::env::var(key)
@@ -32,19 +32,6 @@ fn env_or<T: std::str::FromStr>(key: &str, default: T) -> T {
 
 fn clients_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("clients/pools")
-}
-
-/// Where `scripts/install-deps.sh` put the Python and Node.js connectors.
-fn installed_dir(what: &str) -> Result<PathBuf> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../target/lab-clients")
-        .join(what);
-    ensure!(
-        dir.is_dir(),
-        "{} is missing: run scripts/install-deps.sh (it installs the pool test's connectors)",
-        dir.display()
-    );
-    Ok(dir.canonicalize()?)
 }
 
 const JARS: &[&str] = &[
@@ -83,7 +70,7 @@ fn client_command(connector: &str, dir: &Path) -> Result<Vec<String>> {
         }
         "python" => vec![
             "env".into(),
-            format!("PYTHONPATH={}", installed_dir("py")?.display()),
+            format!("PYTHONPATH={}", lab_clients_dir("py")?.display()),
             "python3".into(),
             src.join("pool.py").display().to_string(),
         ],
@@ -91,7 +78,7 @@ fn client_command(connector: &str, dir: &Path) -> Result<Vec<String>> {
             "env".into(),
             format!(
                 "NODE_PATH={}",
-                installed_dir("node")?.join("node_modules").display()
+                lab_clients_dir("node")?.join("node_modules").display()
             ),
             "node".into(),
             src.join("pool.js").display().to_string(),
