@@ -25,7 +25,7 @@ pub const MAGIC: [u8; 4] = *b"TSHD";
 /// replaced the Hello's cleartext token with a challenge-response (Challenge, Auth and the
 /// Welcome's proof; see [`crate::auth`]). Version 5 added the Mysql message's `sent_at_us`,
 /// so the copier can date replies that waited in intercept's capture blocks.
-pub const PROTOCOL_VERSION: u16 = 5;
+pub const PROTOCOL_VERSION: u16 = 6;
 /// Feature bit of [`Hello::features`] / [`Welcome::features`]: intercept hashes each MySQL
 /// packet's whole payload ([`MysqlPacket::hash`], with `common::mysql::digest::PayloadHasher`)
 /// so the copier can compare result checksums (`--compare-results`). Summaries are then sent
@@ -102,6 +102,8 @@ const MYSQL_FRAMING_LOST: u8 = 0x02;
 const MYSQL_PACKET_HASHED: u8 = 0x03;
 /// Consecutive packets folded into one item ([`MysqlRows`]).
 const MYSQL_ROWS: u8 = 0x04;
+/// Framing found again ([`MysqlEvent::FramingResumed`]); laid out like FramingLost.
+const MYSQL_FRAMING_RESUMED: u8 = 0x05;
 
 // Framing announced in a Welcome.
 const FRAMING_NONE: u8 = 0;
@@ -271,6 +273,10 @@ pub enum MysqlEvent {
     /// the connection was picked up without its SYN-ACK): no more packets for it until a new
     /// SYN-ACK. `at_seq` is the server sequence number where framing stopped.
     FramingLost { client: SocketAddrV4, at_seq: u32 },
+    /// intercept frames this connection's replies again, from server sequence number
+    /// `at_seq`: the end of a COM_STATISTICS reply (the copier's resync probe) it found in a
+    /// stream it had lost. The packets that follow count their `stream_offset` from `at_seq`.
+    FramingResumed { client: SocketAddrV4, at_seq: u32 },
     /// Packets folded into a run ([`FEATURE_ROW_RUNS`]).
     Rows {
         client: SocketAddrV4,
@@ -284,6 +290,7 @@ impl MysqlEvent {
         match self {
             MysqlEvent::Packet { client, .. }
             | MysqlEvent::FramingLost { client, .. }
+            | MysqlEvent::FramingResumed { client, .. }
             | MysqlEvent::Rows { client, .. } => *client,
         }
     }
@@ -296,7 +303,7 @@ impl MysqlEvent {
                     + packet.head.len()
                     + if packet.hash.is_some() { 8 } else { 0 }
             }
-            MysqlEvent::FramingLost { .. } => MYSQL_LOST_LEN,
+            MysqlEvent::FramingLost { .. } | MysqlEvent::FramingResumed { .. } => MYSQL_LOST_LEN,
             MysqlEvent::Rows { .. } => MYSQL_ROWS_LEN,
         }
     }
@@ -1011,6 +1018,11 @@ fn write_mysql(ev: &MysqlEvent, o: &mut Vec<u8>) -> Result<(), EncodeError> {
             write_addr(client, o);
             o.extend_from_slice(&at_seq.to_be_bytes());
         }
+        MysqlEvent::FramingResumed { client, at_seq } => {
+            o.push(MYSQL_FRAMING_RESUMED);
+            write_addr(client, o);
+            o.extend_from_slice(&at_seq.to_be_bytes());
+        }
         MysqlEvent::Rows { client, rows: r } => {
             if r.count == 0 || r.bytes < 4 * u64::from(r.count) {
                 return Err(EncodeError::EmptyRowRun);
@@ -1243,6 +1255,10 @@ fn read_mysql(r: &mut Reader<'_>) -> Result<MysqlEvent, DecodeError> {
             })
         }
         MYSQL_FRAMING_LOST => Ok(MysqlEvent::FramingLost {
+            client,
+            at_seq: r.u32()?,
+        }),
+        MYSQL_FRAMING_RESUMED => Ok(MysqlEvent::FramingResumed {
             client,
             at_seq: r.u32()?,
         }),
@@ -1932,6 +1948,8 @@ mod tests {
                 ),
             (arb_addr(), any::<u32>())
                 .prop_map(|(client, at_seq)| MysqlEvent::FramingLost { client, at_seq }),
+            (arb_addr(), any::<u32>())
+                .prop_map(|(client, at_seq)| MysqlEvent::FramingResumed { client, at_seq }),
             (
                 arb_addr(),
                 (any::<u64>(), any::<u8>(), 1u32..1_000_000),

@@ -61,7 +61,9 @@ impl Relayed {
                     + b.iter()
                         .map(|e| match e {
                             MysqlEvent::Packet { packet, .. } => packet.head.capacity(),
-                            MysqlEvent::FramingLost { .. } | MysqlEvent::Rows { .. } => 0,
+                            MysqlEvent::FramingLost { .. }
+                            | MysqlEvent::FramingResumed { .. }
+                            | MysqlEvent::Rows { .. } => 0,
                         })
                         .sum::<usize>()
             }

@@ -702,7 +702,7 @@ fn framed_at_us(ev: &MysqlEvent) -> Option<u32> {
     match ev {
         MysqlEvent::Packet { packet, .. } => Some(packet.framed_at_us),
         MysqlEvent::Rows { rows, .. } => Some(rows.framed_at_us),
-        MysqlEvent::FramingLost { .. } => None,
+        MysqlEvent::FramingLost { .. } | MysqlEvent::FramingResumed { .. } => None,
     }
 }
 

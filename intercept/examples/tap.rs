@@ -84,6 +84,9 @@ fn main() -> anyhow::Result<()> {
                         MysqlEvent::FramingLost { client, at_seq } => {
                             writeln!(out, "L {client} at={at_seq}")?
                         }
+                        MysqlEvent::FramingResumed { client, at_seq } => {
+                            writeln!(out, "S {client} at={at_seq}")?
+                        }
                         MysqlEvent::Rows { client, rows: r } => writeln!(
                             out,
                             "R {client} off={} id={} count={} bytes={}",

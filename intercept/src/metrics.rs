@@ -114,6 +114,11 @@ pub fn render_intercept_metrics(s: &Status) -> String {
             m.sessions_framed,
         );
         e.counter(
+            "tcpshadow_intercept_mysql_framing_resumed_total",
+            "Lost reply streams framed again from the copier's resync probe.",
+            m.framing_resumed,
+        );
+        e.counter(
             "tcpshadow_intercept_mysql_packets_framed_total",
             "MySQL packets framed (summaries emitted and packets folded).",
             m.packets,

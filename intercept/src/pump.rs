@@ -194,6 +194,7 @@ impl Status {
                 a.packets += b.packets;
                 a.framing_lost += b.framing_lost;
                 a.lost_midstream += b.lost_midstream;
+                a.framing_resumed += b.framing_resumed;
                 a.lost_gap += b.lost_gap;
                 a.lost_snapped += b.lost_snapped;
                 a.sessions_shed += b.sessions_shed;
@@ -254,8 +255,13 @@ impl fmt::Display for Status {
             if m.framing_lost > 0 || m.sessions_shed > 0 {
                 write!(
                     f,
-                    " (midstream={} gap={} snapped={} memory={} shed={})",
-                    m.lost_midstream, m.lost_gap, m.lost_snapped, m.lost_memory, m.sessions_shed
+                    " (midstream={} gap={} snapped={} memory={} shed={} resumed={})",
+                    m.lost_midstream,
+                    m.lost_gap,
+                    m.lost_snapped,
+                    m.lost_memory,
+                    m.sessions_shed,
+                    m.framing_resumed
                 )?;
             }
             write!(

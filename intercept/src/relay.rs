@@ -65,7 +65,9 @@ impl Batch {
                 .iter()
                 .map(|e| match e {
                     MysqlEvent::Packet { packet, .. } => packet.head.capacity(),
-                    MysqlEvent::FramingLost { .. } | MysqlEvent::Rows { .. } => 0,
+                    MysqlEvent::FramingLost { .. }
+                    | MysqlEvent::FramingResumed { .. }
+                    | MysqlEvent::Rows { .. } => 0,
                 })
                 .sum::<usize>()
     }
@@ -825,6 +827,7 @@ mod tests {
                     .map(|f| format!("F{}", f.seq))
                     .chain(b.mysql.iter().map(|e| match e {
                         MysqlEvent::FramingLost { at_seq, .. } => format!("M{at_seq}"),
+                        MysqlEvent::FramingResumed { at_seq, .. } => format!("S{at_seq}"),
                         MysqlEvent::Packet { packet, .. } => format!("P{}", packet.tcp_seq),
                         MysqlEvent::Rows { rows, .. } => format!("R{}", rows.count),
                     }))

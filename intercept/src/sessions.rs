@@ -7,7 +7,9 @@
 //! bound new connections are not framed (counted, and the copier is told).
 //!
 //! It must never stall on a connection it cannot frame: it says so once (`FramingLost`) and
-//! ignores that connection until its next SYN-ACK.
+//! ignores that connection until its next SYN-ACK, or until the connection carries the answer
+//! to a COM_STATISTICS: the copier sends one to a session it lost to find a reply boundary
+//! again (`FramingResumed`), since nothing else in a reply stream marks where a packet starts.
 
 use std::collections::HashMap;
 use std::net::SocketAddrV4;
@@ -75,6 +77,8 @@ pub struct MysqlStats {
     /// Sessions whose framing was given up because all sessions' held bytes reached
     /// `max_held_total` (`--max-memory`): the one whose hold grew past it.
     pub lost_memory: u64,
+    /// Lost sessions framed again from the end of a COM_STATISTICS reply (the copier's probe).
+    pub framing_resumed: u64,
     /// SYN-ACKs not framed because `max_sessions` were tracked.
     pub sessions_shed: u64,
     /// Sessions forgotten after `idle_timeout` without a segment.
@@ -88,6 +92,43 @@ enum Framing {
     Stream(Box<(ReplyStream, RowFolder)>),
     /// Told the copier once; nothing more until a new SYN-ACK.
     Lost,
+}
+
+/// Where a COM_STATISTICS reply ends in one captured segment, if the segment holds one whole.
+///
+/// The reply is the only MySQL packet that is a bare string beginning `Uptime: ` (no OK, ERR
+/// or result-set byte before it): its header (length, sequence id 1) and a printable body of
+/// that length make a false match in row data need a row whose first column is 85 bytes long
+/// and starts `ptime: ` followed by as many printable bytes as the false header says. The last
+/// such reply in the segment wins: framing starts after everything the probe waited on.
+/// `wire_len` is the payload's length on the wire; a segment cut by the snap length is never
+/// matched past what was captured.
+pub fn statistics_reply_end(payload: &[u8], wire_len: u32) -> Option<usize> {
+    const MARK: &[u8] = b"\x01Uptime: ";
+    let data = &payload[..payload.len().min(wire_len as usize)];
+    let mut found = None;
+    let mut from = 0;
+    while let Some(i) = data
+        .get(from..)
+        .and_then(|d| d.windows(MARK.len()).position(|w| w == MARK))
+        .map(|i| i + from)
+    {
+        from = i + 1;
+        let Some(start) = i.checked_sub(3) else {
+            continue;
+        };
+        let len = usize::from(data[start])
+            | usize::from(data[start + 1]) << 8
+            | usize::from(data[start + 2]) << 16;
+        let end = start + 4 + len;
+        let body = (MARK.len() - 1 <= len && len <= 1024)
+            .then(|| data.get(i + 1..end))
+            .flatten();
+        if body.is_some_and(|b| b.iter().all(|c| (0x20..0x7f).contains(c))) {
+            found = Some(end);
+        }
+    }
+    found
 }
 
 /// Memory one tracked session takes before it holds any out-of-order bytes: its entry in the
@@ -238,6 +279,24 @@ impl MysqlSessions {
             return;
         };
         s.last_seen = now;
+        if matches!(s.framing, Framing::Lost) && !flags.rst() {
+            // The copier's resync probe: framing starts again where its answer ends.
+            if let Some(end) = statistics_reply_end(pkt.payload, pkt.payload_len) {
+                let base = data_seq.wrapping_add(end as u32);
+                stats.framing_resumed += 1;
+                out.push(MysqlEvent::FramingResumed {
+                    client,
+                    at_seq: base,
+                });
+                let sizes = HeadSizes {
+                    later: self.config.head,
+                };
+                s.framing = Framing::Stream(Box::new((
+                    ReplyStream::new(base, sizes, self.config.hold),
+                    RowFolder::new(),
+                )));
+            }
+        }
         if let Framing::Stream(framed) = &mut s.framing {
             let (stream, folder) = &mut **framed;
             stream.set_hashing(self.hashing);
@@ -446,7 +505,9 @@ mod tests {
                 MysqlEvent::Packet { packet: p, .. } => {
                     Some((p.stream_offset, p.seq_id, p.head.to_vec()))
                 }
-                MysqlEvent::FramingLost { .. } | MysqlEvent::Rows { .. } => None,
+                MysqlEvent::FramingLost { .. }
+                | MysqlEvent::FramingResumed { .. }
+                | MysqlEvent::Rows { .. } => None,
             })
             .collect()
     }
@@ -510,6 +571,7 @@ mod tests {
                 MysqlEvent::Packet { packet, .. } => format!("P{}", packet.seq_id),
                 MysqlEvent::Rows { rows, .. } => format!("R{}x{}", rows.seq_id, rows.count),
                 MysqlEvent::FramingLost { .. } => "L".into(),
+                MysqlEvent::FramingResumed { .. } => "S".into(),
             })
             .collect();
         // The definition, the EOF after it and three rows in the first segment; the fourth
@@ -518,6 +580,73 @@ mod tests {
         assert_eq!(kinds, ["P1", "R2x5", "R7x7", "P14"]);
         let s = m.stats();
         assert_eq!((s.packets, s.folded, s.runs), (14, 12, 2));
+    }
+
+    const STATS: &[u8] = b"Uptime: 84  Threads: 9  Questions: 2811  Slow queries: 0  Opens: 17  \
+                            Open tables: 10  Queries per second avg: 33.464";
+
+    #[test]
+    fn a_lost_session_is_framed_again_after_the_copiers_statistics_probe() {
+        let mut m = MysqlSessions::new(SessionConfig::default());
+        let mut out = Vec::new();
+        // Mid-stream: the tail of some result set, then (its own segment) an OK.
+        m.on_segment(t(0), &seg(client(10), 5000, A, &[1; 10]), &mut out);
+        // The probe's answer arrives glued to the end of an earlier reply, and the reply to the
+        // command after the probe follows in the same segment.
+        let mut data = vec![7u8; 9];
+        data.extend(pkt(1, STATS));
+        let end = data.len();
+        data.extend(pkt(1, &[0, 0, 0, 2, 0, 0, 0]));
+        m.on_segment(t(1), &seg(client(10), 5010, A, &data), &mut out);
+        assert_eq!(
+            out[..2],
+            [
+                MysqlEvent::FramingLost {
+                    client: client(10),
+                    at_seq: 5000
+                },
+                MysqlEvent::FramingResumed {
+                    client: client(10),
+                    at_seq: 5010 + end as u32
+                }
+            ]
+        );
+        // Offsets count from the probe's end.
+        assert_eq!(packets(&out), [(0, 1, vec![0, 0, 0, 2, 0, 0, 0])]);
+        let more = pkt(1, &[0xff, 0x10, 0x04]);
+        out.clear();
+        m.on_segment(
+            t(2),
+            &seg(client(10), 5010 + data.len() as u32, A, &more),
+            &mut out,
+        );
+        assert_eq!(packets(&out), [(11, 1, vec![0xff, 0x10, 0x04])]);
+        assert_eq!(m.stats().framing_resumed, 1);
+    }
+
+    #[test]
+    fn only_a_whole_printable_statistics_reply_is_a_boundary() {
+        let whole = pkt(1, STATS);
+        assert_eq!(
+            statistics_reply_end(&whole, whole.len() as u32),
+            Some(whole.len())
+        );
+        // Cut short, by the segment or by the snap length.
+        assert_eq!(statistics_reply_end(&whole[..whole.len() - 1], 1000), None);
+        assert_eq!(statistics_reply_end(&whole, whole.len() as u32 - 1), None);
+        // Another sequence id, or a header that claims more than the body can be.
+        let mut other = whole.clone();
+        other[3] = 2;
+        assert_eq!(statistics_reply_end(&other, 1000), None);
+        let mut binary = whole.clone();
+        binary[20] = 0;
+        assert_eq!(statistics_reply_end(&binary, 1000), None);
+        // The mark with no room for a header before it.
+        assert_eq!(statistics_reply_end(b"\x01Uptime: 1", 100), None);
+        // Two answers: framing starts after the last.
+        let mut two = whole.clone();
+        two.extend_from_slice(&whole);
+        assert_eq!(statistics_reply_end(&two, 1000), Some(two.len()));
     }
 
     #[test]

@@ -294,6 +294,7 @@ fn seen(rx: &RelayedReceiver, until: impl Fn(&[Seen]) -> bool) -> Vec<Seen> {
                     Seen::Packet(client, p.stream_offset, p.seq_id, p.head.to_vec())
                 }
                 MysqlEvent::FramingLost { client, at_seq } => Seen::Lost(client, at_seq),
+                MysqlEvent::FramingResumed { .. } => unreachable!("no stream here is resumed"),
                 MysqlEvent::Rows { .. } => unreachable!("these copiers do not ask for runs"),
             })),
             Err(_) => panic!("timed out; so far: {got:#?}"),

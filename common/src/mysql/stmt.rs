@@ -58,6 +58,8 @@ pub enum UnmappedReason {
     LimitReached,
     #[error("statement tracking lost step with the servers")]
     Desynchronized,
+    #[error("the test server's answer to its prepare was never seen")]
+    TestAnswerLost,
 }
 
 /// A production statement id that cannot be translated, and why.
@@ -98,6 +100,9 @@ pub enum Resolution {
     },
     /// No prepare was waiting for an answer from this side; the map is now desynchronized.
     Unexpected,
+    /// The test server's answer was given up on ([`StatementMap::test_answers_lost`]): the
+    /// statement is known, and unusable.
+    TestAnswerLost,
 }
 
 #[derive(Clone, Debug)]
@@ -106,6 +111,8 @@ struct Pending {
     prod: Option<PrepareAnswer>,
     test: Option<PrepareAnswer>,
     discarded: bool,
+    /// `test` stands in for an answer that will never be seen.
+    test_lost: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -185,6 +192,7 @@ impl StatementMap {
             prod,
             test: None,
             discarded: false,
+            test_lost: false,
         });
     }
 
@@ -230,6 +238,22 @@ impl StatementMap {
         };
         if p.discarded {
             return Resolution::Discarded;
+        }
+        if p.test_lost {
+            if let Ok { statement_id } = prod {
+                if self.entries.len() < self.limit || self.entries.contains_key(&statement_id) {
+                    self.entries.insert(
+                        statement_id,
+                        Entry::Failed {
+                            reason: UnmappedReason::TestAnswerLost,
+                            sql: p.sql,
+                        },
+                    );
+                } else {
+                    self.dropped += 1;
+                }
+            }
+            return Resolution::TestAnswerLost;
         }
         let (prod_id, entry, resolution) = match (prod, test) {
             (
@@ -286,6 +310,25 @@ impl StatementMap {
         self.desynchronized = true;
         self.entries.clear();
         self.pending.clear();
+    }
+
+    /// The test server's answers to every prepare still awaiting one will never be seen (the
+    /// copier lost its view of the test server's replies). Those statements become unusable
+    /// rather than waiting forever, and answers seen later pair with later prepares only.
+    pub fn test_answers_lost(&mut self) {
+        for p in self.pending.iter_mut().filter(|p| p.test.is_none()) {
+            p.test = Some(PrepareAnswer::Err { code: 0 });
+            p.test_lost = true;
+        }
+        while self
+            .pending
+            .front()
+            .is_some_and(|p| p.prod.is_some() && p.test.is_some())
+        {
+            if let Some(p) = self.pending.pop_front() {
+                self.settle(p);
+            }
+        }
     }
 
     /// The test server's id for production's `prod_id`.

@@ -45,6 +45,7 @@
 mod observe;
 mod param_types;
 mod replies;
+mod resync;
 mod transform;
 mod txn_gate;
 
@@ -293,6 +294,14 @@ pub enum Counter {
     /// (closed before `--prod-dsn` read the connection, or no `--prod-dsn`): not sent, and not
     /// a loss of its own (a reset runs nothing; the execute after it is counted).
     StmtResetsOfStatementsBeforePickup,
+    /// COM_STATISTICS sent to a blind session's test server to find its replies again
+    /// (`resync.rs`).
+    ResyncProbes,
+    /// Blind sessions whose replies are followed again: the probe's answer was found.
+    TestFramingResumed,
+    /// Probes whose answer was not found in time (or a client's own COM_STATISTICS made it
+    /// ambiguous): the session stays blind.
+    ResyncsFailed,
 }
 
 /// Names of [`Counter`] ids, in id order (metrics labels and the summary).
@@ -372,6 +381,9 @@ pub const COUNTER_NAMES: &[&str] = &[
     "commands_dropped_before_transaction_boundary",
     "transaction_boundary_unproven",
     "stmt_resets_of_statements_before_pickup",
+    "resync_probes",
+    "test_framing_resumed",
+    "resyncs_failed",
 ];
 
 /// What `--read-only` counts a command under.
@@ -391,8 +403,7 @@ pub(crate) fn read_only_counter(kind: WriteKind) -> Counter {
     }
 }
 
-const _: () =
-    assert!(COUNTER_NAMES.len() == Counter::StmtResetsOfStatementsBeforePickup as usize + 1);
+const _: () = assert!(COUNTER_NAMES.len() == Counter::ResyncsFailed as usize + 1);
 const _: () = assert!(COUNTER_NAMES.len() <= crate::engine::TRANSFORM_COUNTERS);
 
 /// The in-line sizes of a MySQL session's parts (bytes), for the memory breakdown of

@@ -33,6 +33,7 @@ mod gaps;
 mod param_types;
 mod read_only;
 mod report;
+mod resync;
 
 // ------------------------------------------------------------------ fixtures
 // Real payloads from common/src/mysql/fixtures.rs (MariaDB 10.11.19, Connector/C 3.3.20,
@@ -1314,7 +1315,8 @@ fn losing_the_test_servers_framing_keeps_known_statements_and_drops_the_rest() {
     h.prod_reply(&prepare_reply(3, 0));
     h.client_packet(0, &execute(3));
     let got: Vec<_> = h.received().into_iter().map(|g| g.1).collect();
-    assert_eq!(got, vec![execute(11), prepare("C")]);
+    // The probe (`tests/resync.rs`) goes in front of the first command after the loss.
+    assert_eq!(got, vec![vec![0x09], execute(11), prepare("C")]);
     assert_eq!(h.count(Counter::ExecutesDroppedUntracked), 1);
     assert_eq!(h.count(Counter::ExecutesDroppedUnknownStatement), 1);
     assert_eq!(h.abandoned, None);
@@ -1774,9 +1776,16 @@ fn a_command_held_for_a_lost_prepare_ok_is_released_after_a_deadline() {
     assert_eq!(h.count(Counter::FramingLost), 1);
     assert_eq!(h.count(Counter::ExecutesDroppedUntracked), 1);
     assert!(!h.t.pending());
-    assert_eq!(h.t.next_deadline(), None);
+    // The probe (`tests/resync.rs`) went in front of the query: its wait is the deadline now.
+    assert_eq!(
+        h.t.next_deadline(),
+        Some(h.now + crate::mysql::resync::RESYNC_WAIT)
+    );
     let got: Vec<_> = h.received().into_iter().map(|g| g.1).collect();
-    assert_eq!(got, vec![prepare("SELECT ?"), query("SELECT 1")]);
+    assert_eq!(
+        got,
+        vec![prepare("SELECT ?"), vec![0x09], query("SELECT 1")]
+    );
     assert_eq!(h.abandoned, None);
 }
 
@@ -1999,7 +2008,8 @@ fn a_session_in_line_stays_small() {
     // carries this struct, idle or not. Login, read-only and statement state is boxed, and
     // per-chunk lists live with the thread, so that it stays this size.
     let size = std::mem::size_of::<MysqlTransform>();
-    assert!(size <= 736, "{size}");
+    // 752 since the resync probe's deadline (`resync.rs`).
+    assert!(size <= 752, "{size}");
 }
 
 #[test]

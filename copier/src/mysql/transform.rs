@@ -43,6 +43,7 @@ use common::mysql::stmt::{
 use super::observe::{Decision, Observer, SQL_LOOKED_AT};
 use super::param_types::{Exec, Execute, SessionTypes};
 use super::replies::{ok_status, ReplyKind, ReplyTracker, Role, Seen};
+use super::resync::{self, RESYNC_WAIT};
 use super::txn_gate::{Gate, ReplyStatus, TxnGate};
 use super::{read_only_counter, Counter, NotRecovered, RecoveredState, Shared};
 use crate::engine::{SessionInfo, StreamTransform, TestEvent, TransformOutput};
@@ -253,6 +254,9 @@ enum TestPhase {
     Commands,
     /// intercept lost framing after the login: no more replies will be seen.
     Blind,
+    /// Blind, and our COM_STATISTICS sent to find a reply boundary again (`resync.rs`):
+    /// commands are expected as in `Commands`, their replies seen once the probe's is.
+    Resyncing,
 }
 
 /// What the test server owes for something we sent it.
@@ -660,6 +664,11 @@ pub struct MysqlTransform {
     test_prev_len: u32,
     test_prev_seq: Option<u8>,
     test_replies: ReplyTracker,
+    /// While `Resyncing`: when the probe is given up.
+    resync_until: Option<Instant>,
+    /// The probe for this loss of framing was tried (or cannot work): no other until intercept
+    /// says it lost the stream again.
+    resync_spent: bool,
 
     // Production.
     prod_phase: ProdPhase,
@@ -702,6 +711,18 @@ pub struct MysqlTransform {
     last_prepare_lost: bool,
     /// The packets after a command that was not sent (LOCAL INFILE contents) are not sent either.
     skip_data: bool,
+}
+
+impl Drop for MysqlTransform {
+    fn drop(&mut self) {
+        if self.test_phase == TestPhase::Resyncing {
+            // The test server's answers to what went after the probe were never readable:
+            // unseen, as in a blind session, not lost.
+            if let Some(o) = &mut self.observer {
+                o.test_lost_all();
+            }
+        }
+    }
 }
 
 impl fmt::Debug for MysqlTransform {
@@ -808,6 +829,8 @@ impl MysqlTransform {
             test_prev_len: 0,
             test_prev_seq: None,
             test_replies: ReplyTracker::new(),
+            resync_until: None,
+            resync_spent: false,
             prod_phase: if picked_up {
                 ProdPhase::Unsynced
             } else {
@@ -870,7 +893,7 @@ impl MysqlTransform {
         if stream_offset < self.test_next_offset {
             return false;
         }
-        if stream_offset > self.test_next_offset {
+        if stream_offset > self.test_next_offset && self.test_phase != TestPhase::Resyncing {
             self.lose_framing(out);
             self.resume(out);
             return false;
@@ -920,6 +943,12 @@ impl MysqlTransform {
                 }
             }
             TestPhase::Commands if starts_reply => self.test_reply(pkt, out),
+            TestPhase::Resyncing => {
+                if resync::is_probe_answer(pkt.seq_id, pkt.len, &pkt.head, continuation) {
+                    self.resynced(out);
+                }
+                Ok(())
+            }
             TestPhase::Commands | TestPhase::Blind => Ok(()),
         };
         if let (Some(seen), Some(o)) = (seen, &mut self.observer) {
@@ -968,26 +997,43 @@ impl MysqlTransform {
         _at_seq: u32,
         out: &mut TransformOutput<'_>,
     ) {
-        if self.dead {
+        if self.dead || self.test_phase == TestPhase::Resyncing {
+            // A restarted intercept finds our probe's answer as well as the one before it,
+            // if the test server has not sent it yet; if it has, the wait runs out.
             return;
         }
         self.now = now;
         self.lose_framing(out);
+        // intercept holds the stream as lost from now on: a probe of ours can find it again.
+        self.resync_spent = false;
         self.resume(out);
     }
 
     fn lose_framing(&mut self, out: &mut TransformOutput<'_>) {
-        if self.test_phase == TestPhase::Blind {
-            return;
+        match self.test_phase {
+            TestPhase::Blind => return,
+            _ if !self.test_ready() || self.test_auth.is_some() => {
+                // Without the test server's answers the login cannot be completed.
+                self.give_up(abandon(Counter::FramingLost, "framing_lost"), out);
+                return;
+            }
+            TestPhase::Resyncing => {
+                // The probe did not find the stream again: its wait ends blind, as before it.
+                out.count(Counter::ResyncsFailed as usize);
+                self.resync_until = None;
+                self.resync_spent = true;
+            }
+            _ => {
+                out.count(Counter::FramingLost as usize);
+                self.resync_spent = false;
+            }
         }
-        if !self.test_ready() || self.test_auth.is_some() {
-            // Without the test server's answers the login cannot be completed.
-            self.give_up(abandon(Counter::FramingLost, "framing_lost"), out);
-            return;
-        }
-        out.count(Counter::FramingLost as usize);
         self.test_phase = TestPhase::Blind;
         self.test_fifo.clear();
+        if let Some(m) = &mut self.map {
+            // Otherwise a later prepare would be paired with an answer owed from before.
+            m.test_answers_lost();
+        }
         if let Some(t) = &mut self.types {
             t.test_lost();
         }
@@ -999,6 +1045,55 @@ impl MysqlTransform {
         self.inject.retain(|i| i.register.is_none());
         if self.inject.len() != before {
             self.inject_bytes = self.inject.iter().map(|i| i.bytes.len()).sum();
+        }
+    }
+
+    /// intercept frames the test server's replies again from the end of our probe's answer:
+    /// stream offsets count from there.
+    fn on_test_framing_resumed(&mut self, now: Instant, out: &mut TransformOutput<'_>) {
+        if self.dead {
+            return;
+        }
+        self.now = now;
+        if self.test_phase != TestPhase::Resyncing {
+            // The answer to a probe given up on: the replies that follow belong to commands
+            // this session no longer expects.
+            return;
+        }
+        self.test_next_offset = 0;
+        self.resynced(out);
+        self.resume(out);
+    }
+
+    /// The probe's answer is behind us: the next reply is the first command's after it.
+    fn resynced(&mut self, out: &mut TransformOutput<'_>) {
+        out.count(Counter::TestFramingResumed as usize);
+        self.test_phase = TestPhase::Commands;
+        self.resync_until = None;
+        self.test_prev_seq = None;
+        self.test_prev_len = 0;
+        self.test_replies.reset();
+    }
+
+    /// A blind session sends its probe in front of the client command about to go, the
+    /// one place (with `flush_injections`) where bytes of ours cannot split a command.
+    fn probe_before_command(&mut self, out: &mut TransformOutput<'_>) {
+        let client_asks = self.head.get(HEADER_LEN) == Some(&com::STATISTICS);
+        match self.test_phase {
+            TestPhase::Resyncing if client_asks => {
+                // Two answers would then be on their way; which one intercept finds is a
+                // guess, and a wrong guess shifts every reply after it.
+                self.lose_framing(out);
+            }
+            TestPhase::Blind if client_asks => self.resync_spent = true,
+            TestPhase::Blind if !self.resync_spent && self.test_auth.is_none() => {
+                out.count(Counter::ResyncProbes as usize);
+                out.push(&resync::PROBE);
+                self.test_phase = TestPhase::Resyncing;
+                self.resync_until = Some(self.now + RESYNC_WAIT);
+                self.resync_spent = true;
+            }
+            _ => {}
         }
     }
 
@@ -1241,8 +1336,10 @@ impl MysqlTransform {
     }
 
     fn test_ready(&self) -> bool {
-        matches!(self.test_phase, TestPhase::Commands | TestPhase::Blind)
-            && !self.change_user_in_flight
+        matches!(
+            self.test_phase,
+            TestPhase::Commands | TestPhase::Blind | TestPhase::Resyncing
+        ) && !self.change_user_in_flight
     }
 
     fn test_blind(&self) -> bool {
@@ -2234,7 +2331,10 @@ impl MysqlTransform {
 
     fn resolved(&mut self, r: Resolution, out: &mut TransformOutput<'_>) {
         match r {
-            Resolution::Waiting | Resolution::BothRejected | Resolution::Discarded => {}
+            Resolution::Waiting
+            | Resolution::BothRejected
+            | Resolution::Discarded
+            | Resolution::TestAnswerLost => {}
             Resolution::Mapped { prod_id, .. } => {
                 // A reused id names the new statement.
                 if let Some(k) = &mut self.skipped {
@@ -2618,6 +2718,7 @@ impl MysqlTransform {
         if let Some(v) = self.transaction_first(out) {
             return Ok(v);
         }
+        self.probe_before_command(out);
         self.flush_injections(out)?;
         self.command(h, out)
     }
@@ -2933,7 +3034,8 @@ impl MysqlTransform {
                 UnmappedReason::TestRejected { .. } => Counter::ExecutesDroppedRejected,
                 UnmappedReason::AwaitingTest
                 | UnmappedReason::LimitReached
-                | UnmappedReason::Desynchronized => Counter::ExecutesDroppedUntracked,
+                | UnmappedReason::Desynchronized
+                | UnmappedReason::TestAnswerLost => Counter::ExecutesDroppedUntracked,
             }
         };
         out.count(counter as usize);
@@ -3347,6 +3449,9 @@ impl StreamTransform for MysqlTransform {
             TestEvent::Mysql(MysqlEvent::FramingLost { at_seq, .. }) => {
                 self.on_test_framing_lost(now, *at_seq, out)
             }
+            TestEvent::Mysql(MysqlEvent::FramingResumed { .. }) => {
+                self.on_test_framing_resumed(now, out)
+            }
             TestEvent::App(any) => {
                 if let Some(state) = any.downcast_ref::<RecoveredState>() {
                     self.recover(now, state.clone(), out);
@@ -3410,6 +3515,7 @@ impl StreamTransform for MysqlTransform {
             self.held_deadline,
             variables,
             gate,
+            self.resync_until,
         ]
         .into_iter()
         .flatten()
@@ -3421,6 +3527,15 @@ impl StreamTransform for MysqlTransform {
             return;
         }
         self.now = now;
+        if self.resync_until.is_some_and(|d| now >= d) {
+            // The probe's answer never came (intercept missed it, or the test server is
+            // further behind than we wait): blind for the rest of this loss.
+            self.lose_framing(out);
+            self.resume(out);
+            if self.dead {
+                return;
+            }
+        }
         if self.held_deadline.is_some_and(|d| now >= d) {
             // The PREPARE_OK was most likely dropped by intercept: nothing more will come (the
             // test server gets no new command), so stop following its replies.
