@@ -1424,7 +1424,7 @@ mod tests {
             out,
             [
                 0, 0, 0, 14, // length: type + 13-byte body
-                0x01, b'T', b'S', b'H', b'D', 0, 5, // type, magic, version
+                0x01, b'T', b'S', b'H', b'D', 0, 6, // type, magic, version
                 2, b'c', b'1', // name
                 0, 0, 0, 1, // features
             ]
@@ -1439,7 +1439,7 @@ mod tests {
             secret_required: true,
         };
         encode_challenge(&c, &mut out).unwrap();
-        let mut want = vec![0, 0, 0, 40, 0x87, b'T', b'S', b'H', b'D', 0, 5];
+        let mut want = vec![0, 0, 0, 40, 0x87, b'T', b'S', b'H', b'D', 0, 6];
         want.extend([0xab; NONCE_LEN]);
         want.push(1);
         assert_eq!(out, want);
