@@ -215,10 +215,22 @@ impl Background {
 
     /// Waits until `needle` shows up in stdout or stderr (e.g. tcpdump's "listening on").
     pub fn wait_for_output(&mut self, needle: &str, timeout: Duration) -> Result<()> {
+        self.wait_for_count(needle, 1, timeout)
+    }
+
+    /// How often `needle` is in the output so far (stdout and stderr).
+    pub fn count(&self, needle: &str) -> usize {
+        let (out, err) = self.output();
+        out.matches(needle).count() + err.matches(needle).count()
+    }
+
+    /// Waits until `needle` is in the output at least `n` times: one more status line than
+    /// [`Background::count`] saw, one more "control channel ... is up" after a restart.
+    pub fn wait_for_count(&mut self, needle: &str, n: usize, timeout: Duration) -> Result<()> {
         let deadline = Instant::now() + timeout;
         loop {
             let (out, err) = self.output();
-            if out.contains(needle) || err.contains(needle) {
+            if out.matches(needle).count() + err.matches(needle).count() >= n {
                 return Ok(());
             }
             if let Some(child) = self.child.as_mut() {
@@ -231,7 +243,7 @@ impl Background {
             }
             if Instant::now() >= deadline {
                 bail!(
-                    "{} did not print {needle:?} within {timeout:?}:\n{out}\n{err}",
+                    "{} did not print {needle:?} ({n} times) within {timeout:?}:\n{out}\n{err}",
                     self.what
                 );
             }
@@ -450,6 +462,39 @@ fn sysbench_number(output: &str, label: &str) -> Option<u64> {
         .and_then(|n| n.parse().ok())
 }
 
+/// The value of the sample `name` whose labels include `labels`, if the scrape has one.
+pub fn sample(
+    samples: &[tcpshadow_metrics::Sample],
+    name: &str,
+    labels: &[(&str, &str)],
+) -> Option<f64> {
+    samples
+        .iter()
+        .find(|s| s.name == name && labels.iter().all(|(k, v)| s.label(k) == Some(*v)))
+        .map(|s| s.value)
+}
+
+/// Calls `poll` every `every` until it returns `Some`, or fails after `bound` with `what`
+/// (what was waited for) and the last value seen, for conditions a test must create before it
+/// measures anything: on a slow or busy machine they take longer, never a different path.
+pub fn wait_for<T, L: fmt::Debug>(
+    what: &str,
+    every: Duration,
+    bound: Duration,
+    mut poll: impl FnMut() -> Result<Result<T, L>>,
+) -> Result<T> {
+    let deadline = Instant::now() + bound;
+    loop {
+        match poll()? {
+            Ok(v) => return Ok(v),
+            Err(last) if Instant::now() >= deadline => {
+                bail!("waited {bound:?} for {what}; last seen: {last:?}")
+            }
+            Err(_) => thread::sleep(every),
+        }
+    }
+}
+
 /// Parses `lab.sh env` output: `KEY='value'` lines, `'` inside values written as `'\''`.
 pub fn parse_env(text: &str) -> BTreeMap<String, String> {
     text.lines()
@@ -551,6 +596,10 @@ fn reap_orphan_labs() {
         }
     }
 }
+
+/// The longest [`Lab::work_window`] waits for a test server that is still working off its
+/// backlog when production's load ends.
+pub const BACKLOG_BOUND: Duration = Duration::from_secs(180);
 
 /// A running lab; torn down (`lab.sh down`) when dropped.
 pub struct Lab {
@@ -722,6 +771,17 @@ impl Lab {
         })
     }
 
+    /// A scrape of a daemon's `--metrics` endpoint listening on `addr` in `host` (`curl` in
+    /// the host's namespace), parsed with the daemons' own exposition parser.
+    pub fn scrape(&self, host: Host, addr: &str) -> Result<Vec<tcpshadow_metrics::Sample>> {
+        let url = format!("http://{addr}/metrics");
+        let run = self.exec(host, &["curl", "-sS", "--fail", "--max-time", "5", &url])?;
+        if !run.success() {
+            bail!("curl {url} in {host}: {}", run.stderr.trim());
+        }
+        tcpshadow_metrics::parse(&run.stdout).map_err(|e| anyhow!("{url}: {e}"))
+    }
+
     /// Runs SQL as root over the server's local socket; returns the tab-separated rows.
     pub fn sql(&self, host: Host, sql: &str) -> Result<String> {
         let out = run(
@@ -802,26 +862,78 @@ impl Lab {
         Ok((self.work(Host::Prod)?, self.work(Host::Test)?))
     }
 
+    /// Waits until `host` has run at least `n` commands of `kind` (a `Com_*` counter of
+    /// [`work::KINDS`]) since `from`, at most `bound`: the condition a test needs before it
+    /// changes anything (a load's connections open, logged in and working), however long this
+    /// machine takes to create it.
+    pub fn wait_work(
+        &self,
+        host: Host,
+        from: &work::WorkSnapshot,
+        kind: &str,
+        n: u64,
+        bound: Duration,
+    ) -> Result<()> {
+        wait_for(
+            &format!("{host} to run {n} {kind}"),
+            Duration::from_millis(100),
+            bound,
+            || {
+                let ran = work::Work::between(from, &self.work(host)?)?.get(kind);
+                Ok(if ran >= n { Ok(()) } else { Err(ran) })
+            },
+        )
+    }
+
     /// Closes a window opened by `before` (a [`Lab::work_both`] or [`Lab::work_both_quiet`]
     /// read) once production's load is over: both servers now, then the test server again
     /// until it has run at least as much of every kind as production did (its backlog), or
-    /// `timeout`. Whether it caught up is for the comparison to say.
+    /// it has run nothing new for `standstill`. Whether it caught up is for the comparison to
+    /// say.
+    ///
+    /// A test server still working off its backlog is waited for however long that takes on
+    /// this machine (a busy one runs the backlog slower, not differently), up to
+    /// [`BACKLOG_BOUND`]; one that stopped moving is given `standstill` only, so a window with
+    /// a real loss closes as soon as it would on a quiet machine.
     pub fn work_window(
         &self,
         before: (work::WorkSnapshot, work::WorkSnapshot),
-        timeout: Duration,
+        standstill: Duration,
+    ) -> Result<work::Window> {
+        self.window_until_caught_up(before, standstill, work::MIN_COUNT)
+    }
+
+    /// Waits, before a test reads what the test server did with a handful of commands, until it
+    /// has run at least what production ran of every kind since `before` (every command, not
+    /// only the kinds [`Lab::work_window`] holds to fidelity bars), or nothing new for
+    /// `standstill`: a replacement for "sleep a second and hope it is done".
+    pub fn wait_test_caught_up(
+        &self,
+        before: (work::WorkSnapshot, work::WorkSnapshot),
+        standstill: Duration,
+    ) -> Result<()> {
+        self.window_until_caught_up(before, standstill, 1).map(drop)
+    }
+
+    fn window_until_caught_up(
+        &self,
+        before: (work::WorkSnapshot, work::WorkSnapshot),
+        standstill: Duration,
+        min_count: u64,
     ) -> Result<work::Window> {
         let at_end = self.work_both()?;
         let prod = at_end.0.clone();
         let due = work::Work::between(&before.0, &prod)?;
-        let deadline = Instant::now() + timeout;
+        let started = Instant::now();
+        let mut moved = started;
         let mut test = at_end.1.clone();
         loop {
             let done = work::Work::between(&before.1, &test)?;
             let behind = work::KINDS
                 .iter()
-                .any(|k| done.get(k) < due.get(k) && due.get(k) >= work::MIN_COUNT);
-            if !behind || Instant::now() >= deadline {
+                .any(|k| done.get(k) < due.get(k) && due.get(k) >= min_count);
+            let now = Instant::now();
+            if !behind || now - moved >= standstill || now - started >= BACKLOG_BOUND {
                 return Ok(work::Window {
                     before,
                     at_end,
@@ -829,7 +941,12 @@ impl Lab {
                 });
             }
             thread::sleep(Duration::from_millis(250));
-            test = self.work(Host::Test)?;
+            let next = self.work(Host::Test)?;
+            let step = work::Work::between(&test, &next)?;
+            if work::KINDS.iter().any(|k| step.get(k) > 0) {
+                moved = Instant::now();
+            }
+            test = next;
         }
     }
 

@@ -14,10 +14,18 @@ use anyhow::{bail, Context, Result};
 use crate::{Background, Host, Lab, Run};
 
 /// The workspace's release binary `name` (copier, intercept), built once per test process.
+///
+/// With `TCPSHADOW_RELEASE_BUILT=1` (set by `scripts/test.sh`, which has just built them) the
+/// build is skipped: `cargo build` would wait for the target directory's lock while the doc
+/// tests, run beside the lab tests, hold it.
 pub fn release_bin(name: &str) -> Result<PathBuf> {
     static BUILT: OnceLock<Result<(), String>> = OnceLock::new();
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let prebuilt = std::env::var_os("TCPSHADOW_RELEASE_BUILT").is_some_and(|v| v == "1");
     let built = BUILT.get_or_init(|| {
+        if prebuilt {
+            return Ok(());
+        }
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let out = Command::new(cargo)
             .args([
@@ -44,7 +52,15 @@ pub fn release_bin(name: &str) -> Result<PathBuf> {
     let target = std::env::var("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|_| root.join("target"));
-    Ok(target.join("release").join(name))
+    let bin = target.join("release").join(name);
+    if prebuilt && !bin.is_file() {
+        bail!(
+            "TCPSHADOW_RELEASE_BUILT=1 but {} is missing: run `cargo build --release -p copier \
+             -p intercept --bins` first, or unset it",
+            bin.display()
+        );
+    }
+    Ok(bin)
 }
 
 /// Builds copier and intercept (release) now, so that a test's timing does not include the
