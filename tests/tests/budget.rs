@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
 use tcpshadow_tests::mirror::{Mirror, MirrorOptions};
-use tcpshadow_tests::{Background, Host, Lab};
+use tcpshadow_tests::{wait_for, Background, Host, Lab};
 
 const CONNS: usize = 2000;
 
@@ -83,13 +83,23 @@ fn crowd_through_mirror(lab: &Lab, mib: u32, conns: usize) -> Result<Figures> {
     );
     let mut crowd: Background = lab.spawn(Host::Client, &["sh", "-c", &script])?;
     crowd.wait_for_output("ready", Duration::from_secs(180))?;
-    // Everything is open and has run its queries: the mirrored sessions are all established.
-    std::thread::sleep(Duration::from_secs(2));
+    // Everything is open and has run its queries on production; the mirrored sessions are
+    // established once the test server's connection count holds still (two reads a second
+    // apart), however long this machine takes to log them all in.
+    let mut last = None;
+    let test_threads = wait_for(
+        "the test server's connection count to settle",
+        Duration::from_secs(1),
+        Duration::from_secs(120),
+        || {
+            let now = lab.counters(Host::Test)?.get("Threads_connected");
+            let still = last == Some(now);
+            last = Some(now);
+            Ok(if still { Ok(now) } else { Err(now) })
+        },
+    )?
+    .saturating_sub(threads0);
     let (_, rss_loaded_kib) = rss_kib(pid)?;
-    let test_threads = lab
-        .counters(Host::Test)?
-        .get("Threads_connected")
-        .saturating_sub(threads0);
     let run = crowd.finish(Duration::from_secs(60))?;
     let (peak_rss_kib, _) = rss_kib(pid)?;
     let line = |prefix: &str| {
@@ -101,7 +111,12 @@ fn crowd_through_mirror(lab: &Lab, mib: u32, conns: usize) -> Result<Figures> {
     };
     let (opened, held) = (line("opened"), line("held"));
     ensure!(run.success(), "mysql-crowd failed: {run:?}");
-    std::thread::sleep(Duration::from_secs(5)); // a status line after the crowd left
+    // A status line after the crowd left (they come every 5 s).
+    let mut mirror = mirror;
+    let lines = mirror.copier.count(" mem=");
+    mirror
+        .copier
+        .wait_for_count(" mem=", lines + 1, Duration::from_secs(30))?;
     let (copier, _intercept) = mirror.stop()?;
     let out = copier.stderr;
     let summary_memory = out

@@ -200,8 +200,10 @@ fn no_secret_leaks_and_strangers_are_refused() -> Result<()> {
     // --prod-dsn.
     let early_args = client("SELECT SLEEP(6); SELECT c FROM sbtest1 WHERE id = 3");
     let early_args: Vec<&str> = early_args.iter().map(String::as_str).collect();
+    let prod0 = lab.work(Host::Prod)?;
     let early = lab.spawn(Host::Client, &early_args)?;
-    std::thread::sleep(Duration::from_millis(500));
+    // Open and inside its SLEEP on production before the copier starts.
+    lab.wait_work(Host::Prod, &prod0, "Com_select", 1, Duration::from_secs(30))?;
 
     let opts = MirrorOptions {
         copier_args: vec![

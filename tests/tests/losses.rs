@@ -16,7 +16,7 @@ use anyhow::{ensure, Context, Result};
 use tcpshadow_metrics::parse;
 use tcpshadow_tests::mirror::{Mirror, MirrorOptions};
 use tcpshadow_tests::work::{OwnStatements, Window};
-use tcpshadow_tests::{Host, Lab, Load};
+use tcpshadow_tests::{wait_for, Host, Lab, Load};
 
 const METRICS: &str = "127.0.0.1:9561";
 
@@ -81,9 +81,20 @@ fn run(lab: &Lab, load: &Load) -> Result<(Window, String, BTreeMap<String, u64>)
     };
     let mirror = Mirror::start(lab, &opts)?;
     let (window, _) = lab.mirrored_load(load)?;
-    // The copier publishes its metrics every status interval (5 s here): let it.
-    std::thread::sleep(Duration::from_secs(6));
-    let metrics = lost_metrics(lab)?;
+    // The copier republishes its metrics every second: read until two scrapes a publish
+    // apart agree, so the last count of the run is in.
+    let mut last = None;
+    let metrics = wait_for(
+        "the copier's loss metrics to hold still for a publish",
+        Duration::from_millis(1200),
+        Duration::from_secs(30),
+        || {
+            let now = lost_metrics(lab)?;
+            let still = last.as_ref() == Some(&now);
+            last = Some(now.clone());
+            Ok(if still { Ok(now) } else { Err(now) })
+        },
+    )?;
     let (copier, _) = mirror.stop()?;
     Ok((window, copier.stderr, metrics))
 }

@@ -90,6 +90,7 @@ fn change_user_and_reset_connection_are_mirrored_with_real_logins() -> Result<()
             ..Default::default()
         },
     )?;
+    let before = lab.work_both()?;
     let out = lab.exec_ok(
         Host::Client,
         &[
@@ -104,7 +105,7 @@ fn change_user_and_reset_connection_are_mirrored_with_real_logins() -> Result<()
         ],
     )?;
     println!("{out}");
-    std::thread::sleep(Duration::from_secs(1));
+    lab.wait_test_caught_up(before, Duration::from_secs(2))?;
     let (copier, _) = mirror.stop()?;
     println!("{}", copier.stderr);
 
@@ -238,6 +239,7 @@ fn big_commands_pass_intact_and_compressed_or_tls_sessions_are_left_alone() -> R
         )
     };
     // MariaDB's client uses TLS whenever the server offers it: the two plain sessions say no.
+    let before = lab.work_both()?;
     client("--skip-ssl", &format!("< {}", file.display()))?;
     client(
         "--skip-ssl --compress",
@@ -254,7 +256,9 @@ fn big_commands_pass_intact_and_compressed_or_tls_sessions_are_left_alone() -> R
             .is_some_and(|c| !c.is_empty()),
         "the --ssl session did not use TLS: {cipher:?}"
     );
-    std::thread::sleep(Duration::from_secs(2));
+    // The TLS session's insert never reaches the test server: that kind waits out the
+    // standstill.
+    lab.wait_test_caught_up(before, Duration::from_secs(2))?;
     let (copier, _) = mirror.stop()?;
     println!("{}", copier.stderr);
 
@@ -333,6 +337,7 @@ fn a_pooled_connections_bulk_insert_is_mirrored() -> Result<()> {
     // carries: one execute and three rows means the bulk command.
     let bulk = |h| -> Result<u64> { Ok(lab.counters(h)?.get("Com_stmt_execute")) };
     let (prod0, test0) = (bulk(Host::Prod)?, bulk(Host::Test)?);
+    let before = lab.work_both()?;
     let mut copier_args = lab.pickup_args()?;
     copier_args.extend(["--prod-dsn".into(), lab.prod_dsn()]);
     let mirror = Mirror::start(
@@ -345,7 +350,7 @@ fn a_pooled_connections_bulk_insert_is_mirrored() -> Result<()> {
     std::fs::write(&go, b"")?;
     let pooled = pooled.finish(Duration::from_secs(20))?;
     ensure!(pooled.success(), "the pooled client failed: {pooled:?}");
-    std::thread::sleep(Duration::from_secs(1));
+    lab.wait_test_caught_up(before, Duration::from_secs(2))?;
     let (copier, _) = mirror.stop()?;
     println!("{}\n{}", pooled.stdout, copier.stderr);
     let (prod_bulk, test_bulk) = (bulk(Host::Prod)? - prod0, bulk(Host::Test)? - test0);

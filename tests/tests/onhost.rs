@@ -155,7 +155,7 @@ fn on_test_host_mode_mirrors_faithfully_and_leaves_no_rule_behind() -> Result<()
         ],
         ..MirrorOptions::default()
     };
-    let mirror = Mirror::start_with_intercept_on(&lab, &opts, Host::Test)?;
+    let mut mirror = Mirror::start_with_intercept_on(&lab, &opts, Host::Test)?;
     ensure!(
         our_rules(&lab)? == 1,
         "expected one queue rule:\n{}",
@@ -180,9 +180,12 @@ fn on_test_host_mode_mirrors_faithfully_and_leaves_no_rule_behind() -> Result<()
         figures,
     );
     figures?;
-    // Let one more status line come: intercept read the replies from its queue, and the kernel
+    // One more status line: intercept read the replies from its queue, and the kernel
     // dropped none of them for lack of room.
-    std::thread::sleep(Duration::from_millis(1500));
+    let lines = mirror.intercept.count("captured=");
+    mirror
+        .intercept
+        .wait_for_count("captured=", lines + 1, Duration::from_secs(30))?;
     let (_, status) = mirror.intercept.output();
     let captured = last_status_value(&status, "captured").unwrap_or(0);
     let kernel_dropped = last_status_value(&status, "kernel_dropped");
@@ -194,7 +197,12 @@ fn on_test_host_mode_mirrors_faithfully_and_leaves_no_rule_behind() -> Result<()
     );
 
     // SIGKILL: the rule stays (expected: without a reader the kernel drops the replies).
-    let Mirror { intercept, copier } = mirror;
+    let Mirror {
+        intercept,
+        mut copier,
+    } = mirror;
+    // Counted before the restart: the copier may be back before the checks below are done.
+    let ups = copier.count("control channel to intercept is up");
     sigkill(&lab, intercept)?;
     ensure!(
         our_rules(&lab)? == 1,
@@ -215,8 +223,12 @@ fn on_test_host_mode_mirrors_faithfully_and_leaves_no_rule_behind() -> Result<()
         "after restart: expected exactly one rule:\n{}",
         ruleset(&lab)?
     );
-    // Copier reconnects once a second at most; give it time, then a short load.
-    std::thread::sleep(Duration::from_secs(3));
+    // The copier reconnects (once a second at most); then a short load.
+    copier.wait_for_count(
+        "control channel to intercept is up",
+        ups + 1,
+        Duration::from_secs(30),
+    )?;
     let figures = lab
         .mirrored_load(&Load {
             threads: 8,

@@ -56,6 +56,18 @@ const PICKUP_LOSSES: &[&str] = &[
     "error 1213 on production only",
 ];
 
+/// `name=N` of the summary's "protocol layer:" line (0 when the counter is not there).
+fn protocol_counter(summary: &str, name: &str) -> u64 {
+    let key = format!("{name}=");
+    summary
+        .lines()
+        .filter(|l| l.trim_start().starts_with("protocol layer:"))
+        .flat_map(str::split_whitespace)
+        .find_map(|w| w.strip_prefix(key.as_str()))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
 /// The lines under the summary's "losses:" (empty for "losses: none").
 fn losses(summary: &str) -> Vec<String> {
     let mut out = Vec::new();
@@ -224,7 +236,25 @@ fn a_copier_started_at_any_moment_keeps_every_session() -> Result<()> {
                 bad.push(format!("run {round}: lookups not answered: {l}"));
             }
         }
+        // The prepare client's statement lives 0.34 s (prepare, execute, close). Picked up at
+        // its execute, it is recovered only if production's lookup lists it before the client
+        // closes it; on a busy machine the lookup can take longer, and the copier counts that
+        // execute as prepared before the pickup and the close as a recovered statement closed
+        // unused. As many of the first as of the second are explained; one more is not.
+        let closed_unused = protocol_counter(tail, "recovered_closed_unused");
         for loss in losses(tail) {
+            let n: u64 = loss
+                .split_whitespace()
+                .next()
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(u64::MAX);
+            if loss.contains("executes dropped prepared before pickup") && n <= closed_unused {
+                println!(
+                    "run {round}: {n} execute(s) of a statement closed before production's \
+                     lookup listed it (the lookup was slower than the client's 0.34 s)"
+                );
+                continue;
+            }
             if !PICKUP_LOSSES.iter().any(|p| loss.contains(p)) {
                 bad.push(format!(
                     "run {round}: a loss a pickup does not explain: {loss}"
@@ -232,11 +262,6 @@ fn a_copier_started_at_any_moment_keeps_every_session() -> Result<()> {
             }
             // Only the tail of the transaction each connection was in: sysbench's has 4
             // writes, the other clients none.
-            let n: u64 = loss
-                .split_whitespace()
-                .next()
-                .and_then(|n| n.parse().ok())
-                .unwrap_or(u64::MAX);
             if loss.contains("before transaction boundary") && n > 8 * 4 {
                 bad.push(format!(
                     "run {round}: more than the tails of 8 transactions: {loss}"
