@@ -139,7 +139,7 @@ impl Mirror {
         }
         intercept_args.extend(opts.intercept_args.iter().map(String::as_str));
         let mut intercept = lab.spawn(intercept_host, &intercept_args)?;
-        intercept.wait_for_output("waiting for copiers", Duration::from_secs(10))?;
+        intercept.wait_for_output("waiting for copiers", Duration::from_secs(30))?;
         let target = format!("{}:{}", lab.ip(Host::Test), opts.port);
         let mut args: Vec<String> = vec![
             copier_bin.to_str().context("path")?.into(),
@@ -166,7 +166,7 @@ impl Mirror {
         let mut copier = lab.spawn(Host::Prod, &args)?;
         copier.wait_for_output(
             "control channel to intercept is up",
-            Duration::from_secs(10),
+            Duration::from_secs(30),
         )?;
         Ok(Mirror { intercept, copier })
     }

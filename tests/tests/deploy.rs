@@ -200,7 +200,7 @@ fn start(
     argv.extend(exec_line(d, &u, "ExecStart", config)?);
     let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
     let mut process = lab.spawn(host, &argv)?;
-    process.wait_for_output(ready, Duration::from_secs(15))?;
+    process.wait_for_output(ready, Duration::from_secs(30))?;
     Ok(Service { name: d, process })
 }
 

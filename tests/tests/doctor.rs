@@ -60,7 +60,7 @@ impl<'a> Doctor<'a> {
                 "0",
             ],
         )?;
-        b.wait_for_output("waiting for copiers", Duration::from_secs(10))?;
+        b.wait_for_output("waiting for copiers", Duration::from_secs(30))?;
         Ok(b)
     }
 
@@ -251,7 +251,7 @@ fn doctor_names_each_fault_and_passes_once_fixed() -> Result<()> {
         Host::Assist,
         &[&d.intercept, "--port", "3306", "--listen", &listen],
     )?;
-    second.wait_for_output("waiting for copiers", Duration::from_secs(10))?;
+    second.wait_for_output("waiting for copiers", Duration::from_secs(30))?;
     let second = second.stop()?;
     ensure!(
         second

@@ -116,7 +116,7 @@ impl Rig {
     fn start_intercept(&mut self) -> Result<()> {
         let args: Vec<&str> = self.intercept_args.iter().map(String::as_str).collect();
         let mut bg = self.lab.spawn(Host::Assist, &args)?;
-        bg.wait_for_output("waiting for copiers", Duration::from_secs(10))?;
+        bg.wait_for_output("waiting for copiers", Duration::from_secs(30))?;
         self.intercept = Some(bg);
         Ok(())
     }
@@ -126,7 +126,7 @@ impl Rig {
         let mut bg = self.lab.spawn(Host::Prod, &args)?;
         bg.wait_for_output(
             "control channel to intercept is up",
-            Duration::from_secs(15),
+            Duration::from_secs(30),
         )?;
         self.copier = Some(bg);
         Ok(())
@@ -455,7 +455,7 @@ fn inject(rig: &mut Rig, fault: Fault, netem_secs: u64) -> Result<()> {
                     Host::Test,
                     &["python3", &script, "7", "2", "20", "10", "25"],
                 )?;
-                shaper.wait_for_output("nfq-netem ready", Duration::from_secs(10))?;
+                shaper.wait_for_output("nfq-netem ready", Duration::from_secs(30))?;
                 let rule = |op: &'static str| -> Vec<&'static str> {
                     vec![
                         "iptables",
@@ -566,7 +566,10 @@ fn run_fault(rig: &mut Rig, fault: Fault) -> Result<Outcome> {
     sleep(Duration::from_secs(window));
     let r1 = rig.lab.work_both()?;
     // One more status line (every 2 s) covers the end of the window.
-    sleep(Duration::from_millis(2100));
+    if let Some(copier) = rig.copier.as_mut() {
+        let lines = copier.count(" kernel_drops=");
+        copier.wait_for_count(" kernel_drops=", lines + 1, Duration::from_secs(30))?;
+    }
     let (drops, abandoned) = match (&copier_before, &rig.copier) {
         (Some((pid, before)), Some(now)) if *pid == now.pid() => {
             let (d0, _) = copier_losses(before);
@@ -728,7 +731,7 @@ fn mirror_survives_faults() -> Result<()> {
                     "tcpdump", "-n", "-i", &iface, "-s", "96", "-w", &path, "tcp", "port", "3306",
                 ],
             )?;
-            dump.wait_for_output("listening on", Duration::from_secs(10))?;
+            dump.wait_for_output("listening on", Duration::from_secs(30))?;
             Some(dump)
         }
         _ => None,

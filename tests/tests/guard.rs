@@ -237,8 +237,8 @@ fn no_secret_leaks_and_strangers_are_refused() -> Result<()> {
         mut intercept,
         mut copier,
     } = mirror;
-    copier.wait_for_output("capabilities dropped", Duration::from_secs(5))?;
-    intercept.wait_for_output("capabilities dropped", Duration::from_secs(5))?;
+    copier.wait_for_output("capabilities dropped", Duration::from_secs(30))?;
+    intercept.wait_for_output("capabilities dropped", Duration::from_secs(30))?;
     check_caps("copier", &copier, copier_allowed_caps(&copier))?;
     check_caps("intercept", &intercept, 0)?;
 

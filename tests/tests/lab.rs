@@ -96,7 +96,7 @@ fn lab_gives_the_mirror_its_network_and_identical_servers() -> Result<()> {
         Host::Assist,
         &["tcpdump", "-i", "eth0", "-n", "-l", "-c", "1", &filter],
     )?;
-    tcpdump.wait_for_output("listening on", Duration::from_secs(10))?;
+    tcpdump.wait_for_output("listening on", Duration::from_secs(30))?;
     let attempt = lab.exec(
         Host::Client,
         &[
@@ -364,7 +364,7 @@ fn test_server_restarts_with_new_options_and_a_taken_port_is_reported() -> Resul
              or die $!; print qq(listening\\n); sleep 60",
         ],
     )?;
-    squatter.wait_for_output("listening", Duration::from_secs(10))?;
+    squatter.wait_for_output("listening", Duration::from_secs(30))?;
     let start = lab.command(&["start", "test"]).output()?;
     let stderr = String::from_utf8_lossy(&start.stderr);
     assert!(

@@ -13,7 +13,6 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use tcpshadow_metrics::parse;
 use tcpshadow_tests::mirror::{Mirror, MirrorOptions};
 use tcpshadow_tests::work::{OwnStatements, Window};
 use tcpshadow_tests::{wait_for, Host, Lab, Load};
@@ -35,14 +34,8 @@ fn losses(summary: &str) -> BTreeMap<String, u64> {
 
 /// `tcpshadow_copier_commands_lost_total` samples: "command kind reason code" -> value.
 fn lost_metrics(lab: &Lab) -> Result<BTreeMap<String, u64>> {
-    let url = format!("http://{METRICS}/metrics");
-    let run = lab.exec(
-        Host::Prod,
-        &["curl", "-sS", "--fail", "--max-time", "5", &url],
-    )?;
-    ensure!(run.success(), "curl {url}: {}", run.stderr);
-    let samples = parse(&run.stdout).map_err(|e| anyhow::anyhow!("{url}: {e}"))?;
-    Ok(samples
+    Ok(lab
+        .scrape(Host::Prod, METRICS)?
         .iter()
         .filter(|s| s.name == "tcpshadow_copier_commands_lost_total")
         .map(|s| {

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
-use tcpshadow_metrics::{parse, Sample};
+use tcpshadow_metrics::Sample;
 use tcpshadow_tests::mirror::{Mirror, MirrorOptions};
 use tcpshadow_tests::work::OwnStatements;
 use tcpshadow_tests::{Host, Lab, Load};
@@ -24,11 +24,8 @@ fn key(s: &Sample) -> String {
 
 /// `curl` inside the host's namespace (the endpoints listen on its loopback).
 fn scrape(lab: &Lab, host: Host, addr: &str) -> Result<Scrape> {
-    let url = format!("http://{addr}/metrics");
-    let run = lab.exec(host, &["curl", "-sS", "--fail", "--max-time", "5", &url])?;
-    ensure!(run.success(), "curl {url} in {host}: {}", run.stderr);
-    let samples = parse(&run.stdout).map_err(|e| anyhow::anyhow!("{url}: {e}"))?;
-    ensure!(!samples.is_empty(), "{url} served nothing");
+    let samples = lab.scrape(host, addr)?;
+    ensure!(!samples.is_empty(), "{addr} in {host} served nothing");
     Ok(samples.iter().map(|s| (key(s), s.value)).collect())
 }
 

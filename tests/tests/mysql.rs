@@ -188,7 +188,7 @@ fn pooled_connections_are_recovered_with_prod_dsn() -> Result<()> {
     // copier's pickups and recoveries included (its own statements are taken out by count).
     let paused = lab.pause(&load);
     let mirror = Mirror::start(&lab, &opts)?;
-    let before = lab.work_both_quiet(Duration::from_secs(10))?;
+    let before = lab.work_both_quiet(Duration::from_secs(30))?;
     let t0 = lab.counters(Host::Test)?;
     paused.resume();
     std::fs::write(&go, b"")?;
@@ -288,7 +288,7 @@ fn pooled_connections_without_prod_dsn_count_what_they_cannot_replay() -> Result
     };
     let paused = lab.pause(&load);
     let mirror = Mirror::start(&lab, &opts)?;
-    let before = lab.work_both_quiet(Duration::from_secs(10))?;
+    let before = lab.work_both_quiet(Duration::from_secs(30))?;
     paused.resume();
     let out = load.wait_with_output()?;
     ensure!(

@@ -332,7 +332,7 @@ fn a_pooled_connections_bulk_insert_is_mirrored() -> Result<()> {
             go.to_str().context("path")?,
         ],
     )?;
-    pooled.wait_for_output("prepared", Duration::from_secs(10))?;
+    pooled.wait_for_output("prepared", Duration::from_secs(30))?;
     // MariaDB counts a COM_STMT_BULK_EXECUTE as one Com_stmt_execute, however many rows it
     // carries: one execute and three rows means the bulk command.
     let bulk = |h| -> Result<u64> { Ok(lab.counters(h)?.get("Com_stmt_execute")) };

@@ -63,7 +63,7 @@ fn spawn_intercept(lab: &Lab) -> Result<Background> {
     args.extend(intercept_args(lab));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut intercept = lab.spawn(Host::Test, &args)?;
-    intercept.wait_for_output("waiting for copiers", Duration::from_secs(10))?;
+    intercept.wait_for_output("waiting for copiers", Duration::from_secs(30))?;
     Ok(intercept)
 }
 
@@ -142,7 +142,7 @@ fn on_test_host_mode_mirrors_faithfully_and_leaves_no_rule_behind() -> Result<()
         Host::Client,
         &["tcpdump", "-i", &iface, "-n", "-l", &filter],
     )?;
-    client_capture.wait_for_output("listening on", Duration::from_secs(10))?;
+    client_capture.wait_for_output("listening on", Duration::from_secs(30))?;
 
     let creds = lab.credentials_file()?;
     let opts = MirrorOptions {

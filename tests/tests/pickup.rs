@@ -119,7 +119,7 @@ fn a_copier_started_at_any_moment_keeps_every_session() -> Result<()> {
             "2",
         ],
     )?;
-    intercept.wait_for_output("waiting for copiers", Duration::from_secs(10))?;
+    intercept.wait_for_output("waiting for copiers", Duration::from_secs(30))?;
     let target = format!("{}:3306", lab.ip(Host::Test));
     let mut copier_args: Vec<String> = [
         copier_bin.as_str(),
@@ -144,13 +144,13 @@ fn a_copier_started_at_any_moment_keeps_every_session() -> Result<()> {
         let mut c = lab.spawn(Host::Prod, &args)?;
         c.wait_for_output(
             "control channel to intercept is up",
-            Duration::from_secs(15),
+            Duration::from_secs(30),
         )?;
         Ok(c)
     };
 
     let total = rounds * (run_secs + 3) + 10;
-    let before = lab.work_both_quiet(Duration::from_secs(10))?;
+    let before = lab.work_both_quiet(Duration::from_secs(30))?;
     // The first copier sees every connection from its SYN.
     let mut copier = Some(start_copier()?);
     let load = lab.spawn_load(&Load {

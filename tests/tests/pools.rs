@@ -156,7 +156,7 @@ fn pool_is_mirrored(lab: &Lab, connector: &str) -> Result<()> {
             ..Default::default()
         },
     )?;
-    let before = lab.work_both_quiet(Duration::from_secs(10))?;
+    let before = lab.work_both_quiet(Duration::from_secs(30))?;
     let prod_rows_before = rows(lab, Host::Prod)?.len();
     paused.resume();
     std::thread::sleep(Duration::from_secs(secs));

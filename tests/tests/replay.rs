@@ -50,7 +50,7 @@ fn start_intercept(lab: &Lab) -> Result<Background> {
             "5",
         ],
     )?;
-    intercept.wait_for_output("waiting for copiers", Duration::from_secs(10))?;
+    intercept.wait_for_output("waiting for copiers", Duration::from_secs(30))?;
     Ok(intercept)
 }
 
@@ -145,7 +145,7 @@ fn record_then_replay_at_double_speed_looped_and_damaged() -> Result<()> {
             "5",
         ],
     )?;
-    recorder.wait_for_output("recording port 3306", Duration::from_secs(10))?;
+    recorder.wait_for_output("recording port 3306", Duration::from_secs(30))?;
     let p0 = lab.work(Host::Prod)?;
     let load = lab.load(&Load {
         threads: 8,

@@ -60,7 +60,7 @@ fn start_intercept(lab: &Lab, extra: &[&str]) -> Result<Background> {
     ];
     args.extend(extra);
     let mut intercept = lab.spawn(Host::Assist, &args)?;
-    intercept.wait_for_output("waiting for copiers", Duration::from_secs(10))?;
+    intercept.wait_for_output("waiting for copiers", Duration::from_secs(30))?;
     Ok(intercept)
 }
 
@@ -97,7 +97,7 @@ fn start_copier(
     let mut copier = lab.spawn(host, &args)?;
     copier.wait_for_output(
         "control channel to intercept is up",
-        Duration::from_secs(10),
+        Duration::from_secs(30),
     )?;
     Ok(copier)
 }

@@ -261,7 +261,7 @@ fn map_mirrors_two_ports_to_two_targets() -> Result<()> {
             let listen = format!("{}:{port}", lab.ip(h));
             let out = sink_dir(h, port);
             let mut s = lab.spawn(h, &[sink, &listen, out.to_str().context("path")?])?;
-            s.wait_for_output("listening on", Duration::from_secs(10))?;
+            s.wait_for_output("listening on", Duration::from_secs(30))?;
             sinks.push(s);
         }
     }
