@@ -47,6 +47,17 @@ pub struct WorkSnapshot {
 }
 
 impl WorkSnapshot {
+    /// What a server that has just started reads as (every counter at zero), for counting a
+    /// restarted server's second life from its start: `reads` is the lab's count of reads so
+    /// far, since the read counter lives in the lab, not in the server.
+    pub fn started(like: &WorkSnapshot) -> Self {
+        WorkSnapshot {
+            counters: like.counters.keys().map(|k| (k.clone(), 0)).collect(),
+            errors: BTreeMap::new(),
+            reads: like.reads,
+        }
+    }
+
     /// Parses `lab.sh work` output: `counter NAME N`, `errors EVENT N` and `reads N` lines.
     pub fn parse(text: &str) -> Result<Self> {
         let mut s = WorkSnapshot::default();

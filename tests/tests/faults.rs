@@ -62,6 +62,8 @@ struct Rig {
     /// What earlier copier and intercept processes printed (they are replaced by restarts).
     past_copier_output: String,
     past_intercept_output: String,
+    /// The test server's last read before `lab.sh restart test`.
+    last_before_restart: Option<WorkSnapshot>,
 }
 
 impl Rig {
@@ -107,6 +109,7 @@ impl Rig {
             copier: None,
             past_copier_output: String::new(),
             past_intercept_output: String::new(),
+            last_before_restart: None,
         };
         rig.start_intercept()?;
         rig.start_copier()?;
@@ -416,6 +419,9 @@ fn inject(rig: &mut Rig, fault: Fault, netem_secs: u64) -> Result<()> {
             rig.start_copier()?;
         }
         Fault::TestRestarted => {
+            // The first life's last read, as close to the restart as it can be: what the old
+            // server runs after it (while it shuts down) is not counted.
+            rig.last_before_restart = Some(rig.lab.work(Host::Test)?);
             let out = rig.lab.command(&["restart", "test"]).output()?;
             ensure!(
                 out.status.success(),
@@ -544,7 +550,6 @@ fn run_fault(rig: &mut Rig, fault: Fault) -> Result<Outcome> {
     })?));
     let started = Instant::now();
     sleep(Duration::from_secs(pre));
-    let before_fault = rig.lab.work_both()?;
     let fault_at = Instant::now();
     let hwm_before = rig.copier_hwm_kib().unwrap_or(0);
     let copier_before = rig.copier.as_ref().map(|c| (c.pid(), c.output().1));
@@ -592,12 +597,19 @@ fn run_fault(rig: &mut Rig, fault: Fault) -> Result<Outcome> {
     let after_recovery = compare(&r0, &r1)?;
     let whole = if fault == Fault::TestRestarted {
         // The restarted server counts from zero: its work is summed over its two lives, from
-        // the run's start to the last read before the restart and from the first read after
-        // it (what it ran between those two reads is not counted).
+        // the run's start to the last read just before the restart, and from its start (every
+        // counter at zero) on. Only what the old server ran while it shut down is not counted
+        // (before, the second life was counted from the first read after the restart, and on a
+        // busy machine the copier's recovery ran a second of work before that read).
+        let last = rig
+            .last_before_restart
+            .take()
+            .context("no read before the restart")?;
         let end = rig.lab.work_window(r0.clone(), Duration::from_secs(10))?;
         Comparison::new(
             Work::between(&start.0, &end.after.0)?,
-            Work::between(&start.1, &before_fault.1)?.plus(&Work::between(&r0.1, &end.after.1)?),
+            Work::between(&start.1, &last)?
+                .plus(&Work::between(&WorkSnapshot::started(&last), &end.after.1)?),
         )
     } else {
         rig.lab
