@@ -573,16 +573,40 @@ fn reap_orphan_labs() {
     };
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
+        let old = || {
+            entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age > Duration::from_secs(600))
+        };
+        if name.starts_with('.') {
+            // A record being written (see `Lab::up_with`), or one whose writer died before
+            // renaming it: no lab was brought up for it.
+            if old() {
+                let _ = std::fs::remove_file(entry.path());
+            }
+            continue;
+        }
         let Ok(owner) = std::fs::read_to_string(entry.path()) else {
             continue;
         };
         let owner = owner.trim();
-        let alive = owner
+        let Some(pid) = owner
             .split_whitespace()
             .next()
             .and_then(|p| p.parse::<u32>().ok())
-            .and_then(process_identity)
-            .is_some_and(|id| id == owner);
+        else {
+            // Not a whole record (written by a version that wrote in place: a file read while
+            // it was being written is empty, and its lab was torn down under a running test).
+            // Only an old one is a leftover.
+            if old() {
+                let _ = std::fs::remove_file(entry.path());
+            }
+            continue;
+        };
+        let alive = process_identity(pid).is_some_and(|id| id == owner);
         if !alive {
             eprintln!("tcpshadow-tests: tearing down orphaned lab {name} (its test process {owner} is gone)");
             let down = run(
@@ -625,8 +649,12 @@ impl Lab {
         let name = unique_name(prefix)?;
         let identity = process_identity(std::process::id())
             .ok_or_else(|| anyhow!("cannot read this test process's /proc entry"))?;
+        // Written aside and renamed into place: another test process reaping orphans reads
+        // either no record or a whole one, never a half-written one.
+        let aside = Path::new(OWNERS_DIR).join(format!(".{name}.{}", std::process::id()));
         std::fs::create_dir_all(OWNERS_DIR)
-            .and_then(|()| std::fs::write(owner_file(&name), identity))
+            .and_then(|()| std::fs::write(&aside, identity))
+            .and_then(|()| std::fs::rename(&aside, owner_file(&name)))
             .with_context(|| format!("writing {}", owner_file(&name).display()))?;
         // From here on, Drop tears down whatever `up` left behind.
         let mut lab = Lab {
