@@ -495,6 +495,23 @@ pub fn wait_for<T, L: fmt::Debug>(
     }
 }
 
+/// [`wait_for`] a value that holds still: calls `read` every `every` until two reads in a row
+/// agree (a count that has settled, metrics republished with nothing new), and returns it.
+pub fn wait_settled<T: PartialEq + Clone + fmt::Debug>(
+    what: &str,
+    every: Duration,
+    bound: Duration,
+    mut read: impl FnMut() -> Result<T>,
+) -> Result<T> {
+    let mut last: Option<T> = None;
+    wait_for(what, every, bound, || {
+        let now = read()?;
+        let still = last.as_ref() == Some(&now);
+        last = Some(now.clone());
+        Ok(if still { Ok(now) } else { Err(now) })
+    })
+}
+
 /// Parses `lab.sh env` output: `KEY='value'` lines, `'` inside values written as `'\''`.
 pub fn parse_env(text: &str) -> BTreeMap<String, String> {
     text.lines()

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
 use tcpshadow_tests::mirror::{Mirror, MirrorOptions};
-use tcpshadow_tests::{wait_for, Background, Host, Lab};
+use tcpshadow_tests::{wait_settled, Background, Host, Lab};
 
 const CONNS: usize = 2000;
 
@@ -86,17 +86,11 @@ fn crowd_through_mirror(lab: &Lab, mib: u32, conns: usize) -> Result<Figures> {
     // Everything is open and has run its queries on production; the mirrored sessions are
     // established once the test server's connection count holds still (two reads a second
     // apart), however long this machine takes to log them all in.
-    let mut last = None;
-    let test_threads = wait_for(
+    let test_threads = wait_settled(
         "the test server's connection count to settle",
         Duration::from_secs(1),
         Duration::from_secs(120),
-        || {
-            let now = lab.counters(Host::Test)?.get("Threads_connected");
-            let still = last == Some(now);
-            last = Some(now);
-            Ok(if still { Ok(now) } else { Err(now) })
-        },
+        || Ok(lab.counters(Host::Test)?.get("Threads_connected")),
     )?
     .saturating_sub(threads0);
     let (_, rss_loaded_kib) = rss_kib(pid)?;

@@ -15,7 +15,7 @@ use std::time::Duration;
 use anyhow::{ensure, Context, Result};
 use tcpshadow_tests::mirror::{Mirror, MirrorOptions};
 use tcpshadow_tests::work::{OwnStatements, Window};
-use tcpshadow_tests::{wait_for, Host, Lab, Load};
+use tcpshadow_tests::{wait_settled, Host, Lab, Load};
 
 const METRICS: &str = "127.0.0.1:9561";
 
@@ -76,17 +76,11 @@ fn run(lab: &Lab, load: &Load) -> Result<(Window, String, BTreeMap<String, u64>)
     let (window, _) = lab.mirrored_load(load)?;
     // The copier republishes its metrics every second: read until two scrapes a publish
     // apart agree, so the last count of the run is in.
-    let mut last = None;
-    let metrics = wait_for(
+    let metrics = wait_settled(
         "the copier's loss metrics to hold still for a publish",
         Duration::from_millis(1200),
         Duration::from_secs(30),
-        || {
-            let now = lost_metrics(lab)?;
-            let still = last.as_ref() == Some(&now);
-            last = Some(now.clone());
-            Ok(if still { Ok(now) } else { Err(now) })
-        },
+        || lost_metrics(lab),
     )?;
     let (copier, _) = mirror.stop()?;
     Ok((window, copier.stderr, metrics))
