@@ -31,7 +31,7 @@ use std::time::Duration;
 use anyhow::{ensure, Context, Result};
 use tcpshadow_tests::mirror::{release_bin, CONTROL_PORT};
 use tcpshadow_tests::work::{test_only_errors, OwnStatements, WRITE_RACE_CODES};
-use tcpshadow_tests::{lab_clients_dir, Background, Host, Lab, Load};
+use tcpshadow_tests::{lab_clients_dir, wait_for, Background, Host, Lab, Load};
 
 fn env_u64(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -185,6 +185,7 @@ fn a_copier_started_at_any_moment_keeps_every_session() -> Result<()> {
 
     let total = rounds * (run_secs + 3) + 10;
     let before = lab.work_both_quiet(Duration::from_secs(30))?;
+    let threads0 = lab.counters(Host::Test)?.get("Threads_connected");
     // The first copier sees every connection from its SYN.
     let mut copier = Some(start_copier()?);
     let load = lab.spawn_load(&Load {
@@ -243,6 +244,18 @@ fn a_copier_started_at_any_moment_keeps_every_session() -> Result<()> {
         }
         sleep(Duration::from_secs(run_secs));
         let run = copier.take().context("copier")?.stop()?;
+        // The sessions the copier reset at its exit end on the test server only once it has
+        // run what it had received of them (it lags production): their statements' errors are
+        // in the history from then on, and the next run's statements would push them out.
+        wait_for(
+            "the test server to end the sessions the copier reset",
+            Duration::from_millis(100),
+            Duration::from_secs(60),
+            || {
+                let n = lab.counters(Host::Test)?.get("Threads_connected");
+                Ok(if n <= threads0 { Ok(()) } else { Err(n) })
+            },
+        )?;
         test_errors.extend(statement_errors(&lab)?);
         let summary = run.stderr;
         let at = summary.find("copier summary after").unwrap_or(0);
