@@ -15,7 +15,9 @@
 # (sysbench opens one per thread), so --threads 1000 is the 1,000-connection run.
 # Run as root. Builds the release binaries, brings up its own lab (LAB_NAME, default bench) and
 # tears it down; each run's daemon and sysbench logs are kept in BENCH_LOGS
-# (/tmp/tcpshadow-bench-logs/THREADS-RUN/).
+# (/tmp/tcpshadow-bench-logs/THREADS-RUN/), with the test server's failed statements of a run that
+# had new errors on test (test-errors.txt: the test server's sql_errlog lines of the run, the last
+# 10,000 statements' errors, errors by digest, InnoDB's deadlock and lock wait timeout counts).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [[ -d $HOME/.cargo/bin ]] && export PATH=$HOME/.cargo/bin:$PATH
@@ -66,6 +68,14 @@ eval "$("$LAB" env)"
 CREDENTIALS=$LAB_DIR/test-credentials
 printf '%s:%s\n' "$LAB_USER" "$LAB_PASSWORD" >"$CREDENTIALS"
 chmod 600 "$CREDENTIALS"
+# The test server keeps its last statements with their error numbers: a run with new errors on
+# test leaves them in its logs (test-errors.txt), so that a count comes with its cause.
+# performance_schema counts errors by kind but keeps their numbers only for the last 10,000
+# statements: MariaDB's sql_errlog plugin logs every one (errno, message, statement).
+"$LAB" sql test "UPDATE performance_schema.setup_consumers SET ENABLED = 'YES'
+    WHERE NAME = 'events_statements_history_long'" >&2
+"$LAB" sql test "INSTALL SONAME 'sql_errlog'" >&2 || echo "bench/mirror.sh: no sql_errlog plugin" >&2
+SQL_ERRLOG=$LAB_TEST_DATADIR/sql_errors.log
 
 # What each server executed (lab.sh work) into a file; work-compare compares four of them.
 snapshot() { "$LAB" work "$1" >"$LAB_DIR/work-$1-$2"; }
@@ -120,6 +130,8 @@ one_run() {
     fi
     snapshot prod 0
     snapshot test 0
+    local errlog0
+    errlog0=$(stat -c %s "$SQL_ERRLOG" 2>/dev/null || echo 0)
     read -r cu0 cs0 < <(cpu_ticks "$cpid")
     read -r iu0 is0 < <(cpu_ticks "$ipid")
     if ! "$LAB" load --test "$TEST" --threads "$threads" --time "$TIME" -- "${SYSBENCH_EXTRA[@]}" \
@@ -145,6 +157,23 @@ one_run() {
     irss=$(peak_rss_mib "$ipid")
     stop "$cpid"
     stop "$ipid"
+    if ((errors > 0)); then
+        # The history keeps the last 10,000 statements only; the digests keep the whole run's
+        # error counts, and InnoDB's metrics tell a deadlock or a lock wait timeout.
+        "$LAB" sql test "SELECT 'history', MYSQL_ERRNO, EVENT_NAME, IFNULL(MESSAGE_TEXT, ''),
+            LEFT(IFNULL(SQL_TEXT, ''), 120) FROM performance_schema.events_statements_history_long
+            WHERE MYSQL_ERRNO <> 0;
+            SELECT 'digest', SUM_ERRORS, LEFT(IFNULL(DIGEST_TEXT, ''), 120)
+            FROM performance_schema.events_statements_summary_by_digest WHERE SUM_ERRORS > 0;
+            SELECT 'innodb', NAME, COUNT FROM information_schema.INNODB_METRICS
+            WHERE NAME IN ('lock_deadlocks', 'lock_timeouts')" >"$LAB_DIR/test-errors.txt" 2>&1 || true
+        tail -c +$((errlog0 + 1)) "$SQL_ERRLOG" 2>/dev/null | sed 's/^/errlog\t/' | cut -c1-300 \
+            >>"$LAB_DIR/test-errors.txt" || true
+    else
+        : >"$LAB_DIR/test-errors.txt"
+    fi
+    "$LAB" sql test "TRUNCATE performance_schema.events_statements_history_long;
+        TRUNCATE performance_schema.events_statements_summary_by_digest" >&2 || true
     local frames drops relayed
     frames=$(sed -n 's/^  captured: \([0-9]*\) frames.*/\1/p' "$LAB_DIR/copier.log" | tail -1)
     drops=$(sed -n 's/^  captured: .* \([0-9]*\) kernel drops$/\1/p' "$LAB_DIR/copier.log" | tail -1)
@@ -172,7 +201,7 @@ for threads in $THREADS; do
         # Each run's logs outlive the lab, for a look at whatever the table shows.
         mkdir -p "$LOGS/$threads-$run"
         cp "$LAB_DIR"/copier.log "$LAB_DIR"/intercept.log "$LAB_DIR/sysbench-$threads.log" \
-            "$LAB_DIR"/work-compare.txt \
+            "$LAB_DIR"/work-compare.txt "$LAB_DIR"/test-errors.txt \
             "$LOGS/$threads-$run/" 2>/dev/null || true
         rows+=("$row")
     done

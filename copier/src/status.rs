@@ -289,6 +289,10 @@ fn protocol_loss_fix(name: &str) -> Option<&'static str> {
             "picked-up connections were inside a transaction whose start ran before the copier \
              saw them; they are mirrored from its end on"
         }
+        "commands_dropped_in_transaction_cut_by_gap" => {
+            "writes of transactions a capture gap (kernel drops) cut, from the gap to their end: \
+             see the capture ring"
+        }
         "executes_dropped_prepared_in_capture_gap" => {
             "statements whose prepare the capture lost (kernel drops): see the capture ring"
         }

@@ -286,9 +286,9 @@ pub enum Counter {
     /// the copier saw it (production's replies said so, `txn_gate.rs`): not sent (a loss),
     /// since the test server never ran that transaction's start.
     CommandsDroppedBeforeTransactionBoundary,
-    /// Commands of a picked-up connection sent before a transaction boundary was proven:
-    /// production's reply to them did not come within `GATE_WAIT` (or its replies cannot be
-    /// framed). Sent as they are; a duplicate key on the test server may follow.
+    /// Commands of a picked-up connection (or after a capture gap) sent before a transaction
+    /// boundary was proven: production's reply to them did not come within `GATE_WAIT` (or
+    /// its replies cannot be framed). Sent as they are; a duplicate key on the test server may follow.
     TransactionBoundaryUnproven,
     /// COM_STMT_RESET of a statement prepared before the pickup that nobody could recover
     /// (closed before `--prod-dsn` read the connection, or no `--prod-dsn`): not sent, and not
@@ -302,6 +302,11 @@ pub enum Counter {
     /// Probes whose answer was not found in time (or a client's own COM_STATISTICS made it
     /// ambiguous): the session stays blind.
     ResyncsFailed,
+    /// Queries and executes that wrote inside a transaction a capture gap cut (the gap may
+    /// hold its start, or writes of it the test server never ran; production's replies said
+    /// it was still open, `txn_gate.rs`): not sent (a loss), since on the test server they
+    /// would run on rows that transaction never changed there.
+    CommandsDroppedInTransactionCutByGap,
 }
 
 /// Names of [`Counter`] ids, in id order (metrics labels and the summary).
@@ -384,6 +389,7 @@ pub const COUNTER_NAMES: &[&str] = &[
     "resync_probes",
     "test_framing_resumed",
     "resyncs_failed",
+    "commands_dropped_in_transaction_cut_by_gap",
 ];
 
 /// What `--read-only` counts a command under.
@@ -403,7 +409,8 @@ pub(crate) fn read_only_counter(kind: WriteKind) -> Counter {
     }
 }
 
-const _: () = assert!(COUNTER_NAMES.len() == Counter::ResyncsFailed as usize + 1);
+const _: () =
+    assert!(COUNTER_NAMES.len() == Counter::CommandsDroppedInTransactionCutByGap as usize + 1);
 const _: () = assert!(COUNTER_NAMES.len() <= crate::engine::TRANSFORM_COUNTERS);
 
 /// The in-line sizes of a MySQL session's parts (bytes), for the memory breakdown of

@@ -44,7 +44,7 @@ use super::observe::{Decision, Observer, SQL_LOOKED_AT};
 use super::param_types::{Exec, Execute, SessionTypes};
 use super::replies::{ok_status, ReplyKind, ReplyTracker, Role, Seen};
 use super::resync::{self, RESYNC_WAIT};
-use super::txn_gate::{Gate, ReplyStatus, TxnGate};
+use super::txn_gate::{Cause, Gate, Gates, ReplyStatus};
 use super::{read_only_counter, Counter, NotRecovered, RecoveredState, Shared};
 use crate::engine::{SessionInfo, StreamTransform, TestEvent, TransformOutput};
 
@@ -412,9 +412,6 @@ struct PickupLogin {
     schema_changes: Vec<u64>,
     /// Serials of the queries that may write a user variable ([`writes_user_variable`]).
     variable_writes: Vec<u64>,
-    /// The wait for a transaction boundary before writes go (`txn_gate.rs`); gone once one
-    /// is proven.
-    txn_gate: Option<TxnGate>,
 }
 
 /// Production's answers remembered per picked-up connection to place its variables.
@@ -666,6 +663,9 @@ pub struct MysqlTransform {
     test_replies: ReplyTracker,
     /// While `Resyncing`: when the probe is given up.
     resync_until: Option<Instant>,
+    /// The waits for a transaction boundary before writes go, after a pickup or a capture
+    /// gap (`txn_gate.rs`); gone once each is proven.
+    gates: Option<Box<Gates>>,
     /// The probe for this loss of framing was tried (or cannot work): no other until intercept
     /// says it lost the stream again.
     resync_spent: bool,
@@ -758,7 +758,6 @@ impl MysqlTransform {
                 variables_expired: false,
                 schema_changes: Vec::new(),
                 variable_writes: Vec::new(),
-                txn_gate: Some(TxnGate::new()),
             })
         });
         let observer = shared
@@ -830,6 +829,7 @@ impl MysqlTransform {
             test_prev_seq: None,
             test_replies: ReplyTracker::new(),
             resync_until: None,
+            gates: picked_up.then(|| Box::new(Gates::new(Cause::Pickup, 0))),
             resync_spent: false,
             prod_phase: if picked_up {
                 ProdPhase::Unsynced
@@ -1863,27 +1863,38 @@ impl MysqlTransform {
         }
     }
 
-    fn txn_gate(&self) -> Option<&TxnGate> {
-        self.pickup.as_deref()?.txn_gate.as_ref()
+    /// Whether the command `fwd_serial` (or one after it) may be held at a transaction gate.
+    fn gated(&self) -> bool {
+        self.gates
+            .as_ref()
+            .is_some_and(|g| g.any_from(self.fwd_serial))
     }
 
-    fn txn_gate_mut(&mut self) -> Option<&mut TxnGate> {
-        self.pickup.as_deref_mut()?.txn_gate.as_mut()
-    }
-
-    fn end_txn_gate(&mut self) {
-        if let Some(p) = self.pickup.as_deref_mut() {
-            p.txn_gate = None;
+    /// The stretch holding `serial` has its boundary proven.
+    fn open_gate(&mut self, serial: u64) {
+        if let Some(g) = &mut self.gates {
+            g.open(serial);
+            if g.passed(serial) {
+                self.gates = None;
+            }
         }
     }
 
-    /// Before the client command `fwd_serial` of a picked-up connection: `Some(Drop)` for a
-    /// query or an execute inside a transaction that began before the copier saw the
-    /// connection, `Some(Block)` while production's replies have not told yet (bounded by
-    /// `GATE_WAIT`), `None` once a boundary is proven (the gate is then gone). See
-    /// `txn_gate.rs`.
+    /// Before the client command `fwd_serial` of a picked-up connection, or one after a
+    /// capture gap: `Some(Drop)` for a query or an execute inside a transaction that began
+    /// before the copier saw the connection (or that the gap cut), `Some(Block)` while
+    /// production's replies have not told yet (bounded by `GATE_WAIT`), `None` once a
+    /// boundary is proven (that stretch's gate is then gone). See `txn_gate.rs`.
     fn transaction_first(&mut self, out: &mut TransformOutput<'_>) -> Option<Verdict> {
-        self.txn_gate()?;
+        let serial = self.fwd_serial;
+        let gates = self.gates.as_deref_mut()?;
+        if gates.passed(serial) {
+            self.gates = None;
+            return None;
+        }
+        if !gates.gates(serial) {
+            return None;
+        }
         let code = self.head.get(HEADER_LEN).copied()?;
         let body = self.head.get(HEADER_LEN + 1..).unwrap_or(&[]);
         let sql = match code {
@@ -1899,7 +1910,7 @@ impl MysqlTransform {
         if classify::starts_transaction(sql) {
             // A transaction the test server sees from its start (a BEGIN inside one commits
             // it first): the boundary.
-            self.end_txn_gate();
+            self.open_gate(serial);
             return None;
         }
         if classify::classify(sql).effect.is_read() {
@@ -1907,28 +1918,31 @@ impl MysqlTransform {
             // transaction, and changes nothing there. Only writes wait for the proof.
             return None;
         }
-        let serial = self.fwd_serial;
         if self.prod_phase == ProdPhase::Failed {
             // Production's replies will not be read: nothing can be proven.
-            self.end_txn_gate();
+            self.gates = None;
             out.count(Counter::TransactionBoundaryUnproven as usize);
             return None;
         }
         let pending = self.prod_fifo.front().is_some_and(|f| f.1 < serial);
         let now = self.now;
-        let gate = self.txn_gate_mut()?;
-        let earlier_pending = pending || gate.replying.is_some_and(|s| s < serial);
+        let gates = self.gates.as_deref_mut()?;
+        let earlier_pending = pending || gates.replying.is_some_and(|s| s < serial);
+        let (gate, cause) = gates.gate_mut(serial)?;
         let unproven = gate.timed_out(serial, now);
         match gate.decide(serial, earlier_pending, now) {
             Gate::Open => {
                 if unproven {
                     out.count(Counter::TransactionBoundaryUnproven as usize);
                 }
-                self.end_txn_gate();
+                self.open_gate(serial);
                 None
             }
             Gate::Drop => {
-                out.count(Counter::CommandsDroppedBeforeTransactionBoundary as usize);
+                out.count(match cause {
+                    Cause::Pickup => Counter::CommandsDroppedBeforeTransactionBoundary,
+                    Cause::CaptureGap => Counter::CommandsDroppedInTransactionCutByGap,
+                } as usize);
                 Some(Verdict::Drop)
             }
             Gate::Wait => Some(Verdict::Block),
@@ -2145,10 +2159,10 @@ impl MysqlTransform {
     /// The last packet of production's reply to the command `prod_replying`: a picked-up
     /// connection's transaction gate learns what the reply said of its transaction.
     fn prod_reply_ended(&mut self, seen: &Seen, p: &ProdPacket, out: &mut TransformOutput<'_>) {
-        let Some(gate) = self.txn_gate_mut() else {
+        let Some(gates) = self.gates.as_deref_mut() else {
             return;
         };
-        let Some(serial) = gate.replying.take() else {
+        let Some(serial) = gates.replying.take() else {
             return;
         };
         let st = match seen.role {
@@ -2158,15 +2172,15 @@ impl MysqlTransform {
             Role::Err => ReplyStatus::Err,
             _ => ReplyStatus::None,
         };
-        gate.replied(serial, st);
+        gates.replied(serial, st);
         // A command held for this answer may now go.
         self.resume(out);
     }
 
     fn prod_reply(&mut self, p: &ProdPacket, out: &mut TransformOutput<'_>) {
         let popped = self.prod_fifo.pop_front();
-        if let Some(gate) = self.txn_gate_mut() {
-            gate.replying = popped.map(|f| f.1);
+        if let Some(gates) = self.gates.as_deref_mut() {
+            gates.replying = popped.map(|f| f.1);
         }
         let recovering = !self.recovered;
         if let (Some((_, serial, _)), Some(pk)) = (popped, self.pickup.as_deref_mut()) {
@@ -2217,6 +2231,12 @@ impl MysqlTransform {
 
     fn lose_all_prod(&mut self, out: &mut TransformOutput<'_>) {
         self.prod_replies.reset();
+        if let Some(g) = &mut self.gates {
+            // The reply being read will not end where it can be seen either.
+            if let Some(serial) = g.replying.take() {
+                g.replied(serial, ReplyStatus::Err);
+            }
+        }
         while let Some((kind, serial, _)) = self.prod_fifo.pop_front() {
             self.lose_prod_reply(kind, serial, out);
         }
@@ -2226,6 +2246,12 @@ impl MysqlTransform {
     fn lose_prod_reply(&mut self, kind: ReplyKind, serial: u64, out: &mut TransformOutput<'_>) {
         if kind == ReplyKind::Prepare {
             self.lose_prod_answer(out);
+        }
+        if let Some(g) = &mut self.gates {
+            // What the command ran in cannot be told any more: a write waiting for this reply
+            // is dropped (a tail sent unproven fails on test), and what follows waits for a
+            // reply of its own.
+            g.replied(serial, ReplyStatus::Err);
         }
         if let Some(t) = &mut self.types {
             t.prod_lost(serial);
@@ -2496,9 +2522,7 @@ impl MysqlTransform {
                 Some(&com::STMT_PREPARE) => 1 + SQL_KEPT,
                 // Whether it names a user variable (`variables_first`), or writes inside a
                 // transaction begun before the pickup (`transaction_first`).
-                Some(&com::QUERY) if self.variables_pending() || self.txn_gate().is_some() => {
-                    1 + SQL_KEPT
-                }
+                Some(&com::QUERY) if self.variables_pending() || self.gated() => 1 + SQL_KEPT,
                 Some(&com::STMT_EXECUTE) => self.execute_head(),
                 Some(&c) if command::carries_statement_id(c) => 5,
                 Some(_) => 1,
@@ -3383,6 +3407,16 @@ impl StreamTransform for MysqlTransform {
         self.lose_all_prod(out);
         self.unsync_prod();
         self.stmts_in_gap = true;
+        // The gap may hold a transaction's start, or writes of one the test server saw
+        // begin: the writes after it wait for a boundary production proves. (`--read-only`
+        // keeps every write off anyway.)
+        if !self.shared.config.read_only {
+            let at = self.arrival_serial;
+            match &mut self.gates {
+                Some(g) => g.gap(at),
+                None => self.gates = Some(Box::new(Gates::new(Cause::CaptureGap, at))),
+            }
+        }
         true
     }
 
@@ -3399,6 +3433,10 @@ impl StreamTransform for MysqlTransform {
         }
         self.lose_all_prod(out);
         self.unsync_prod();
+        if self.gates.is_some() {
+            // A write held for one of the lost replies is decided now.
+            self.resume(out);
+        }
         true
     }
 
@@ -3509,7 +3547,7 @@ impl StreamTransform for MysqlTransform {
             return None;
         }
         let variables = self.pickup.as_deref().and_then(|p| p.variables_deadline);
-        let gate = self.txn_gate().and_then(TxnGate::deadline);
+        let gate = self.gates.as_deref().and_then(Gates::deadline);
         [
             self.recovery_deadline(),
             self.held_deadline,
@@ -3560,8 +3598,9 @@ impl StreamTransform for MysqlTransform {
             }
         }
         if self
-            .txn_gate()
-            .and_then(TxnGate::deadline)
+            .gates
+            .as_deref()
+            .and_then(Gates::deadline)
             .is_some_and(|d| now >= d)
         {
             // The held command goes unproven (`transaction_first` counts it).
