@@ -72,8 +72,9 @@ chmod 600 "$CREDENTIALS"
 # test leaves them in its logs (test-errors.txt), so that a count comes with its cause.
 # performance_schema counts errors by kind but keeps their numbers only for the last 10,000
 # statements: MariaDB's sql_errlog plugin logs every one (errno, message, statement).
+# (The history needs events_statements_current on as well, or it stays empty.)
 "$LAB" sql test "UPDATE performance_schema.setup_consumers SET ENABLED = 'YES'
-    WHERE NAME = 'events_statements_history_long'" >&2
+    WHERE NAME IN ('events_statements_current', 'events_statements_history_long')" >&2
 "$LAB" sql test "INSTALL SONAME 'sql_errlog'" >&2 || echo "bench/mirror.sh: no sql_errlog plugin" >&2
 SQL_ERRLOG=$LAB_TEST_DATADIR/sql_errors.log
 

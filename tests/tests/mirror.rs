@@ -94,8 +94,9 @@ fn sysbench_sessions_are_mirrored_whole_and_in_step() -> Result<()> {
     ensure!(copier.success(), "copier failed: {copier:?}");
     ensure!(
         copier.stderr.contains("losses: none"),
-        "copier counted losses:\n{}",
-        copier.stderr
+        "copier counted losses:\n{}\nintercept's log (a loss of framing starts there):\n{}",
+        copier.stderr,
+        intercept.stderr
     );
     ensure!(intercept.success(), "intercept failed: {intercept:?}");
     let capture = client_capture.stop()?;

@@ -2156,8 +2156,9 @@ impl MysqlTransform {
             .map_or((ReplyKind::Generic, 1), |f| (f.0, f.2))
     }
 
-    /// The last packet of production's reply to the command `prod_replying`: a picked-up
-    /// connection's transaction gate learns what the reply said of its transaction.
+    /// The last packet of production's reply to the command `prod_replying`: the transaction
+    /// gates (a picked-up connection's, or after a capture gap) learn what the reply said of
+    /// its transaction.
     fn prod_reply_ended(&mut self, seen: &Seen, p: &ProdPacket, out: &mut TransformOutput<'_>) {
         let Some(gates) = self.gates.as_deref_mut() else {
             return;
@@ -2521,7 +2522,7 @@ impl MysqlTransform {
                 }
                 Some(&com::STMT_PREPARE) => 1 + SQL_KEPT,
                 // Whether it names a user variable (`variables_first`), or writes inside a
-                // transaction begun before the pickup (`transaction_first`).
+                // transaction begun before the pickup or cut by a gap (`transaction_first`).
                 Some(&com::QUERY) if self.variables_pending() || self.gated() => 1 + SQL_KEPT,
                 Some(&com::STMT_EXECUTE) => self.execute_head(),
                 Some(&c) if command::carries_statement_id(c) => 5,
