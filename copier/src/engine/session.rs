@@ -454,11 +454,19 @@ impl Session {
         } else {
             pkt.seq
         };
+        let next = self.reasm.next();
         if self.floating_start
             && self.reasm.pristine()
-            && start == self.reasm.next().wrapping_add(1)
+            && (start == next.wrapping_add(1)
+                || (seq::gt(start, next)
+                    && start.wrapping_sub(next) < 1 << 30
+                    && self.prod_ack.is_some_and(|a| seq::ge(a, start))))
         {
-            // Picked up from a keepalive probe (seq = next - 1): the real stream starts here.
+            // Picked up from a keepalive probe (seq = next - 1), or from a pure ACK that the
+            // command after it overtook on its way to the tap (each CPU's backlog feeds the
+            // veth hops on its own, so a busy host reorders the two): production has every
+            // byte before this segment, taken before the capture saw the flow, and none of
+            // them can still come. The real stream starts here, not behind a hole.
             self.reasm.rebase(start);
             self.floating_start = false;
         }
