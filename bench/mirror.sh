@@ -5,10 +5,13 @@
 # when the load ended and after a drain of at most 10 s, the statement errors the test server
 # had that production did not, the CPU the copier spent per captured packet and intercept per relayed
 # packet (user and system separately, from /proc/PID/stat; µs per packet = CPU-seconds per
-# million packets), kernel capture drops and both daemons' peak RSS (VmHWM).
+# million packets), kernel capture drops and both daemons' peak RSS (VmHWM); on stderr also
+# intercept's kernel drops and the sessions whose reply framing it lost. --stall-intercept-ms
+# stops intercept (SIGSTOP) that long halfway through each load: how much its capture holds.
 #
 #   bench/mirror.sh [--threads "2 8 32"] [--time 30] [--runs 3] [--test oltp_read_only]
 #                   [--copier-args "..."] [--intercept-args "..."] [--sysbench-args "..."]
+#                   [--stall-intercept-ms MS]
 #
 # Every run is a line on stderr; stdout is a Markdown table with one line per thread count
 # holding the MEDIAN of each column over the runs. A thread count is also a connection count
@@ -29,6 +32,7 @@ TEST=oltp_read_only
 COPIER_ARGS=""
 INTERCEPT_ARGS=""
 SYSBENCH_ARGS=""
+STALL_MS=0
 while (($# > 0)); do
     case $1 in
     --threads) THREADS=$2 && shift 2 ;;
@@ -38,7 +42,8 @@ while (($# > 0)); do
     --copier-args) COPIER_ARGS=$2 && shift 2 ;;
     --intercept-args) INTERCEPT_ARGS=$2 && shift 2 ;;
     --sysbench-args) SYSBENCH_ARGS=$2 && shift 2 ;;
-    -h | --help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//' && exit 0 ;;
+    --stall-intercept-ms) STALL_MS=$2 && shift 2 ;;
+    -h | --help) awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0" | sed 's/^# \{0,1\}//' && exit 0 ;;
     *) echo "bench/mirror.sh: unknown argument $1 (see --help)" >&2 && exit 2 ;;
     esac
 done
@@ -46,8 +51,8 @@ if [[ $EUID -ne 0 ]]; then
     echo "bench/mirror.sh: run as root (the lab creates network namespaces)" >&2
     exit 1
 fi
-[[ $RUNS =~ ^[1-9][0-9]*$ && $TIME =~ ^[1-9][0-9]*$ ]] ||
-    { echo "bench/mirror.sh: --runs and --time take positive integers" >&2 && exit 2; }
+[[ $RUNS =~ ^[1-9][0-9]*$ && $TIME =~ ^[1-9][0-9]*$ && $STALL_MS =~ ^[0-9]+$ ]] ||
+    { echo "bench/mirror.sh: --runs and --time take positive integers, --stall-intercept-ms a count" >&2 && exit 2; }
 
 export LAB_NAME=${LAB_NAME:-bench}
 LOGS=${BENCH_LOGS:-/tmp/tcpshadow-bench-logs}
@@ -135,6 +140,12 @@ one_run() {
     errlog0=$(stat -c %s "$SQL_ERRLOG" 2>/dev/null || echo 0)
     read -r cu0 cs0 < <(cpu_ticks "$cpid")
     read -r iu0 is0 < <(cpu_ticks "$ipid")
+    if ((STALL_MS > 0)); then
+        # intercept without a CPU for STALL_MS in the middle of the load (a saturated assist
+        # host): what its capture queue cannot hold meanwhile the kernel drops.
+        (sleep $((TIME / 2)) && kill -STOP "$ipid" && sleep "$(awk -v m="$STALL_MS" 'BEGIN { print m / 1000 }')" &&
+            kill -CONT "$ipid") &
+    fi
     if ! "$LAB" load --test "$TEST" --threads "$threads" --time "$TIME" -- "${SYSBENCH_EXTRA[@]}" \
         >"$LAB_DIR/sysbench-$threads.log" 2>&1; then
         echo "bench/mirror.sh: sysbench failed at $threads threads; the end of its log:" >&2
@@ -179,19 +190,22 @@ one_run() {
     frames=$(sed -n 's/^  captured: \([0-9]*\) frames.*/\1/p' "$LAB_DIR/copier.log" | tail -1)
     drops=$(sed -n 's/^  captured: .* \([0-9]*\) kernel drops$/\1/p' "$LAB_DIR/copier.log" | tail -1)
     relayed=$(sed -n 's/.*final:.* relayed=\([0-9]*\).*/\1/p' "$LAB_DIR/intercept.log" | tail -1)
+    local idrops ilost
+    idrops=$(sed -n 's/.*final:.* kernel_dropped=\([0-9]*\).*/\1/p' "$LAB_DIR/intercept.log" | tail -1)
+    ilost=$(sed -n 's/.*final:.* framing_lost=\([0-9]*\).*/\1/p' "$LAB_DIR/intercept.log" | tail -1)
     awk -v p="$prod_q" -v e="$at_end" -v t="$fidelity" -v ne="$errors" \
         -v cu=$((cu1 - cu0)) -v cs=$((cs1 - cs0)) -v iu=$((iu1 - iu0)) -v is=$((is1 - is0)) \
         -v f="${frames:-0}" -v r="${relayed:-0}" -v d="${drops:-0}" -v tick="$TICK" \
-        -v crss="$crss" -v irss="$irss" 'BEGIN {
+        -v crss="$crss" -v irss="$irss" -v id="${idrops:-0}" -v il="${ilost:-0}" 'BEGIN {
         us = 1e6 / tick
-        printf "%d %.5f %.5f %d %.3f %.3f %.3f %.3f %d %s %s %d %d\n", p, e, t, ne,
+        printf "%d %.5f %.5f %d %.3f %.3f %.3f %.3f %d %s %s %d %d %d %d\n", p, e, t, ne,
             f ? cu * us / f : 0, f ? cs * us / f : 0, r ? iu * us / r : 0, r ? is * us / r : 0,
-            d, crss, irss, f, r }'
+            d, crss, irss, f, r, id, il }'
 }
 
 echo "Each line on stderr is one run: prod-queries work-fidelity-at-end work-fidelity" \
     "new-errors-on-test copier-us/pkt(user sys) intercept-us/pkt(user sys) drops copier-MiB" \
-    "intercept-MiB captured relayed" >&2
+    "intercept-MiB captured relayed intercept-kernel-drops intercept-framing-lost" >&2
 echo "| test | threads | s | runs | prod queries | work fidelity at end | work fidelity | new errors on test | copier µs/pkt (user + sys) | intercept µs/pkt (user + sys) | kernel drops | peak RSS copier / intercept MiB |"
 echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
 for threads in $THREADS; do
@@ -219,10 +233,10 @@ for threads in $THREADS; do
             return NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2
         }
         END {
-            for (k = 1; k <= NR; k++) { col[15, k] = col[5, k] + col[6, k]; col[16, k] = col[7, k] + col[8, k] }
+            for (k = 1; k <= NR; k++) { col[21, k] = col[5, k] + col[6, k]; col[22, k] = col[7, k] + col[8, k] }
             printf "| %s | %d | %d | %d | %d | %.5f | %.5f | %d | %.2f (%.2f + %.2f) | %.2f (%.2f + %.2f) | %d | %.1f / %.1f |\n",
                 test, th, s, n, median(1), median(2), median(3), median(4),
-                median(15), median(5), median(6), median(16), median(7), median(8), median(9),
+                median(21), median(5), median(6), median(22), median(7), median(8), median(9),
                 median(10), median(11)
         }'
 done

@@ -1,11 +1,13 @@
-//! The pcap edge: the test server's replies as parsed [`TcpPacket`]s.
+//! The capture edge: the test server's replies as parsed [`TcpPacket`]s.
 //!
 //! Kept thin on purpose: open, filter, read without blocking, parse with `common::wire`, count
-//! what does not parse. It never sends or forwards anything; the kernel drops the replies
-//! because this host does not forward (ip_forward=0).
+//! what does not parse. Two ways in: a packet socket read per reply (the default, see
+//! [`crate::packet_socket`] for why not libpcap's immediate mode), or libpcap's TPACKET_V3
+//! ring handed over in blocks (`--capture-block-ms` 1 and up). It never sends or forwards
+//! anything; the kernel drops the replies because this host does not forward (ip_forward=0).
 
 use std::net::Ipv4Addr;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::time::Duration;
 
 use anyhow::{bail, Context};
@@ -13,6 +15,7 @@ use common::control::MAX_PAYLOAD_PREFIX;
 use common::wire::{parse_frame_headers, LinkType, TcpPacket};
 use pcap::{Active, Capture, Direction};
 
+use crate::packet_socket::PacketSocket;
 use crate::pump::{KernelStats, ParseErrors, SegmentSource, SourceStats};
 
 /// What to capture.
@@ -33,8 +36,7 @@ pub struct CaptureOptions {
     pub buffer_bytes: usize,
     /// Longest wait, in ms, before the kernel hands captured replies over (a TPACKET_V3
     /// block timeout, `--capture-block-ms`): one wakeup, one relay flush and so one control
-    /// write per block instead of per reply. 0: immediate mode (TPACKET_V2 in libpcap 1.10,
-    /// a wakeup per packet).
+    /// write per block instead of per reply. 0: a packet socket, a wakeup per reply.
     pub block_ms: u16,
 }
 
@@ -75,63 +77,90 @@ pub fn snaplen(payload: CapturedPayload) -> i32 {
     }
 }
 
-pub struct PcapSource {
-    cap: Capture<Active>,
-    link: LinkType,
+pub struct CaptureSource {
+    way: Way,
     interface: String,
     captured: u64,
     parse_errors: ParseErrors,
 }
 
-impl PcapSource {
+enum Way {
+    /// `--capture-block-ms 0`: frames from the IPv4 header on.
+    Socket(PacketSocket),
+    /// libpcap's TPACKET_V3 ring, in blocks.
+    Ring {
+        cap: Capture<Active>,
+        link: LinkType,
+    },
+}
+
+impl CaptureSource {
     pub fn open(opts: &CaptureOptions) -> anyhow::Result<Self> {
         let iface = &opts.interface;
-        let cap = Capture::from_device(iface.as_str())
-            .and_then(|c| {
-                c.immediate_mode(opts.block_ms == 0)
-                    .promisc(false)
-                    .snaplen(snaplen(opts.payload))
-                    .buffer_size(opts.buffer_bytes.min(i32::MAX as usize) as i32)
-                    .timeout(if opts.block_ms == 0 {
-                        100
-                    } else {
-                        i32::from(opts.block_ms)
-                    })
-                    .open()
-            })
-            .map_err(|e| open_error(iface, e))?;
-        let mut cap = cap
-            .setnonblock()
-            .with_context(|| format!("cannot make the capture on {iface} non-blocking"))?;
-        if let Err(e) = cap.direction(opts.direction) {
-            // Without it the filter on source port still holds; only replies we send ourselves
-            // (none) could slip in.
-            tracing::warn!(interface = %iface, "capture direction {:?} not supported here ({e}); capturing both directions", opts.direction);
-        }
         let filter = bpf_filter(opts);
-        cap.filter(&filter, true)
-            .with_context(|| format!("cannot set capture filter `{filter}` on {iface}"))?;
-        let dlt = cap.get_datalink();
-        let Some(link) = LinkType::from_dlt(dlt.0) else {
-            bail!(
-                "interface {iface} has link type {} ({}), which intercept cannot parse; \
-                 capture on an Ethernet interface or on `any`",
-                dlt.0,
-                dlt.get_name().unwrap_or_else(|_| "unknown".into())
-            );
+        let way = if opts.block_ms == 0 {
+            Way::Socket(PacketSocket::open(
+                iface,
+                &filter,
+                opts.direction,
+                opts.buffer_bytes,
+            )?)
+        } else {
+            open_ring(opts, &filter)?
         };
-        tracing::info!(interface = %iface, %filter, ?link, snaplen = snaplen(opts.payload), "capturing the test server's replies");
-        Ok(PcapSource {
-            cap,
-            link,
+        tracing::info!(interface = %iface, %filter, block_ms = opts.block_ms, "capturing the test server's replies");
+        Ok(CaptureSource {
+            way,
             interface: iface.clone(),
             captured: 0,
             parse_errors: ParseErrors::default(),
         })
     }
+
+    fn fd(&self) -> RawFd {
+        match &self.way {
+            Way::Socket(s) => s.as_raw_fd(),
+            Way::Ring { cap, .. } => cap.as_raw_fd(),
+        }
+    }
 }
 
-impl PcapSource {
+fn open_ring(opts: &CaptureOptions, filter: &str) -> anyhow::Result<Way> {
+    let iface = &opts.interface;
+    let cap = Capture::from_device(iface.as_str())
+        .and_then(|c| {
+            c.immediate_mode(false)
+                .promisc(false)
+                .snaplen(snaplen(opts.payload))
+                .buffer_size(opts.buffer_bytes.min(i32::MAX as usize) as i32)
+                .timeout(i32::from(opts.block_ms.max(1)))
+                .open()
+        })
+        .map_err(|e| open_error(iface, e))?;
+    let mut cap = cap
+        .setnonblock()
+        .with_context(|| format!("cannot make the capture on {iface} non-blocking"))?;
+    if let Err(e) = cap.direction(opts.direction) {
+        // Without it the filter on source port still holds; only replies we send ourselves
+        // (none) could slip in.
+        tracing::warn!(interface = %iface, "capture direction {:?} not supported here ({e}); capturing both directions", opts.direction);
+    }
+    cap.filter(filter, true)
+        .with_context(|| format!("cannot set capture filter `{filter}` on {iface}"))?;
+    let dlt = cap.get_datalink();
+    let Some(link) = LinkType::from_dlt(dlt.0) else {
+        bail!(
+            "interface {iface} has link type {} ({}), which intercept cannot parse; \
+             capture on an Ethernet interface or on `any`",
+            dlt.0,
+            dlt.get_name().unwrap_or_else(|_| "unknown".into())
+        );
+    };
+    tracing::debug!(interface = %iface, ?link, snaplen = snaplen(opts.payload), "TPACKET_V3 ring");
+    Ok(Way::Ring { cap, link })
+}
+
+impl CaptureSource {
     /// `--workers`: joins this capture to the process's fan-out group `group`, spread by flow
     /// hash (PACKET_FANOUT_HASH, symmetric in the kernel, with DEFRAG so fragments hash like
     /// their flow): each reply connection is read by one worker only, which keeps its MySQL
@@ -146,7 +175,7 @@ impl PcapSource {
         // SAFETY: `arg` lives across the call and its size is passed; the fd is our socket.
         let rc = unsafe {
             libc::setsockopt(
-                self.cap.as_raw_fd(),
+                self.fd(),
                 SOL_PACKET,
                 PACKET_FANOUT,
                 std::ptr::from_ref(&arg).cast(),
@@ -200,39 +229,49 @@ fn open_error(iface: &str, e: pcap::Error) -> anyhow::Error {
     }
 }
 
-impl SegmentSource for PcapSource {
+impl SegmentSource for CaptureSource {
     fn poll_segment(&mut self, f: impl FnOnce(&TcpPacket<'_>, u32)) -> anyhow::Result<bool> {
         loop {
-            match self.cap.next_packet() {
-                Ok(p) => {
-                    self.captured += 1;
-                    // The kernel's receive time, not ours: with block delivery a reply
-                    // reaches us up to a block's timeout after the test server sent it.
-                    let ts = p.header.ts;
-                    let at = common::clock::timeval_us(ts.tv_sec as u64, ts.tv_usec as u64);
-                    match parse_frame_headers(self.link, p.data) {
-                        Ok(pkt) => {
-                            f(&pkt, at);
-                            return Ok(true);
-                        }
-                        // Counted, shown in the status line; a log line per frame would flood.
-                        Err(e) => self.parse_errors.count(e),
+            // The kernel's receive time, not ours: with block delivery a reply reaches us up
+            // to a block's timeout after the test server sent it.
+            let (parsed, at) = match &mut self.way {
+                Way::Socket(s) => match s.next_frame()? {
+                    Some(frame) => (
+                        parse_frame_headers(LinkType::RawIp, frame.bytes),
+                        frame.at_us,
+                    ),
+                    None => return Ok(false),
+                },
+                Way::Ring { cap, link } => match cap.next_packet() {
+                    Ok(p) => {
+                        let ts = p.header.ts;
+                        let at = common::clock::timeval_us(ts.tv_sec as u64, ts.tv_usec as u64);
+                        (parse_frame_headers(*link, p.data), at)
                     }
+                    Err(pcap::Error::TimeoutExpired) => return Ok(false),
+                    Err(e) => {
+                        return Err(anyhow::anyhow!(
+                            "capture on {} failed: {e} (did the interface go away?)",
+                            self.interface
+                        ))
+                    }
+                },
+            };
+            self.captured += 1;
+            match parsed {
+                Ok(pkt) => {
+                    f(&pkt, at);
+                    return Ok(true);
                 }
-                Err(pcap::Error::TimeoutExpired) => return Ok(false),
-                Err(e) => {
-                    return Err(anyhow::anyhow!(
-                        "capture on {} failed: {e} (did the interface go away?)",
-                        self.interface
-                    ))
-                }
+                // Counted, shown in the status line; a log line per frame would flood.
+                Err(e) => self.parse_errors.count(e),
             }
         }
     }
 
     fn wait(&mut self, timeout: Duration) -> anyhow::Result<()> {
         let mut pfd = libc::pollfd {
-            fd: self.cap.as_raw_fd(),
+            fd: self.fd(),
             events: libc::POLLIN,
             revents: 0,
         };
@@ -246,14 +285,22 @@ impl SegmentSource for PcapSource {
     }
 
     fn stats(&mut self) -> SourceStats {
-        let kernel = self.cap.stats().ok().map(|s| KernelStats {
-            received: s.received,
-            dropped: s.dropped,
-            if_dropped: s.if_dropped,
-        });
+        let (kernel, truncated) = match &mut self.way {
+            Way::Socket(s) => (s.kernel_stats(), s.truncated()),
+            Way::Ring { cap, .. } => (
+                cap.stats().ok().map(|s| KernelStats {
+                    received: s.received,
+                    dropped: s.dropped,
+                    if_dropped: s.if_dropped,
+                }),
+                0,
+            ),
+        };
+        let mut parse_errors = self.parse_errors;
+        parse_errors.truncated += truncated;
         SourceStats {
             captured: self.captured,
-            parse_errors: self.parse_errors,
+            parse_errors,
             kernel,
         }
     }

@@ -16,7 +16,7 @@ use common::control::{
 use ops::check::{Check, Level};
 use ops::host;
 
-use crate::capture::{CaptureOptions, CapturedPayload, PcapSource};
+use crate::capture::{CaptureOptions, CaptureSource, CapturedPayload};
 use crate::pump::SegmentSource;
 
 /// How long the ARP check waits for answers.
@@ -291,7 +291,7 @@ fn capture_check(setup: &Setup) -> Check {
         // A reply must show up within the doctor's short watch, not wait for a block.
         block_ms: 0,
     };
-    let mut source = match PcapSource::open(&opts) {
+    let mut source = match CaptureSource::open(&opts) {
         Ok(s) => s,
         Err(e) => return Check::fail("capture", format!("{e:#}")),
     };

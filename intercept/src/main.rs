@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::{CommandFactory, Parser, ValueEnum};
 use common::control::{MAX_FEEDBACK_PER_FRAME, MAX_MYSQL_HEAD, MAX_PAYLOAD_PREFIX};
-use intercept::capture::{CaptureOptions, CapturedPayload, PcapSource};
+use intercept::capture::{CaptureOptions, CaptureSource, CapturedPayload};
 use intercept::metrics::render_intercept_metrics;
 use intercept::onhost::{self, OnHostArgs, OnHostCapture, ReplyCapture};
 use intercept::pump::{self, PumpConfig, ReplyPath};
@@ -136,8 +136,9 @@ struct Cli {
     /// about a third of the CPU here and less in the copier. But the copier then wakes once
     /// per block and sends the client commands it captured meanwhile in one burst, which the
     /// test server answers queued: the report's test latencies rise for the first command of
-    /// each burst (docs/BENCHMARKS.md). 0 (default): immediate mode, a wakeup per reply.
-    /// 1-3 suits mirroring for load when the latency report does not matter.
+    /// each burst (docs/BENCHMARKS.md). 0 (default): a packet socket woken per reply, whose
+    /// queue (--buffer-mib) is counted in what each reply really takes. 1-3 suits mirroring
+    /// for load when the latency report does not matter.
     #[arg(long, env = "TCPSHADOW_CAPTURE_BLOCK_MS", default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..=100))]
     capture_block_ms: u16,
 
@@ -442,7 +443,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             },
         )?)
     } else {
-        ReplyCapture::Pcap(PcapSource::open(&capture_options(&cli, payload_prefix))?)
+        ReplyCapture::Wire(CaptureSource::open(&capture_options(&cli, payload_prefix))?)
     };
 
     // Before the workers and the control server's threads start (they inherit it) and before
@@ -458,7 +459,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     ops::sched::raise_logged(priority);
 
     let mut more = Vec::new();
-    if let ReplyCapture::Pcap(first) = &mut source {
+    if let ReplyCapture::Wire(first) = &mut source {
         if cli.workers > 1 {
             more = open_workers(&cli, first, payload_prefix)?;
         }
@@ -515,7 +516,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 
     signals::install();
     if !more.is_empty() {
-        let ReplyCapture::Pcap(first) = source else {
+        let ReplyCapture::Wire(first) = source else {
             bail!("--workers needs the pcap capture");
         };
         let mut sources = vec![first];
@@ -610,14 +611,14 @@ fn open_channel_warnings(
 /// drops what they captured before the group was whole (every member saw it).
 fn open_workers(
     cli: &Cli,
-    first: &mut PcapSource,
+    first: &mut CaptureSource,
     payload_prefix: u16,
-) -> anyhow::Result<Vec<PcapSource>> {
+) -> anyhow::Result<Vec<CaptureSource>> {
     let group = intercept::capture::fanout_group();
     first.join_fanout(group)?;
     let mut more = Vec::new();
     for _ in 1..cli.workers {
-        let s = PcapSource::open(&capture_options(cli, payload_prefix))?;
+        let s = CaptureSource::open(&capture_options(cli, payload_prefix))?;
         s.join_fanout(group)?;
         more.push(s);
     }
@@ -657,7 +658,7 @@ mod workers {
     use std::sync::Mutex;
     use std::time::Duration;
 
-    use intercept::capture::PcapSource;
+    use intercept::capture::CaptureSource;
     use intercept::metrics::render_intercept_metrics;
     use intercept::pump::{self, PumpConfig, ReplyPath, Status};
     use intercept::relay::{Relay, RelayEvent};
@@ -672,7 +673,7 @@ mod workers {
 
     pub(super) fn run(
         cli: &Cli,
-        sources: Vec<PcapSource>,
+        sources: Vec<CaptureSource>,
         server: &ControlServer,
         events: Receiver<RelayEvent>,
         metrics: Option<&Published>,

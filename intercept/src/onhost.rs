@@ -34,7 +34,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use common::wire::TcpPacket;
 
-use crate::capture::PcapSource;
+use crate::capture::CaptureSource;
 use crate::nfqueue::{QueueError, ReplyQueue, MAX_COPY_RANGE};
 use crate::nftables::{NftError, Nftables, QueueStatement, ReplyRule, TABLE};
 use crate::pump::{SegmentSource, SourceStats};
@@ -350,28 +350,28 @@ impl SegmentSource for OnHostQueue {
     }
 }
 
-/// Where intercept's replies come from: libpcap (assist host) or the queue (on the test host).
+/// Where intercept's replies come from: the wire (assist host) or the queue (on the test host).
 pub enum ReplyCapture {
-    Pcap(PcapSource),
+    Wire(CaptureSource),
     Queue(OnHostQueue),
 }
 
 impl SegmentSource for ReplyCapture {
     fn poll_segment(&mut self, f: impl FnOnce(&TcpPacket<'_>, u32)) -> anyhow::Result<bool> {
         match self {
-            ReplyCapture::Pcap(s) => s.poll_segment(f),
+            ReplyCapture::Wire(s) => s.poll_segment(f),
             ReplyCapture::Queue(s) => s.poll_segment(f),
         }
     }
     fn wait(&mut self, timeout: Duration) -> anyhow::Result<()> {
         match self {
-            ReplyCapture::Pcap(s) => s.wait(timeout),
+            ReplyCapture::Wire(s) => s.wait(timeout),
             ReplyCapture::Queue(s) => s.wait(timeout),
         }
     }
     fn stats(&mut self) -> SourceStats {
         match self {
-            ReplyCapture::Pcap(s) => s.stats(),
+            ReplyCapture::Wire(s) => s.stats(),
             ReplyCapture::Queue(s) => s.stats(),
         }
     }
