@@ -983,6 +983,7 @@ impl Lab {
                     before,
                     at_end,
                     after: (prod, test),
+                    caught_up_in: (!behind).then(|| now - started),
                 });
             }
             thread::sleep(Duration::from_millis(250));

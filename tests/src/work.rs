@@ -14,6 +14,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 
@@ -470,7 +471,18 @@ pub struct Window {
     pub before: (WorkSnapshot, WorkSnapshot),
     pub at_end: (WorkSnapshot, WorkSnapshot),
     pub after: (WorkSnapshot, WorkSnapshot),
+    /// How long after the load's end the test server had run all of production's work (of
+    /// the kinds run [`MIN_COUNT`] times or more); `None` if it never did in the window.
+    pub caught_up_in: Option<Duration>,
 }
+
+/// How soon after the load's end a test server behind by more than 1% of the work must have
+/// caught up to count as in step. The share alone measured this machine as much as the
+/// mirror: with two labs and the fuzz run on two cores, production's mariadbd gets more CPU
+/// than test's now and then, and test ended 3% behind a 10 s load (0.3 s) with everything
+/// delivered, caught up a moment later (fresh-clone run, 2026-12-04). A mirror that holds
+/// commands back still fails: it cannot catch up faster than it sends.
+pub const IN_STEP_CATCH_UP: Duration = Duration::from_secs(2);
 
 impl Window {
     fn compare(
@@ -503,9 +515,7 @@ impl Window {
         whole
             .check_write_races(0.999, 1.001, copier_summary)
             .with_context(|| format!("when the load ended:\n{in_step}"))?;
-        if in_step.fidelity().unwrap_or(0.0) < 0.99 {
-            bail!("the test server was not in step with production when the load ended (below 0.99):\n{text}");
-        }
+        self.check_in_step(&in_step, &text)?;
         Ok(text)
     }
 
@@ -519,10 +529,26 @@ impl Window {
         whole
             .check(0.999, 1.001)
             .with_context(|| format!("when the load ended:\n{in_step}"))?;
-        if in_step.fidelity().unwrap_or(0.0) < 0.99 {
-            bail!("the test server was not in step with production when the load ended (below 0.99):\n{text}");
-        }
+        self.check_in_step(&in_step, &text)?;
         Ok(text)
+    }
+
+    /// In step: 0.99 of the work run when the load ended, or all of it within
+    /// [`IN_STEP_CATCH_UP`] after.
+    fn check_in_step(&self, in_step: &Comparison, text: &str) -> Result<()> {
+        let share = in_step.fidelity().unwrap_or(0.0);
+        if share >= 0.99 || self.caught_up_in.is_some_and(|t| t <= IN_STEP_CATCH_UP) {
+            return Ok(());
+        }
+        let caught_up = match self.caught_up_in {
+            Some(t) => format!("caught up {:.1} s after it", t.as_secs_f64()),
+            None => "never caught up in the window".to_owned(),
+        };
+        bail!(
+            "the test server was not in step with production: {share:.5} of the work run when \
+             the load ended (below 0.99), {caught_up} (limit {} s):\n{text}",
+            IN_STEP_CATCH_UP.as_secs()
+        );
     }
 }
 
