@@ -66,6 +66,17 @@ fn units_are_sound_and_verify() -> Result<()> {
         ensure!(one(&u, "ExecReload")? == "/bin/kill -HUP $MAINPID");
         ensure!(one(&u, "Restart")? == "on-failure");
         ensure!(one(&u, "RestartPreventExitStatus")? == "2");
+        // A copier not running loses production's traffic for good: it restarts at once
+        // (the fault tests restart it at once too), a crash loop bounded by the start limit.
+        let restart_sec = one(&u, "RestartSec")?;
+        ensure!(
+            restart_sec.ends_with("ms") || restart_sec == "1s",
+            "{d}: RestartSec={restart_sec}: at most 1 s"
+        );
+        ensure!(
+            u.get("[Unit]StartLimitBurst").map(Vec::as_slice) == Some(&["5".to_owned()][..]),
+            "{d}: [Unit] StartLimitBurst=5 bounds a crash loop"
+        );
         ensure!(one(&u, "NoNewPrivileges")? == "yes");
         ensure!(one(&u, "DynamicUser")? == "yes");
         for key in ["AmbientCapabilities", "CapabilityBoundingSet"] {
