@@ -16,7 +16,8 @@
 # Every run is a line on stderr; stdout is a Markdown table with one line per thread count
 # holding the MEDIAN of each column over the runs. A thread count is also a connection count
 # (sysbench opens one per thread), so --threads 1000 is the 1,000-connection run.
-# Run as root. Builds the release binaries, brings up its own lab (LAB_NAME, default bench) and
+# Run as root. Builds the release binaries (COPIER_BIN, INTERCEPT_BIN: run other builds instead),
+# brings up its own lab (LAB_NAME, default bench) and
 # tears it down; each run's daemon and sysbench logs are kept in BENCH_LOGS
 # (/tmp/tcpshadow-bench-logs/THREADS-RUN/), with the test server's failed statements of a run that
 # had new errors on test (test-errors.txt: the test server's sql_errlog lines of the run, the last
@@ -58,6 +59,9 @@ export LAB_NAME=${LAB_NAME:-bench}
 LOGS=${BENCH_LOGS:-/tmp/tcpshadow-bench-logs}
 LAB=deploy/lab/lab.sh
 BIN=$PWD/target/release
+# Another build of a daemon for an A/B comparison (e.g. INTERCEPT_BIN=/tmp/intercept.old).
+COPIER_BIN=${COPIER_BIN:-$BIN/copier}
+INTERCEPT_BIN=${INTERCEPT_BIN:-$BIN/intercept}
 TICK=$(getconf CLK_TCK)
 read -r -a COPIER_EXTRA <<<"$COPIER_ARGS"
 read -r -a INTERCEPT_EXTRA <<<"$INTERCEPT_ARGS"
@@ -112,12 +116,12 @@ stop() {
 # drops copier_rss icpt_rss captured relayed".
 one_run() {
     local threads=$1
-    "$LAB" service assist "$BIN/intercept" --port "$LAB_MYSQL_PORT" --interface "$LAB_IFACE" \
+    "$LAB" service assist "$INTERCEPT_BIN" --port "$LAB_MYSQL_PORT" --interface "$LAB_IFACE" \
         --listen "$LAB_ASSIST_IP:36524" --status-interval 0 "${INTERCEPT_EXTRA[@]}" \
         >"$LAB_DIR/intercept.log" 2>&1 &
     local ipid=$!
     sleep 0.5
-    "$LAB" service prod "$BIN/copier" --port "$LAB_MYSQL_PORT" --interface "$LAB_IFACE" \
+    "$LAB" service prod "$COPIER_BIN" --port "$LAB_MYSQL_PORT" --interface "$LAB_IFACE" \
         --target "$LAB_TEST_IP:$LAB_MYSQL_PORT" --intercept "$LAB_ASSIST_IP:36524" \
         --mysql-credentials "$CREDENTIALS" --status-interval 0 "${COPIER_EXTRA[@]}" \
         >"$LAB_DIR/copier.log" 2>&1 &
