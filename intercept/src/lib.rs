@@ -24,3 +24,4 @@ pub mod relay;
 pub mod server;
 pub mod sessions;
 pub mod signals;
+pub mod sockopt;

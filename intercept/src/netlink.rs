@@ -326,52 +326,7 @@ impl NetlinkSocket {
     /// Asks for a receive buffer of `bytes`; beyond `rmem_max` only root (CAP_NET_ADMIN)
     /// gets it, so FORCE is tried first. Returns what the kernel granted.
     pub fn set_recv_buffer(&self, bytes: usize) -> io::Result<usize> {
-        let want = bytes.min(i32::MAX as usize / 2) as libc::c_int;
-        if self
-            .setsockopt_int(libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, want)
-            .is_err()
-        {
-            self.setsockopt_int(libc::SOL_SOCKET, libc::SO_RCVBUF, want)?;
-        }
-        let mut got: libc::c_int = 0;
-        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-        // SAFETY: got/len are valid for writes of the sizes given.
-        let rc = unsafe {
-            libc::getsockopt(
-                self.fd.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_RCVBUF,
-                (&mut got as *mut libc::c_int).cast(),
-                &mut len,
-            )
-        };
-        if rc < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(got.max(0) as usize)
-    }
-
-    fn setsockopt_int(
-        &self,
-        level: libc::c_int,
-        name: libc::c_int,
-        v: libc::c_int,
-    ) -> io::Result<()> {
-        // SAFETY: v is a valid c_int for the duration of the call.
-        let rc = unsafe {
-            libc::setsockopt(
-                self.fd.as_raw_fd(),
-                level,
-                name,
-                (&v as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-        if rc < 0 {
-            Err(io::Error::last_os_error())
-        } else {
-            Ok(())
-        }
+        crate::sockopt::set_receive_buffer(self.fd.as_raw_fd(), bytes.min(i32::MAX as usize / 2))
     }
 
     /// Sends one datagram to the kernel.

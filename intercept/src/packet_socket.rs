@@ -23,6 +23,7 @@ use anyhow::{bail, Context};
 use pcap::{Capture, Direction, Linktype};
 
 use crate::pump::KernelStats;
+use crate::sockopt;
 
 /// Bytes one received frame may have: the largest IPv4 packet. Longer ones (BIG TCP GRO,
 /// off by default) are counted as truncated and skipped.
@@ -119,10 +120,10 @@ impl PacketSocket {
         if direction == Direction::In {
             // Saves the kernel a clone of every packet this host sends; where it is missing
             // (before Linux 4.20) `next_frame` skips them instead.
-            let _ = setsockopt_int(fd.as_raw_fd(), SOL_PACKET, PACKET_IGNORE_OUTGOING, 1);
+            let _ = sockopt::set_int(fd.as_raw_fd(), SOL_PACKET, PACKET_IGNORE_OUTGOING, 1);
         }
         set_receive_buffer(fd.as_raw_fd(), interface, buffer_bytes);
-        setsockopt_int(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_TIMESTAMP, 1)
+        sockopt::set_int(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_TIMESTAMP, 1)
             .with_context(|| format!("cannot ask for receive timestamps on {interface}"))?;
         // SAFETY: zeroed is a valid sockaddr_ll; the fields set are plain integers.
         let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
@@ -346,54 +347,15 @@ fn attach_filter(fd: RawFd, filter: &str) -> anyhow::Result<()> {
 /// `net.core.rmem_max` and needs CAP_NET_ADMIN; without it the capture runs with what
 /// `SO_RCVBUF` allows, and says so.
 fn set_receive_buffer(fd: RawFd, interface: &str, bytes: usize) {
-    let ask = libc::c_int::try_from(bytes / 2).unwrap_or(libc::c_int::MAX);
-    if setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, ask).is_ok() {
-        return;
-    }
-    let _ = setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUF, ask);
-    let mut got: libc::c_int = 0;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: `got` and `len` live across the call; `len` holds `got`'s size.
-    let rc = unsafe {
-        libc::getsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_RCVBUF,
-            std::ptr::from_mut(&mut got).cast(),
-            &mut len,
-        )
-    };
-    if rc == 0 && (got as usize) < bytes {
-        tracing::warn!(
+    match sockopt::set_receive_buffer(fd, bytes / 2) {
+        Ok(got) if got >= bytes => {}
+        got => tracing::warn!(
             interface,
             asked_mib = bytes >> 20,
-            got_kib = got >> 10,
+            got_kib = got.map(|g| g >> 10).unwrap_or(0),
             "the capture's receive queue is smaller than --buffer-mib (no CAP_NET_ADMIN): raise \
              net.core.rmem_max or run with CAP_NET_ADMIN, or replies may be dropped in bursts"
-        );
-    }
-}
-
-fn setsockopt_int(
-    fd: RawFd,
-    level: libc::c_int,
-    name: libc::c_int,
-    v: libc::c_int,
-) -> io::Result<()> {
-    // SAFETY: `v` lives across the call and its size is passed.
-    let rc = unsafe {
-        libc::setsockopt(
-            fd,
-            level,
-            name,
-            std::ptr::from_ref(&v).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
+        ),
     }
 }
 

@@ -1,0 +1,54 @@
+//! Integer socket options, for the two sockets intercept opens itself (the packet capture and
+//! the netlink queue). Thin `setsockopt`/`getsockopt` wrappers; nothing here keeps state.
+
+use std::io;
+use std::os::fd::RawFd;
+
+pub fn set_int(fd: RawFd, level: libc::c_int, name: libc::c_int, v: libc::c_int) -> io::Result<()> {
+    // SAFETY: `v` lives across the call and its size is passed.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            std::ptr::from_ref(&v).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+pub fn get_int(fd: RawFd, level: libc::c_int, name: libc::c_int) -> io::Result<libc::c_int> {
+    let mut got: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: `got` and `len` live across the call; `len` holds `got`'s size.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            level,
+            name,
+            std::ptr::from_mut(&mut got).cast(),
+            &mut len,
+        )
+    };
+    if rc == 0 {
+        Ok(got)
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Asks for a receive buffer of `ask` bytes (the kernel doubles it for its bookkeeping);
+/// beyond `net.core.rmem_max` only CAP_NET_ADMIN gets it, so FORCE is tried first. Returns
+/// what the kernel granted (`SO_RCVBUF`, doubled).
+pub fn set_receive_buffer(fd: RawFd, ask: usize) -> io::Result<usize> {
+    let want = libc::c_int::try_from(ask).unwrap_or(libc::c_int::MAX / 2);
+    if set_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, want).is_err() {
+        set_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUF, want)?;
+    }
+    Ok(get_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUF)?.max(0) as usize)
+}
