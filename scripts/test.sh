@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: dependencies, build, and every test of the workspace, including the lab
 # integration tests (network namespaces and real MariaDB servers, hence root), the doc tests and
-# a short fuzz run: 13-14 minutes on a 2-core machine. Exits non-zero on any failure; the last
+# a short fuzz run: 12-19 minutes on a 2-core machine (most of the spread is the build). Exits non-zero on any failure; the last
 # line says what passed, what failed and how long it took.
 #
 #   TCPSHADOW_TEST_JOBS    lab test binaries at a time (default 2)
