@@ -56,4 +56,4 @@ fuzz_seconds=${TCPSHADOW_FUZZ_SECONDS:-5}
 cargo test --workspace --no-run --message-format=json 2>/dev/null |
     python3 scripts/run-tests.py --since "$started" --jobs "${TCPSHADOW_TEST_JOBS:-2}" \
         --background "doc tests" "cargo test --workspace --doc" \
-        --background fuzz "./scripts/fuzz.sh --seconds $fuzz_seconds"
+        --background fuzz "./scripts/fuzz.sh --quick --seconds $fuzz_seconds"
