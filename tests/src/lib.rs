@@ -286,18 +286,34 @@ impl Background {
     }
 }
 
-/// SIGTERM (so tcpdump and friends flush and exit cleanly), SIGKILL after 5 s.
+/// SIGTERM (so tcpdump and friends flush and exit cleanly), SIGKILL after 5 s, to the child's
+/// whole process group: `lab.sh service` starts each command as a session leader, and a shell
+/// pipeline's members outlive a signal to the shell alone. They hold its output pipes open, so
+/// the readers would wait for them: a `bash -c 'for ...; done | mariadb'` stopped this way ran
+/// its remaining queries for 100 s before (issue 24). A child that leads no group of its own
+/// gets the signal alone.
 fn terminate(child: &mut Child) -> Result<ExitStatus> {
-    let _ = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .stderr(Stdio::null())
-        .status();
+    let signal = |sig: &str, pid: u32| {
+        let group = Command::new("kill")
+            .args([sig, "--", &format!("-{pid}")])
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !group {
+            let _ = Command::new("kill")
+                .args([sig, &pid.to_string()])
+                .stderr(Stdio::null())
+                .status();
+        }
+    };
+    signal("-TERM", child.id());
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         if let Some(status) = child.try_wait()? {
             return Ok(status);
         }
         if Instant::now() >= deadline {
+            signal("-KILL", child.id());
             let _ = child.kill();
             return Ok(child.wait()?);
         }
