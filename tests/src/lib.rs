@@ -918,6 +918,17 @@ impl Lab {
         work::WorkSnapshot::parse(&out.stdout)
     }
 
+    /// Bytes the test server's MySQL sockets hold that it has not read yet (their `Recv-Q`):
+    /// commands the mirror has delivered and the server has yet to run.
+    pub fn test_unread_bytes(&self) -> Result<u64> {
+        let port = format!("sport = :{}", self.var("LAB_MYSQL_PORT"));
+        let out = self.exec_ok(Host::Test, &["ss", "-Htn", &port])?;
+        Ok(out
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+            .sum())
+    }
+
     /// Both servers' [`Lab::work`], production first.
     pub fn work_both(&self) -> Result<(work::WorkSnapshot, work::WorkSnapshot)> {
         Ok((self.work(Host::Prod)?, self.work(Host::Test)?))
@@ -982,6 +993,8 @@ impl Lab {
         standstill: Duration,
         min_count: u64,
     ) -> Result<work::Window> {
+        // First: the closer to the load's end, the less the test server has read since.
+        let test_unread_at_end = self.test_unread_bytes()?;
         let at_end = self.work_both()?;
         let prod = at_end.0.clone();
         let due = work::Work::between(&before.0, &prod)?;
@@ -1000,6 +1013,7 @@ impl Lab {
                     at_end,
                     after: (prod, test),
                     caught_up_in: (!behind).then(|| now - started),
+                    test_unread_at_end,
                 });
             }
             thread::sleep(Duration::from_millis(250));
