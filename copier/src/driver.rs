@@ -469,6 +469,29 @@ impl Driver {
     /// Whether the status line or the `--metrics` exposition is due: the callers refresh
     /// the capture's kernel counters and call [`Driver::print_status`], which does whichever
     /// is due.
+    /// Whether `--prod-dsn`'s start snapshot may still answer: the capture's drops must then be
+    /// given ([`Driver::capture_drops`]) before each [`Driver::pump`].
+    pub fn guards_snapshot(&self) -> bool {
+        self.lookup
+            .as_ref()
+            .is_some_and(StateLookup::snapshot_may_answer)
+    }
+
+    /// The capture's drops so far (kernel and interface). Any ends the start snapshot: a
+    /// dropped packet may have been a command of a connection not seen yet.
+    pub fn capture_drops(&mut self, drops: u64) {
+        if let (true, Some(lookup)) = (drops > 0, &self.lookup) {
+            if lookup.snapshot_may_answer() {
+                lookup.forget_snapshot();
+                tracing::info!(
+                    "--prod-dsn: the capture dropped {drops} packets; connections picked up from \
+                     now on are looked up on production when seen, not taken from the start \
+                     snapshot"
+                );
+            }
+        }
+    }
+
     pub fn status_due(&self, now: Instant) -> bool {
         self.status.due(now) || self.metrics.as_ref().is_some_and(|m| m.due(now))
     }
@@ -637,8 +660,12 @@ impl Driver {
                     picked_up,
                 } => {
                     self.link(mirrored).claim(mirrored);
-                    if let (true, Some(lookup)) = (picked_up, &self.lookup) {
-                        lookup.request(client, mirrored);
+                    match (picked_up, &self.lookup) {
+                        (true, Some(lookup)) => {
+                            lookup.request(client, mirrored);
+                        }
+                        (false, Some(lookup)) => lookup.seen(client),
+                        (_, None) => {}
                     }
                 }
                 EngineEvent::SessionReleased { mirrored } => self.link(mirrored).release(mirrored),

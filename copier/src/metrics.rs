@@ -373,6 +373,11 @@ pub fn render_copier_metrics(s: &Snapshot, report: Option<&Report>, top_n: usize
             ]
             .map(|(r, v)| (vec![("result", r)], v)),
         );
+        e.counters(
+            "tcpshadow_copier_prod_dsn_snapshot_answers_total",
+            "Of the answered --prod-dsn lookups, those the start snapshot answered.",
+            [(Vec::new(), l.from_snapshot)],
+        );
     }
 
     // --- losses: everything the summary lists under "losses", with machine names ---

@@ -32,6 +32,13 @@
 //! arrives within [`BATCH_WINDOW`] into at most four queries, and answers come back through a
 //! channel plus the engine loop's waker.
 //!
+//! Before its first request the worker reads every connection once ([`Snapshot`]): the capture
+//! is already open then, so a connection idle at that moment has its exact state ready when its
+//! next command comes, instead of one read a few milliseconds after that command (what it ran
+//! in between is on no known side of the read, and partly lost). The first kernel drop ends the
+//! snapshot (a lost packet may have changed a connection not yet seen); so does
+//! [`SNAPSHOT_TTL`].
+//!
 //! # What it must never do
 //!
 //! * Log or `Debug` the password ([`ProdDsn`] redacts it).
@@ -72,6 +79,11 @@ use crate::mysql::RecoveredState;
 pub const BATCH_WINDOW: Duration = Duration::from_millis(2);
 /// Most connections looked up in one query (bounds the query's length).
 pub const MAX_BATCH: usize = 256;
+/// Most connections the start snapshot reads ([`Snapshot`]).
+pub const SNAPSHOT_MAX: usize = 4096;
+/// How long the start snapshot answers. Its entries stay exact for as long as the capture loses
+/// nothing; the bound is for memory: a connection idle longer is looked up when it is seen.
+pub const SNAPSHOT_TTL: Duration = Duration::from_secs(120);
 /// Requests waiting for the worker; beyond, a request is dropped (counted).
 pub const QUEUE_CAP: usize = 4096;
 /// Connect, read and write timeout toward production.
@@ -686,6 +698,15 @@ pub struct LookupRequest {
     pub mirrored: SocketAddrV4,
 }
 
+/// What the worker is asked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Job {
+    Lookup(LookupRequest),
+    /// A session of this client opened from its SYN: the start snapshot's entry for the address
+    /// (an earlier connection on the same port) must never describe it.
+    Seen(SocketAddrV4),
+}
+
 /// What production knew about one session; `None`: nothing (not found, or the lookup failed).
 #[derive(Clone, Debug)]
 pub struct LookupAnswer {
@@ -742,29 +763,47 @@ pub fn match_processlist(
         .iter()
         .map(|r| (format!("{}:{}", r.client.ip(), r.client.port()), r.client))
         .collect();
-    let mut found = HashMap::new();
-    for row in rows {
-        let [id, user, host, db] = row.as_slice() else {
-            continue;
-        };
-        let (Some(id), Some(user), Some(host)) = (number(Some(id)), text(user), text(host)) else {
-            continue;
-        };
-        let Some(client) = wanted.get(&host) else {
-            continue;
-        };
-        let state = RecoveredState {
-            user,
-            db: text(db).filter(|d| !d.is_empty()),
-            statements: Vec::new(),
-            variables: Vec::new(),
-            variables_dropped: 0,
-            variables_at: None,
-            variables_again: None,
-        };
-        found.insert(*client, (id, state));
-    }
-    found
+    rows.iter()
+        .filter_map(processlist_row)
+        .filter_map(|(host, id, state)| Some((*wanted.get(&host)?, (id, state))))
+        .collect()
+}
+
+/// The query of [`Snapshot::read`]: every TCP client's connection but ours (HOST `ip:port`;
+/// local socket connections show `localhost`), at most [`SNAPSHOT_MAX`].
+pub fn snapshot_query() -> String {
+    format!(
+        "SELECT ID, USER, HOST, DB FROM information_schema.PROCESSLIST \
+         WHERE HOST LIKE '%:%' AND ID <> CONNECTION_ID() LIMIT {SNAPSHOT_MAX}"
+    )
+}
+
+/// PROCESSLIST rows of [`snapshot_query`]: every client whose HOST is an IPv4 `ip:port` ->
+/// (id, state without statements). Other rows (IPv6 clients, unparsable) are ignored.
+pub fn match_all_processlist(rows: &[Row]) -> HashMap<SocketAddrV4, (u64, RecoveredState)> {
+    rows.iter()
+        .filter_map(processlist_row)
+        .filter_map(|(host, id, state)| Some((host.parse().ok()?, (id, state))))
+        .take(SNAPSHOT_MAX)
+        .collect()
+}
+
+/// One PROCESSLIST row (ID, USER, HOST, DB): its HOST as production wrote it, its id, and the
+/// state it gives (user and schema).
+fn processlist_row(row: &Row) -> Option<(String, u64, RecoveredState)> {
+    let [id, user, host, db] = row.as_slice() else {
+        return None;
+    };
+    let state = RecoveredState {
+        user: text(user)?,
+        db: text(db).filter(|d| !d.is_empty()),
+        statements: Vec::new(),
+        variables: Vec::new(),
+        variables_dropped: 0,
+        variables_at: None,
+        variables_again: None,
+    };
+    Some((text(host)?, number(Some(id))?, state))
 }
 
 /// Adds statement rows (PROCESSLIST_ID, STATEMENT_ID, SQL_TEXT) to the states they belong to.
@@ -1022,7 +1061,15 @@ fn lookup_batch(
         .into_iter()
         .collect();
     let rows = c(&processlist_query(&clients))?;
-    let mut found = match_processlist(batch, &rows);
+    read_state(&mut c, match_processlist(batch, &rows), wanted)
+}
+
+/// Reads the variables and statements of connections PROCESSLIST found (`found`, by client).
+fn read_state(
+    c: &mut impl FnMut(&str) -> Result<Vec<Row>, ProdError>,
+    mut found: HashMap<SocketAddrV4, (u64, RecoveredState)>,
+    wanted: Wanted,
+) -> Result<Found, ProdError> {
     if found.is_empty() {
         return Ok((found, Reads::default()));
     }
@@ -1078,6 +1125,69 @@ pub struct Reads {
     pub again: Option<(Instant, Instant)>,
 }
 
+// ------------------------------------------------------------------------------------ snapshot
+
+/// Every client connection's state, read once as the copier starts, its capture already open.
+///
+/// A lookup made when a picked-up connection is first seen reads its state a few milliseconds
+/// after the commands that made the copier ask, and what the connection ran in between is on no
+/// known side of the read: some of it is dropped and counted
+/// (`commands_dropped_before_state_read`). Most of a pool's connections are idle at any moment.
+/// Read while idle, after the capture opened, their state is exact when their next command
+/// comes: every command after the read is captured, so the first one the copier sees is the
+/// first after the read. A connection busy during the read is no worse off than with a lookup:
+/// its commands are placed against the read's round trip as they would be against a lookup's.
+///
+/// That holds while the capture loses nothing: a dropped packet may have been a command of a
+/// connection not yet seen, so the driver ends the snapshot at the first kernel drop
+/// ([`StateLookup::forget_snapshot`]). Each entry answers once: a later lookup of the same
+/// client (a new connection on a reused port) asks production.
+#[derive(Debug)]
+pub struct Snapshot {
+    taken: Instant,
+    states: HashMap<SocketAddrV4, (RecoveredState, Reads)>,
+}
+
+impl Snapshot {
+    /// Reads every connection's user, schema, variables and statements (at most
+    /// [`SNAPSHOT_MAX`], [`MAX_BATCH`] to a query). Each query is counted in `queries`.
+    fn read(
+        c: &mut MysqlClient<impl Read + Write>,
+        wanted: Wanted,
+        queries: &AtomicU64,
+    ) -> Result<Self, ProdError> {
+        let taken = Instant::now();
+        let mut q = |sql: &str| {
+            queries.fetch_add(1, Ordering::Relaxed);
+            c.query(sql)
+        };
+        let rows = q(&snapshot_query())?;
+        let all: Vec<_> = match_all_processlist(&rows).into_iter().collect();
+        let mut states = HashMap::with_capacity(all.len());
+        for chunk in all.chunks(MAX_BATCH) {
+            let (found, reads) = read_state(&mut q, chunk.iter().cloned().collect(), wanted)?;
+            states.extend(
+                found
+                    .into_iter()
+                    .map(|(client, (_, s))| (client, (s, reads))),
+            );
+        }
+        Ok(Self { taken, states })
+    }
+
+    /// `client`'s state as read at start, once; nothing once [`SNAPSHOT_TTL`] has passed.
+    fn take(&mut self, client: SocketAddrV4, now: Instant) -> Option<(RecoveredState, Reads)> {
+        if now.saturating_duration_since(self.taken) > SNAPSHOT_TTL {
+            self.states.clear();
+        }
+        self.states.remove(&client)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.states.is_empty()
+    }
+}
+
 // ------------------------------------------------------------------------------------ worker
 
 #[derive(Debug, Default)]
@@ -1088,6 +1198,9 @@ struct Counters {
     failed: AtomicU64,
     dropped: AtomicU64,
     queries: AtomicU64,
+    from_snapshot: AtomicU64,
+    snapshot_connections: AtomicU64,
+    snapshot_queries: AtomicU64,
 }
 
 /// Lookup counters, for the status and the summary.
@@ -1103,9 +1216,15 @@ pub struct LookupStats {
     pub failed: u64,
     /// Not asked: the request queue was full.
     pub dropped: u64,
-    /// Statements the lookups ran on production (all SELECTs; the start-up check's are not
-    /// counted: they run before the capture starts).
+    /// Statements the lookups ran on production (all SELECTs; neither the start-up check's nor
+    /// the start snapshot's: those run once as the copier starts, see `snapshot_queries`).
     pub queries: u64,
+    /// Of `answered`, those the start snapshot answered ([`Snapshot`]).
+    pub from_snapshot: u64,
+    /// Connections the start snapshot read.
+    pub snapshot_connections: u64,
+    /// Statements the start snapshot ran on production (SELECTs).
+    pub snapshot_queries: u64,
 }
 
 impl LookupStats {
@@ -1117,12 +1236,15 @@ impl LookupStats {
 
 /// The lookup worker: one thread, one connection to production, fed by the engine thread.
 pub struct StateLookup {
-    requests: Option<SyncSender<LookupRequest>>,
+    requests: Option<SyncSender<Job>>,
     answers: Receiver<LookupAnswer>,
     counters: Arc<Counters>,
     own: OwnAddress,
     /// Set by `Drop`: the worker abandons what is still queued instead of looking it up.
     stop: Arc<AtomicBool>,
+    /// Set by [`StateLookup::forget_snapshot`]: the start snapshot answers no more.
+    forget: Arc<AtomicBool>,
+    started: Instant,
     worker: Option<JoinHandle<()>>,
 }
 
@@ -1141,11 +1263,14 @@ impl StateLookup {
         let (ans_tx, ans_rx) = mpsc::channel();
         let counters = Arc::new(Counters::default());
         let stop = Arc::new(AtomicBool::new(false));
+        let forget = Arc::new(AtomicBool::new(false));
         let worker = Worker {
             dsn,
             conn: Some(conn),
             own: own.clone(),
             stop: Arc::clone(&stop),
+            forget: Arc::clone(&forget),
+            snapshot: None,
             counters: Arc::clone(&counters),
             wanted: Wanted::from(&ready),
             logged: HashSet::new(),
@@ -1160,6 +1285,8 @@ impl StateLookup {
                 counters,
                 own,
                 stop,
+                forget,
+                started: Instant::now(),
                 worker: Some(handle),
             },
             ready,
@@ -1170,16 +1297,45 @@ impl StateLookup {
     /// (counted) and returns false; the session then logs in with the defaults.
     pub fn request(&self, client: SocketAddrV4, mirrored: SocketAddrV4) -> bool {
         self.counters.requested.fetch_add(1, Ordering::Relaxed);
-        let sent = self.requests.as_ref().is_some_and(|tx| {
-            match tx.try_send(LookupRequest { client, mirrored }) {
-                Ok(()) => true,
-                Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => false,
-            }
-        });
+        let sent = self.send(Job::Lookup(LookupRequest { client, mirrored }));
         if !sent {
             self.counters.dropped.fetch_add(1, Ordering::Relaxed);
+            // Its snapshot entry (if any) stays behind, and a later session of the same
+            // connection (re-established) would find it stale.
+            self.forget_snapshot();
         }
         sent
+    }
+
+    /// A session of `client` opened from its SYN, not picked up: while the start snapshot may
+    /// answer, its entry for that address (a connection closed since) is removed.
+    pub fn seen(&self, client: SocketAddrV4) {
+        if self.snapshot_may_answer() && !self.send(Job::Seen(client)) {
+            self.forget_snapshot();
+        }
+    }
+
+    fn send(&self, job: Job) -> bool {
+        self.requests
+            .as_ref()
+            .is_some_and(|tx| match tx.try_send(job) {
+                Ok(()) => true,
+                Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => false,
+            })
+    }
+
+    /// Whether the start snapshot may still answer a request. While it may, the capture must
+    /// say whether it dropped anything ([`StateLookup::forget_snapshot`]) before the driver
+    /// asks about a connection it just picked up.
+    pub fn snapshot_may_answer(&self) -> bool {
+        !self.forget.load(Ordering::Relaxed) && self.started.elapsed() <= SNAPSHOT_TTL
+    }
+
+    /// The capture dropped packets: one may have been a command of a connection the copier
+    /// has not seen yet, which the start snapshot would then describe wrongly. Requests made
+    /// after this call are looked up on production.
+    pub fn forget_snapshot(&self) {
+        self.forget.store(true, Ordering::SeqCst);
     }
 
     pub fn try_answer(&self) -> Option<LookupAnswer> {
@@ -1201,6 +1357,9 @@ impl StateLookup {
             failed: get(&c.failed),
             dropped: get(&c.dropped),
             queries: get(&c.queries),
+            from_snapshot: get(&c.from_snapshot),
+            snapshot_connections: get(&c.snapshot_connections),
+            snapshot_queries: get(&c.snapshot_queries),
         }
     }
 }
@@ -1224,6 +1383,8 @@ struct Worker {
     conn: Option<MysqlClient<TcpStream>>,
     own: OwnAddress,
     stop: Arc<AtomicBool>,
+    forget: Arc<AtomicBool>,
+    snapshot: Option<Snapshot>,
     counters: Arc<Counters>,
     wanted: Wanted,
     /// Failure kinds already logged: production being down must not flood the log.
@@ -1233,14 +1394,44 @@ struct Worker {
 impl Worker {
     fn run(
         mut self,
-        requests: Receiver<LookupRequest>,
+        requests: Receiver<Job>,
         answers: mpsc::Sender<LookupAnswer>,
         wake: impl Fn(),
     ) {
+        self.snapshot = self.read_snapshot();
         while let Some(batch) = next_batch(&requests) {
             // Checked right before the lookup, hence before any reconnect.
             if self.stopping() {
                 return;
+            }
+            let mut misses = Vec::with_capacity(batch.len());
+            for job in batch {
+                let r = match job {
+                    Job::Lookup(r) => r,
+                    Job::Seen(client) => {
+                        self.snapshot_forget_client(client);
+                        continue;
+                    }
+                };
+                let Some((state, reads)) = self.snapshot_answer(r.client) else {
+                    misses.push(r);
+                    continue;
+                };
+                self.counters.answered.fetch_add(1, Ordering::Relaxed);
+                self.counters.from_snapshot.fetch_add(1, Ordering::Relaxed);
+                let answer = LookupAnswer {
+                    mirrored: r.mirrored,
+                    state: Some(state),
+                    variables_read: reads,
+                };
+                if answers.send(answer).is_err() {
+                    return;
+                }
+            }
+            let batch = misses;
+            if batch.is_empty() {
+                wake();
+                continue;
             }
             let ((mut found, reads), failed) = match self.lookup(&batch) {
                 Ok(found) => (found, false),
@@ -1279,6 +1470,60 @@ impl Worker {
         }
     }
 
+    /// The start snapshot, on the connection `StateLookup::start` logged in with. A failure is
+    /// said and costs nothing else: every picked-up connection is then looked up when seen.
+    fn read_snapshot(&mut self) -> Option<Snapshot> {
+        let conn = self.conn.as_mut()?;
+        match Snapshot::read(conn, self.wanted, &self.counters.snapshot_queries) {
+            Ok(s) if s.is_empty() => {
+                self.forget.store(true, Ordering::SeqCst);
+                None
+            }
+            Ok(s) => {
+                let n = s.states.len() as u64;
+                self.counters
+                    .snapshot_connections
+                    .store(n, Ordering::Relaxed);
+                tracing::info!(
+                    "--prod-dsn {}: read the state of {n} connections open on production; \
+                     those picked up from now on start from it while the capture drops nothing",
+                    self.dsn
+                );
+                Some(s)
+            }
+            Err(e) => {
+                tracing::warn!(
+                    "--prod-dsn {}: reading the connections open on production failed ({e}); \
+                     each picked-up connection is looked up when it is seen",
+                    self.dsn
+                );
+                self.conn = None;
+                self.forget.store(true, Ordering::SeqCst);
+                None
+            }
+        }
+    }
+
+    fn snapshot_answer(&mut self, client: SocketAddrV4) -> Option<(RecoveredState, Reads)> {
+        if self.forget.load(Ordering::SeqCst) {
+            self.snapshot = None;
+        }
+        let snapshot = self.snapshot.as_mut()?;
+        let hit = snapshot.take(client, Instant::now());
+        if snapshot.is_empty() {
+            // Nothing left to answer: the driver need not watch the capture's drops for it.
+            self.snapshot = None;
+            self.forget.store(true, Ordering::SeqCst);
+        }
+        hit
+    }
+
+    fn snapshot_forget_client(&mut self, client: SocketAddrV4) {
+        if let Some(s) = &mut self.snapshot {
+            s.states.remove(&client);
+        }
+    }
+
     fn lookup(&mut self, batch: &[LookupRequest]) -> Result<Found, ProdError> {
         let conn = match &mut self.conn {
             Some(c) => c,
@@ -1311,7 +1556,7 @@ impl Worker {
 
 /// Waits for a request, then gathers what else arrives within [`BATCH_WINDOW`] (at most
 /// [`MAX_BATCH`]). `None` once the queue is closed and empty.
-fn next_batch(requests: &Receiver<LookupRequest>) -> Option<Vec<LookupRequest>> {
+fn next_batch<T>(requests: &Receiver<T>) -> Option<Vec<T>> {
     let first = requests.recv().ok()?;
     let mut batch = vec![first];
     let until = Instant::now() + BATCH_WINDOW;

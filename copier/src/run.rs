@@ -114,6 +114,7 @@ pub fn run(args: &Args) -> Result<Snapshot> {
                 p.observe(lag, std::time::Instant::now());
             }
         }
+        guard_snapshot(&mut driver, &mut capture);
         if driver.pump(now) == Pump::Done {
             break;
         }
@@ -125,6 +126,16 @@ pub fn run(args: &Args) -> Result<Snapshot> {
     }
     capture.refresh_kernel_stats();
     Ok(driver.finish(&capture.stats))
+}
+
+/// `--prod-dsn`'s start snapshot answers only while the capture has lost nothing (see
+/// `prod_state::Snapshot`): the drops are read after each drain, before the driver asks about
+/// the sessions it picked up. One `getsockopt` a loop, and only while the snapshot may answer.
+fn guard_snapshot(driver: &mut Driver, capture: &mut LiveCapture) {
+    if driver.guards_snapshot() {
+        capture.refresh_kernel_stats();
+        driver.capture_drops(capture.stats.kernel_dropped + capture.stats.if_dropped);
+    }
 }
 
 /// `--capture-priority`: this thread runs the capture loop, and the threads started after it
@@ -490,6 +501,7 @@ mod workers {
                     p.observe(lag, std::time::Instant::now());
                 }
             }
+            super::guard_snapshot(&mut driver, &mut capture);
             if driver.pump(now) == Pump::Done {
                 break;
             }

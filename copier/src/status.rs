@@ -466,6 +466,15 @@ pub fn summary(s: &Snapshot, elapsed: Duration) -> String {
             "  --prod-dsn lookups: {} requested, {} answered, {} not found, {} failed, {} dropped (queue full)",
             l.requested, l.answered, l.not_found, l.failed, l.dropped
         );
+        if l.snapshot_queries > 0 {
+            // Not among the own statements below: the snapshot runs once, as the copier starts.
+            let _ = writeln!(
+                out,
+                "  --prod-dsn start snapshot: {} connections read in {} queries before any was \
+                 seen, {} picked-up sessions started from it",
+                l.snapshot_connections, l.snapshot_queries, l.from_snapshot
+            );
+        }
     }
     // Statements the copier ran itself, by the name of the server counter they bump: a
     // comparison of what both servers executed takes them out (tests/src/work.rs reads this).
@@ -650,10 +659,20 @@ mod tests {
                 failed: 1,
                 dropped: 1,
                 queries: 9,
+                from_snapshot: 4,
+                snapshot_connections: 20,
+                snapshot_queries: 3,
             }),
             ..Snapshot::default()
         };
         let text = summary(&s, Duration::from_secs(1));
+        assert!(
+            text.contains(
+                "start snapshot: 20 connections read in 3 queries before any was seen, 4 \
+                 picked-up sessions started from it"
+            ),
+            "{text}"
+        );
         assert!(
             text.contains("own statements: production select=9; test change_db=0 set_option=0"),
             "{text}"

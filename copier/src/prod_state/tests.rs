@@ -711,6 +711,8 @@ fn drop_abandons_queued_requests_promptly() {
         conn: None,
         own: OwnAddress::default(),
         stop: Arc::clone(&stop),
+        forget: Arc::new(AtomicBool::new(false)),
+        snapshot: None,
         counters: Arc::new(Counters::default()),
         wanted: Wanted::default(),
         logged: HashSet::new(),
@@ -722,6 +724,8 @@ fn drop_abandons_queued_requests_promptly() {
         counters: Arc::new(Counters::default()),
         own: OwnAddress::default(),
         stop,
+        forget: Arc::new(AtomicBool::new(false)),
+        started: Instant::now(),
         worker: Some(handle),
     };
     // Many batches' worth: each would otherwise wait for a read timeout.
@@ -737,4 +741,142 @@ fn drop_abandons_queued_requests_promptly() {
         started.elapsed()
     );
     drop(listener);
+}
+
+// ------------------------------------------------------------------------------------ snapshot
+
+#[test]
+fn the_start_snapshot_reads_every_tcp_client_and_answers_each_once() {
+    let mut script = Vec::new();
+    frame(0, &greeting(b"mysql_native_password"), &mut script);
+    frame(2, OK, &mut script);
+    // PROCESSLIST: two IPv4 clients, one IPv6 client and a row that does not parse.
+    result_set(
+        4,
+        &[
+            vec![
+                Some(b"12"),
+                Some(b"app"),
+                Some(b"198.18.0.10:40000"),
+                Some(b"sbtest"),
+            ],
+            vec![Some(b"13"), Some(b"app"), Some(b"198.18.0.11:40001"), None],
+            vec![Some(b"14"), Some(b"app"), Some(b"[::1]:40002"), None],
+            vec![Some(b"x"), Some(b"app"), Some(b"198.18.0.12:40003"), None],
+        ],
+        &mut script,
+    );
+    // Their statements.
+    result_set(
+        3,
+        &[vec![Some(b"12"), Some(b"1"), Some(b"SELECT ?")]],
+        &mut script,
+    );
+    let mut c = MysqlClient::login(server(script), "tsd_ro", &Password::new(Vec::new())).unwrap();
+    let queries = AtomicU64::new(0);
+    let wanted = Wanted {
+        statements: true,
+        ..Wanted::default()
+    };
+    let mut snap = Snapshot::read(&mut c, wanted, &queries).unwrap();
+    assert_eq!(queries.load(Ordering::Relaxed), 2);
+    let sent = written(&c.stream.output);
+    let first = String::from_utf8_lossy(&sent[1].1[1..]).into_owned();
+    assert_eq!(first, snapshot_query());
+    assert!(first.contains("ID <> CONNECTION_ID()"), "{first}");
+    let statements = String::from_utf8_lossy(&sent[2].1[1..]).into_owned();
+    assert!(statements.contains("IN (12, 13)") || statements.contains("IN (13, 12)"));
+
+    let now = Instant::now();
+    let a = SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 10), 40000);
+    let b = SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 11), 40001);
+    let (state, _) = snap.take(a, now).expect("a was read");
+    assert_eq!(
+        (state.user.as_str(), state.db.as_deref()),
+        ("app", Some("sbtest"))
+    );
+    assert_eq!(state.statements, vec![(1, b"SELECT ?".to_vec())]);
+    // Once: a second session on the same address is a new connection, looked up anew.
+    assert!(snap.take(a, now).is_none());
+    assert!(!snap.is_empty());
+    assert!(snap
+        .take(b, now)
+        .is_some_and(|(s, _)| s.statements.is_empty()));
+    assert!(snap.is_empty());
+}
+
+#[test]
+fn the_start_snapshot_answers_nothing_once_it_is_too_old() {
+    let client = SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 10), 40000);
+    let rows = [row(&[
+        Some("7"),
+        Some("app"),
+        Some("198.18.0.10:40000"),
+        None,
+    ])];
+    let states = match_all_processlist(&rows)
+        .into_iter()
+        .map(|(c, (_, s))| (c, (s, Reads::default())))
+        .collect();
+    let taken = Instant::now();
+    let mut snap = Snapshot { taken, states };
+    assert!(snap
+        .take(client, taken + SNAPSHOT_TTL + Duration::from_secs(1))
+        .is_none());
+    assert!(snap.is_empty(), "expired entries are freed");
+}
+
+#[test]
+fn a_forgotten_snapshot_answers_nothing_and_requests_go_to_production() {
+    let client = SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 10), 40000);
+    let rows = [row(&[
+        Some("7"),
+        Some("app"),
+        Some("198.18.0.10:40000"),
+        None,
+    ])];
+    let states = match_all_processlist(&rows)
+        .into_iter()
+        .map(|(c, (_, s))| (c, (s, Reads::default())))
+        .collect();
+    let forget = Arc::new(AtomicBool::new(false));
+    let mut worker = Worker {
+        dsn: ProdDsn::parse("mysql://u:p@198.18.0.2:3306").unwrap(),
+        conn: None,
+        own: OwnAddress::default(),
+        stop: Arc::new(AtomicBool::new(false)),
+        forget: Arc::clone(&forget),
+        snapshot: Some(Snapshot {
+            taken: Instant::now(),
+            states,
+        }),
+        counters: Arc::new(Counters::default()),
+        wanted: Wanted::default(),
+        logged: HashSet::new(),
+    };
+    // A session of another client opened from its SYN: that client's entry goes.
+    let other = SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 10), 40001);
+    let copy = worker.snapshot.as_ref().unwrap().states[&client].clone();
+    worker.snapshot.as_mut().unwrap().states.insert(other, copy);
+    worker.snapshot_forget_client(other);
+    assert!(worker.snapshot_answer(other).is_none());
+    forget.store(true, Ordering::SeqCst);
+    assert!(worker.snapshot_answer(client).is_none());
+    assert!(worker.snapshot.is_none(), "a forgotten snapshot is freed");
+}
+
+#[test]
+fn snapshot_rows_keep_ipv4_clients_only_and_at_most_the_bound() {
+    let rows: Vec<Row> = (0..SNAPSHOT_MAX + 10)
+        .map(|i| {
+            let host = format!("198.18.{}.{}:{}", i / 250 % 250, i % 250, 40000 + i % 20000);
+            row(&[Some(&i.to_string()), Some("u"), Some(&host), None])
+        })
+        .chain([
+            row(&[Some("1"), Some("u"), Some("localhost"), None]),
+            row(&[Some("2"), Some("u"), Some("::ffff:198.18.0.1:5"), None]),
+        ])
+        .collect();
+    let all = match_all_processlist(&rows);
+    assert_eq!(all.len(), SNAPSHOT_MAX);
 }
