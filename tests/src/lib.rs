@@ -853,6 +853,29 @@ impl Lab {
         Ok(out.stdout.trim_end().to_string())
     }
 
+    /// Makes `host` keep its recent statements with their error numbers
+    /// (`performance_schema.events_statements_history_long`, which is filled only while
+    /// `events_statements_current` is on as well).
+    pub fn keep_statement_history(&self, host: Host) -> Result<()> {
+        self.sql(
+            host,
+            "UPDATE performance_schema.setup_consumers SET ENABLED = 'YES' \
+             WHERE NAME IN ('events_statements_current', 'events_statements_history_long')",
+        )
+        .map(drop)
+    }
+
+    /// `host`'s recent statements that failed, one a line: thread, event, error number,
+    /// event name, message, schema and SQL text (see [`Lab::keep_statement_history`]).
+    pub fn failed_statements(&self, host: Host) -> Result<String> {
+        self.sql(
+            host,
+            "SELECT THREAD_ID, EVENT_ID, MYSQL_ERRNO, EVENT_NAME, IFNULL(MESSAGE_TEXT, ''), \
+             IFNULL(CURRENT_SCHEMA, ''), LEFT(IFNULL(SQL_TEXT, ''), 200) \
+             FROM performance_schema.events_statements_history_long WHERE MYSQL_ERRNO <> 0",
+        )
+    }
+
     /// On the test server only: the lab account's schema-wide grant becomes per-table grants,
     /// `table`'s without SELECT, so its reads there fail (1142) while production runs them.
     pub fn deny_select_on_test(&self, table: &str) -> Result<()> {

@@ -124,7 +124,9 @@ fn sysbench_logs_in_on_a_test_server_with_normal_grants() -> Result<()> {
 /// default) are open and working before the copier starts; with `--prod-dsn` the copier recovers each
 /// connection's user, schema and prepared statements from production, and the test server
 /// executes what production executed from then on. `TCPSHADOW_POOLED_TEST` (oltp_read_only)
-/// and `TCPSHADOW_POOLED_THREADS` (8) choose the load.
+/// and `TCPSHADOW_POOLED_THREADS` (8) choose the load, `TCPSHADOW_POOLED_SECS` (30) its length
+/// (the copier starts a few seconds in: a pickup's fixed cost, the writes of the transactions
+/// the connections were inside then, weighs less in a longer window).
 #[test]
 fn pooled_connections_are_recovered_with_prod_dsn() -> Result<()> {
     tcpshadow_tests::mirror::build()?;
@@ -134,6 +136,10 @@ fn pooled_connections_are_recovered_with_prod_dsn() -> Result<()> {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(8);
+    let secs: u32 = std::env::var("TCPSHADOW_POOLED_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(30);
     // A pooled connection with session state of its own: user variables set before the copier
     // started, used after. The row it inserts must read the same on both servers. It stays open
     // a little after its insert: the lookup runs while the insert is held, and a connection
@@ -165,7 +171,7 @@ fn pooled_connections_are_recovered_with_prod_dsn() -> Result<()> {
     let load = lab.spawn_load(&Load {
         test: test.clone(),
         threads,
-        time_secs: 30,
+        time_secs: secs,
         ..Load::default()
     })?;
     // The pool is open and working before the copier starts: every connection has prepared
@@ -217,8 +223,8 @@ fn pooled_connections_are_recovered_with_prod_dsn() -> Result<()> {
     };
     let figures = tcpshadow_tests::work::shown(
         format!(
-            "pooled connections, {test} {threads} threads 40 s, copier started after 10 s \
-             with --prod-dsn"
+            "pooled connections, {test} {threads} threads {secs} s, copier started once each \
+             had run about ten transactions, with --prod-dsn"
         ),
         figures,
     );

@@ -129,13 +129,7 @@ fn a_copier_started_at_any_moment_keeps_every_session() -> Result<()> {
     let lab = Lab::up("pickup")?;
     // The test server keeps its last statements with their error numbers: an error on it that
     // no copier saw is looked up there after each copier run.
-    // (The history is filled only while `events_statements_current` is on as well: with the
-    // history consumer alone it stays empty.)
-    lab.sql(
-        Host::Test,
-        "UPDATE performance_schema.setup_consumers SET ENABLED = 'YES' \
-         WHERE NAME IN ('events_statements_current', 'events_statements_history_long')",
-    )?;
+    lab.keep_statement_history(Host::Test)?;
     let mut test_errors = BTreeMap::new();
     let listen = format!("{}:{CONTROL_PORT}", lab.ip(Host::Assist));
     let intercept_bin = release_bin("intercept")?.to_string_lossy().into_owned();

@@ -10,9 +10,14 @@
 //! time. All three are installed by `scripts/install-deps.sh` (Debian's Java packages, the
 //! Python and Node.js connectors from their registries into `target/lab-clients`).
 //!
+//! The copier starts while the client is stopped (SIGSTOP), so every pooled connection is idle
+//! at that moment, as most of a real pool's are: `--prod-dsn`'s start snapshot gives each its
+//! exact state before its next command. Connections busy at a copier's start are `pickup.rs`'s.
+//! What a pickup may still cost, counted: the writes of a transaction a connection was inside
+//! when the copier started (it joins at the transaction's end).
+//!
 //! `TCPSHADOW_POOLS` (java,python,node) picks connectors, `TCPSHADOW_POOL_SIZE` (8) the pool's
-//! connections, `TCPSHADOW_POOL_SECS` (30) the measured window (a pickup costs each busy connection the
-//! few commands it ran before production read its state, a fixed cost the window dilutes).
+//! connections, `TCPSHADOW_POOL_SECS` (30) the measured window.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -88,8 +93,12 @@ fn client_command(connector: &str, dir: &Path) -> Result<Vec<String>> {
 }
 
 /// The tables the workload writes and reads, empty, on both servers, by root over the
-/// servers' sockets (which the copier does not see).
+/// servers' sockets (which the copier does not see); the test server's statement history too.
 fn fresh_tables(lab: &Lab) -> Result<()> {
+    lab.sql(
+        Host::Test,
+        "TRUNCATE TABLE performance_schema.events_statements_history_long",
+    )?;
     for host in [Host::Prod, Host::Test] {
         lab.sql(
             host,
@@ -156,8 +165,10 @@ fn pool_is_mirrored(lab: &Lab, connector: &str) -> Result<()> {
             ..Default::default()
         },
     )?;
-    let before = lab.work_both_quiet(Duration::from_secs(30))?;
+    lab.work_both_quiet(Duration::from_secs(30))?;
     let prod_rows_before = rows(lab, Host::Prod)?.len();
+    // The window opens after that count, a SELECT of the test's own on production.
+    let before = lab.work_both_quiet(Duration::from_secs(30))?;
     paused.resume();
     std::thread::sleep(Duration::from_secs(secs));
     std::fs::write(&stop, b"")?;
@@ -168,6 +179,11 @@ fn pool_is_mirrored(lab: &Lab, connector: &str) -> Result<()> {
         "the {connector} pool client failed: {client:?}"
     );
     let window = lab.work_window(before, Duration::from_secs(10))?;
+    // Said before any check can fail: which statements the test server refused, and why.
+    let failed = lab.failed_statements(Host::Test)?;
+    if !failed.is_empty() {
+        println!("{connector}: statements that failed on the test server:\n{failed}");
+    }
     let (copier, _) = mirror.stop()?;
     println!("{connector}: {}\n{}", client.stdout.trim(), copier.stderr);
     let own = OwnStatements::from_summary(&copier.stderr)?;
@@ -280,13 +296,12 @@ fn losses_section(summary: &str) -> Vec<String> {
         .collect()
 }
 
-// Issue 18's acceptance for connector pools, not met yet (figures in docs/BENCHMARKS.md): run
-// it with `cargo test -p tcpshadow-tests --test pools -- --ignored --nocapture`.
+// Issue 18's acceptance for connector pools (figures in docs/BENCHMARKS.md).
 #[test]
-#[ignore = "issue 18: not met yet (docs/BENCHMARKS.md, connector pools)"]
 fn connector_pools_opened_before_the_copier_are_mirrored() -> Result<()> {
     tcpshadow_tests::mirror::build()?;
     let lab = Lab::up("pools")?;
+    lab.keep_statement_history(Host::Test)?;
     let which = std::env::var("TCPSHADOW_POOLS").unwrap_or_else(|_| "java,python,node".into());
     let mut failed = Vec::new();
     for connector in which.split(',').map(str::trim).filter(|c| !c.is_empty()) {
