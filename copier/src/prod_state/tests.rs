@@ -805,9 +805,8 @@ fn the_start_snapshot_reads_every_tcp_client_and_answers_each_once() {
     assert!(snap.is_empty());
 }
 
-#[test]
-fn the_start_snapshot_answers_nothing_once_it_is_too_old() {
-    let client = SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 10), 40000);
+/// A snapshot taken at `taken` that knows one client, and that client.
+fn snapshot_of_one(taken: Instant) -> (SocketAddrV4, Snapshot) {
     let rows = [row(&[
         Some("7"),
         Some("app"),
@@ -818,8 +817,14 @@ fn the_start_snapshot_answers_nothing_once_it_is_too_old() {
         .into_iter()
         .map(|(c, (_, s))| (c, (s, Reads::default())))
         .collect();
+    let client = SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 10), 40000);
+    (client, Snapshot { taken, states })
+}
+
+#[test]
+fn the_start_snapshot_answers_nothing_once_it_is_too_old() {
     let taken = Instant::now();
-    let mut snap = Snapshot { taken, states };
+    let (client, mut snap) = snapshot_of_one(taken);
     assert!(snap
         .take(client, taken + SNAPSHOT_TTL + Duration::from_secs(1))
         .is_none());
@@ -828,17 +833,7 @@ fn the_start_snapshot_answers_nothing_once_it_is_too_old() {
 
 #[test]
 fn a_forgotten_snapshot_answers_nothing_and_requests_go_to_production() {
-    let client = SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 10), 40000);
-    let rows = [row(&[
-        Some("7"),
-        Some("app"),
-        Some("198.18.0.10:40000"),
-        None,
-    ])];
-    let states = match_all_processlist(&rows)
-        .into_iter()
-        .map(|(c, (_, s))| (c, (s, Reads::default())))
-        .collect();
+    let (client, snapshot) = snapshot_of_one(Instant::now());
     let forget = Arc::new(AtomicBool::new(false));
     let mut worker = Worker {
         dsn: ProdDsn::parse("mysql://u:p@198.18.0.2:3306").unwrap(),
@@ -846,10 +841,7 @@ fn a_forgotten_snapshot_answers_nothing_and_requests_go_to_production() {
         own: OwnAddress::default(),
         stop: Arc::new(AtomicBool::new(false)),
         forget: Arc::clone(&forget),
-        snapshot: Some(Snapshot {
-            taken: Instant::now(),
-            states,
-        }),
+        snapshot: Some(snapshot),
         counters: Arc::new(Counters::default()),
         wanted: Wanted::default(),
         logged: HashSet::new(),
