@@ -1228,6 +1228,20 @@ pub struct LookupStats {
 }
 
 impl LookupStats {
+    /// Adds another worker's lookups (`--workers`): each worker has its own lookup thread and
+    /// reads its own start snapshot, of the same connections.
+    pub fn merge(&mut self, o: &LookupStats) {
+        self.requested += o.requested;
+        self.answered += o.answered;
+        self.not_found += o.not_found;
+        self.failed += o.failed;
+        self.dropped += o.dropped;
+        self.queries += o.queries;
+        self.from_snapshot += o.from_snapshot;
+        self.snapshot_connections = self.snapshot_connections.max(o.snapshot_connections);
+        self.snapshot_queries += o.snapshot_queries;
+    }
+
     /// Picked-up connections that log in with the defaults instead of their own state.
     pub fn not_recovered(&self) -> u64 {
         self.not_found + self.failed + self.dropped

@@ -548,6 +548,11 @@ mod workers {
             t.would_block += o.would_block;
             t.errors += o.errors;
             crate::driver::add_client_stats(&mut total.control, &s.control);
+            // Each worker looks up its own sessions: its production queries count too (the
+            // summary's `own statements`).
+            if let (Some(t), Some(o)) = (&mut total.lookup, &s.lookup) {
+                t.merge(o);
+            }
         }
         total
     }

@@ -872,3 +872,36 @@ fn snapshot_rows_keep_ipv4_clients_only_and_at_most_the_bound() {
     let all = match_all_processlist(&rows);
     assert_eq!(all.len(), SNAPSHOT_MAX);
 }
+
+#[test]
+fn workers_lookups_add_up_and_their_snapshots_count_once() {
+    let one = LookupStats {
+        requested: 3,
+        answered: 2,
+        not_found: 1,
+        queries: 4,
+        from_snapshot: 1,
+        snapshot_connections: 10,
+        snapshot_queries: 4,
+        ..LookupStats::default()
+    };
+    let mut total = one;
+    total.merge(&one);
+    assert_eq!(
+        (
+            total.requested,
+            total.answered,
+            total.not_found,
+            total.queries
+        ),
+        (6, 4, 2, 8)
+    );
+    assert_eq!(
+        (
+            total.from_snapshot,
+            total.snapshot_connections,
+            total.snapshot_queries
+        ),
+        (2, 10, 8)
+    );
+}
