@@ -570,6 +570,10 @@ impl Deferred {
         }
     }
 
+    fn holds(&self, prod_id: u32) -> bool {
+        self.sql.contains_key(&prod_id)
+    }
+
     fn remove(&mut self, prod_id: u32) -> Option<Box<[u8]>> {
         let sql = self.sql.remove(&prod_id)?;
         self.bytes -= sql.len();
@@ -2907,6 +2911,16 @@ impl MysqlTransform {
         }
         if self.tracking_lost {
             return Ok(self.drop_statement_command(code, UnmappedReason::Desynchronized, out));
+        }
+        if code == com::STMT_RESET && self.deferred.as_ref().is_some_and(|d| d.holds(prod_id)) {
+            // Nothing of it exists on the test server to reset, and preparing it now would
+            // prepare it in the schema current now: a pool's reset and close at the end of a
+            // use often come after the code moved on (mysql-connector-python: prepare in one
+            // schema, `USE` another, then reset and close the cursor; a test-only 1146). It
+            // stays deferred for an execute; the reset is not lost work.
+            self.dropped_by_design = true;
+            out.count(Counter::StmtResetsOfStatementsBeforePickup as usize);
+            return Ok(Verdict::Drop);
         }
         if let Some(sql) = self.deferred.as_mut().and_then(|d| d.remove(prod_id)) {
             if code == com::STMT_CLOSE {

@@ -169,3 +169,57 @@ fn a_statement_known_to_no_one_is_one_loss_however_the_client_resets_and_closes_
         "stmt_resets_of_statements_before_pickup"
     ));
 }
+
+#[test]
+fn a_recovered_statement_is_not_prepared_for_a_reset() {
+    // mysql-connector-python at the end of a pooled use: the statement was prepared in
+    // `tsd_other`, the code went back to `sbtest`, then the cursor resets and closes it. The
+    // start snapshot read the connection in between: preparing it for the reset would prepare
+    // it in `sbtest`, where its table does not exist.
+    let config = MysqlConfig {
+        recovery_wait: Some(Duration::from_millis(200)),
+        ..pickup_config()
+    };
+    let mut h = Harness::new(config, true);
+    h.test_packet(0, &test_greeting(NATIVE));
+    let state = RecoveredState {
+        user: "sb".into(),
+        db: Some("sbtest".into()),
+        statements: vec![
+            (5, b"SELECT COUNT(*) FROM marks WHERE x < ?".to_vec()),
+            (6, b"SELECT c FROM sbtest1 WHERE id = ?".to_vec()),
+        ],
+        variables: vec![],
+        variables_dropped: 0,
+        variables_at: None,
+        variables_again: None,
+    };
+    h.call(|t, now, out| t.recover(now, state, out));
+    assert_eq!(h.received().len(), 1, "the login");
+    h.test_packet(2, OK);
+    assert!(payloads(&mut h).is_empty());
+    h.client_packet(0, &[com::STMT_RESET, 5, 0, 0, 0]);
+    h.prod_packet(1, &ok(AUTOCOMMIT));
+    h.client_packet(0, &close(5));
+    assert!(
+        payloads(&mut h).is_empty(),
+        "neither reaches the test server"
+    );
+    assert_eq!(h.count(Counter::StmtResetsOfStatementsBeforePickup), 1);
+    assert_eq!(h.count(Counter::RecoveredClosedUnused), 1);
+    assert_eq!(h.count(Counter::RecoveredPreparedAtFirstUse), 0);
+    // The connector resets before every execute too: the execute prepares it.
+    h.client_packet(0, &[com::STMT_RESET, 6, 0, 0, 0]);
+    h.prod_packet(1, &ok(AUTOCOMMIT));
+    assert!(payloads(&mut h).is_empty());
+    h.client_packet(0, &execute(6));
+    assert_eq!(
+        payloads(&mut h),
+        vec![prepare("SELECT c FROM sbtest1 WHERE id = ?")]
+    );
+    h.test_reply(&prepare_reply(1, 1));
+    assert_eq!(payloads(&mut h), vec![execute(1)]);
+    assert_eq!(h.count(Counter::StmtResetsOfStatementsBeforePickup), 2);
+    assert_eq!(h.count(Counter::RecoveredPreparedAtFirstUse), 1);
+    assert_eq!(h.count(Counter::StmtCommandsDropped), 0);
+}
