@@ -321,14 +321,11 @@ fn losses_section(summary: &str) -> Vec<String> {
         .collect()
 }
 
-// Issue 18's acceptance for connector pools (figures in docs/BENCHMARKS.md). Ignored again:
-// in 1 of 8 runs with the start snapshot (a fresh-clone run of d75a557) the Python pool had
-// one `Prepare` the test server refused and production ran (`statements_rejected_on_test=1`);
-// its cause is not found yet, and the test server's statement history (10,000 rows) had
-// overwritten it by the end of the run. Run it with
-// `cargo test -p tcpshadow-tests --test pools -- --ignored --nocapture`.
+// Issue 18's acceptance for connector pools (figures in docs/BENCHMARKS.md). Python's pool
+// once had a test-only `Prepare` error here: a connection stopped between `USE sbtest` and the
+// reset and close of a statement prepared in `tsd_other`, whose reset prepared it again in
+// `sbtest` (1146); a recovered statement is now prepared for an execute only.
 #[test]
-#[ignore = "issue 18: an intermittent test-only Prepare error on Python's pool (docs/BENCHMARKS.md)"]
 fn connector_pools_opened_before_the_copier_are_mirrored() -> Result<()> {
     tcpshadow_tests::mirror::build()?;
     let lab = Lab::up("pools")?;
