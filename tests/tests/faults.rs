@@ -64,6 +64,11 @@ struct Rig {
     past_intercept_output: String,
     /// The test server's last read before `lab.sh restart test`.
     last_before_restart: Option<WorkSnapshot>,
+    /// The test server's, production's and again the test server's counters, read just before
+    /// the copier is killed: what the test server had not run yet then (against the mean of
+    /// its two reads, which bracket production's) was in the dead copier's queue or on the
+    /// wire.
+    at_kill: Option<(WorkSnapshot, WorkSnapshot, WorkSnapshot)>,
 }
 
 impl Rig {
@@ -110,6 +115,7 @@ impl Rig {
             past_copier_output: String::new(),
             past_intercept_output: String::new(),
             last_before_restart: None,
+            at_kill: None,
         };
         rig.start_intercept()?;
         rig.start_copier()?;
@@ -226,6 +232,23 @@ fn signal(pid: u32, sig: &str, expect: &str) -> Result<()> {
         .status()?;
     ensure!(st.success(), "kill -{sig} {pid} failed");
     Ok(())
+}
+
+/// How long after `then` a log line was written, by its UTC timestamp
+/// (`2026-12-06T02:11:10.501113Z ...`; same day).
+fn since_in_log(then: std::time::SystemTime, line: &str) -> Option<Duration> {
+    let time = line.get(11..26)?;
+    let mut parts = time.split(':');
+    let h: f64 = parts.next()?.parse().ok()?;
+    let m: f64 = parts.next()?.parse().ok()?;
+    let sec: f64 = parts.next()?.parse().ok()?;
+    let at = h * 3600.0 + m * 60.0 + sec;
+    let then = then
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()?
+        .as_secs_f64()
+        % 86_400.0;
+    Duration::try_from_secs_f64(at - then).ok()
 }
 
 fn wait_gone(pid: u32, timeout: Duration) -> Result<()> {
@@ -408,16 +431,37 @@ fn inject(rig: &mut Rig, fault: Fault, netem_secs: u64) -> Result<()> {
             rig.start_intercept()?;
         }
         Fault::CopierKilled => {
+            let test = rig.lab.work(Host::Test)?;
+            let prod = rig.lab.work(Host::Prod)?;
+            rig.at_kill = Some((test, prod, rig.lab.work(Host::Test)?));
             let pid = rig.copier_pid()?;
+            let killed = std::time::SystemTime::now();
+            let t0 = Instant::now();
             signal(pid, "KILL", "copier")?;
             wait_gone(pid, Duration::from_secs(5))?;
+            let gone = t0.elapsed();
             if let Some(old) = rig.copier.take() {
                 let run = old.finish(Duration::ZERO)?;
                 rig.past_copier_output.push_str(&run.stderr);
                 rig.past_copier_output
                     .push_str("\n--- copier SIGKILLed here and restarted ---\n");
             }
+            let spawning = t0.elapsed();
             rig.start_copier()?;
+            // Nothing is captured from the kill until the new copier's ring is open, the first
+            // thing it logs: the harness's part and the copier's, apart.
+            let capturing = rig.copier.as_ref().and_then(|c| {
+                let log = c.output().1;
+                let line = log.lines().find(|l| l.contains("capture ring"))?;
+                since_in_log(killed, line)
+            });
+            println!(
+                "restart: the old copier gone after {} ms, the new one spawned after {} ms, \
+                 capturing after {}",
+                gone.as_millis(),
+                spawning.as_millis(),
+                capturing.map_or("?".into(), |d| format!("{} ms", d.as_millis())),
+            );
         }
         Fault::TestRestarted => {
             // The first life's last read, as close to the restart as it can be: what the old
@@ -568,6 +612,17 @@ fn run_fault(rig: &mut Rig, fault: Fault) -> Result<Outcome> {
     } else {
         lab_threads0
     };
+    if let Some((t1, prod, t2)) = rig.at_kill.take() {
+        let p = Work::between(&start.0, &prod)?.get("Com_select");
+        let t = (Work::between(&start.1, &t1)?.get("Com_select")
+            + Work::between(&start.1, &t2)?.get("Com_select"))
+            / 2;
+        println!(
+            "at the kill: Com_select production {p}, test {t}: the test server {} behind \
+             (the dead copier's queue and the wire)",
+            i128::from(p) - i128::from(t)
+        );
+    }
     let r0 = rig.lab.work_both()?;
     sleep(Duration::from_secs(window));
     let r1 = rig.lab.work_both()?;
