@@ -194,7 +194,7 @@ impl Driver {
         let fleet = build_fleet_for(args, &plan, recovery_wait, hooks, slot)?;
         if let (Some(r), Some(first)) = (&mut report, plan.routes.first()) {
             r.set_endpoints(
-                format!("{}:{}", hostname(), first.prod_port),
+                format!("{}:{}", ops::host::hostname(), first.prod_port),
                 first.target.to_string(),
             );
         }
@@ -210,8 +210,8 @@ impl Driver {
         let waker = Waker::new().context("cannot create an eventfd")?;
         let name = match &worker {
             // intercept tells copiers apart by connection; the suffix is for its log.
-            Some(w) => format!("copier@{}#{}", hostname(), w.index),
-            None => format!("copier@{}", hostname()),
+            Some(w) => format!("copier@{}#{}", ops::host::hostname(), w.index),
+            None => format!("copier@{}", ops::host::hostname()),
         };
         let secret = args.secret()?;
         let mut links = Vec::with_capacity(args.intercept.len());
@@ -1005,12 +1005,6 @@ fn wait_for_intercept(control: &ControlHandle, addr: std::net::SocketAddr) -> Re
         );
     }
     Ok(())
-}
-
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_else(|_| "unknown".into())
 }
 
 #[cfg(test)]

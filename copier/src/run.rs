@@ -289,7 +289,7 @@ mod workers {
         });
         if let (Some(r), Some(first)) = (&mut report, plan.routes.first()) {
             r.set_endpoints(
-                format!("{}:{}", hostname(), first.prod_port),
+                format!("{}:{}", ops::host::hostname(), first.prod_port),
                 first.target.to_string(),
             );
         }
@@ -568,12 +568,6 @@ mod workers {
         t.snapped += o.snapped;
         t.kernel_dropped += o.kernel_dropped;
         t.if_dropped += o.if_dropped;
-    }
-
-    fn hostname() -> String {
-        std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .map(|s| s.trim().to_string())
-            .unwrap_or_else(|_| "unknown".into())
     }
 
     #[cfg(test)]

@@ -307,7 +307,7 @@ fn doctor_main(argv: Vec<std::ffi::OsString>) -> i32 {
     }
     println!(
         "intercept doctor on {} (port {}, interface {}, listen {})",
-        hostname(),
+        ops::host::hostname(),
         cli.ports_label(),
         cli.interface,
         cli.listen
@@ -487,7 +487,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     let server = ControlServer::start(
         listener,
         ServerConfig {
-            name: format!("intercept@{} port {}", hostname(), cli.ports_label()),
+            name: format!(
+                "intercept@{} port {}",
+                ops::host::hostname(),
+                cli.ports_label()
+            ),
             secret,
             allow: cli.allow.clone(),
             payload_prefix,
@@ -847,17 +851,6 @@ fn drop_privileges(on_test_host: bool) -> anyhow::Result<()> {
     )?;
     tracing::info!("capabilities dropped: {}", dropped.describe());
     Ok(())
-}
-
-fn hostname() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: gethostname writes at most buf.len() bytes into our buffer.
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    if rc != 0 {
-        return "unknown".into();
-    }
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    String::from_utf8_lossy(&buf[..end]).into_owned()
 }
 
 #[cfg(test)]
