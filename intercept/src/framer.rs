@@ -20,9 +20,7 @@ use common::control::{
 };
 use common::mysql::digest::PayloadHasher;
 use common::mysql::fold::RowFolder;
-
-/// Bytes of a MySQL packet header.
-pub const HEADER_LEN: usize = 4;
+use common::mysql::packet::HEADER_LEN;
 
 /// Where framed packets go.
 pub trait FrameSink {
