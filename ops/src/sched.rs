@@ -123,6 +123,8 @@ pub fn raise(p: Priority) -> io::Result<Raised> {
                     return Err(e);
                 }
             }
+            // For a copier sharing its session (`OnDemand`); without it, nice only.
+            let _ = allow_rtprio(REALTIME_PRIORITY);
             Ok(Raised::OnDemand {
                 nice: current_nice()?,
             })
@@ -187,10 +189,18 @@ pub const AUTO_LOWER_AFTER: Duration = Duration::from_secs(30);
 /// capture needs: its work is fixed by the traffic, and what it cannot do in time the kernel
 /// drops for good (docs/BENCHMARKS.md: 8 threads, pinning off, a fair share lost 0.75-0.97 of
 /// the work). Raising needs [`raise`] with `Auto` earlier, while the daemon was privileged.
+///
+/// A copier that shares its session (started by hand from the shell that runs other work, or
+/// squeezed in with a load) cannot raise its session's CPU group without raising the others,
+/// and a nice value counts for nothing against other sessions' groups: there it takes
+/// [`Priority::Realtime`] instead, for as long as it would have been raised
+/// (docs/BENCHMARKS.md, "A copier starved on purpose").
 #[derive(Debug)]
 pub struct OnDemand {
     started_nice: i32,
     raised: bool,
+    /// Raised to SCHED_RR rather than nice (the session is shared).
+    realtime: bool,
     gave_up: bool,
     calm_since: Option<Instant>,
     raises: u64,
@@ -202,6 +212,7 @@ impl OnDemand {
         Self {
             started_nice: current_nice().unwrap_or(0),
             raised: false,
+            realtime: false,
             gave_up: false,
             calm_since: None,
             raises: 0,
@@ -217,6 +228,11 @@ impl OnDemand {
         self.raised
     }
 
+    /// Raised to SCHED_RR (its session is shared), not only to nice -20.
+    pub fn is_realtime(&self) -> bool {
+        self.realtime
+    }
+
     /// The capture handled packets that crossed the wire `lag` ago (the largest of a batch).
     pub fn observe(&mut self, lag: Duration, now: Instant) {
         if self.gave_up {
@@ -227,6 +243,23 @@ impl OnDemand {
                 return;
             }
             match raise(Priority::High) {
+                Ok(Raised::Nice {
+                    group: Group::Shared | Group::Failed,
+                    ..
+                }) if raise(Priority::Realtime).is_ok() => {
+                    self.raised = true;
+                    self.realtime = true;
+                    self.raises += 1;
+                    self.calm_since = None;
+                    tracing::info!(
+                        "the capture fell {} ms behind the wire: raised to SCHED_RR priority \
+                         {REALTIME_PRIORITY} until it keeps up for {} s (it shares its \
+                         session, and so its CPU group, with other processes, against which \
+                         a nice value counts for nothing; run it as a service or under setsid)",
+                        lag.as_millis(),
+                        AUTO_LOWER_AFTER.as_secs()
+                    );
+                }
                 Ok(r) => {
                     self.raised = true;
                     self.raises += 1;
@@ -261,6 +294,13 @@ impl OnDemand {
             return;
         }
         // Lowering a priority is always allowed.
+        if self.realtime {
+            let param = libc::sched_param { sched_priority: 0 };
+            // SAFETY: `param` is a valid sched_param for the duration of the call; pid 0 is
+            // the calling thread.
+            let _ = unsafe { libc::sched_setscheduler(0, libc::SCHED_OTHER, &param) };
+            self.realtime = false;
+        }
         let _ = set_nice(self.started_nice);
         if lead_session_group() {
             let _ = std::fs::write("/proc/self/autogroup", "0");
@@ -303,6 +343,32 @@ fn allow_nice(nice: i32) -> io::Result<()> {
     };
     // SAFETY: `new` is a valid rlimit.
     if unsafe { libc::setrlimit(libc::RLIMIT_NICE, &new) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Makes sure this process may later take SCHED_RR at `priority` without a capability
+/// (`RLIMIT_RTPRIO`), as [`allow_nice`] does for nice values.
+fn allow_rtprio(priority: i32) -> io::Result<()> {
+    let want = libc::rlim_t::try_from(priority).unwrap_or(1);
+    let mut cur = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `cur` is a valid rlimit to fill.
+    if unsafe { libc::getrlimit(libc::RLIMIT_RTPRIO, &mut cur) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if cur.rlim_cur >= want {
+        return Ok(());
+    }
+    let new = libc::rlimit {
+        rlim_cur: want,
+        rlim_max: cur.rlim_max.max(want),
+    };
+    // SAFETY: `new` is a valid rlimit.
+    if unsafe { libc::setrlimit(libc::RLIMIT_RTPRIO, &new) } != 0 {
         return Err(io::Error::last_os_error());
     }
     Ok(())
@@ -492,27 +558,33 @@ mod tests {
             let calm = (p.is_raised(), current_nice().unwrap());
             p.observe(Duration::from_millis(150), t0);
             let behind = (p.is_raised(), current_nice().unwrap());
+            let rr = (p.is_realtime(), current_policy().unwrap());
             p.observe(Duration::from_millis(5), t0);
             p.observe(Duration::from_millis(5), t0 + AUTO_LOWER_AFTER);
             (
                 before,
                 calm,
                 behind,
+                rr,
                 p.is_raised(),
-                current_nice().unwrap(),
+                (current_nice().unwrap(), current_policy().unwrap()),
                 p.raises(),
             )
         });
-        let (before, calm, behind, still, after, raises) = got;
+        let (before, calm, behind, rr, still, after, raises) = got;
         assert_eq!(calm, (false, before));
         if behind.0 {
             assert_eq!(behind.1, HIGH_NICE);
+            // The test harness shares its session: with autogroup on, SCHED_RR as well.
+            let shared = autogroup_enabled() && !lead_session_group();
+            assert_eq!(rr.0, shared);
+            assert_eq!(rr.1 == libc::SCHED_RR, shared);
             assert_eq!(raises, 1);
             assert!(!still, "lowered after keeping up");
-            assert_eq!(after, before);
+            assert_eq!(after, (before, libc::SCHED_OTHER));
         } else {
             // Not root, no CAP_SYS_NICE: it gives up once and stays as it was.
-            assert_eq!((behind.1, raises, after), (before, 0, before));
+            assert_eq!((behind.1, raises, after.0), (before, 0, before));
         }
     }
 
