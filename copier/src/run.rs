@@ -12,7 +12,7 @@
 //! comparison report every worker's sessions observe into. Workers never share a session, so
 //! nothing on the packet path is locked; a worker publishes its snapshot a few times a second.
 
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::time::Duration;
 
 use anyhow::Result;
@@ -79,7 +79,7 @@ pub fn run(args: &Args) -> Result<Snapshot> {
     // Before the driver starts its control threads (they inherit it) and before the
     // capabilities go (raising needs CAP_SYS_NICE).
     raise_priority(args);
-    let mut on_demand = on_demand(args);
+    let mut on_demand = on_demand(args, capture.as_raw_fd());
     let routes = plan
         .routes
         .iter()
@@ -145,9 +145,20 @@ fn raise_priority(args: &Args) {
     ops::sched::raise_logged(args.capture_priority);
 }
 
-/// `--capture-priority auto`: the calling capture thread's priority, raised while it lags.
-fn on_demand(args: &Args) -> Option<ops::sched::OnDemand> {
-    (args.capture_priority == ops::sched::Priority::Auto).then(ops::sched::OnDemand::new)
+/// `--capture-priority auto`: the calling capture thread's priority, raised while it lags
+/// or, by its watchdog, while it gets no CPU with packets waiting in `capture_fd`'s ring.
+/// Drop it before the capture.
+fn on_demand(args: &Args, capture_fd: RawFd) -> Option<ops::sched::OnDemand> {
+    (args.capture_priority == ops::sched::Priority::Auto).then(|| {
+        let mut p = ops::sched::OnDemand::new();
+        if let Err(e) = p.watch(capture_fd) {
+            tracing::warn!(
+                "cannot start the capture's watchdog ({e}): a capture that gets no CPU is \
+                 raised only once it runs again, up to a ring's worth late"
+            );
+        }
+        p
+    })
 }
 
 /// Once the capture, the raw socket and the metrics listener are open, the live copier needs no
@@ -478,7 +489,7 @@ mod workers {
         let mut seen = FlowsSeen::default();
         let mut next_publish = clock.now();
         // Each worker thread raises itself: its priority is its own.
-        let mut on_demand = super::on_demand(args);
+        let mut on_demand = super::on_demand(args, capture.as_raw_fd());
         loop {
             let now = clock.now();
             let wall = wall_nanos();

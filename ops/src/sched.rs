@@ -19,6 +19,10 @@
 //! and never fails the daemon: it reports what it could not do and the caller logs it.
 
 use std::io;
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// What `--capture-priority` asks for.
@@ -195,6 +199,12 @@ pub const AUTO_LOWER_AFTER: Duration = Duration::from_secs(30);
 /// and a nice value counts for nothing against other sessions' groups: there it takes
 /// [`Priority::Realtime`] instead, for as long as it would have been raised
 /// (docs/BENCHMARKS.md, "A copier starved on purpose").
+///
+/// A capture that gets no CPU cannot measure its lag: it learns it when it runs again, up to
+/// a ring's worth late (unpinned lab, 32 threads: "fell 1000 ms behind", 20,745 and 71,621
+/// kernel drops in 2 of 3 runs). [`OnDemand::watch`] adds a watchdog thread that raises the
+/// capture for it when the ring has had packets waiting [`STALL`] long without the capture
+/// finishing a round.
 #[derive(Debug)]
 pub struct OnDemand {
     started_nice: i32,
@@ -204,6 +214,40 @@ pub struct OnDemand {
     gave_up: bool,
     calm_since: Option<Instant>,
     raises: u64,
+    watchdog: Option<Watchdog>,
+}
+
+/// How long the ring may hold packets without the capture finishing a round before its
+/// watchdog raises it: well under what the ring holds (1 s by default), above any round's
+/// work (at most 512 packets).
+pub const STALL: Duration = Duration::from_millis(60);
+/// How often the watchdog looks (its wakeups per second: 50).
+const WATCH_EVERY: Duration = Duration::from_millis(20);
+
+/// What a capture thread and its watchdog share.
+#[derive(Debug)]
+struct Watched {
+    /// Rounds the capture finished.
+    rounds: AtomicU64,
+    /// 0: as started; 1: raised to nice -20; 2: to SCHED_RR (by either of them).
+    raised: AtomicU8,
+    stop: AtomicBool,
+}
+
+#[derive(Debug)]
+struct Watchdog {
+    watched: Arc<Watched>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.watched.stop.store(true, Ordering::Relaxed);
+        // Joined: it polls the capture's descriptor, which must outlive it.
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 impl OnDemand {
@@ -216,6 +260,33 @@ impl OnDemand {
             gave_up: false,
             calm_since: None,
             raises: 0,
+            watchdog: None,
+        }
+    }
+
+    /// Starts a watchdog for the calling (capture) thread, which reads the capture ring `fd`:
+    /// see the type's documentation. `fd` must stay open while `self` lives.
+    pub fn watch(&mut self, fd: RawFd) -> io::Result<()> {
+        let watched = Arc::new(Watched {
+            rounds: AtomicU64::new(0),
+            raised: AtomicU8::new(0),
+            stop: AtomicBool::new(false),
+        });
+        let capture = tid();
+        let shared = watched.clone();
+        let thread = std::thread::Builder::new()
+            .name("capture-watch".into())
+            .spawn(move || watchdog(capture, fd, &shared))?;
+        self.watchdog = Some(Watchdog {
+            watched,
+            thread: Some(thread),
+        });
+        Ok(())
+    }
+
+    fn mark_raised(&self, how: u8) {
+        if let Some(w) = &self.watchdog {
+            w.watched.raised.store(how, Ordering::Relaxed);
         }
     }
 
@@ -235,6 +306,19 @@ impl OnDemand {
 
     /// The capture handled packets that crossed the wire `lag` ago (the largest of a batch).
     pub fn observe(&mut self, lag: Duration, now: Instant) {
+        if let Some(w) = &self.watchdog {
+            w.watched.rounds.fetch_add(1, Ordering::Relaxed);
+            if !self.raised {
+                let how = w.watched.raised.load(Ordering::Relaxed);
+                if how != 0 {
+                    // Raised by the watchdog while this thread had no CPU.
+                    self.raised = true;
+                    self.realtime = how == 2;
+                    self.raises += 1;
+                    self.calm_since = None;
+                }
+            }
+        }
         if self.gave_up {
             return;
         }
@@ -251,6 +335,7 @@ impl OnDemand {
                     self.realtime = true;
                     self.raises += 1;
                     self.calm_since = None;
+                    self.mark_raised(2);
                     tracing::info!(
                         "the capture fell {} ms behind the wire: raised to SCHED_RR priority \
                          {REALTIME_PRIORITY} until it keeps up for {} s (it shares its \
@@ -264,6 +349,7 @@ impl OnDemand {
                     self.raised = true;
                     self.raises += 1;
                     self.calm_since = None;
+                    self.mark_raised(1);
                     tracing::info!(
                         "the capture fell {} ms behind the wire: raised to {} until it keeps up \
                          for {} s",
@@ -307,6 +393,7 @@ impl OnDemand {
         }
         self.raised = false;
         self.calm_since = None;
+        self.mark_raised(0);
         tracing::info!(
             "the capture kept up for {} s: back to nice {}",
             AUTO_LOWER_AFTER.as_secs(),
@@ -319,6 +406,102 @@ impl Default for OnDemand {
     fn default() -> Self {
         Self::new()
     }
+}
+
+/// The watchdog of the capture thread `capture` (see [`OnDemand`]): raises it once the ring
+/// `fd` has held packets for [`STALL`] without the capture finishing a round. It runs at the
+/// priority it would give the capture, so that it runs when the capture cannot; it never
+/// lowers anything (the capture thread does, once it keeps up).
+fn watchdog(capture: libc::id_t, fd: RawFd, w: &Watched) {
+    let param = libc::sched_param {
+        sched_priority: REALTIME_PRIORITY,
+    };
+    // SAFETY: `param` is a valid sched_param for the duration of the call; pid 0 is the
+    // calling thread.
+    if unsafe { libc::sched_setscheduler(0, libc::SCHED_RR, &param) } != 0 {
+        let _ = set_nice(HIGH_NICE);
+    }
+    // The round count when the ring was first seen holding packets, and when.
+    let mut waiting: Option<(u64, Instant)> = None;
+    while !w.stop.load(Ordering::Relaxed) {
+        std::thread::sleep(WATCH_EVERY);
+        if w.stop.load(Ordering::Relaxed) {
+            return;
+        }
+        let rounds = w.rounds.load(Ordering::Relaxed);
+        if w.raised.load(Ordering::Relaxed) != 0 || !readable(fd) {
+            waiting = None;
+            continue;
+        }
+        let since = match waiting {
+            Some((r, since)) if r == rounds => since,
+            _ => {
+                waiting = Some((rounds, Instant::now()));
+                continue;
+            }
+        };
+        let stalled = since.elapsed();
+        if stalled < STALL {
+            continue;
+        }
+        waiting = None;
+        if set_nice_of(capture, HIGH_NICE).is_err() {
+            // No permission: the capture's own attempt says so, once, when it runs.
+            continue;
+        }
+        let realtime = matches!(
+            raise_session_group(HIGH_NICE),
+            Group::Shared | Group::Failed
+        ) && set_realtime_of(capture).is_ok();
+        w.raised
+            .store(if realtime { 2 } else { 1 }, Ordering::Relaxed);
+        tracing::info!(
+            "the capture held packets for {} ms without running: raised to {} by its watchdog \
+             until it keeps up for {} s",
+            stalled.as_millis() + WATCH_EVERY.as_millis(),
+            if realtime {
+                format!("SCHED_RR priority {REALTIME_PRIORITY}")
+            } else {
+                format!("nice {HIGH_NICE}")
+            },
+            AUTO_LOWER_AFTER.as_secs()
+        );
+    }
+}
+
+/// Whether `fd` has something to read now.
+fn readable(fd: RawFd) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, no wait.
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    n > 0 && p.revents & libc::POLLIN != 0
+}
+
+fn set_nice_of(thread: libc::id_t, nice: i32) -> io::Result<()> {
+    // SAFETY: plain system call naming a thread of this process.
+    let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, thread, nice) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn set_realtime_of(thread: libc::id_t) -> io::Result<()> {
+    let param = libc::sched_param {
+        sched_priority: REALTIME_PRIORITY,
+    };
+    let pid =
+        libc::pid_t::try_from(thread).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: `param` is a valid sched_param for the duration of the call; `pid` names a
+    // thread of this process.
+    if unsafe { libc::sched_setscheduler(pid, libc::SCHED_RR, &param) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// Makes sure this process may later lower its nice value to `nice` without a capability:
@@ -586,6 +769,62 @@ mod tests {
             // Not root, no CAP_SYS_NICE: it gives up once and stays as it was.
             assert_eq!((behind.1, raises, after.0), (before, 0, before));
         }
+    }
+
+    #[test]
+    fn the_watchdog_raises_a_capture_that_does_not_run_with_packets_waiting() {
+        let mut fds = [0; 2];
+        // SAFETY: a valid array of two descriptors to fill.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        let [read, write] = fds;
+        let got = in_thread(move || {
+            let before = current_nice().unwrap();
+            let mut p = OnDemand::new();
+            p.watch(read).unwrap();
+            // Nothing to read: a capture asleep in poll(2) is not starved.
+            std::thread::sleep(STALL * 3);
+            p.observe(Duration::ZERO, Instant::now());
+            let idle = (p.is_raised(), current_nice().unwrap());
+            // Packets waiting, and this thread "gets no CPU": it finishes no round.
+            // SAFETY: one byte from a valid buffer.
+            assert_eq!(unsafe { libc::write(write, [1u8].as_ptr().cast(), 1) }, 1);
+            // Waited for, with a bound (the watchdog runs every WATCH_EVERY).
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while current_nice().unwrap() != HIGH_NICE && Instant::now() < deadline {
+                std::thread::sleep(WATCH_EVERY);
+            }
+            let stalled = current_nice().unwrap();
+            let t0 = Instant::now();
+            p.observe(Duration::ZERO, t0);
+            let seen = (p.is_raised(), p.raises());
+            p.observe(Duration::ZERO, t0 + AUTO_LOWER_AFTER);
+            let after = (
+                p.is_raised(),
+                current_nice().unwrap(),
+                current_policy().unwrap(),
+            );
+            drop(p);
+            (before, idle, stalled, seen, after)
+        });
+        // SAFETY: closing our own descriptors.
+        unsafe {
+            libc::close(read);
+            libc::close(write);
+        }
+        let (before, idle, stalled, seen, after) = got;
+        assert_eq!(idle, (false, before), "nothing waiting, nothing raised");
+        if stalled == before {
+            // Not root, no CAP_SYS_NICE: nothing could be raised.
+            assert_eq!(seen, (false, 0));
+            return;
+        }
+        assert_eq!(stalled, HIGH_NICE, "raised by the watchdog");
+        assert_eq!(seen, (true, 1), "the capture learns it was raised");
+        assert_eq!(
+            after,
+            (false, before, libc::SCHED_OTHER),
+            "and lowers itself later"
+        );
     }
 
     #[test]
