@@ -71,7 +71,9 @@ pub struct Args {
 
     /// Scheduling priority of the capture: auto (the default: as started while the capture
     /// keeps up; nice -20, and its session's CPU group too, while it is over 100 ms behind the
-    /// wire, until it keeps up for 30 s), normal (as started, always), high (nice -20 from the
+    /// wire or its ring has held packets 60 ms without it running (a watchdog thread looks 50
+    /// times a second), until it keeps up for 30 s; SCHED_RR 1 instead when it shares its
+    /// session with other processes), normal (as started, always), high (nice -20 from the
     /// start) or realtime (SCHED_RR 1). The capture's work is fixed by the traffic, and what it
     /// cannot do in time the kernel drops for good: on a saturated host a fair share of the
     /// CPU is not enough (measured: 0.03-0.25 of the work at 8 threads with 2 cores and
