@@ -118,25 +118,39 @@ fn an_error_leaves_the_state_unknown() {
     );
 }
 
-#[test]
-fn a_recovered_statement_prepared_at_first_use_waits_at_the_gate_too() {
+/// A picked-up session waiting for production's state (the test server greeted it).
+fn awaiting_recovery() -> Harness {
     let config = MysqlConfig {
         recovery_wait: Some(Duration::from_millis(200)),
         ..pickup_config()
     };
     let mut h = Harness::new(config, true);
     h.test_packet(0, &test_greeting(NATIVE));
-    // sysbench's DELETE of a transaction begun before the pickup.
-    h.client_packet(0, &execute(5));
-    let state = RecoveredState {
+    h
+}
+
+/// Production's state of an `sb` connection in `sbtest` with these statements.
+fn recovered(statements: &[(u32, &str)]) -> RecoveredState {
+    RecoveredState {
         user: "sb".into(),
         db: Some("sbtest".into()),
-        statements: vec![(5, b"DELETE FROM sbtest1 WHERE id=?".to_vec())],
+        statements: statements
+            .iter()
+            .map(|(id, sql)| (*id, sql.as_bytes().to_vec()))
+            .collect(),
         variables: vec![],
         variables_dropped: 0,
         variables_at: None,
         variables_again: None,
-    };
+    }
+}
+
+#[test]
+fn a_recovered_statement_prepared_at_first_use_waits_at_the_gate_too() {
+    let mut h = awaiting_recovery();
+    // sysbench's DELETE of a transaction begun before the pickup.
+    h.client_packet(0, &execute(5));
+    let state = recovered(&[(5, "DELETE FROM sbtest1 WHERE id=?")]);
     h.call(|t, now, out| t.recover(now, state, out));
     assert_eq!(h.received().len(), 1, "the login");
     h.prod_packet(1, &ok(IN_TRANS | AUTOCOMMIT));
@@ -176,24 +190,11 @@ fn a_recovered_statement_is_not_prepared_for_a_reset() {
     // `tsd_other`, the code went back to `sbtest`, then the cursor resets and closes it. The
     // start snapshot read the connection in between: preparing it for the reset would prepare
     // it in `sbtest`, where its table does not exist.
-    let config = MysqlConfig {
-        recovery_wait: Some(Duration::from_millis(200)),
-        ..pickup_config()
-    };
-    let mut h = Harness::new(config, true);
-    h.test_packet(0, &test_greeting(NATIVE));
-    let state = RecoveredState {
-        user: "sb".into(),
-        db: Some("sbtest".into()),
-        statements: vec![
-            (5, b"SELECT COUNT(*) FROM marks WHERE x < ?".to_vec()),
-            (6, b"SELECT c FROM sbtest1 WHERE id = ?".to_vec()),
-        ],
-        variables: vec![],
-        variables_dropped: 0,
-        variables_at: None,
-        variables_again: None,
-    };
+    let mut h = awaiting_recovery();
+    let state = recovered(&[
+        (5, "SELECT COUNT(*) FROM marks WHERE x < ?"),
+        (6, "SELECT c FROM sbtest1 WHERE id = ?"),
+    ]);
     h.call(|t, now, out| t.recover(now, state, out));
     assert_eq!(h.received().len(), 1, "the login");
     h.test_packet(2, OK);
