@@ -508,39 +508,29 @@ fn set_realtime_of(thread: libc::id_t) -> io::Result<()> {
 /// `RLIMIT_NICE` (which also covers its session's autogroup). Raising the hard limit needs
 /// CAP_SYS_RESOURCE, which a daemon has only until it drops its capabilities.
 fn allow_nice(nice: i32) -> io::Result<()> {
-    let want = libc::rlim_t::try_from(20 - nice).unwrap_or(40);
-    let mut cur = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: `cur` is a valid rlimit to fill.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NICE, &mut cur) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    if cur.rlim_cur >= want {
-        return Ok(());
-    }
-    let new = libc::rlimit {
-        rlim_cur: want,
-        rlim_max: cur.rlim_max.max(want),
-    };
-    // SAFETY: `new` is a valid rlimit.
-    if unsafe { libc::setrlimit(libc::RLIMIT_NICE, &new) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    allow_at_least(
+        libc::RLIMIT_NICE,
+        libc::rlim_t::try_from(20 - nice).unwrap_or(40),
+    )
 }
 
 /// Makes sure this process may later take SCHED_RR at `priority` without a capability
 /// (`RLIMIT_RTPRIO`), as [`allow_nice`] does for nice values.
 fn allow_rtprio(priority: i32) -> io::Result<()> {
-    let want = libc::rlim_t::try_from(priority).unwrap_or(1);
+    allow_at_least(
+        libc::RLIMIT_RTPRIO,
+        libc::rlim_t::try_from(priority).unwrap_or(1),
+    )
+}
+
+/// Raises the soft (and if needed the hard) limit `resource` to at least `want`.
+fn allow_at_least(resource: libc::__rlimit_resource_t, want: libc::rlim_t) -> io::Result<()> {
     let mut cur = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
     };
     // SAFETY: `cur` is a valid rlimit to fill.
-    if unsafe { libc::getrlimit(libc::RLIMIT_RTPRIO, &mut cur) } != 0 {
+    if unsafe { libc::getrlimit(resource, &mut cur) } != 0 {
         return Err(io::Error::last_os_error());
     }
     if cur.rlim_cur >= want {
@@ -551,7 +541,7 @@ fn allow_rtprio(priority: i32) -> io::Result<()> {
         rlim_max: cur.rlim_max.max(want),
     };
     // SAFETY: `new` is a valid rlimit.
-    if unsafe { libc::setrlimit(libc::RLIMIT_RTPRIO, &new) } != 0 {
+    if unsafe { libc::setrlimit(resource, &new) } != 0 {
         return Err(io::Error::last_os_error());
     }
     Ok(())
