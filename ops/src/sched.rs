@@ -446,8 +446,9 @@ fn watchdog(capture: libc::id_t, fd: RawFd, w: &Watched) {
         }
         waiting = None;
         if set_nice_of(capture, HIGH_NICE).is_err() {
-            // No permission: the capture's own attempt says so, once, when it runs.
-            continue;
+            // No permission, and none comes later (capabilities are only ever dropped): the
+            // capture's own attempt says so, once, when it runs; nothing left to watch for.
+            return;
         }
         let realtime = matches!(
             raise_session_group(HIGH_NICE),
