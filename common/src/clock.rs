@@ -73,6 +73,18 @@ pub fn realtime_us() -> u32 {
         .map_or(0, |d| timeval_us(d.as_secs(), u64::from(d.subsec_micros())))
 }
 
+/// The real-time clock in nanoseconds since the Unix epoch: the copier's capture timestamps.
+pub fn realtime_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+}
+
+/// A capture timestamp in nanoseconds since the epoch on the [`realtime_us`] scale.
+pub fn ns_us(ns: u64) -> u32 {
+    timeval_us(ns / 1_000_000_000, ns % 1_000_000_000 / 1000)
+}
+
 /// A capture timestamp (seconds, microseconds) on the [`realtime_us`] scale.
 pub fn timeval_us(secs: u64, micros: u64) -> u32 {
     secs.wrapping_mul(1_000_000).wrapping_add(micros) as u32

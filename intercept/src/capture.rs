@@ -2,7 +2,7 @@
 //!
 //! Kept thin on purpose: open, filter, read without blocking, parse with `common::wire`, count
 //! what does not parse. Two ways in: a packet socket read per reply (the default, see
-//! [`crate::packet_socket`] for why not libpcap's immediate mode), or libpcap's TPACKET_V3
+//! [`ops::packet_socket`] for why not libpcap's immediate mode), or libpcap's TPACKET_V3
 //! ring handed over in blocks (`--capture-block-ms` 1 and up). It never sends or forwards
 //! anything; the kernel drops the replies because this host does not forward (ip_forward=0).
 
@@ -15,8 +15,8 @@ use common::control::MAX_PAYLOAD_PREFIX;
 use common::wire::{parse_frame_headers, LinkType, TcpPacket};
 use pcap::{Active, Capture, Direction};
 
-use crate::packet_socket::PacketSocket;
 use crate::pump::{KernelStats, ParseErrors, SegmentSource, SourceStats};
+use ops::packet_socket::PacketSocket;
 
 /// What to capture.
 #[derive(Clone, Debug)]
@@ -238,7 +238,9 @@ impl SegmentSource for CaptureSource {
                 Way::Socket(s) => match s.next_frame()? {
                     Some(frame) => (
                         parse_frame_headers(LinkType::RawIp, frame.bytes),
-                        frame.at_us,
+                        frame
+                            .ts_ns
+                            .map_or_else(common::clock::realtime_us, common::clock::ns_us),
                     ),
                     None => return Ok(false),
                 },
@@ -286,7 +288,15 @@ impl SegmentSource for CaptureSource {
 
     fn stats(&mut self) -> SourceStats {
         let (kernel, truncated) = match &mut self.way {
-            Way::Socket(s) => (s.kernel_stats(), s.truncated()),
+            // 32-bit like libpcap's counters, which the status line and metrics expect.
+            Way::Socket(s) => (
+                s.kernel_stats().map(|k| KernelStats {
+                    received: k.received as u32,
+                    dropped: k.dropped as u32,
+                    if_dropped: 0,
+                }),
+                s.truncated(),
+            ),
             Way::Ring { cap, .. } => (
                 cap.stats().ok().map(|s| KernelStats {
                     received: s.received,

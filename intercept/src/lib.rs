@@ -1,7 +1,7 @@
 //! intercept: captures the test server's replies on the assist host (where they die, since the
 //! host does not forward) and relays what each copier needs to play its mirrored clients.
 //!
-//! Rooms: [`capture`] (the capture edge, over [`packet_socket`] or libpcap), [`pump`] (the capture thread's loop), [`sessions`],
+//! Rooms: [`capture`] (the capture edge, over [`ops::packet_socket`] or libpcap), [`pump`] (the capture thread's loop), [`sessions`],
 //! [`reassembly`] and [`framer`] (the MySQL packets of each reply stream), [`relay`] (who gets
 //! which feedback), [`server`] (the copiers' control connections). intercept never sends a
 //! packet toward a client or a server; it only listens and talks to copiers.
@@ -17,11 +17,9 @@ pub mod netlink;
 pub mod nfqueue;
 pub mod nftables;
 pub mod onhost;
-pub mod packet_socket;
 pub mod pump;
 pub mod reassembly;
 pub mod relay;
 pub mod server;
 pub mod sessions;
 pub mod signals;
-pub mod sockopt;

@@ -326,7 +326,7 @@ impl NetlinkSocket {
     /// Asks for a receive buffer of `bytes`; beyond `rmem_max` only root (CAP_NET_ADMIN)
     /// gets it, so FORCE is tried first. Returns what the kernel granted.
     pub fn set_recv_buffer(&self, bytes: usize) -> io::Result<usize> {
-        crate::sockopt::set_receive_buffer(self.fd.as_raw_fd(), bytes.min(i32::MAX as usize / 2))
+        ops::sockopt::set_receive_buffer(self.fd.as_raw_fd(), bytes.min(i32::MAX as usize / 2))
     }
 
     /// Sends one datagram to the kernel.

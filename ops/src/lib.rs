@@ -7,13 +7,16 @@
 //! interfaces, clock, conntrack). [`arp`]: who answers ARP for an address on a segment.
 //! [`privs`]: dropping capabilities once the privileged sockets are open. [`sched`]: the
 //! packet path's scheduling priority (`--capture-priority`). [`secret`]: the control
-//! channel's `--secret-file` and random nonces.
+//! channel's `--secret-file` and random nonces. [`packet_socket`]: a plain `AF_PACKET`
+//! capture socket, with [`sockopt`] for its options.
 
 pub mod arp;
 pub mod check;
 pub mod config;
 pub mod host;
+pub mod packet_socket;
 pub mod privs;
 pub mod reload;
 pub mod sched;
 pub mod secret;
+pub mod sockopt;

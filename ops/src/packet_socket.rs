@@ -1,6 +1,7 @@
-//! The default capture of the test server's replies: a plain `AF_PACKET` socket, read in batches.
+//! A plain `AF_PACKET` socket, read in batches: intercept's default capture of the test
+//! server's replies, and the copier's capture while its libpcap ring is being allocated.
 //!
-//! Why not libpcap here. Delivery must be immediate (a wakeup per reply: the copier's latency
+//! Why not libpcap for intercept. Delivery must be immediate (a wakeup per reply: the copier's latency
 //! report dates the test server's replies by them, docs/BENCHMARKS.md "Defaults taken back"),
 //! and libpcap 1.10 serves immediate mode with a TPACKET_V2 ring of fixed-size frames, each
 //! sized for the largest packet the interface can hand over. With the kernel's default offloads
@@ -9,6 +10,11 @@
 //! kernel dropped replies and sessions lost their MySQL framing. A socket's receive queue is
 //! bounded by what each packet really occupies (its buffer's truesize), so the same budget
 //! holds tens of thousands of short replies, and the kernel still wakes us per reply.
+//!
+//! Why the copier opens one first. The kernel allocates and zeroes a TPACKET ring before
+//! libpcap binds it (about 20 ms for 64 MiB here), and a restarted copier captures nothing
+//! until then. This socket has no ring to allocate: it captures from its bind on, and its
+//! queue is charged per packet as packets arrive.
 //!
 //! The socket is `SOCK_DGRAM`: every frame starts at its IPv4 header whatever the link (an
 //! Ethernet interface, `any`, a tunnel), and the BPF filter is compiled for raw IP.
@@ -22,7 +28,6 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use pcap::{Capture, Direction, Linktype};
 
-use crate::pump::KernelStats;
 use crate::sockopt;
 
 /// Bytes one received frame may have: the largest IPv4 packet. Longer ones (BIG TCP GRO,
@@ -51,18 +56,29 @@ struct TpacketStats {
 pub struct Frame<'a> {
     /// From the IPv4 header on.
     pub bytes: &'a [u8],
-    /// The kernel's receive time, on the [`common::clock::realtime_us`] scale.
-    pub at_us: u32,
+    /// The kernel's receive time, nanoseconds since the Unix epoch (`SO_TIMESTAMPNS`); `None`
+    /// if the kernel attached none.
+    pub ts_ns: Option<u64>,
+}
+
+/// The kernel's counters since the socket opened (`PACKET_STATISTICS`): `received` includes
+/// what was dropped.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KernelCounters {
+    pub received: u64,
+    pub dropped: u64,
 }
 
 pub struct PacketSocket {
     fd: OwnedFd,
     direction: Direction,
+    /// The loopback interface's index: there every packet shows twice, leaving and arriving.
+    loopback: Option<i32>,
     buf: Vec<u8>,
     addrs: Vec<libc::sockaddr_ll>,
     ctrl: Vec<[u64; 8]>,
     /// Per frame of the last batch: its real length and receive time.
-    meta: Vec<(usize, Option<u32>)>,
+    meta: Vec<(usize, Option<u64>)>,
     /// Frames of the last batch, and the next one to hand over.
     filled: usize,
     next: usize,
@@ -108,7 +124,7 @@ impl PacketSocket {
                 bail!(
                     "cannot open capture on {interface}: permission denied — run as root or \
                      give the binary CAP_NET_RAW and CAP_NET_ADMIN (setcap \
-                     cap_net_raw,cap_net_admin+ep intercept) ({e})"
+                     cap_net_raw,cap_net_admin+ep on it) ({e})"
                 );
             }
             bail!("cannot open capture on {interface}: {e}");
@@ -123,7 +139,7 @@ impl PacketSocket {
             let _ = sockopt::set_int(fd.as_raw_fd(), SOL_PACKET, PACKET_IGNORE_OUTGOING, 1);
         }
         set_receive_buffer(fd.as_raw_fd(), interface, buffer_bytes);
-        sockopt::set_int(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_TIMESTAMP, 1)
+        sockopt::set_int(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, 1)
             .with_context(|| format!("cannot ask for receive timestamps on {interface}"))?;
         // SAFETY: zeroed is a valid sockaddr_ll; the fields set are plain integers.
         let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
@@ -144,9 +160,12 @@ impl PacketSocket {
                 io::Error::last_os_error()
             );
         }
+        // SAFETY: a valid NUL-terminated string; 0 (no such interface) is mapped to None.
+        let lo = unsafe { libc::if_nametoindex(c"lo".as_ptr()) };
         Ok(PacketSocket {
             fd,
             direction,
+            loopback: (lo != 0).then_some(lo as i32),
             buf: vec![0; SLOTS * SLOT_BYTES],
             // SAFETY: all-zero is a valid value of these plain C structs.
             addrs: vec![unsafe { std::mem::zeroed() }; SLOTS],
@@ -179,20 +198,20 @@ impl PacketSocket {
                 continue;
             }
             let outgoing = self.addrs[i].sll_pkttype == PACKET_OUTGOING;
-            // On `lo` each packet shows twice, leaving and arriving: either direction keeps one.
+            // On `lo` each packet shows twice, leaving and arriving: either direction keeps one,
+            // and both directions keep the arriving one, as libpcap does.
             let wanted = match self.direction {
                 Direction::In => !outgoing,
                 Direction::Out => outgoing,
-                Direction::InOut => true,
+                Direction::InOut => !(outgoing && Some(self.addrs[i].sll_ifindex) == self.loopback),
             };
             if !wanted {
                 continue;
             }
-            let at_us = at.unwrap_or_else(common::clock::realtime_us);
             let start = i * SLOT_BYTES;
             return Ok(Some(Frame {
                 bytes: &self.buf[start..start + len],
-                at_us,
+                ts_ns: at,
             }));
         }
     }
@@ -268,9 +287,8 @@ impl PacketSocket {
         self.truncated
     }
 
-    /// The kernel's counters since the socket opened, as libpcap reports them: `received`
-    /// includes what was dropped. 32-bit like libpcap's, so they wrap on long runs.
-    pub fn kernel_stats(&mut self) -> Option<KernelStats> {
+    /// The kernel's counters since the socket opened (the kernel resets them when read).
+    pub fn kernel_stats(&mut self) -> Option<KernelCounters> {
         let mut st = TpacketStats::default();
         let mut len = std::mem::size_of::<TpacketStats>() as libc::socklen_t;
         // SAFETY: `st` and `len` live across the call; `len` holds `st`'s size.
@@ -288,27 +306,25 @@ impl PacketSocket {
         }
         self.received += u64::from(st.tp_packets);
         self.dropped += u64::from(st.tp_drops);
-        Some(KernelStats {
-            received: self.received as u32,
-            dropped: self.dropped as u32,
-            if_dropped: 0,
+        Some(KernelCounters {
+            received: self.received,
+            dropped: self.dropped,
         })
     }
 }
 
-/// The receive time the kernel attached (`SO_TIMESTAMP`).
-fn timestamp(h: &libc::msghdr) -> Option<u32> {
+/// The receive time the kernel attached (`SO_TIMESTAMPNS`), in nanoseconds since the epoch.
+fn timestamp(h: &libc::msghdr) -> Option<u64> {
     // SAFETY: `h` is a header recvmmsg filled: its control buffer and length are the kernel's,
     // and the CMSG macros stay within them.
     unsafe {
         let mut c = libc::CMSG_FIRSTHDR(h);
         while !c.is_null() {
-            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_TIMESTAMP {
-                let tv: libc::timeval = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast());
-                return Some(common::clock::timeval_us(
-                    tv.tv_sec as u64,
-                    tv.tv_usec as u64,
-                ));
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_TIMESTAMPNS {
+                let ts: libc::timespec = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast());
+                let secs = u64::try_from(ts.tv_sec).ok()?;
+                let nanos = u64::try_from(ts.tv_nsec).ok()?;
+                return Some(secs.saturating_mul(1_000_000_000).saturating_add(nanos));
             }
             c = libc::CMSG_NXTHDR(h, c);
         }
@@ -353,8 +369,8 @@ fn set_receive_buffer(fd: RawFd, interface: &str, bytes: usize) {
             interface,
             asked_mib = bytes >> 20,
             got_kib = got.map(|g| g >> 10).unwrap_or(0),
-            "the capture's receive queue is smaller than --buffer-mib (no CAP_NET_ADMIN): raise \
-             net.core.rmem_max or run with CAP_NET_ADMIN, or replies may be dropped in bursts"
+            "the capture's receive queue is smaller than asked (no CAP_NET_ADMIN): raise \
+             net.core.rmem_max or run with CAP_NET_ADMIN, or packets may be dropped in bursts"
         ),
     }
 }

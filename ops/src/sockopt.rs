@@ -1,5 +1,5 @@
-//! Integer socket options, for the two sockets intercept opens itself (the packet capture and
-//! the netlink queue). Thin `setsockopt`/`getsockopt` wrappers; nothing here keeps state.
+//! Integer socket options, for the sockets the daemons open themselves (the packet capture,
+//! intercept's netlink queue). Thin `setsockopt`/`getsockopt` wrappers; nothing here keeps state.
 
 use std::io;
 use std::os::fd::RawFd;
