@@ -1,14 +1,22 @@
 //! The capture edge: libpcap on the production interface, in non-blocking mode so the engine
 //! loop can wait on it together with the control channel. The live copier reads a TPACKET_V3
-//! mmap ring (see [`LiveCapture::open_live`]) and drains everything ready after each wakeup.
+//! mmap ring (see [`LiveCapture::open_live`]) and drains everything ready after each wakeup;
+//! a plain packet socket opened first ([`bridge`]) carries the traffic while that ring is
+//! allocated.
 //!
 //! This room only turns frames into parsed packets and counts what it cannot parse. It never
 //! interprets TCP: that is the engine's job.
 
 use std::os::fd::{AsRawFd, RawFd};
+use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use common::wire::{parse_frame, LinkType, TcpPacket, WireError};
+use ops::packet_socket::PacketSocket;
+
+pub mod bridge;
+
+use bridge::{Overlap, Phase, Verdict};
 
 /// Why captured frames were skipped before reaching the engine.
 #[derive(Clone, Copy, Debug, Default)]
@@ -23,8 +31,13 @@ pub struct CaptureStats {
     /// Frames longer than the snap length: their payload tail is missing.
     pub snapped: u64,
     /// From the kernel (`pcap_stats`): dropped for lack of buffer space / by the interface.
+    /// The bridge socket's drops are included.
     pub kernel_dropped: u64,
     pub if_dropped: u64,
+    /// Frames the bridge socket carried before the ring took over, and the ring's copies of
+    /// them skipped (counted in neither `frames` nor `parsed` a second time).
+    pub bridged: u64,
+    pub bridge_copies: u64,
 }
 
 impl CaptureStats {
@@ -58,6 +71,17 @@ pub struct LiveCapture {
     /// Timestamps in nanoseconds (else microseconds). Linux libpcap honours the request.
     nanos: bool,
     pub stats: CaptureStats,
+    /// The bridge socket while it is open, and the handover's bookkeeping while it lasts.
+    bridge: Option<Bridge>,
+    overlap: Option<Overlap>,
+    /// The bridge socket's kernel drops, added to the ring's.
+    bridge_dropped: u64,
+}
+
+/// The bridge socket (see [`bridge`]) and when it opened.
+struct Bridge {
+    sock: PacketSocket,
+    opened: Instant,
 }
 
 /// One frame as captured, for `copier record`: written to a file as is.
@@ -109,6 +133,41 @@ impl LiveCapture {
             pcap::Precision::Micro,
             i32::from(block_ms),
         )
+    }
+
+    /// Like [`LiveCapture::open_live`], capturing from before the ring is allocated: a bridge
+    /// socket with the same filter is opened first and carries the traffic until the ring has
+    /// it too (see [`bridge`]). Without the bridge (a filter that does not compile for raw IP,
+    /// a socket refused) the capture starts with the ring, as `open_live`'s does, and says so.
+    pub fn open_live_bridged(
+        interface: &str,
+        filter: &str,
+        buffer_bytes: i32,
+        block_ms: u16,
+    ) -> Result<Self> {
+        let opened = Instant::now();
+        // Its queue lives a few tens of milliseconds and is charged per packet held.
+        let queue = usize::try_from(buffer_bytes).unwrap_or(0) / 2;
+        let sock = PacketSocket::open(interface, filter, pcap::Direction::InOut, queue);
+        if sock.is_ok() {
+            tracing::info!("capture: bridge socket open, capturing while the ring is allocated");
+        }
+        let mut cap = Self::open_live(interface, filter, buffer_bytes, block_ms)?;
+        match sock {
+            Ok(sock) => {
+                cap.bridge = Some(Bridge { sock, opened });
+                cap.overlap = Some(Overlap::default());
+            }
+            Err(e) => tracing::info!(
+                "capture: no bridge socket ({e:#}); capturing from when the ring is ready"
+            ),
+        }
+        Ok(cap)
+    }
+
+    /// The bridge socket, while it carries traffic: the loop must wait on it too.
+    pub fn bridge_fd(&self) -> Option<RawFd> {
+        self.bridge.as_ref().map(|b| b.sock.as_raw_fd())
     }
 
     /// Like [`LiveCapture::open`], with nanosecond timestamps for [`LiveCapture::drain_frames`]:
@@ -164,6 +223,9 @@ impl LiveCapture {
             dlt: dlt.0 as u16,
             nanos: matches!(precision, pcap::Precision::Nano),
             stats: CaptureStats::default(),
+            bridge: None,
+            overlap: None,
+            bridge_dropped: 0,
         })
     }
 
@@ -183,25 +245,75 @@ impl LiveCapture {
         mut f: impl FnMut(u64, &TcpPacket<'_>),
     ) -> Result<usize> {
         let mut n = 0;
+        if let (Some(b), Some(o)) = (&mut self.bridge, &mut self.overlap) {
+            n += drain_bridge(&mut b.sock, o, &mut self.stats, budget, &mut f);
+        }
         while n < budget {
             let Some(frame) = next_frame(&mut self.cap, self.nanos)? else {
                 break;
             };
             n += 1;
-            self.stats.frames += 1;
-            if frame.snapped() {
-                self.stats.snapped += 1;
-                continue;
+            let parsed = if frame.snapped() {
+                Err(None)
+            } else {
+                parse_frame(self.link, frame.data).map_err(Some)
+            };
+            if let Some(o) = &mut self.overlap {
+                let key = parsed.as_ref().ok().map(bridge::key);
+                let mut verdict = o.ring_frame(key, frame.ts_ns);
+                if let (Verdict::Reread, Some(k)) = (verdict, key) {
+                    if let Some(b) = &mut self.bridge {
+                        drain_bridge(&mut b.sock, o, &mut self.stats, usize::MAX, &mut f);
+                    }
+                    verdict = o.after_reread(k);
+                }
+                if verdict == Verdict::Duplicate {
+                    self.stats.bridge_copies += 1;
+                    continue;
+                }
             }
-            match parse_frame(self.link, frame.data) {
+            self.stats.frames += 1;
+            match parsed {
                 Ok(p) => {
                     self.stats.parsed += 1;
                     f(frame.ts_ns, &p);
                 }
-                Err(e) => self.stats.count(e),
+                Err(None) => self.stats.snapped += 1,
+                Err(Some(e)) => self.stats.count(e),
+            }
+            if self.overlap.is_some() {
+                self.end_bridge_if_done();
             }
         }
+        self.end_bridge_if_done();
         Ok(n)
+    }
+
+    /// Closes the bridge socket once the ring has taken over (or it may remember no more), and
+    /// forgets the handover once it is over.
+    fn end_bridge_if_done(&mut self) {
+        let Some(o) = &mut self.overlap else {
+            return;
+        };
+        if o.full() {
+            o.close();
+        }
+        if o.phase() != Phase::Bridging {
+            if let Some(mut b) = self.bridge.take() {
+                let dropped = b.sock.kernel_stats().map_or(0, |k| k.dropped);
+                self.bridge_dropped = dropped;
+                self.stats.snapped += b.sock.truncated();
+                tracing::info!(
+                    bridged = o.bridged,
+                    dropped,
+                    "capture: the ring took over {} ms after the bridge socket opened",
+                    b.opened.elapsed().as_millis()
+                );
+            }
+        }
+        if o.phase() == Phase::Done {
+            self.overlap = None;
+        }
     }
 
     /// The interface's LINKTYPE number (1 Ethernet, 113 Linux cooked for "any", ...).
@@ -236,12 +348,47 @@ impl LiveCapture {
     /// Refreshes the kernel's drop counters.
     pub fn refresh_kernel_stats(&mut self) {
         if let Ok(s) = self.cap.stats() {
-            self.stats.kernel_dropped = u64::from(s.dropped);
+            self.stats.kernel_dropped = u64::from(s.dropped) + self.bridge_dropped;
             self.stats.if_dropped = u64::from(s.if_dropped);
         }
     }
 }
 
+/// Hands what the bridge socket holds (at most `budget` frames) to `f`, noting each in the
+/// handover's bookkeeping. A read error ends the bridge, not the capture: the ring goes on.
+fn drain_bridge(
+    sock: &mut PacketSocket,
+    overlap: &mut Overlap,
+    stats: &mut CaptureStats,
+    budget: usize,
+    f: &mut impl FnMut(u64, &TcpPacket<'_>),
+) -> usize {
+    let mut n = 0;
+    while n < budget {
+        let frame = match sock.next_frame() {
+            Ok(Some(frame)) => frame,
+            Ok(None) => break,
+            Err(e) => {
+                tracing::info!("capture: the bridge socket failed ({e:#}); the ring goes on");
+                overlap.close();
+                break;
+            }
+        };
+        n += 1;
+        stats.frames += 1;
+        stats.bridged += 1;
+        let ts_ns = frame.ts_ns.unwrap_or_else(common::clock::realtime_ns);
+        match parse_frame(LinkType::RawIp, frame.bytes) {
+            Ok(p) => {
+                overlap.bridge_frame(bridge::key(&p), ts_ns);
+                stats.parsed += 1;
+                f(ts_ns, &p);
+            }
+            Err(e) => stats.count(e),
+        }
+    }
+    n
+}
 /// The next frame `cap` holds, or `None` when it has nothing more now. Any other read error is
 /// returned: the interface went away or down (see [`LiveCapture::drain`]).
 fn next_frame(cap: &mut pcap::Capture<pcap::Active>, nanos: bool) -> Result<Option<RawFrame<'_>>> {

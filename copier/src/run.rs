@@ -74,7 +74,7 @@ pub fn run(args: &Args) -> Result<Snapshot> {
     let filter = args.capture_filter()?;
     let buffer = args.capture_buffer_bytes()?;
     let block_ms = args.capture_block_ms(buffer);
-    let mut capture = LiveCapture::open_live(&args.interface, &filter, buffer, block_ms)?;
+    let mut capture = LiveCapture::open_live_bridged(&args.interface, &filter, buffer, block_ms)?;
     log_ring(buffer, block_ms);
     // Before the driver starts its control threads (they inherit it) and before the
     // capabilities go (raising needs CAP_SYS_NICE).
@@ -98,7 +98,7 @@ pub fn run(args: &Args) -> Result<Snapshot> {
         let now = clock.now();
         // Capture timestamps are wall-clock, the engine's clock monotonic: mapped through
         // their offset now.
-        let wall = wall_nanos();
+        let wall = common::clock::realtime_ns();
         // Once stopping, nothing new is captured; what is queued still goes out.
         if !driver.poll_stop(now) {
             let mut lag = Duration::ZERO;
@@ -122,7 +122,11 @@ pub fn run(args: &Args) -> Result<Snapshot> {
             capture.refresh_kernel_stats();
             driver.print_status(now, &capture.stats);
         }
-        driver.wait(&[capture.as_raw_fd()], driver.next_wake(clock.now()));
+        let wake = driver.next_wake(clock.now());
+        match capture.bridge_fd() {
+            Some(bridge) => driver.wait(&[capture.as_raw_fd(), bridge], wake),
+            None => driver.wait(&[capture.as_raw_fd()], wake),
+        }
     }
     capture.refresh_kernel_stats();
     Ok(driver.finish(&capture.stats))
@@ -184,13 +188,6 @@ fn drop_privileges(args: &Args) -> Result<()> {
     Ok(())
 }
 
-/// The wall clock, nanoseconds since the Unix epoch (the capture timestamps' clock).
-fn wall_nanos() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
-}
-
 /// Capture timestamp `at` (wall clock, ns) on the engine's clock, given that the wall clock
 /// read `wall` at `now`. Kept within a second of `now`: a wall-clock step must not turn into a
 /// latency.
@@ -217,7 +214,7 @@ mod workers {
     use common::clock::{Instant, MonotonicClock};
     use common::wire::TcpPacket;
 
-    use super::{capture_time, plan, wall_nanos, CAPTURE_BUDGET};
+    use super::{capture_time, plan, CAPTURE_BUDGET};
     use crate::capture::{fanout, CaptureStats, LiveCapture};
     use crate::cli::Args;
     use crate::driver::{Driver, Plan, Pump, Worker};
@@ -492,7 +489,7 @@ mod workers {
         let mut on_demand = super::on_demand(args, capture.as_raw_fd());
         loop {
             let now = clock.now();
-            let wall = wall_nanos();
+            let wall = common::clock::realtime_ns();
             if abort.load(Ordering::Relaxed) {
                 driver.begin_drain(now);
             }

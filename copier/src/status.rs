@@ -361,9 +361,17 @@ pub fn summary(s: &Snapshot, elapsed: Duration) -> String {
             e.held_bytes_lost,
         );
     }
+    let bridged = if s.capture.bridged > 0 {
+        format!(
+            "; {} carried by the bridge socket while the ring was allocated",
+            s.capture.bridged
+        )
+    } else {
+        String::new()
+    };
     let _ = writeln!(
         out,
-        "  captured: {} frames ({} client->prod, {} prod->client packets); {} kernel drops",
+        "  captured: {} frames ({} client->prod, {} prod->client packets); {} kernel drops{bridged}",
         s.capture.frames,
         e.captured_client_to_prod,
         e.captured_prod_to_client,

@@ -453,11 +453,14 @@ fn inject(rig: &mut Rig, fault: Fault, netem_secs: u64) -> Result<()> {
                 rig.past_copier_output
                     .push_str("\n--- copier SIGKILLed here and restarted ---\n");
             }
-            // Nothing is captured from the kill until the new copier's ring is open, the first
-            // thing it logs: the harness's part and the copier's, apart.
+            // Nothing is captured from the kill until the new copier's capture is open (its
+            // bridge socket, else its ring), the first thing it logs: the harness's part and
+            // the copier's, apart.
             let capturing = rig.copier.as_ref().and_then(|c| {
                 let log = c.output().1;
-                let line = log.lines().find(|l| l.contains("capture ring"))?;
+                let line = log
+                    .lines()
+                    .find(|l| l.contains("bridge socket open") || l.contains("capture ring"))?;
                 since_in_log(killed, line)
             });
             println!(
