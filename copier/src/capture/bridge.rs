@@ -3,7 +3,7 @@
 //! A copier (re)started under load captures nothing until its capture is bound, and libpcap
 //! binds its TPACKET_V3 ring only after the kernel has allocated and zeroed it: about 20 ms for
 //! the default 64 MiB here, longer on a busy host, all of it traffic a restarted copier never
-//! sees (docs/RELIABILITY.md "A copier restart"). The bridge socket
+//! sees (docs/RELIABILITY.md, fault b). The bridge socket
 //! ([`ops::packet_socket::PacketSocket`]) has no ring; it is opened first, with the same
 //! filter, and carries the traffic until the ring has it too.
 //!
