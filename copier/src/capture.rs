@@ -261,11 +261,11 @@ impl LiveCapture {
             if let Some(o) = &mut self.overlap {
                 let key = parsed.as_ref().ok().map(bridge::key);
                 let mut verdict = o.ring_frame(key, frame.ts_ns);
-                if let (Verdict::Reread, Some(k)) = (verdict, key) {
+                if verdict == Verdict::Reread {
                     if let Some(b) = &mut self.bridge {
                         drain_bridge(&mut b.sock, o, &mut self.stats, usize::MAX, &mut f);
                     }
-                    verdict = o.after_reread(k);
+                    verdict = o.after_reread(key, frame.ts_ns);
                 }
                 if verdict == Verdict::Duplicate {
                     self.stats.bridge_copies += 1;

@@ -144,7 +144,14 @@ impl PacketSocket {
         // SAFETY: zeroed is a valid sockaddr_ll; the fields set are plain integers.
         let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
         sll.sll_family = libc::AF_PACKET as u16;
-        sll.sll_protocol = (libc::ETH_P_IP as u16).to_be();
+        // A socket bound to one protocol gets only what arrives: the kernel hands packets this
+        // host sends only to ETH_P_ALL sockets (`dev_queue_xmit_nit`). The filter, compiled for
+        // raw IP, turns away the rest.
+        let protocol = match direction {
+            Direction::In => libc::ETH_P_IP,
+            Direction::Out | Direction::InOut => libc::ETH_P_ALL,
+        };
+        sll.sll_protocol = (protocol as u16).to_be();
         sll.sll_ifindex = ifindex;
         // SAFETY: `sll` lives across the call and its size is passed.
         let rc = unsafe {

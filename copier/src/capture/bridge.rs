@@ -9,11 +9,12 @@
 //!
 //! Then both hold the same packets for a moment, in the same order (the kernel hands each
 //! packet to every capture socket in one pass). [`Overlap`] decides which copy is kept: every
-//! bridge frame is handed over as it is read, a ring frame already handed over by the bridge
-//! is skipped, and the first ring frame the bridge did not have (after the bridge is read once
-//! more) ends the bridge. A ring frame is recognised by a hash of its TCP/IP identity and
-//! payload (IP id, sequence and acknowledgement numbers, flags, payload), not by its
-//! timestamp: the two sockets' timestamps differ in precision.
+//! bridge frame is handed over as it is read; the ring's first frame ends the bridge, once
+//! what it still holds is handed over too; from then on a ring frame the bridge already handed
+//! over is skipped, until the ring is past the bridge's last timestamp. A ring frame is
+//! recognised by a hash of its TCP/IP identity and payload (IP id, sequence and
+//! acknowledgement numbers, flags, window, payload), not by its timestamp: the two sockets'
+//! timestamps differ in precision.
 //!
 //! This room never reorders or alters a frame; it only drops the ring's copy of what the bridge
 //! already handed over, and counts it.
@@ -49,7 +50,7 @@ pub enum Phase {
 pub enum Verdict {
     /// A copy of a frame the bridge handed over: skip it.
     Duplicate,
-    /// Not seen by the bridge, which may still hold it unread: read the bridge again, then ask
+    /// The ring's first frame: hand over what the bridge still holds, close it, then ask
     /// [`Overlap::after_reread`].
     Reread,
     /// Hand it over.
@@ -108,14 +109,9 @@ impl Overlap {
     pub fn ring_frame(&mut self, key: Option<u64>, ts_ns: u64) -> Verdict {
         match self.phase {
             Phase::Done => Verdict::Keep,
-            Phase::Bridging => match key {
-                Some(k) if self.seen.contains(&k) => self.skip(),
-                Some(_) => Verdict::Reread,
-                None => {
-                    self.close();
-                    Verdict::Keep
-                }
-            },
+            // Read first, the bridge is always ahead of the ring: were it read on, the ring
+            // would never catch up.
+            Phase::Bridging => Verdict::Reread,
             Phase::Filtering => {
                 // Nothing later than the bridge's last frame can be a copy of one of them.
                 if ts_ns > self.last_ns {
@@ -130,14 +126,11 @@ impl Overlap {
         }
     }
 
-    /// After [`Verdict::Reread`], the bridge read again: whether the frame is a copy after all.
-    /// If not, the ring has traffic the bridge did not hand over, and the bridge is closed.
-    pub fn after_reread(&mut self, key: u64) -> Verdict {
-        if self.seen.contains(&key) {
-            return self.skip();
-        }
+    /// After [`Verdict::Reread`], the bridge read to its end and closed: what to do with the
+    /// ring's first frame.
+    pub fn after_reread(&mut self, key: Option<u64>, ts_ns: u64) -> Verdict {
         self.close();
-        Verdict::Keep
+        self.ring_frame(key, ts_ns)
     }
 
     /// Ends the bridge (its socket is closed by the caller); ring frames are still checked
@@ -178,15 +171,14 @@ mod tests {
             o.bridge_frame(f, ms(f));
             out.push(f);
         }
-        let mut late = late.iter();
         for &f in ring {
             let v = match o.ring_frame(Some(f), ms(f)) {
                 Verdict::Reread => {
-                    for &l in late.by_ref() {
+                    for &l in late {
                         o.bridge_frame(l, ms(l));
                         out.push(l);
                     }
-                    o.after_reread(f)
+                    o.after_reread(Some(f), ms(f))
                 }
                 v => v,
             };
@@ -230,14 +222,28 @@ mod tests {
     }
 
     #[test]
-    fn a_frame_that_does_not_parse_ends_the_bridge() {
+    fn a_ring_frame_that_does_not_parse_is_kept() {
         let mut o = Overlap::default();
         o.bridge_frame(1, ms(1));
-        assert_eq!(o.ring_frame(None, ms(2)), Verdict::Keep);
+        o.bridge_frame(3, ms(3));
+        assert_eq!(o.ring_frame(None, ms(2)), Verdict::Reread);
+        assert_eq!(o.after_reread(None, ms(2)), Verdict::Keep);
         assert_eq!(o.phase(), Phase::Filtering);
-        assert_eq!(o.ring_frame(Some(1), ms(1)), Verdict::Duplicate);
+        assert_eq!(o.ring_frame(Some(3), ms(3)), Verdict::Duplicate);
         assert_eq!(o.ring_frame(Some(9), ms(9)), Verdict::Keep);
         assert_eq!(o.phase(), Phase::Done);
+    }
+
+    #[test]
+    fn the_bridge_ends_at_the_ring_s_first_frame_even_if_it_is_a_copy() {
+        // The bridge, read first each round, is always ahead: the ring's copies must not keep
+        // it open.
+        let mut o = Overlap::default();
+        o.bridge_frame(1, ms(1));
+        o.bridge_frame(2, ms(2));
+        assert_eq!(o.ring_frame(Some(1), ms(1)), Verdict::Reread);
+        assert_eq!(o.after_reread(Some(1), ms(1)), Verdict::Duplicate);
+        assert_eq!(o.phase(), Phase::Filtering);
     }
 
     #[test]
