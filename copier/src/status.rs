@@ -351,12 +351,13 @@ pub fn summary(s: &Snapshot, elapsed: Duration) -> String {
         let _ = writeln!(
             out,
             "  recovery: {} sessions re-established after losing their test-side connection ({}); \
-             {} still waiting; {} stale test connections reset; {} bytes the clients sent \
-             meanwhile replayed, {} lost",
+             {} still waiting; {} stale test connections reset (after draining {} replies); {} \
+             bytes the clients sent meanwhile replayed, {} lost",
             e.reestablished_total(),
             by.join(" "),
             e.sessions_awaiting_reestablish,
             e.stale_test_connections_reset,
+            e.stale_replies_drained,
             e.held_bytes_replayed,
             e.held_bytes_lost,
         );

@@ -15,7 +15,8 @@
 //!
 //! For each: production sysbench sees no errors; by executed work (tests/src/work.rs), over the
 //! whole run, the fault included, the test server runs at least 0.99 of production's work and
-//! never more (the window after recovery is printed beside); the copier's peak RSS (`VmHWM`)
+//! never more (the window after recovery is printed beside), with no statement error
+//! production did not have; the copier's peak RSS (`VmHWM`)
 //! stays under the budget; and 15 s after the load ends nothing mirrored is left open on the
 //! test server.
 //!
@@ -741,6 +742,15 @@ fn check(o: &Outcome) -> Vec<String> {
     if whole < least {
         bad.push(format!(
             "{what}: work fidelity {whole:.4} over the whole run (at least {least})\n{}",
+            o.whole
+        ));
+    }
+    // And nothing the test server did that production did not: a statement our recovery
+    // broke (a connection reset under a running statement) is a new error (issue 25).
+    let new_errors: u64 = o.whole.new_errors().values().sum();
+    if new_errors > 0 {
+        bad.push(format!(
+            "{what}: {new_errors} new errors on test over the whole run\n{}",
             o.whole
         ));
     }

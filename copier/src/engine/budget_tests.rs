@@ -341,10 +341,11 @@ fn a_session_in_line_stays_small() {
     // Issue #9 (docs/BENCHMARKS.md, memory per idle mirrored session): every session carries
     // these in line, idle or not, so a new field here is paid 10,000 times over. Rare state
     // (out-of-order bytes, a transform's read-only or statement bookkeeping, the client bytes
-    // held for a replay after a test server's restart) is boxed.
+    // held for a replay after a test server's restart, an older test connection being
+    // drained) is boxed; the last one's pointer took the bound from 608 to 616.
     use std::mem::size_of;
     assert!(
-        size_of::<super::Slot>() <= 608,
+        size_of::<super::Slot>() <= 616,
         "{}",
         size_of::<super::Slot>()
     );

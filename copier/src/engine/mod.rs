@@ -707,10 +707,9 @@ impl Engine {
             }
             return;
         }
-        if let Some(rst) = s.stale_connection_reset(fb, self.cfg.ttl) {
-            self.stats.stale_test_connections_reset += 1;
+        if let Some(ack) = s.stale_feedback(now, fb, self.cfg.ttl) {
             if self.control_out.len() < CONTROL_QUEUE_CAP {
-                self.control_out.push_back(rst);
+                self.control_out.push_back(ack);
             } else {
                 self.stats.control_queue_dropped += 1;
             }
@@ -865,6 +864,15 @@ impl Engine {
                     _ => self.release(id),
                 }
                 continue;
+            }
+            if let Some((rst, replies)) = s.stale_reset_due(now, self.cfg.ttl) {
+                self.stats.stale_test_connections_reset += 1;
+                self.stats.stale_replies_drained += replies;
+                if self.control_out.len() < CONTROL_QUEUE_CAP {
+                    self.control_out.push_back(rst);
+                } else {
+                    self.stats.control_queue_dropped += 1;
+                }
             }
             let out = s.on_timeout(now, &self.cfg, &mut self.stats);
             self.settle(id, now, out);

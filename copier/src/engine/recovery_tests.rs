@@ -357,25 +357,75 @@ fn a_quiet_waiting_session_holds_no_bytes_and_is_forgotten() {
 }
 
 #[test]
-fn an_older_connection_on_our_tuple_is_reset_and_our_syn_repeated_at_once() {
+fn an_older_connection_on_our_tuple_is_drained_then_reset_and_our_syn_repeated() {
+    use super::session::STALE_QUIET;
     let mut h = H::new(pickup_cfg());
     let s = 123_456;
     h.client(s, ACK | PSH, b"SELECT 1");
     let syn = h.drain();
     assert_eq!((syn[0].flags, syn[0].seq), (SYN, s - 1));
-    // The test server still has the connection the killed copier left: challenge ACK.
+    // The test server still has the connection the killed copier left: challenge ACK. It is
+    // acknowledged in its own sequence space, not reset yet.
     h.fb(T + 77, 999_999, ACK, 65535, 0);
+    let out = h.drain();
+    assert_eq!(out.len(), 1, "{out:?}");
+    assert_eq!(
+        (out[0].flags, out[0].seq, out[0].ack),
+        (ACK, 999_999, T + 77)
+    );
+    // What intercept frames of its replies meanwhile is not ours: dropped, counted.
+    let ev = common::control::MysqlEvent::FramingLost {
+        client: h.mirrored,
+        at_seq: T + 77,
+    };
+    h.e.on_test_event(h.now, h.mirrored, &super::TestEvent::Mysql(&ev));
+    assert_eq!(h.e.stats().stale_test_events, 1);
+    // It still runs the killed copier's commands: each reply is acknowledged, and keeps it
+    // alive.
+    h.advance(STALE_QUIET / 2);
+    h.fb(T + 77, 999_999, ACK | PSH, 65535, 40);
+    let out = h.drain();
+    assert_eq!((out[0].flags, out[0].ack), (ACK, T + 117));
+    h.advance(STALE_QUIET / 2 + ms(1));
+    assert!(h.drain().is_empty(), "reset while it still answers");
+    assert_eq!(h.e.stats().stale_test_connections_reset, 0);
+    // Quiet: the RST (exactly in its window), then our SYN at once.
+    h.advance(STALE_QUIET);
     let out = h.drain();
     assert_eq!(out.len(), 2, "{out:?}");
     assert_eq!((out[0].flags, out[0].seq), (RST, 999_999));
     assert_eq!((out[1].flags, out[1].seq), (SYN, s - 1));
     assert_eq!(h.e.stats().stale_test_connections_reset, 1);
+    assert_eq!(h.e.stats().stale_replies_drained, 1);
     // Then the handshake completes as usual and the data flows.
     h.fb(T, s, SYN | ACK, 65535, 0);
     let out = h.drain();
     assert_eq!(out[0].payload, b"SELECT 1");
     // A RST, or the ACK of our own SYN, is never answered that way.
     assert_eq!(h.e.stats().stale_test_connections_reset, 1);
+}
+
+#[test]
+fn an_older_connection_that_never_goes_quiet_is_reset_after_a_bound() {
+    use super::session::{STALE_MAX, STALE_QUIET};
+    let mut h = H::new(pickup_cfg());
+    let s = 5_000;
+    h.client(s, ACK | PSH, b"SELECT 1");
+    h.drain();
+    let mut seq = T;
+    let start = h.now;
+    let mut reset_at = None;
+    while h.now - start < STALE_MAX + STALE_QUIET * 2 {
+        h.fb(seq, 42, ACK | PSH, 65535, 10);
+        seq += 10;
+        if h.drain().iter().any(|o| o.flags == RST) {
+            reset_at = Some(h.now - start);
+            break;
+        }
+        h.advance(STALE_QUIET / 5);
+    }
+    let at = reset_at.expect("never reset");
+    assert!(at >= STALE_MAX && at <= STALE_MAX + STALE_QUIET, "{at:?}");
 }
 
 #[test]

@@ -69,6 +69,9 @@ const TRANSFORM_RETRY: Duration = Duration::from_millis(1);
 
 mod recovery;
 
+#[cfg(test)]
+pub(crate) use recovery::{STALE_MAX, STALE_QUIET};
+
 pub(crate) use recovery::Held;
 
 pub(crate) enum Outcome {
@@ -156,6 +159,9 @@ pub(crate) struct Session {
     /// The client's FIN was reached: our FIN goes right after the last byte of `send_buf`.
     fin_queued: bool,
     syn_pending: bool,
+    /// An older connection on our 4-tuple that the test server still holds, drained before
+    /// our SYN can get through (see `recovery.rs`). Rare: boxed, to keep every session small.
+    stale: Option<Box<recovery::Stale>>,
     snd_wnd: u32,
     snd_wl1: u32,
     snd_wl2: u32,
@@ -284,6 +290,7 @@ impl Session {
             buf_seq: iss.wrapping_add(1),
             fin_queued: false,
             syn_pending: true,
+            stale: None,
             snd_wnd: 0,
             snd_wl1: 0,
             snd_wl2: 0,
@@ -649,6 +656,11 @@ impl Session {
         stats: &mut EngineStats,
         ev: &TestEvent<'_>,
     ) -> Outcome {
+        if self.draining_stale() && matches!(ev, TestEvent::Mysql(_)) {
+            // The older connection's replies: ours cannot begin before it is reset.
+            stats.stale_test_events += 1;
+            return Outcome::Open;
+        }
         self.call_transform(cfg, stats, |t, out| t.on_test_event(now, ev, out));
         match self.settle_stream(cfg) {
             Some(reason) => Outcome::Finished(reason),
@@ -1353,6 +1365,7 @@ impl Session {
             at = earlier(at, self.proven_gap_deadline());
         }
         at = earlier(at, self.rto_at);
+        at = earlier(at, self.stale_deadline());
         at = earlier(at, self.persist_at);
         at = earlier(at, self.ack_at);
         if self.transform.is_some() {

@@ -167,8 +167,12 @@ pub struct EngineStats {
     /// Client packets of waiting sessions not used to re-establish them yet (pacing).
     pub reestablish_deferred: u64,
     /// Older connections on our 4-tuple that the test server still held, reset so our SYN
-    /// could get through (after a copier restart, or a lost RST).
+    /// could get through (after a copier restart, or a lost RST), once drained: the segments
+    /// with replies they sent meanwhile (acknowledged by us), and intercept's framing of those
+    /// replies, dropped (they answer the killed copier's commands, not ours).
     pub stale_test_connections_reset: u64,
+    pub stale_replies_drained: u64,
+    pub stale_test_events: u64,
     /// Counters the sessions' transforms bump, by the id they define; see
     /// `Engine::transform_counter_names`.
     pub transform: TransformStats,
@@ -285,6 +289,8 @@ impl EngineStats {
             sessions_awaiting_reestablish,
             reestablish_deferred,
             stale_test_connections_reset,
+            stale_replies_drained,
+            stale_test_events,
         );
         self.transform.merge(&o.transform);
         for (a, b) in self.sessions_closed.iter_mut().zip(o.sessions_closed) {

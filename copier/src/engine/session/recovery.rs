@@ -1,12 +1,14 @@
 //! The parts of a session that fault recovery needs (see `engine/recovery.rs`): whether a closed
-//! session may be re-established, and the answer to a test server that still holds an older
-//! connection on our 4-tuple.
+//! session may be re-established, and what to do with an older connection the test server
+//! still holds on our 4-tuple: drain it, then reset it.
 //!
 //! Kept apart from the TCP machinery of `session.rs`; it only reads that state, except that a
 //! reset stale connection lets the SYN go out again at once.
 
 use common::control::TestFeedback;
 use common::wire::{seq, SegmentRepr, TcpFlags, TcpOptions};
+
+use std::time::Duration;
 
 use common::clock::Instant;
 
@@ -38,11 +40,19 @@ impl Session {
 
     /// Our SYN met an acknowledgment of something else: the test server still has an older
     /// connection on this 4-tuple (the copier was restarted, or our RST for an abandoned session
-    /// was lost) and answers the SYN with a challenge ACK (RFC 5961). RFC 793's answer from
-    /// SYN-SENT is a RST with the ACK's number, which is exactly in that connection's window and
-    /// ends it; our SYN is then repeated at once rather than after a retransmission timeout.
-    pub(crate) fn stale_connection_reset(
+    /// was lost) and answers the SYN with a challenge ACK (RFC 5961), or goes on sending that
+    /// connection's replies.
+    ///
+    /// That connection may still hold commands the test server has received and not yet run
+    /// (the killed copier's last ones): reset at once, the statement it runs fails on the test
+    /// server only (`ER_NET_ERROR_ON_WRITE`, a new error) and the rest never run. So it is
+    /// drained first: every segment it sends is acknowledged (the returned ACK, in its own
+    /// sequence space: no timestamps, which would be older than its last), and once it has
+    /// sent nothing new for [`STALE_QUIET`] (or after [`STALE_MAX`]) it is reset
+    /// ([`Session::stale_reset_due`]) and our SYN repeated at once.
+    pub(crate) fn stale_feedback(
         &mut self,
+        now: Instant,
         fb: &TestFeedback,
         ttl: u8,
     ) -> Option<SegmentRepr> {
@@ -53,12 +63,81 @@ impl Session {
         if fb.ack == self.iss.wrapping_add(1) {
             return None; // it acknowledges our SYN: the normal path
         }
-        let mut r = self.repr(fb.ack, TcpFlags::RST, 0, ttl);
+        let end = fb
+            .seq
+            .wrapping_add(fb.payload_len)
+            .wrapping_add(u32::from(f.fin()));
+        let st = self.stale.get_or_insert_with(|| {
+            Box::new(Stale {
+                their_ack: fb.ack,
+                acked: fb.seq,
+                active_at: now,
+                since: now,
+                replies: 0,
+            })
+        });
+        st.their_ack = fb.ack;
+        if seq::gt(end, st.acked) {
+            st.acked = end;
+            st.active_at = now;
+            st.replies += 1;
+        }
+        let (their_ack, acked) = (st.their_ack, st.acked);
+        let mut r = self.repr(their_ack, 0, 0, ttl);
+        r.flags = TcpFlags(TcpFlags::ACK);
+        r.ack = acked;
+        r.options = TcpOptions::default();
+        Some(r)
+    }
+
+    /// When the older connection being drained is to be reset.
+    pub(crate) fn stale_deadline(&self) -> Option<Instant> {
+        self.stale
+            .as_ref()
+            .map(|st| (st.active_at + STALE_QUIET).min(st.since + STALE_MAX))
+    }
+
+    /// At [`Session::stale_deadline`]: the RST that ends the older connection (RFC 793: the
+    /// sequence number its last segment acknowledged, exactly in its window), with the
+    /// replies it sent while drained; our SYN then goes out again at once.
+    pub(crate) fn stale_reset_due(&mut self, now: Instant, ttl: u8) -> Option<(SegmentRepr, u64)> {
+        if self.stale_deadline()? > now {
+            return None;
+        }
+        let st = self.stale.take()?;
+        let mut r = self.repr(st.their_ack, TcpFlags::RST, 0, ttl);
         r.ack = 0;
         r.options = TcpOptions::default();
         self.syn_pending = true;
-        Some(r)
+        Some((r, st.replies))
     }
+
+    /// Whether an older connection on our 4-tuple is being drained: what intercept frames
+    /// meanwhile are its replies, not ours.
+    pub(crate) fn draining_stale(&self) -> bool {
+        self.stale.is_some()
+    }
+}
+
+/// How long an older connection being drained may send nothing new before it is reset: the
+/// test server runs its remaining commands back to back, each answered at once, but a busy
+/// one may leave a thread without a CPU for tens of milliseconds.
+pub(crate) const STALE_QUIET: Duration = Duration::from_millis(150);
+/// The longest an older connection is drained: past it, what it still holds is lost.
+pub(crate) const STALE_MAX: Duration = Duration::from_secs(2);
+
+/// An older connection the test server holds on our 4-tuple, being drained.
+#[derive(Debug)]
+pub(crate) struct Stale {
+    /// Its receive point (what its segments acknowledge): our RST's sequence number.
+    their_ack: u32,
+    /// How far into its stream we have acknowledged.
+    acked: u32,
+    /// When it last sent something new, and when it was first seen.
+    active_at: Instant,
+    since: Instant,
+    /// Segments with new data (or FIN) it sent while drained.
+    replies: u64,
 }
 
 /// Client bytes kept for a session waiting to be re-established (see `Session::held`): one
