@@ -9,6 +9,13 @@
 # intercept's kernel drops and the sessions whose reply framing it lost. --stall-intercept-ms
 # stops intercept (SIGSTOP) that long halfway through each load: how much its capture holds.
 #
+# What the mirror costs (issue 20), per production query over the load: each daemon's CPU (user
+# and system, all its threads), its context switches per second (voluntary + involuntary: its
+# wakeups), and its system calls per query (`perf stat -e raw_syscalls:sys_enter`, which needs
+# tracefs: mounted for the run if it is not, and "-" where perf cannot count). The lab's CPU
+# pinning is off by default here (LAB_PIN=0): a real copier is a service of its own beside
+# mysqld, not pinned to production's saturated core; LAB_PIN=1 measures the pinned variant.
+#
 #   bench/mirror.sh [--threads "2 8 32"] [--time 30] [--runs 3] [--test oltp_read_only]
 #                   [--copier-args "..."] [--intercept-args "..."] [--sysbench-args "..."]
 #                   [--stall-intercept-ms MS]
@@ -55,7 +62,7 @@ fi
 [[ $RUNS =~ ^[1-9][0-9]*$ && $TIME =~ ^[1-9][0-9]*$ && $STALL_MS =~ ^[0-9]+$ ]] ||
     { echo "bench/mirror.sh: --runs and --time take positive integers, --stall-intercept-ms a count" >&2 && exit 2; }
 
-export LAB_NAME=${LAB_NAME:-bench}
+export LAB_NAME=${LAB_NAME:-bench} LAB_PIN=${LAB_PIN:-0}
 LOGS=${BENCH_LOGS:-/tmp/tcpshadow-bench-logs}
 LAB=deploy/lab/lab.sh
 BIN=$PWD/target/release
@@ -105,6 +112,30 @@ figures() {
 cpu_ticks() { # cpu_ticks PID: "utime stime" in clock ticks
     awk '{ print $14, $15 }' "/proc/$1/stat"
 }
+# Context switches of every thread of PID, voluntary (it waited: a wakeup) and involuntary.
+switches() { cat /proc/"$1"/task/*/status 2>/dev/null | awk '/^(non)?voluntary_ctxt_switches:/ { s += $2 } END { print s + 0 }'; }
+# System calls need the raw_syscalls tracepoint, hence tracefs.
+PERF_SYSCALLS=""
+if command -v perf >/dev/null 2>&1; then
+    if [[ ! -e /sys/kernel/tracing/events/raw_syscalls ]] && mount -t tracefs nodev /sys/kernel/tracing 2>/dev/null; then
+        echo "bench/mirror.sh: mounted tracefs on /sys/kernel/tracing for the run (perf's syscall count needs it)" >&2
+        trap '"$LAB" down >&2; umount /sys/kernel/tracing 2>/dev/null || true' EXIT
+    fi
+    perf stat -e raw_syscalls:sys_enter -x, -- true >/dev/null 2>&1 && PERF_SYSCALLS=1
+fi
+[[ -n $PERF_SYSCALLS ]] || echo "bench/mirror.sh: perf cannot count system calls here: those columns read -" >&2
+# count_syscalls PID FILE: counts PID's system calls (every thread it has now) into FILE until
+# SIGINT; prints the counter's pid.
+count_syscalls() {
+    if [[ -n $PERF_SYSCALLS ]]; then
+        perf stat -e raw_syscalls:sys_enter -x, -o "$2" -p "$1" >/dev/null 2>&1 &
+        echo $!
+    else
+        : >"$2"
+        echo ""
+    fi
+}
+syscalls_in() { awk -F, '$3 ~ /raw_syscalls:sys_enter/ { n = $1 } END { print (n == "" ? -1 : n) }' "$1"; }
 peak_rss_mib() { awk '$1 == "VmHWM:" { printf "%.1f", $2 / 1024 }' "/proc/$1/status"; }
 # The process run by `lab.sh exec` is the program itself (exec chain), so $! is its pid.
 stop() {
@@ -113,7 +144,9 @@ stop() {
 }
 
 # One run: prints "prod_queries fidelity_at_end fidelity new_errors copier_user_us copier_sys_us icpt_user_us icpt_sys_us
-# drops copier_rss icpt_rss captured relayed".
+# drops copier_rss icpt_rss captured relayed icpt_drops icpt_framing_lost" (µs per packet), then
+# "copier_user_us_q copier_sys_us_q icpt_user_us_q icpt_sys_us_q copier_wakeups_s icpt_wakeups_s
+# copier_syscalls_q icpt_syscalls_q" (per production query; -1: not counted).
 one_run() {
     local threads=$1
     "$LAB" service assist "$INTERCEPT_BIN" --port "$LAB_MYSQL_PORT" --interface "$LAB_IFACE" \
@@ -144,6 +177,12 @@ one_run() {
     errlog0=$(stat -c %s "$SQL_ERRLOG" 2>/dev/null || echo 0)
     read -r cu0 cs0 < <(cpu_ticks "$cpid")
     read -r iu0 is0 < <(cpu_ticks "$ipid")
+    local cw0 iw0 t0 cperf iperf
+    cw0=$(switches "$cpid")
+    iw0=$(switches "$ipid")
+    t0=$(date +%s.%N)
+    cperf=$(count_syscalls "$cpid" "$LAB_DIR/copier-syscalls.csv")
+    iperf=$(count_syscalls "$ipid" "$LAB_DIR/intercept-syscalls.csv")
     if ((STALL_MS > 0)); then
         # intercept without a CPU for STALL_MS in the middle of the load (a saturated assist
         # host): what its capture queue cannot hold meanwhile the kernel drops.
@@ -168,6 +207,16 @@ one_run() {
     read -r fidelity errors prod_q < <( (compare 1 || true) | tee "$LAB_DIR/work-compare.txt" | figures)
     read -r cu1 cs1 < <(cpu_ticks "$cpid")
     read -r iu1 is1 < <(cpu_ticks "$ipid")
+    local cw1 iw1 t1 csc=-1 isc=-1
+    cw1=$(switches "$cpid")
+    iw1=$(switches "$ipid")
+    t1=$(date +%s.%N)
+    for p in $cperf $iperf; do kill -INT "$p" 2>/dev/null || true; done
+    for p in $cperf $iperf; do wait "$p" 2>/dev/null || true; done
+    if [[ -n $cperf ]]; then
+        csc=$(syscalls_in "$LAB_DIR/copier-syscalls.csv")
+        isc=$(syscalls_in "$LAB_DIR/intercept-syscalls.csv")
+    fi
     local crss irss
     crss=$(peak_rss_mib "$cpid")
     irss=$(peak_rss_mib "$ipid")
@@ -200,18 +249,27 @@ one_run() {
     awk -v p="$prod_q" -v e="$at_end" -v t="$fidelity" -v ne="$errors" \
         -v cu=$((cu1 - cu0)) -v cs=$((cs1 - cs0)) -v iu=$((iu1 - iu0)) -v is=$((is1 - is0)) \
         -v f="${frames:-0}" -v r="${relayed:-0}" -v d="${drops:-0}" -v tick="$TICK" \
-        -v crss="$crss" -v irss="$irss" -v id="${idrops:-0}" -v il="${ilost:-0}" 'BEGIN {
+        -v crss="$crss" -v irss="$irss" -v id="${idrops:-0}" -v il="${ilost:-0}" \
+        -v cw=$((cw1 - cw0)) -v iw=$((iw1 - iw0)) -v t0="$t0" -v t1="$t1" -v csc="$csc" -v isc="$isc" 'BEGIN {
         us = 1e6 / tick
-        printf "%d %.5f %.5f %d %.3f %.3f %.3f %.3f %d %s %s %d %d %d %d\n", p, e, t, ne,
+        secs = t1 - t0
+        printf "%d %.5f %.5f %d %.3f %.3f %.3f %.3f %d %s %s %d %d %d %d", p, e, t, ne,
             f ? cu * us / f : 0, f ? cs * us / f : 0, r ? iu * us / r : 0, r ? is * us / r : 0,
-            d, crss, irss, f, r, id, il }'
+            d, crss, irss, f, r, id, il
+        printf " %.3f %.3f %.3f %.3f %.0f %.0f %.3f %.3f\n",
+            p ? cu * us / p : 0, p ? cs * us / p : 0, p ? iu * us / p : 0, p ? is * us / p : 0,
+            secs > 0 ? cw / secs : 0, secs > 0 ? iw / secs : 0,
+            p && csc >= 0 ? csc / p : -1, p && isc >= 0 ? isc / p : -1 }'
 }
 
 echo "Each line on stderr is one run: prod-queries work-fidelity-at-end work-fidelity" \
     "new-errors-on-test copier-us/pkt(user sys) intercept-us/pkt(user sys) drops copier-MiB" \
-    "intercept-MiB captured relayed intercept-kernel-drops intercept-framing-lost" >&2
-echo "| test | threads | s | runs | prod queries | work fidelity at end | work fidelity | new errors on test | copier µs/pkt (user + sys) | intercept µs/pkt (user + sys) | kernel drops | peak RSS copier / intercept MiB |"
-echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
+    "intercept-MiB captured relayed intercept-kernel-drops intercept-framing-lost" \
+    "copier-us/query(user sys) intercept-us/query(user sys) wakeups/s(copier intercept)" \
+    "syscalls/query(copier intercept)" >&2
+echo "LAB_PIN=$LAB_PIN (1: the lab's CPU pinning on)" >&2
+echo "| test | threads | s | runs | prod queries | work fidelity at end | work fidelity | new errors on test | copier µs/pkt (user + sys) | intercept µs/pkt (user + sys) | kernel drops | peak RSS copier / intercept MiB | copier µs/query (user + sys) | intercept µs/query (user + sys) | wakeups/s copier / intercept | syscalls/query copier / intercept |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 for threads in $THREADS; do
     rows=()
     for run in $(seq "$RUNS"); do
@@ -237,10 +295,16 @@ for threads in $THREADS; do
             return NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2
         }
         END {
-            for (k = 1; k <= NR; k++) { col[21, k] = col[5, k] + col[6, k]; col[22, k] = col[7, k] + col[8, k] }
-            printf "| %s | %d | %d | %d | %d | %.5f | %.5f | %d | %.2f (%.2f + %.2f) | %.2f (%.2f + %.2f) | %d | %.1f / %.1f |\n",
+            # Fields 16-23 are per query (see one_run); 31-34 the user + sys sums.
+            for (k = 1; k <= NR; k++) {
+                col[31, k] = col[5, k] + col[6, k]; col[32, k] = col[7, k] + col[8, k]
+                col[33, k] = col[16, k] + col[17, k]; col[34, k] = col[18, k] + col[19, k]
+            }
+            csc = median(22); isc = median(23)
+            printf "| %s | %d | %d | %d | %d | %.5f | %.5f | %d | %.2f (%.2f + %.2f) | %.2f (%.2f + %.2f) | %d | %.1f / %.1f | %.2f (%.2f + %.2f) | %.2f (%.2f + %.2f) | %d / %d | %s / %s |\n",
                 test, th, s, n, median(1), median(2), median(3), median(4),
-                median(21), median(5), median(6), median(22), median(7), median(8), median(9),
-                median(10), median(11)
+                median(31), median(5), median(6), median(32), median(7), median(8), median(9),
+                median(10), median(11), median(33), median(16), median(17), median(34), median(18), median(19),
+                median(20), median(21), csc < 0 ? "-" : sprintf("%.2f", csc), isc < 0 ? "-" : sprintf("%.2f", isc)
         }'
 done
