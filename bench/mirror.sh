@@ -256,10 +256,11 @@ one_run() {
         printf "%d %.5f %.5f %d %.3f %.3f %.3f %.3f %d %s %s %d %d %d %d", p, e, t, ne,
             f ? cu * us / f : 0, f ? cs * us / f : 0, r ? iu * us / r : 0, r ? is * us / r : 0,
             d, crss, irss, f, r, id, il
+        # Parenthesised: a bare > in printf arguments would redirect its output.
         printf " %.3f %.3f %.3f %.3f %.0f %.0f %.3f %.3f\n",
-            p ? cu * us / p : 0, p ? cs * us / p : 0, p ? iu * us / p : 0, p ? is * us / p : 0,
-            secs > 0 ? cw / secs : 0, secs > 0 ? iw / secs : 0,
-            p && csc >= 0 ? csc / p : -1, p && isc >= 0 ? isc / p : -1 }'
+            (p ? cu * us / p : 0), (p ? cs * us / p : 0), (p ? iu * us / p : 0), (p ? is * us / p : 0),
+            (secs > 0 ? cw / secs : 0), (secs > 0 ? iw / secs : 0),
+            (p && csc >= 0 ? csc / p : -1), (p && isc >= 0 ? isc / p : -1) }'
 }
 
 echo "Each line on stderr is one run: prod-queries work-fidelity-at-end work-fidelity" \
@@ -305,6 +306,6 @@ for threads in $THREADS; do
                 test, th, s, n, median(1), median(2), median(3), median(4),
                 median(31), median(5), median(6), median(32), median(7), median(8), median(9),
                 median(10), median(11), median(33), median(16), median(17), median(34), median(18), median(19),
-                median(20), median(21), csc < 0 ? "-" : sprintf("%.2f", csc), isc < 0 ? "-" : sprintf("%.2f", isc)
+                median(20), median(21), (csc < 0 ? "-" : sprintf("%.2f", csc)), (isc < 0 ? "-" : sprintf("%.2f", isc))
         }'
 done
