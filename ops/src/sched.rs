@@ -19,7 +19,7 @@
 //! and never fails the daemon: it reports what it could not do and the caller logs it.
 
 use std::io;
-use std::os::fd::RawFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -221,7 +221,9 @@ pub struct OnDemand {
 /// watchdog raises it: well under what the ring holds (1 s by default), above any round's
 /// work (at most 512 packets).
 pub const STALL: Duration = Duration::from_millis(60);
-/// How often the watchdog looks (its wakeups per second: 50).
+/// How often the watchdog looks while the ring holds packets (its wakeups per second then: 50).
+/// With the ring empty it sleeps in poll(2) until packets come: an idle copier wakes for
+/// nothing (issue 20).
 const WATCH_EVERY: Duration = Duration::from_millis(20);
 
 /// What a capture thread and its watchdog share.
@@ -232,6 +234,8 @@ struct Watched {
     /// 0: as started; 1: raised to nice -20; 2: to SCHED_RR (by either of them).
     raised: AtomicU8,
     stop: AtomicBool,
+    /// An eventfd written when `stop` is set: it ends the watchdog's sleep in poll(2).
+    wake: OwnedFd,
 }
 
 #[derive(Debug)]
@@ -243,6 +247,15 @@ struct Watchdog {
 impl Drop for Watchdog {
     fn drop(&mut self) {
         self.watched.stop.store(true, Ordering::Relaxed);
+        let one: u64 = 1;
+        // SAFETY: eight bytes from a valid u64 to our own eventfd.
+        let _ = unsafe {
+            libc::write(
+                self.watched.wake.as_raw_fd(),
+                std::ptr::from_ref(&one).cast(),
+                8,
+            )
+        };
         // Joined: it polls the capture's descriptor, which must outlive it.
         if let Some(t) = self.thread.take() {
             let _ = t.join();
@@ -267,10 +280,17 @@ impl OnDemand {
     /// Starts a watchdog for the calling (capture) thread, which reads the capture ring `fd`:
     /// see the type's documentation. `fd` must stay open while `self` lives.
     pub fn watch(&mut self, fd: RawFd) -> io::Result<()> {
+        // SAFETY: plain system call; the result is checked.
+        let wake = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+        if wake < 0 {
+            return Err(io::Error::last_os_error());
+        }
         let watched = Arc::new(Watched {
             rounds: AtomicU64::new(0),
             raised: AtomicU8::new(0),
             stop: AtomicBool::new(false),
+            // SAFETY: a descriptor we just opened and own from here on.
+            wake: unsafe { OwnedFd::from_raw_fd(wake) },
         });
         let capture = tid();
         let shared = watched.clone();
@@ -429,7 +449,13 @@ fn watchdog(capture: libc::id_t, fd: RawFd, w: &Watched) {
             return;
         }
         let rounds = w.rounds.load(Ordering::Relaxed);
-        if w.raised.load(Ordering::Relaxed) != 0 || !readable(fd) {
+        if !readable(fd) {
+            waiting = None;
+            // Nothing waiting: nothing can stall until something comes.
+            sleep_until_readable(fd, w.wake.as_raw_fd());
+            continue;
+        }
+        if w.raised.load(Ordering::Relaxed) != 0 {
             waiting = None;
             continue;
         }
@@ -467,6 +493,26 @@ fn watchdog(capture: libc::id_t, fd: RawFd, w: &Watched) {
             },
             AUTO_LOWER_AFTER.as_secs()
         );
+    }
+}
+
+/// Sleeps until `fd` or `wake` is readable (or a signal).
+fn sleep_until_readable(fd: RawFd, wake: RawFd) {
+    let mut p = [
+        libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: wake,
+            events: libc::POLLIN,
+            revents: 0,
+        },
+    ];
+    // SAFETY: two valid pollfds, for the duration of the call.
+    unsafe {
+        libc::poll(p.as_mut_ptr(), 2, -1);
     }
 }
 
@@ -762,8 +808,60 @@ mod tests {
         }
     }
 
+    /// The watchdog tests look at their watchdog thread by name: one at a time.
+    static ONE_WATCHDOG: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    /// Context switches of this process's thread named `name`.
+    fn switches_of(name: &str) -> Option<u64> {
+        for t in std::fs::read_dir("/proc/self/task").ok()?.flatten() {
+            let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+            if comm.trim() != name {
+                continue;
+            }
+            let status = std::fs::read_to_string(t.path().join("status")).ok()?;
+            return Some(
+                status
+                    .lines()
+                    .filter(|l| l.contains("voluntary_ctxt_switches"))
+                    .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+                    .sum(),
+            );
+        }
+        None
+    }
+
+    #[test]
+    fn an_idle_watchdog_sleeps() {
+        let _one = ONE_WATCHDOG.lock().unwrap_or_else(|e| e.into_inner());
+        let mut fds = [0; 2];
+        // SAFETY: a valid array of two descriptors to fill.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        let [read, write] = fds;
+        let mut p = OnDemand::new();
+        p.watch(read).unwrap();
+        // Its first look, then asleep in poll(2) with nothing to read.
+        std::thread::sleep(WATCH_EVERY * 3);
+        let a = switches_of("capture-watch").expect("the watchdog thread");
+        std::thread::sleep(WATCH_EVERY * 10);
+        let b = switches_of("capture-watch").expect("the watchdog thread");
+        assert!(
+            b - a <= 1,
+            "{} wakeups in {:?} idle",
+            b - a,
+            WATCH_EVERY * 10
+        );
+        // And it still stops promptly.
+        drop(p);
+        // SAFETY: closing our own descriptors.
+        unsafe {
+            libc::close(read);
+            libc::close(write);
+        }
+    }
+
     #[test]
     fn the_watchdog_raises_a_capture_that_does_not_run_with_packets_waiting() {
+        let _one = ONE_WATCHDOG.lock().unwrap_or_else(|e| e.into_inner());
         let mut fds = [0; 2];
         // SAFETY: a valid array of two descriptors to fill.
         assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
