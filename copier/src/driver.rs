@@ -75,8 +75,10 @@ use crate::signals;
 use crate::status::{Snapshot, StatusLine};
 use crate::waker::{wait_readable, Waker};
 
-/// Longest sleep: also bounds how late a stop request is noticed if a signal is missed.
-const MAX_SLEEP: Duration = Duration::from_millis(200);
+/// Longest sleep with nothing due: bounds how late a SIGUSR1 report request is noticed by an
+/// idle copier (a stop signal wakes the loop through `signals::stop_fd`). Issue 20: an idle
+/// copier wakes for little beyond its status line (every 5 s by default).
+const MAX_SLEEP: Duration = Duration::from_secs(5);
 /// Sleep while draining: queued data is acknowledged within a test-server round trip.
 const DRAIN_SLEEP: Duration = Duration::from_millis(10);
 
@@ -460,10 +462,16 @@ impl Driver {
     /// Sleeps until intercept relays something, one of `extra_fds` (at most 3) is readable,
     /// a signal arrives, or `timeout` passes.
     pub fn wait(&self, extra_fds: &[RawFd], timeout: Duration) {
-        let mut fds = [self.waker.as_raw_fd(); 4];
+        let mut fds = [self.waker.as_raw_fd(); 5];
         let n = extra_fds.len().min(3);
         fds[1..=n].copy_from_slice(&extra_fds[..n]);
-        wait_readable(&fds[..=n], timeout);
+        let mut n = n + 1;
+        // Until the stop is seen: it stays readable after.
+        if let (None, Some(fd)) = (self.stopping_since, signals::stop_fd()) {
+            fds[n] = fd;
+            n += 1;
+        }
+        wait_readable(&fds[..n], timeout);
     }
 
     /// Whether the status line or the `--metrics` exposition is due: the callers refresh
