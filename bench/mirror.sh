@@ -124,17 +124,6 @@ if command -v perf >/dev/null 2>&1; then
     perf stat -e raw_syscalls:sys_enter -x, -- true >/dev/null 2>&1 && PERF_SYSCALLS=1
 fi
 [[ -n $PERF_SYSCALLS ]] || echo "bench/mirror.sh: perf cannot count system calls here: those columns read -" >&2
-# count_syscalls PID FILE: counts PID's system calls (every thread it has now) into FILE until
-# SIGINT; prints the counter's pid.
-count_syscalls() {
-    if [[ -n $PERF_SYSCALLS ]]; then
-        perf stat -e raw_syscalls:sys_enter -x, -o "$2" -p "$1" >/dev/null 2>&1 &
-        echo $!
-    else
-        : >"$2"
-        echo ""
-    fi
-}
 syscalls_in() { awk -F, '$3 ~ /raw_syscalls:sys_enter/ { n = $1 } END { print (n == "" ? -1 : n) }' "$1"; }
 peak_rss_mib() { awk '$1 == "VmHWM:" { printf "%.1f", $2 / 1024 }' "/proc/$1/status"; }
 # The process run by `lab.sh exec` is the program itself (exec chain), so $! is its pid.
@@ -181,8 +170,15 @@ one_run() {
     cw0=$(switches "$cpid")
     iw0=$(switches "$ipid")
     t0=$(date +%s.%N)
-    cperf=$(count_syscalls "$cpid" "$LAB_DIR/copier-syscalls.csv")
-    iperf=$(count_syscalls "$ipid" "$LAB_DIR/intercept-syscalls.csv")
+    # Children of this shell (not of a command substitution's), so that `wait` below waits
+    # for them to write their counts after SIGINT.
+    cperf="" iperf=""
+    if [[ -n $PERF_SYSCALLS ]]; then
+        perf stat -e raw_syscalls:sys_enter -x, -o "$LAB_DIR/copier-syscalls.csv" -p "$cpid" >/dev/null 2>&1 &
+        cperf=$!
+        perf stat -e raw_syscalls:sys_enter -x, -o "$LAB_DIR/intercept-syscalls.csv" -p "$ipid" >/dev/null 2>&1 &
+        iperf=$!
+    fi
     if ((STALL_MS > 0)); then
         # intercept without a CPU for STALL_MS in the middle of the load (a saturated assist
         # host): what its capture queue cannot hold meanwhile the kernel drops.

@@ -3558,21 +3558,27 @@ impl StreamTransform for MysqlTransform {
     }
 
     fn next_deadline(&self) -> Option<Instant> {
+        // The engine asks several times per packet (issue 20's profile: 3% of the copier's
+        // CPU as an iterator over an array of options): plain minimums, and the picked-up
+        // session's two only when there is one.
+        fn earlier(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+            match (a, b) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, None) => a,
+                (None, b) => b,
+            }
+        }
         if self.dead {
             return None;
         }
-        let variables = self.pickup.as_deref().and_then(|p| p.variables_deadline);
-        let gate = self.gates.as_deref().and_then(Gates::deadline);
-        [
-            self.recovery_deadline(),
-            self.held_deadline,
-            variables,
-            gate,
-            self.resync_until,
-        ]
-        .into_iter()
-        .flatten()
-        .min()
+        let mut at = earlier(self.held_deadline, self.resync_until);
+        if let Some(p) = self.pickup.as_deref() {
+            at = earlier(at, earlier(p.recovery_deadline, p.variables_deadline));
+        }
+        if let Some(g) = self.gates.as_deref() {
+            at = earlier(at, g.deadline());
+        }
+        at
     }
 
     fn on_timeout(&mut self, now: Instant, out: &mut TransformOutput<'_>) {
