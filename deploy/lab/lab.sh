@@ -550,7 +550,10 @@ server_pid() { # pid of HOST's mariadbd if it is running, else nothing
         [[ -s $f ]] || continue
         p=$(<"$f")
         [[ $p =~ ^[0-9]+$ ]] || continue
-        if [[ -r /proc/$p/comm && $(</proc/"$p"/comm) == mariadbd ]]; then
+        # Ours, not only a mariadbd: a pid file outlives its server, and with pid numbers
+        # reused (pid_max is 32768 here) a stale one may name another lab's server.
+        if [[ -r /proc/$p/comm && $(</proc/"$p"/comm) == mariadbd ]] &&
+            tr '\0' '\n' <"/proc/$p/cmdline" 2>/dev/null | grep -qxF -- "--pid-file=$LAB_DIR/$h/mysqld.pid"; then
             printf '%s' "$p"
             return 0
         fi

@@ -879,7 +879,14 @@ mod tests {
             assert_eq!(unsafe { libc::write(write, [1u8].as_ptr().cast(), 1) }, 1);
             // Waited for, with a bound (the watchdog runs every WATCH_EVERY).
             let deadline = Instant::now() + Duration::from_secs(5);
-            while current_nice().unwrap() != HIGH_NICE && Instant::now() < deadline {
+            // The watchdog raises the thread, then its group, then says so in `raised`: wait
+            // for the word, not only the nice value (a loaded machine may preempt it between).
+            let said = |p: &OnDemand| {
+                p.watchdog
+                    .as_ref()
+                    .is_some_and(|w| w.watched.raised.load(Ordering::Relaxed) != 0)
+            };
+            while (current_nice().unwrap() != HIGH_NICE || !said(&p)) && Instant::now() < deadline {
                 std::thread::sleep(WATCH_EVERY);
             }
             let stalled = current_nice().unwrap();
