@@ -740,7 +740,7 @@ pub fn statements_query(ids: &[u64]) -> String {
         "SELECT t.PROCESSLIST_ID, p.STATEMENT_ID, p.SQL_TEXT \
          FROM performance_schema.prepared_statements_instances p \
          JOIN performance_schema.threads t ON t.THREAD_ID = p.OWNER_THREAD_ID \
-         WHERE t.PROCESSLIST_ID IN ({}) ORDER BY t.PROCESSLIST_ID, p.STATEMENT_ID",
+         WHERE t.PROCESSLIST_ID IN ({})",
         list.join(", ")
     )
 }
@@ -975,8 +975,7 @@ pub fn session_variables_query(ids: &[u64]) -> String {
          JOIN performance_schema.threads t ON t.THREAD_ID = v.THREAD_ID \
          JOIN performance_schema.global_variables g ON g.VARIABLE_NAME = v.VARIABLE_NAME \
          WHERE t.PROCESSLIST_ID IN ({}) AND v.VARIABLE_NAME IN ({}) \
-         AND NOT (v.VARIABLE_VALUE <=> g.VARIABLE_VALUE) \
-         ORDER BY t.PROCESSLIST_ID, v.VARIABLE_NAME",
+         AND NOT (v.VARIABLE_VALUE <=> g.VARIABLE_VALUE)",
         list.join(", "),
         names.join(", ")
     )
@@ -989,7 +988,7 @@ pub fn user_variables_query(ids: &[u64]) -> String {
         "SELECT t.PROCESSLIST_ID, u.VARIABLE_NAME, u.VARIABLE_VALUE \
          FROM performance_schema.user_variables_by_thread u \
          JOIN performance_schema.threads t ON t.THREAD_ID = u.THREAD_ID \
-         WHERE t.PROCESSLIST_ID IN ({}) ORDER BY t.PROCESSLIST_ID, u.VARIABLE_NAME",
+         WHERE t.PROCESSLIST_ID IN ({})",
         list.join(", ")
     )
 }
@@ -1064,6 +1063,25 @@ fn lookup_batch(
     read_state(&mut c, match_processlist(batch, &rows), wanted)
 }
 
+/// Rows of the state queries in a fixed order: by connection id, then by their second column
+/// (a statement id as a number, a variable's name as bytes). Sorted here, not by the server:
+/// an ORDER BY over a join of performance_schema tables makes production build a temporary
+/// table, and MariaDB 10.11.19 crashed (NULL pointer in `ha_maria::drop_table`, freeing that
+/// table) under one of these queries in the lab's faults test. The copier's queries must not
+/// ask production for work it can do itself.
+fn ordered(mut rows: Vec<Row>) -> Vec<Row> {
+    fn key(row: &Row) -> (u64, Option<u64>, Vec<u8>) {
+        let second = row.get(1);
+        (
+            number(row.first()).unwrap_or(u64::MAX),
+            number(second),
+            second.cloned().flatten().unwrap_or_default(),
+        )
+    }
+    rows.sort_by_cached_key(key);
+    rows
+}
+
 /// Reads the variables and statements of connections PROCESSLIST found (`found`, by client).
 fn read_state(
     c: &mut impl FnMut(&str) -> Result<Vec<Row>, ProdError>,
@@ -1079,7 +1097,7 @@ fn read_state(
     let mut reads = Reads::default();
     if wanted.session_variables {
         let t0 = Instant::now();
-        let rows = c(&session_variables_query(&ids))?;
+        let rows = ordered(c(&session_variables_query(&ids))?);
         reads.first = Some((t0, Instant::now()));
         add_variables(&mut found, Variable::Session, &rows);
     }
@@ -1089,7 +1107,7 @@ fn read_state(
             .map(|(a, (_, s))| (*a, (s.variables.clone(), s.variables_dropped)))
             .collect();
         let t0 = Instant::now();
-        let rows = c(&user_variables_query(&ids))?;
+        let rows = ordered(c(&user_variables_query(&ids))?);
         reads.first = Some((t0, Instant::now()));
         add_variables(&mut found, Variable::User, &rows);
         // Once more, right after: a command that writes a variable may be answered within
@@ -1103,7 +1121,7 @@ fn read_state(
             }
         }
         let t0 = Instant::now();
-        let rows = c(&user_variables_query(&ids))?;
+        let rows = ordered(c(&user_variables_query(&ids))?);
         reads.again = Some((t0, Instant::now()));
         add_variables(&mut again, Variable::User, &rows);
         for (a, (_, s)) in found.iter_mut() {
@@ -1112,7 +1130,7 @@ fn read_state(
     }
     // After the variables: a statement is the same before and after the read, a variable not.
     if wanted.statements {
-        let rows = c(&statements_query(&ids))?;
+        let rows = ordered(c(&statements_query(&ids))?);
         add_statements(&mut found, &rows);
     }
     Ok((found, reads))
