@@ -150,6 +150,20 @@ impl Walker {
         matches!(self.state, WalkState::Header { have: 0 }) && self.part == 0
     }
 
+    /// Passes over the packet whose header starts `input`, at a boundary, without handing out
+    /// its pieces: its header and what `input` holds of its payload (the rest is walked as a
+    /// payload nobody wants). The caller has checked the header is whole and `len` below the split.
+    fn pass(&mut self, input: &mut &[u8], len: u32) {
+        let avail = (input.len() - HEADER_LEN).min(len as usize);
+        *input = &input[HEADER_LEN + avail..];
+        self.offset += (HEADER_LEN + avail) as u64;
+        let remaining = len - avail as u32;
+        if remaining > 0 {
+            self.more = false;
+            self.state = WalkState::Payload { remaining };
+        }
+    }
+
     fn next<'c>(&mut self, input: &mut &'c [u8]) -> Option<Piece<'c>> {
         match self.state {
             WalkState::End => {
@@ -224,6 +238,16 @@ pub struct ScannedPacket<'a> {
     pub hash: Option<u64>,
 }
 
+/// Where [`FrameScanner::feed_skimming`] reports.
+pub trait ScanSink {
+    /// A packet offered before it is walked: its sequence id, payload length and first
+    /// `min(len, FrameScanner::SKIM_HEAD)` payload bytes. True passes over it unreported.
+    fn skim(&mut self, seq: u8, len: u32, head: &[u8]) -> bool;
+
+    /// A packet reported as [`FrameScanner::feed`] reports it.
+    fn packet(&mut self, p: ScannedPacket<'_>);
+}
+
 /// Finds packet boundaries in a byte stream without keeping payloads.
 ///
 /// Fed chunks of the stream in order (any sizes, TCP segments as they come), it reports each
@@ -291,49 +315,87 @@ impl FrameScanner {
         }
         let mut input = chunk;
         while let Some(piece) = self.walker.next(&mut input) {
-            match piece {
-                Piece::Header(header) => {
-                    let want = (header.len as usize).min(self.prefix_len);
-                    if header.part == 0 && want > 0 {
-                        self.pending = Some((header, want));
-                        self.prefix.clear();
-                    } else {
-                        on_packet(ScannedPacket {
-                            header,
-                            prefix: &[],
-                            hash: None,
-                        });
+            self.piece(piece, &mut on_packet);
+        }
+    }
+
+    /// Head bytes a [`ScanSink::skim`] is shown: enough to tell a row from an EOF, OK or ERR.
+    pub const SKIM_HEAD: usize = 5;
+
+    /// [`Self::feed`], with a sink that may pass over packets unreported: each packet that
+    /// starts a logical packet, shorter than the split, whose header and first
+    /// `min(len, SKIM_HEAD)` payload bytes are in `chunk`, is first offered to
+    /// [`ScanSink::skim`]; one it takes costs no more than its header. A reply stream is mostly
+    /// rows, of which the copier reads nothing but "not 0xFE, not 0xFF" (issue 20). A hashing
+    /// scanner never skims: every payload must be hashed.
+    pub fn feed_skimming(&mut self, chunk: &[u8], sink: &mut impl ScanSink) {
+        if self.hasher.is_some() {
+            return self.feed_hashing(chunk, |p| sink.packet(p));
+        }
+        let mut input = chunk;
+        loop {
+            if self.pending.is_none() && self.walker.at_boundary() {
+                if let Some(h) = PacketHeader::parse(input) {
+                    let head = (h.len as usize).min(Self::SKIM_HEAD);
+                    if h.len < self.walker.split
+                        && input.len() - HEADER_LEN >= head
+                        && sink.skim(h.seq, h.len, &input[HEADER_LEN..HEADER_LEN + head])
+                    {
+                        self.walker.pass(&mut input, h.len);
+                        continue;
                     }
                 }
-                Piece::Payload(data) => {
-                    let Some((header, want)) = self.pending else {
-                        continue;
-                    };
-                    if self.prefix.is_empty() && data.len() >= want {
-                        self.pending = None;
-                        on_packet(ScannedPacket {
-                            header,
-                            prefix: &data[..want],
-                            hash: None,
-                        });
-                        continue;
-                    }
-                    let take = (want - self.prefix.len()).min(data.len());
-                    self.prefix.extend_from_slice(&data[..take]);
-                    if self.prefix.len() == want {
-                        self.pending = None;
-                        on_packet(ScannedPacket {
-                            header,
-                            prefix: &self.prefix,
-                            hash: None,
-                        });
-                        if self.prefix.capacity() > KEEP_CAPACITY {
-                            self.prefix = Vec::new();
-                        }
-                    }
-                }
-                Piece::End { .. } => {}
             }
+            let Some(piece) = self.walker.next(&mut input) else {
+                return;
+            };
+            self.piece(piece, &mut |p| sink.packet(p));
+        }
+    }
+
+    fn piece(&mut self, piece: Piece<'_>, on_packet: &mut impl FnMut(ScannedPacket<'_>)) {
+        match piece {
+            Piece::Header(header) => {
+                let want = (header.len as usize).min(self.prefix_len);
+                if header.part == 0 && want > 0 {
+                    self.pending = Some((header, want));
+                    self.prefix.clear();
+                } else {
+                    on_packet(ScannedPacket {
+                        header,
+                        prefix: &[],
+                        hash: None,
+                    });
+                }
+            }
+            Piece::Payload(data) => {
+                let Some((header, want)) = self.pending else {
+                    return;
+                };
+                if self.prefix.is_empty() && data.len() >= want {
+                    self.pending = None;
+                    on_packet(ScannedPacket {
+                        header,
+                        prefix: &data[..want],
+                        hash: None,
+                    });
+                    return;
+                }
+                let take = (want - self.prefix.len()).min(data.len());
+                self.prefix.extend_from_slice(&data[..take]);
+                if self.prefix.len() == want {
+                    self.pending = None;
+                    on_packet(ScannedPacket {
+                        header,
+                        prefix: &self.prefix,
+                        hash: None,
+                    });
+                    if self.prefix.capacity() > KEEP_CAPACITY {
+                        self.prefix = Vec::new();
+                    }
+                }
+            }
+            Piece::End { .. } => {}
         }
     }
 
@@ -841,6 +903,80 @@ mod tests {
             for (h, _) in &got {
                 let on_wire = PacketHeader::parse(&stream[h.offset as usize..]).unwrap();
                 prop_assert_eq!((on_wire.len, on_wire.seq), (h.len, h.seq));
+            }
+        }
+
+        #[test]
+        fn a_skimming_scanner_reports_what_it_does_not_skim(
+            payloads in arb_payloads(),
+            cuts in proptest::collection::vec(any::<usize>(), 0..20),
+            prefix_len in 0usize..20,
+            take_below in any::<u8>(),
+        ) {
+            // Each packet is reported by `feed` or offered and taken by the sink, never both,
+            // in stream order; an offered packet starts a logical one, below the split, with
+            // its header and head in one chunk.
+            struct Sink<'s> {
+                stream: &'s [u8],
+                take_below: u8,
+                at: u64,
+                skimmed: Vec<u64>,
+                got: Vec<(FrameHeader, Vec<u8>)>,
+            }
+            impl ScanSink for Sink<'_> {
+                fn skim(&mut self, seq: u8, len: u32, head: &[u8]) -> bool {
+                    let at = self.at as usize;
+                    let h = PacketHeader::parse(&self.stream[at..]).unwrap();
+                    assert_eq!((h.seq, h.len), (seq, len));
+                    assert!((len as usize) < 16);
+                    assert_eq!(head, &self.stream[at + 4..at + 4 + (len as usize).min(5)]);
+                    let take = head.first().is_some_and(|&b| b < self.take_below);
+                    if take {
+                        self.skimmed.push(self.at);
+                    }
+                    take
+                }
+                fn packet(&mut self, p: ScannedPacket<'_>) {
+                    self.got.push((p.header, p.prefix.to_vec()));
+                }
+            }
+            let mut stream = Vec::new();
+            for (i, p) in payloads.iter().enumerate() {
+                write_packet_split(i as u8, p, 16, &mut stream);
+            }
+            let mut plain = FrameScanner::with_split(prefix_len, 16);
+            let mut all = Vec::new();
+            let mut skimming = FrameScanner::with_split(prefix_len, 16);
+            let mut sink = Sink { stream: &stream, take_below, at: 0, skimmed: Vec::new(), got: Vec::new() };
+            for c in chunked(&stream, &cuts) {
+                plain.feed(&c, |p| all.push((p.header, p.prefix.to_vec())));
+                skimming.feed_skimming(&c, &mut SinkAt(&mut sink));
+            }
+            prop_assert_eq!(skimming.position(), stream.len() as u64);
+            prop_assert_eq!(skimming.at_boundary(), plain.at_boundary());
+            let mut expect = Vec::new();
+            for (h, prefix) in &all {
+                if !sink.skimmed.contains(&h.offset) {
+                    expect.push((*h, prefix.clone()));
+                }
+            }
+            prop_assert_eq!(&sink.got, &expect);
+            prop_assert_eq!(sink.got.len() + sink.skimmed.len(), all.len());
+
+            // Keeps where the next packet starts, so the sink can check what it is offered.
+            struct SinkAt<'a, 's>(&'a mut Sink<'s>);
+            impl ScanSink for SinkAt<'_, '_> {
+                fn skim(&mut self, seq: u8, len: u32, head: &[u8]) -> bool {
+                    let taken = self.0.skim(seq, len, head);
+                    if taken {
+                        self.0.at += 4 + u64::from(len);
+                    }
+                    taken
+                }
+                fn packet(&mut self, p: ScannedPacket<'_>) {
+                    self.0.at = p.header.offset + 4 + u64::from(p.header.len);
+                    self.0.packet(p)
+                }
             }
         }
 

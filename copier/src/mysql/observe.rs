@@ -617,6 +617,13 @@ impl Observer {
         }
     }
 
+    /// Rows of production's reply passed over unread: `rows` rows of `payload` bytes.
+    pub(super) fn prod_folded(&mut self, rows: u64, payload: u64) {
+        if let Some(acc) = &mut self.prod {
+            acc.folded(Some(rows), payload);
+        }
+    }
+
     /// Packets intercept folded into a run: `rows` rows (and some definitions) of
     /// `payload` bytes in all; `None`: the structure had no place for them.
     pub(super) fn test_folded(&mut self, rows: Option<u64>, payload: u64) {

@@ -215,6 +215,18 @@ impl ReplyTracker {
         seen
     }
 
+    /// Whether a packet that is neither 0xFE nor 0xFF, with the next id, would be a row of the
+    /// result set in progress (what [`Self::row_passed`] stands for).
+    pub(super) fn expects_rows(&self) -> bool {
+        matches!(self.state, State::AfterColumns | State::Rows)
+    }
+
+    /// A row passed over unread, where [`Self::expects_rows`] said one may come: what
+    /// [`Self::packet`] does with it, for a fraction of the cost.
+    pub(super) fn row_passed(&mut self) {
+        self.state = State::Rows;
+    }
+
     /// `count` packets intercept folded into a run (`MysqlEvent::Rows`): definitions, rows
     /// and, if `eof`, the EOF between them (the packet after the last definition), none of
     /// them ending anything. `follows`: the first one's id comes right after the previous

@@ -332,3 +332,41 @@ fn a_command_queued_behind_a_slow_one_is_timed_from_when_the_server_could_start_
     assert_eq!(latency(&got[1]), Duration::from_millis(1));
     assert_eq!(got[1].prod.unwrap().latency, Duration::from_millis(1));
 }
+
+#[test]
+fn production_rows_passed_over_count_as_rows_read_one_by_one() {
+    // Rows whose first bytes arrive in one piece are passed over unread (ProdSink); rows cut
+    // anywhere else are read packet by packet. Either way the report must say the same.
+    let rows: Vec<Vec<u8>> = (0..60u32)
+        .map(|i| format!("row-{i}").into_bytes())
+        .collect();
+    let rows: Vec<&[u8]> = rows.iter().map(Vec::as_slice).collect();
+    let mut seen = Vec::new();
+    for chunk in [1, 2, 5, 9, 64, 100_000] {
+        let (config, sink) = reporting(false, false);
+        let mut h = logged_in(config);
+        h.client_packet(0, &query("SELECT c FROM sbtest1"));
+        h.client_packet(0, &query("SELECT nothing"));
+        let mut bytes: Vec<u8> = rows_reply(&rows)
+            .iter()
+            .flat_map(|(s, p)| framed(*s, p))
+            .collect();
+        bytes.extend(framed(1, &err(1146)));
+        for piece in bytes.chunks(chunk) {
+            h.prod(piece);
+        }
+        h.test_reply(&rows_reply(&rows));
+        h.test_packet(1, &err(1146));
+        let got = drained(&sink);
+        assert_eq!(got.len(), 2, "chunk {chunk}: {got:#?}");
+        let (a, b) = (got[0].prod.unwrap(), got[1].prod.unwrap());
+        assert_eq!(
+            (a.kind, a.rows),
+            (AnswerKind::ResultSet, 60),
+            "chunk {chunk}"
+        );
+        assert_eq!(b.kind, AnswerKind::Err(1146), "chunk {chunk}");
+        seen.push(a.bytes);
+    }
+    assert!(seen.windows(2).all(|w| w[0] == w[1]), "{seen:?}");
+}
