@@ -4,17 +4,25 @@
 # queries, the work fidelity (executed work by kind, tests/src/work.rs through bin/work-compare)
 # when the load ended and after a drain of at most 10 s, the statement errors the test server
 # had that production did not, the CPU the copier spent per captured packet and intercept per relayed
-# packet (user and system separately, from /proc/PID/stat; µs per packet = CPU-seconds per
+# packet (user and system separately, as below; µs per packet = CPU-seconds per
 # million packets), kernel capture drops and both daemons' peak RSS (VmHWM); on stderr also
 # intercept's kernel drops and the sessions whose reply framing it lost. --stall-intercept-ms
 # stops intercept (SIGSTOP) that long halfway through each load: how much its capture holds.
 #
-# What the mirror costs (issue 20), per production query over the load: each daemon's CPU (user
-# and system, all its threads), its context switches per second (voluntary + involuntary: its
-# wakeups), and its system calls per query (`perf stat -e raw_syscalls:sys_enter`, which needs
-# tracefs: mounted for the run if it is not, and "-" where perf cannot count). The lab's CPU
-# pinning is off by default here (LAB_PIN=0): a real copier is a service of its own beside
+# What the mirror costs (issue 20), per production query over the load: each daemon's CPU (all
+# its threads: the scheduler's exact total from /proc/PID/task/*/schedstat, split into user and
+# system by perf's samples, or by /proc/PID/stat's ticks without perf), its context switches
+# per second (voluntary + involuntary: its wakeups), and its system calls per query (`perf stat
+# -e raw_syscalls:sys_enter`, which needs tracefs: mounted for the run if it is not, and "-"
+# where perf cannot count). The lab's CPU pinning is off by default here (LAB_PIN=0): a real copier is a service of its own beside
 # mysqld, not pinned to production's saturated core; LAB_PIN=1 measures the pinned variant.
+#
+# The lab's share of the copier's CPU: a packet sent into a veth is received at once, in the
+# sender's own softirq, so the test host's whole receive path (bridge, IP, TCP, waking its
+# mysqld threads) runs on the copier's time, as intercept's on the copier's for the control
+# channel; on a real network that is another machine's. `perf record -g` samples the copier
+# over the load and the share of its samples under `net_rx_action` is that path: the last
+# column is the copier's CPU per query with it taken out ("-" without perf).
 #
 #   bench/mirror.sh [--threads "2 8 32"] [--time 30] [--runs 3] [--test oltp_read_only]
 #                   [--copier-args "..."] [--intercept-args "..."] [--sysbench-args "..."]
@@ -69,7 +77,6 @@ BIN=$PWD/target/release
 # Another build of a daemon for an A/B comparison (e.g. INTERCEPT_BIN=/tmp/intercept.old).
 COPIER_BIN=${COPIER_BIN:-$BIN/copier}
 INTERCEPT_BIN=${INTERCEPT_BIN:-$BIN/intercept}
-TICK=$(getconf CLK_TCK)
 read -r -a COPIER_EXTRA <<<"$COPIER_ARGS"
 read -r -a INTERCEPT_EXTRA <<<"$INTERCEPT_ARGS"
 read -r -a SYSBENCH_EXTRA <<<"$SYSBENCH_ARGS"
@@ -112,6 +119,10 @@ figures() {
 cpu_ticks() { # cpu_ticks PID: "utime stime" in clock ticks
     awk '{ print $14, $15 }' "/proc/$1/stat"
 }
+# CPU time of every thread of PID, in ns, from the scheduler's own clock (schedstat's first
+# field): exact, where /proc/PID/stat's ticks are a sample taken at each timer tick, and a
+# daemon that wakes in step with the ticks (a capture ring's block timer) is sampled askew.
+cpu_ns() { cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{ s += $1 } END { printf "%d", s }'; }
 # Context switches of every thread of PID, voluntary (it waited: a wakeup) and involuntary.
 switches() { cat /proc/"$1"/task/*/status 2>/dev/null | awk '/^(non)?voluntary_ctxt_switches:/ { s += $2 } END { print s + 0 }'; }
 # System calls need the raw_syscalls tracepoint, hence tracefs.
@@ -124,6 +135,26 @@ if command -v perf >/dev/null 2>&1; then
     perf stat -e raw_syscalls:sys_enter -x, -- true >/dev/null 2>&1 && PERF_SYSCALLS=1
 fi
 [[ -n $PERF_SYSCALLS ]] || echo "bench/mirror.sh: perf cannot count system calls here: those columns read -" >&2
+# perf record works without tracefs; the receive-path share needs call chains of kernel frames.
+PERF_RECORD=""
+command -v perf >/dev/null 2>&1 && perf record -F 99 -g -o /dev/null -- true >/dev/null 2>&1 && PERF_RECORD=1
+# The fraction of a recording's samples with net_rx_action on their stack (-1: none read).
+rx_share() {
+    perf report -i "$1" --children --sort sym --stdio --no-call-graph 2>/dev/null |
+        awk '$NF == "net_rx_action" { v = $1 } END { sub("%", "", v); print (v == "" ? 0 : v / 100) }'
+}
+# The fraction of a recording's samples taken in user space.
+user_share() {
+    perf report -i "$1" --no-children --sort dso --stdio 2>/dev/null |
+        awk '/^ *[0-9.]+%/ { v = $1; sub("%", "", v); all += v; if ($2 != "[kernel.kallsyms]") u += v }
+             END { if (all > 0) printf "%.4f", u / all }'
+}
+# split_us NS USER_SHARE UTICKS STICKS: "user_us sys_us" of NS nanoseconds.
+split_us() {
+    awk -v ns="$1" -v share="$2" -v ut="$3" -v st="$4" 'BEGIN {
+        if (share == "") share = (ut + st > 0 ? ut / (ut + st) : 0)
+        printf "%.0f %.0f\n", ns / 1000 * share, ns / 1000 * (1 - share) }'
+}
 syscalls_in() { awk -F, '$3 ~ /raw_syscalls:sys_enter/ { n = $1 } END { print (n == "" ? -1 : n) }' "$1"; }
 peak_rss_mib() { awk '$1 == "VmHWM:" { printf "%.1f", $2 / 1024 }' "/proc/$1/status"; }
 # The process run by `lab.sh exec` is the program itself (exec chain), so $! is its pid.
@@ -166,13 +197,22 @@ one_run() {
     errlog0=$(stat -c %s "$SQL_ERRLOG" 2>/dev/null || echo 0)
     read -r cu0 cs0 < <(cpu_ticks "$cpid")
     read -r iu0 is0 < <(cpu_ticks "$ipid")
+    local cn0 in0
+    cn0=$(cpu_ns "$cpid")
+    in0=$(cpu_ns "$ipid")
     local cw0 iw0 t0 cperf iperf
     cw0=$(switches "$cpid")
     iw0=$(switches "$ipid")
     t0=$(date +%s.%N)
     # Children of this shell (not of a command substitution's), so that `wait` below waits
     # for them to write their counts after SIGINT.
-    cperf="" iperf=""
+    cperf="" iperf="" crec="" irec=""
+    if [[ -n $PERF_RECORD ]]; then
+        perf record -F 499 -g -p "$cpid" -o "$LAB_DIR/copier.perf" >/dev/null 2>&1 &
+        crec=$!
+        perf record -F 499 -p "$ipid" -o "$LAB_DIR/intercept.perf" >/dev/null 2>&1 &
+        irec=$!
+    fi
     if [[ -n $PERF_SYSCALLS ]]; then
         perf stat -e raw_syscalls:sys_enter -x, -o "$LAB_DIR/copier-syscalls.csv" -p "$cpid" >/dev/null 2>&1 &
         cperf=$!
@@ -203,16 +243,30 @@ one_run() {
     read -r fidelity errors prod_q < <( (compare 1 || true) | tee "$LAB_DIR/work-compare.txt" | figures)
     read -r cu1 cs1 < <(cpu_ticks "$cpid")
     read -r iu1 is1 < <(cpu_ticks "$ipid")
+    local cn1 in1
+    cn1=$(cpu_ns "$cpid")
+    in1=$(cpu_ns "$ipid")
     local cw1 iw1 t1 csc=-1 isc=-1
     cw1=$(switches "$cpid")
     iw1=$(switches "$ipid")
     t1=$(date +%s.%N)
-    for p in $cperf $iperf; do kill -INT "$p" 2>/dev/null || true; done
-    for p in $cperf $iperf; do wait "$p" 2>/dev/null || true; done
+    for p in $cperf $iperf $crec $irec; do kill -INT "$p" 2>/dev/null || true; done
+    for p in $cperf $iperf $crec $irec; do wait "$p" 2>/dev/null || true; done
     if [[ -n $cperf ]]; then
         csc=$(syscalls_in "$LAB_DIR/copier-syscalls.csv")
         isc=$(syscalls_in "$LAB_DIR/intercept-syscalls.csv")
     fi
+    local rx=-1 cuser="" iuser=""
+    if [[ -n $crec ]]; then
+        rx=$(rx_share "$LAB_DIR/copier.perf")
+        cuser=$(user_share "$LAB_DIR/copier.perf")
+        iuser=$(user_share "$LAB_DIR/intercept.perf")
+    fi
+    # Each daemon's CPU in µs: the scheduler's exact total, split into user and system by
+    # perf's samples (a timer of the daemon's own running time, not the tick's), or by the
+    # ticks' split without perf.
+    read -r cu cs < <(split_us $((cn1 - cn0)) "$cuser" $((cu1 - cu0)) $((cs1 - cs0)))
+    read -r iu is < <(split_us $((in1 - in0)) "$iuser" $((iu1 - iu0)) $((is1 - is0)))
     local crss irss
     crss=$(peak_rss_mib "$cpid")
     irss=$(peak_rss_mib "$ipid")
@@ -243,30 +297,31 @@ one_run() {
     idrops=$(sed -n 's/.*final:.* kernel_dropped=\([0-9]*\).*/\1/p' "$LAB_DIR/intercept.log" | tail -1)
     ilost=$(sed -n 's/.*final:.* framing_lost=\([0-9]*\).*/\1/p' "$LAB_DIR/intercept.log" | tail -1)
     awk -v p="$prod_q" -v e="$at_end" -v t="$fidelity" -v ne="$errors" \
-        -v cu=$((cu1 - cu0)) -v cs=$((cs1 - cs0)) -v iu=$((iu1 - iu0)) -v is=$((is1 - is0)) \
-        -v f="${frames:-0}" -v r="${relayed:-0}" -v d="${drops:-0}" -v tick="$TICK" \
+        -v cu="$cu" -v cs="$cs" -v iu="$iu" -v is="$is" \
+        -v f="${frames:-0}" -v r="${relayed:-0}" -v d="${drops:-0}" \
         -v crss="$crss" -v irss="$irss" -v id="${idrops:-0}" -v il="${ilost:-0}" \
-        -v cw=$((cw1 - cw0)) -v iw=$((iw1 - iw0)) -v t0="$t0" -v t1="$t1" -v csc="$csc" -v isc="$isc" 'BEGIN {
-        us = 1e6 / tick
+        -v cw=$((cw1 - cw0)) -v iw=$((iw1 - iw0)) -v t0="$t0" -v t1="$t1" -v csc="$csc" -v isc="$isc" \
+        -v rx="$rx" 'BEGIN {
+        us = 1
         secs = t1 - t0
         printf "%d %.5f %.5f %d %.3f %.3f %.3f %.3f %d %s %s %d %d %d %d", p, e, t, ne,
             f ? cu * us / f : 0, f ? cs * us / f : 0, r ? iu * us / r : 0, r ? is * us / r : 0,
             d, crss, irss, f, r, id, il
         # Parenthesised: a bare > in printf arguments would redirect its output.
-        printf " %.3f %.3f %.3f %.3f %.0f %.0f %.3f %.3f\n",
+        printf " %.3f %.3f %.3f %.3f %.0f %.0f %.3f %.3f %.4f\n",
             (p ? cu * us / p : 0), (p ? cs * us / p : 0), (p ? iu * us / p : 0), (p ? is * us / p : 0),
             (secs > 0 ? cw / secs : 0), (secs > 0 ? iw / secs : 0),
-            (p && csc >= 0 ? csc / p : -1), (p && isc >= 0 ? isc / p : -1) }'
+            (p && csc >= 0 ? csc / p : -1), (p && isc >= 0 ? isc / p : -1), rx }'
 }
 
 echo "Each line on stderr is one run: prod-queries work-fidelity-at-end work-fidelity" \
     "new-errors-on-test copier-us/pkt(user sys) intercept-us/pkt(user sys) drops copier-MiB" \
     "intercept-MiB captured relayed intercept-kernel-drops intercept-framing-lost" \
     "copier-us/query(user sys) intercept-us/query(user sys) wakeups/s(copier intercept)" \
-    "syscalls/query(copier intercept)" >&2
+    "syscalls/query(copier intercept) copier-receive-path-share" >&2
 echo "LAB_PIN=$LAB_PIN (1: the lab's CPU pinning on)" >&2
-echo "| test | threads | s | runs | prod queries | work fidelity at end | work fidelity | new errors on test | copier µs/pkt (user + sys) | intercept µs/pkt (user + sys) | kernel drops | peak RSS copier / intercept MiB | copier µs/query (user + sys) | intercept µs/query (user + sys) | wakeups/s copier / intercept | syscalls/query copier / intercept |"
-echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+echo "| test | threads | s | runs | prod queries | work fidelity at end | work fidelity | new errors on test | copier µs/pkt (user + sys) | intercept µs/pkt (user + sys) | kernel drops | peak RSS copier / intercept MiB | copier µs/query (user + sys) | intercept µs/query (user + sys) | wakeups/s copier / intercept | syscalls/query copier / intercept | copier µs/query without the lab's receive path (its share) |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 for threads in $THREADS; do
     rows=()
     for run in $(seq "$RUNS"); do
@@ -292,16 +347,20 @@ for threads in $THREADS; do
             return NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2
         }
         END {
-            # Fields 16-23 are per query (see one_run); 31-34 the user + sys sums.
+            # Fields 16-24 are per query (see one_run); 31-34 the user + sys sums, 35 the
+            # copier'"'"'s sum without its receive-path share (field 24).
             for (k = 1; k <= NR; k++) {
                 col[31, k] = col[5, k] + col[6, k]; col[32, k] = col[7, k] + col[8, k]
                 col[33, k] = col[16, k] + col[17, k]; col[34, k] = col[18, k] + col[19, k]
+                col[35, k] = col[33, k] * (1 - (col[24, k] < 0 ? 0 : col[24, k]))
             }
+            rx = median(24)
             csc = median(22); isc = median(23)
-            printf "| %s | %d | %d | %d | %d | %.5f | %.5f | %d | %.2f (%.2f + %.2f) | %.2f (%.2f + %.2f) | %d | %.1f / %.1f | %.2f (%.2f + %.2f) | %.2f (%.2f + %.2f) | %d / %d | %s / %s |\n",
+            printf "| %s | %d | %d | %d | %d | %.5f | %.5f | %d | %.2f (%.2f + %.2f) | %.2f (%.2f + %.2f) | %d | %.1f / %.1f | %.2f (%.2f + %.2f) | %.2f (%.2f + %.2f) | %d / %d | %s / %s | %s |\n",
                 test, th, s, n, median(1), median(2), median(3), median(4),
                 median(31), median(5), median(6), median(32), median(7), median(8), median(9),
                 median(10), median(11), median(33), median(16), median(17), median(34), median(18), median(19),
-                median(20), median(21), (csc < 0 ? "-" : sprintf("%.2f", csc)), (isc < 0 ? "-" : sprintf("%.2f", isc))
+                median(20), median(21), (csc < 0 ? "-" : sprintf("%.2f", csc)), (isc < 0 ? "-" : sprintf("%.2f", isc)),
+                (rx < 0 ? "-" : sprintf("%.2f (%.0f%%)", median(35), rx * 100))
         }'
 done
