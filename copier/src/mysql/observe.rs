@@ -23,13 +23,13 @@
 //! prepared statements are remembered, and a small cache of statement shapes makes a repeated
 //! COM_QUERY cost a fingerprint into a reused buffer and no allocation.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use common::clock::Instant;
 use common::mysql::command::{com, statement_id};
 use common::mysql::digest::{self, RowChecksum, Traits};
-use common::mysql::stmt::LAST_PREPARED;
+use common::mysql::stmt::{ByStatementId, LAST_PREPARED};
 
 use super::replies::{Role, Seen};
 use crate::report::observe::{
@@ -216,7 +216,7 @@ pub(super) struct Observer {
     /// The newest command whose last byte has not arrived: (serial, stream end offset).
     arriving: Option<(u64, u64)>,
     /// Production's statement id -> the shape of its executes.
-    statements: HashMap<u32, Arc<Statement>>,
+    statements: ByStatementId<Arc<Statement>>,
     last_prepared: Option<Arc<Statement>>,
     cache: Vec<Arc<Statement>>,
     cache_next: usize,
@@ -270,7 +270,7 @@ impl Observer {
             pending: VecDeque::new(),
             base: 0,
             arriving: None,
-            statements: HashMap::new(),
+            statements: ByStatementId::default(),
             last_prepared: None,
             cache: Vec::new(),
             cache_next: 0,

@@ -297,7 +297,8 @@ impl Collector {
     }
 
     fn digest(&mut self, s: &Arc<Statement>) -> &mut Digest {
-        if !self.digests.contains_key(&s.id) && self.digests.len() >= self.config.max_digests {
+        let full = self.digests.len() >= self.config.max_digests;
+        if full && !self.digests.contains_key(&s.id) {
             return self.other.get_or_insert_with(|| {
                 Digest::new(Arc::new(Statement {
                     id: u64::MAX,
