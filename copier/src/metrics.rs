@@ -175,6 +175,12 @@ pub fn render_copier_metrics(s: &Snapshot, report: Option<&Report>, top_n: usize
         en.reestablish_deferred,
     );
     e.counter(
+        "tcpshadow_copier_client_resets_closed_with_fin_total",
+        "Client resets after the client's whole stream: the test server's connection closed \
+         with a FIN after it (so it runs what it has not yet) instead of a RST.",
+        en.client_resets_closed_with_fin,
+    );
+    e.counter(
         "tcpshadow_copier_stale_test_connections_reset_total",
         "Older connections the test server still held on a new session's address, reset.",
         en.stale_test_connections_reset,

@@ -315,10 +315,19 @@ pub fn summary(s: &Snapshot, elapsed: Duration) -> String {
     let _ = writeln!(out, "copier summary after {:.1} s", elapsed.as_secs_f64());
     let _ = writeln!(
         out,
-        "  sessions: {} opened from SYN, {} picked up mid-stream, {} closed normally, {} reset by client/prod, {} abandoned",
+        "  sessions: {} opened from SYN, {} picked up mid-stream, {} closed normally{}, {} reset by client/prod, {} abandoned",
         e.sessions_opened,
         e.sessions_picked_up,
         e.closed(CloseReason::Completed),
+        if e.client_resets_closed_with_fin > 0 {
+            format!(
+                " ({} after a client's reset: a FIN after its whole stream let the test server \
+                 run it all)",
+                e.client_resets_closed_with_fin
+            )
+        } else {
+            String::new()
+        },
         e.closed(CloseReason::ClientReset) + e.closed(CloseReason::ProdReset),
         s.abandoned()
     );

@@ -70,6 +70,9 @@ pub struct EngineStats {
     pub client_segments_dropped: u64,
     /// Client RSTs that did not fit the stream (ignored, as the production kernel would).
     pub client_rsts_ignored: u64,
+    /// Client RSTs after the client's whole stream: the test server's connection was closed
+    /// with a FIN after it instead, so that it runs what it has not yet (not a loss).
+    pub client_resets_closed_with_fin: u64,
     /// Client RSTs that arrived while bytes were still queued toward the test server...
     pub client_resets_with_queued_data: u64,
     /// ...and how many bytes the test server therefore never got.
@@ -248,6 +251,7 @@ impl EngineStats {
             client_segments_held,
             client_segments_dropped,
             client_rsts_ignored,
+            client_resets_closed_with_fin,
             client_resets_with_queued_data,
             client_reset_bytes_lost,
             capture_gaps_suspected,

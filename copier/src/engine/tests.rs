@@ -905,7 +905,9 @@ fn idle_timeout_resets() {
 }
 
 #[test]
-fn client_rst_is_mirrored_and_lost_bytes_counted() {
+fn client_rst_after_its_whole_stream_closes_the_test_side_with_a_fin() {
+    // Production answered everything the client waited for; the test server, behind, must
+    // still run it: the bytes go, then a FIN, never a RST that would throw them away.
     let mut h = H::default();
     h.establish();
     let s = C.wrapping_add(1);
@@ -913,6 +915,33 @@ fn client_rst_is_mirrored_and_lost_bytes_counted() {
     h.client(s, ACK, &data(300));
     assert!(h.drain().is_empty());
     h.client(s.wrapping_add(300), RST | ACK, b"");
+    assert!(h.drain().is_empty(), "nothing fits the window, no RST");
+    assert_eq!(h.e.stats().client_resets_closed_with_fin, 1);
+    h.fb(T + 1, s, ACK, 65535, 0);
+    let out = h.drain();
+    assert!(out.iter().all(|p| !p.has(RST)), "{out:?}");
+    assert_eq!(out.iter().map(|p| p.payload.len()).sum::<usize>(), 300);
+    let last = out.last().unwrap();
+    assert!(last.has(FIN));
+    assert_eq!(
+        last.seq.wrapping_add(last.payload.len() as u32),
+        s.wrapping_add(300)
+    );
+    assert_eq!(h.e.stats().client_reset_bytes_lost, 0);
+    assert_eq!(h.e.stats().client_resets_with_queued_data, 0);
+}
+
+#[test]
+fn client_rst_with_its_stream_incomplete_is_mirrored_and_lost_bytes_counted() {
+    let mut h = H::default();
+    h.establish();
+    let s = C.wrapping_add(1);
+    h.fb(T + 1, s, ACK, 0, 0); // window shut: the bytes stay queued
+    h.client(s, ACK, &data(300));
+    assert!(h.drain().is_empty());
+    // 10 client bytes before the reset never reached the capture: the stream cannot be
+    // completed, so the test server's connection is reset and the queued bytes counted lost.
+    h.client(s.wrapping_add(310), RST | ACK, b"");
     let out = h.drain();
     assert_eq!(out.len(), 1);
     assert!(out[0].has(RST));
@@ -920,6 +949,7 @@ fn client_rst_is_mirrored_and_lost_bytes_counted() {
     assert_eq!(h.closed_reason(), Some(CloseReason::ClientReset));
     assert_eq!(h.e.stats().client_resets_with_queued_data, 1);
     assert_eq!(h.e.stats().client_reset_bytes_lost, 300);
+    assert_eq!(h.e.stats().client_resets_closed_with_fin, 0);
 }
 
 #[test]
@@ -999,7 +1029,9 @@ fn aborted_session_resets_whatever_the_test_server_still_sends() {
     h.establish();
     h.client(C.wrapping_add(1), ACK, b"abc");
     h.drain();
-    h.client(C.wrapping_add(4), RST, b"");
+    // A reset with a client byte missing before it: the stream cannot be finished, the
+    // session is aborted.
+    h.client(C.wrapping_add(5), RST, b"");
     h.drain();
     // Our RST was lost/off: the test server's data arrives, acking 2 of our bytes.
     h.fb(T + 1, C.wrapping_add(3), ACK, 65535, 10);
