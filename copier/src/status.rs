@@ -406,11 +406,13 @@ pub fn summary(s: &Snapshot, elapsed: Duration) -> String {
     );
     let _ = writeln!(
         out,
-        "  feedback: {} from intercept ({} unknown session, {} stale; back after {} outages, \
-         {} waiting sessions resynced); control: {}",
+        "  feedback: {} from intercept ({} unknown session, {} stale, {} MySQL events for \
+         sessions already ended; back after {} outages, {} waiting sessions resynced); \
+         control: {}",
         e.feedback_received,
         e.feedback_unknown_session,
         e.feedback_stale,
+        e.test_events_unknown_session,
         e.feedback_resumed,
         e.sessions_resynced,
         s.control
