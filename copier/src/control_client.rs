@@ -121,9 +121,16 @@ pub struct ClientConfig {
     pub connect_timeout: Duration,
     /// How long intercept may take to answer the Hello.
     pub handshake_timeout: Duration,
-    /// Keepalive period; intercept closes connections silent for 30 s.
+    /// Keepalive period while some address is claimed; intercept closes connections silent
+    /// for 30 s.
     pub ping_interval: Duration,
-    /// No frame at all (not even a Pong) for this long means the connection is dead.
+    /// Keepalive period while nothing is claimed (no session: an idle copier), below
+    /// intercept's 30 s. On an idle production host every wakeup is the mirror's alone (issue
+    /// 20: the 2 s heartbeat each way was all an idle copier still did); a dead intercept then
+    /// costs nothing until the first claim, whose write fails or whose pings go unanswered.
+    pub idle_ping_interval: Duration,
+    /// No frame at all (not even a Pong) for this long means the connection is dead; while
+    /// nothing is claimed, for `idle_ping_interval` more.
     pub idle_timeout: Duration,
     /// intercept not reading our claims for this long means the connection is dead.
     pub write_timeout: Duration,
@@ -142,6 +149,7 @@ impl ClientConfig {
             connect_timeout: Duration::from_secs(2),
             handshake_timeout: Duration::from_secs(5),
             ping_interval: Duration::from_secs(2),
+            idle_ping_interval: Duration::from_secs(20),
             idle_timeout: Duration::from_secs(10),
             write_timeout: Duration::from_secs(5),
         }
@@ -702,6 +710,8 @@ fn read_feedback(
 ) -> End {
     let mut pushed = false;
     let mut overflowing = false;
+    // What the handshake left set.
+    let mut read_timeout = cfg.idle_timeout;
     let end = loop {
         let msg = match dec.next_message() {
             Ok(Some(m)) => m,
@@ -713,6 +723,18 @@ fn read_feedback(
                 }
                 if shared.stopped() {
                     break End::Stopped;
+                }
+                // Pongs come every ping period: an idle copier's are far apart.
+                let wait = if shared.claimed.load(Ordering::Relaxed) == 0 {
+                    cfg.idle_timeout + cfg.idle_ping_interval
+                } else {
+                    cfg.idle_timeout
+                };
+                if wait != read_timeout {
+                    read_timeout = wait;
+                    if let Err(e) = stream.set_read_timeout(Some(wait)) {
+                        break End::Io(e);
+                    }
                 }
                 match fill(&mut stream, &mut dec, buf) {
                     Ok(()) => continue,
@@ -818,6 +840,8 @@ fn writer_loop(cfg: &ClientConfig, shared: &Shared, cmds: &Receiver<Command>) {
                 Command::Claim(a) => {
                     claimed.insert(a);
                     touched.push(a);
+                    // Busy again: the heartbeat resumes its short period from now.
+                    next_ping = next_ping.min(Instant::now() + cfg.ping_interval);
                 }
                 Command::Release(a) => {
                     claimed.remove(&a);
@@ -826,6 +850,7 @@ fn writer_loop(cfg: &ClientConfig, shared: &Shared, cmds: &Receiver<Command>) {
                 Command::Connected { generation, stream } => {
                     conn = Some((generation, stream));
                     resend_all = true;
+                    // A first Pong soon proves the new connection, busy or idle.
                     next_ping = Instant::now() + cfg.ping_interval;
                 }
                 Command::Disconnected { generation } => {
@@ -872,7 +897,12 @@ fn writer_loop(cfg: &ClientConfig, shared: &Shared, cmds: &Receiver<Command>) {
         if now >= next_ping {
             nonce = nonce.wrapping_add(1);
             frames += u64::from(encode_ping(nonce, &mut out).is_ok());
-            next_ping = now + cfg.ping_interval;
+            next_ping = now
+                + if claimed.is_empty() {
+                    cfg.idle_ping_interval
+                } else {
+                    cfg.ping_interval
+                };
         }
         if out.is_empty() {
             continue;

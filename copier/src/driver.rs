@@ -75,10 +75,13 @@ use crate::signals;
 use crate::status::{Snapshot, StatusLine};
 use crate::waker::{wait_readable, Waker};
 
-/// Longest sleep with nothing due: bounds how late a SIGUSR1 report request is noticed by an
-/// idle copier (a stop signal wakes the loop through `signals::stop_fd`). Issue 20: an idle
-/// copier wakes for little beyond its status line (every 5 s by default).
-const MAX_SLEEP: Duration = Duration::from_secs(5);
+/// Longest sleep with nothing due. Nothing needs it: stop signals and SIGUSR1 wake the loop
+/// through eventfds (`signals`), intercept's messages through the waker, every timer is a
+/// deadline. Issue 20: an idle copier wakes for its status line and nothing else (this was
+/// 5 s, for SIGUSR1, and woke an idle copier 12 times a minute).
+const MAX_SLEEP: Duration = Duration::from_secs(3600);
+/// Longest sleep when a signal could not wake the loop through an eventfd.
+const NO_SIGNAL_FD_SLEEP: Duration = Duration::from_millis(500);
 /// Sleep while draining: queued data is acknowledged within a test-server round trip.
 const DRAIN_SLEEP: Duration = Duration::from_millis(10);
 
@@ -441,6 +444,12 @@ impl Driver {
     /// How long the caller may sleep before the driver has work.
     pub fn next_wake(&self, now: Instant) -> Duration {
         let mut sleep = MAX_SLEEP;
+        if signals::stop_fd().is_none() || (self.report.is_some() && signals::report_fd().is_none())
+        {
+            // No eventfd to wake on (or signals not installed: tests, replay): look for the
+            // signals' flags on a timer.
+            sleep = NO_SIGNAL_FD_SLEEP;
+        }
         if let Some(d) = self.fleet.next_deadline() {
             sleep = sleep.min(d.saturating_since(now));
         }
@@ -462,12 +471,17 @@ impl Driver {
     /// Sleeps until intercept relays something, one of `extra_fds` (at most 3) is readable,
     /// a signal arrives, or `timeout` passes.
     pub fn wait(&self, extra_fds: &[RawFd], timeout: Duration) {
-        let mut fds = [self.waker.as_raw_fd(); 5];
+        let mut fds = [self.waker.as_raw_fd(); 6];
         let n = extra_fds.len().min(3);
         fds[1..=n].copy_from_slice(&extra_fds[..n]);
         let mut n = n + 1;
         // Until the stop is seen: it stays readable after.
         if let (None, Some(fd)) = (self.stopping_since, signals::stop_fd()) {
+            fds[n] = fd;
+            n += 1;
+        }
+        // Only the driver that writes the report empties it (`pump`).
+        if let (Some(_), Some(fd)) = (&self.report, signals::report_fd()) {
             fds[n] = fd;
             n += 1;
         }

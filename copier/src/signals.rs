@@ -1,9 +1,13 @@
 //! SIGINT/SIGTERM turn into a flag the engine loop polls, and make an eventfd readable that
 //! the loop sleeps on ([`stop_fd`]): whichever thread the kernel hands the signal to, the loop
 //! wakes at once, so it need not wake on a timer to look (an idle copier sleeps). The loop then
-//! drains and prints its summary. SIGUSR1 asks for the comparison report to be written now (`--report`). The handler only stores to an atomic and restores the default disposition (both
-//! async-signal-safe: `signal(2)` is on POSIX's list), so a second Ctrl-C or SIGTERM during the
-//! drain kills the process at once.
+//! drains and prints its summary. The handler only stores to an atomic and restores the default
+//! disposition (both async-signal-safe: `signal(2)` is on POSIX's list), so a second Ctrl-C or
+//! SIGTERM during the drain kills the process at once.
+//!
+//! SIGUSR1 asks for the comparison report to be written now (`--report`): a flag, and an
+//! eventfd of its own ([`report_fd`]) that wakes the loop, so that an idle copier need not wake
+//! on a timer to look for it either (issue 20).
 
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
@@ -13,14 +17,17 @@ static STOP: AtomicBool = AtomicBool::new(false);
 /// at any moment of the process's life.
 static STOP_FD: AtomicI32 = AtomicI32::new(-1);
 static REPORT: AtomicBool = AtomicBool::new(false);
+/// Written by the report handler, drained by [`take_report_request`]; -1 until [`install`].
+static REPORT_FD: AtomicI32 = AtomicI32::new(-1);
 
 extern "C" fn on_report_signal(_: libc::c_int) {
     REPORT.store(true, Ordering::SeqCst);
+    wake(&REPORT_FD);
 }
 
-extern "C" fn on_signal(sig: libc::c_int) {
-    STOP.store(true, Ordering::SeqCst);
-    let fd = STOP_FD.load(Ordering::SeqCst);
+/// Makes an eventfd readable. Async-signal-safe.
+fn wake(fd: &AtomicI32) {
+    let fd = fd.load(Ordering::SeqCst);
     if fd >= 0 {
         let one: u64 = 1;
         // SAFETY: write(2) is async-signal-safe; eight bytes from a live u64 to our eventfd.
@@ -28,6 +35,11 @@ extern "C" fn on_signal(sig: libc::c_int) {
             libc::write(fd, std::ptr::from_ref(&one).cast(), 8);
         }
     }
+}
+
+extern "C" fn on_signal(sig: libc::c_int) {
+    STOP.store(true, Ordering::SeqCst);
+    wake(&STOP_FD);
     // SAFETY: signal(2) is async-signal-safe; SIG_DFL makes the next such signal terminate.
     unsafe {
         libc::signal(sig, libc::SIG_DFL);
@@ -35,10 +47,13 @@ extern "C" fn on_signal(sig: libc::c_int) {
 }
 
 pub fn install() {
-    if STOP_FD.load(Ordering::SeqCst) < 0 {
-        // SAFETY: plain system call; a failure leaves -1 (the loop then looks on its timer).
-        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        STOP_FD.store(fd.max(-1), Ordering::SeqCst);
+    for slot in [&STOP_FD, &REPORT_FD] {
+        if slot.load(Ordering::SeqCst) < 0 {
+            // SAFETY: plain system call; a failure leaves -1 (the loop then looks on its
+            // timer).
+            let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+            slot.store(fd.max(-1), Ordering::SeqCst);
+        }
     }
     for sig in [libc::SIGINT, libc::SIGTERM] {
         // SAFETY: the handler is an extern "C" fn that only touches an atomic and calls
@@ -61,9 +76,25 @@ pub fn install() {
     }
 }
 
-/// Whether SIGUSR1 arrived since the last call.
+/// Whether SIGUSR1 arrived since the last call; empties [`report_fd`].
 pub fn take_report_request() -> bool {
+    let fd = REPORT_FD.load(Ordering::SeqCst);
+    if fd >= 0 {
+        let mut n: u64 = 0;
+        // SAFETY: a nonblocking read of eight bytes into a live u64 from our eventfd; one
+        // read empties its counter (EAGAIN when it was empty).
+        unsafe {
+            libc::read(fd, std::ptr::from_mut(&mut n).cast(), 8);
+        }
+    }
     REPORT.swap(false, Ordering::SeqCst)
+}
+
+/// The eventfd SIGUSR1 makes readable until [`take_report_request`] is called. Only a loop
+/// that calls it may sleep on it. `None` before [`install`] or if it could not be made.
+pub fn report_fd() -> Option<RawFd> {
+    let fd = REPORT_FD.load(Ordering::SeqCst);
+    (fd >= 0).then_some(fd)
 }
 
 /// The eventfd a stop signal makes readable (and leaves readable: a loop that has seen the

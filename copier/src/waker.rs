@@ -56,7 +56,7 @@ pub fn wait_readable(fds: &[RawFd], timeout: Duration) {
         fd: -1,
         events: 0,
         revents: 0,
-    }; 5];
+    }; 6];
     let n = fds.len().min(pfds.len());
     for (p, fd) in pfds.iter_mut().zip(fds) {
         p.fd = *fd;

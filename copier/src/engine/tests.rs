@@ -904,16 +904,23 @@ fn idle_timeout_resets() {
     assert_eq!(h.closed_reason(), Some(CloseReason::IdleTimeout));
 }
 
+/// An established session whose test server shut its window: the client's 300 bytes stay
+/// queued. Returns the harness and the stream's first sequence number.
+fn three_hundred_bytes_queued_behind_a_shut_window() -> (H, u32) {
+    let mut h = H::default();
+    h.establish();
+    let s = C.wrapping_add(1);
+    h.fb(T + 1, s, ACK, 0, 0);
+    h.client(s, ACK, &data(300));
+    assert!(h.drain().is_empty());
+    (h, s)
+}
+
 #[test]
 fn client_rst_after_its_whole_stream_closes_the_test_side_with_a_fin() {
     // Production answered everything the client waited for; the test server, behind, must
     // still run it: the bytes go, then a FIN, never a RST that would throw them away.
-    let mut h = H::default();
-    h.establish();
-    let s = C.wrapping_add(1);
-    h.fb(T + 1, s, ACK, 0, 0); // window shut: the bytes stay queued
-    h.client(s, ACK, &data(300));
-    assert!(h.drain().is_empty());
+    let (mut h, s) = three_hundred_bytes_queued_behind_a_shut_window();
     h.client(s.wrapping_add(300), RST | ACK, b"");
     assert!(h.drain().is_empty(), "nothing fits the window, no RST");
     assert_eq!(h.e.stats().client_resets_closed_with_fin, 1);
@@ -933,12 +940,7 @@ fn client_rst_after_its_whole_stream_closes_the_test_side_with_a_fin() {
 
 #[test]
 fn client_rst_with_its_stream_incomplete_is_mirrored_and_lost_bytes_counted() {
-    let mut h = H::default();
-    h.establish();
-    let s = C.wrapping_add(1);
-    h.fb(T + 1, s, ACK, 0, 0); // window shut: the bytes stay queued
-    h.client(s, ACK, &data(300));
-    assert!(h.drain().is_empty());
+    let (mut h, s) = three_hundred_bytes_queued_behind_a_shut_window();
     // 10 client bytes before the reset never reached the capture: the stream cannot be
     // completed, so the test server's connection is reset and the queued bytes counted lost.
     h.client(s.wrapping_add(310), RST | ACK, b"");
