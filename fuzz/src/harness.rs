@@ -31,7 +31,9 @@ use common::mysql::handshake::{
     AuthMoreData, AuthSwitchRequest, Capabilities, ClientLogin, EofPacket, ErrPacket, Greeting,
     HandshakeResponse, OkPacket, ReplyPhase, ServerReply,
 };
-use common::mysql::packet::{FrameScanner, Oversize, PacketHeader, PacketSplitter};
+use common::mysql::packet::{
+    FrameScanner, Oversize, PacketHeader, PacketSplitter, ScanSink, ScannedPacket,
+};
 use common::mysql::stmt::PrepareAnswer;
 use common::mysql::{read_lenenc_bytes, read_lenenc_int};
 use common::wire::{
@@ -198,6 +200,24 @@ pub fn mysql_framing(data: &[u8]) {
             }
             assert_eq!(s.position(), stream.len() as u64);
             let _ = s.at_boundary();
+            // The same stream skimmed: packets whose first byte is odd are passed over, the
+            // rest reported as above, and the walk ends in the same place.
+            struct Odd(usize);
+            impl ScanSink for Odd {
+                fn skim(&mut self, _: u8, len: u32, head: &[u8]) -> bool {
+                    assert_eq!(head.len(), (len as usize).min(FrameScanner::SKIM_HEAD));
+                    head.first().is_some_and(|b| b & 1 == 1)
+                }
+                fn packet(&mut self, p: ScannedPacket<'_>) {
+                    assert!(p.prefix.len() <= self.0);
+                }
+            }
+            let mut k = FrameScanner::new(usize::from(arg));
+            for piece in stream.chunks(chunk) {
+                k.feed_skimming(piece, &mut Odd(usize::from(arg)));
+            }
+            assert_eq!(k.position(), stream.len() as u64);
+            assert_eq!(k.at_boundary(), s.at_boundary());
         }
         1 => {
             let mut s = FrameScanner::with_hashes(usize::from(arg));

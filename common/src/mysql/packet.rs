@@ -986,14 +986,27 @@ mod tests {
             cuts in proptest::collection::vec(any::<usize>(), 0..10),
             max in 0usize..64,
         ) {
+            // Takes every other packet it is offered, whatever its bytes.
+            struct Alternate(bool);
+            impl ScanSink for Alternate {
+                fn skim(&mut self, _: u8, len: u32, head: &[u8]) -> bool {
+                    assert!(head.len() <= FrameScanner::SKIM_HEAD.min(len as usize));
+                    self.0 = !self.0;
+                    self.0
+                }
+                fn packet(&mut self, _: ScannedPacket<'_>) {}
+            }
             for oversize in [Oversize::Fail, Oversize::Skip] {
                 let mut sp = PacketSplitter::with_split(max, oversize, 16);
                 let mut sc = FrameScanner::with_split(max, 16);
+                let mut skimming = FrameScanner::with_split(max, 16);
                 for c in chunked(&bytes, &cuts) {
                     let _ = sp.feed(&c, |p| assert!(p.len <= max as u64 || p.is_skipped()));
                     sc.feed(&c, |_| {});
+                    skimming.feed_skimming(&c, &mut Alternate(false));
                     prop_assert!(sp.buffered() <= max);
                 }
+                prop_assert_eq!(skimming.position(), bytes.len() as u64);
             }
         }
     }
