@@ -442,18 +442,8 @@ pub mod fanout {
     /// like their flow. Every member must join with the same type and flags.
     pub fn join(fd: RawFd, group: u16) -> Result<()> {
         let arg: u32 = u32::from(group) | ((PACKET_FANOUT_HASH | PACKET_FANOUT_FLAG_DEFRAG) << 16);
-        // SAFETY: `arg` lives across the call and its size is passed; `fd` is a socket we own.
-        let rc = unsafe {
-            libc::setsockopt(
-                fd,
-                SOL_PACKET,
-                PACKET_FANOUT,
-                std::ptr::from_ref(&arg).cast(),
-                std::mem::size_of::<u32>() as libc::socklen_t,
-            )
-        };
-        if rc != 0 {
-            let e = std::io::Error::last_os_error();
+        // The kernel reads the option as an int: the same 32 bits.
+        if let Err(e) = ops::sockopt::set_int(fd, SOL_PACKET, PACKET_FANOUT, arg as libc::c_int) {
             bail!(
                 "cannot join capture fan-out group {group} (PACKET_FANOUT): {e} (needs Linux \
                  3.1+ and an AF_PACKET capture; run with --workers 1 otherwise)"
