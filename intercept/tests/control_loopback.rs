@@ -717,8 +717,10 @@ fn pings_keep_a_quiet_connection_alive() {
         idle_timeout: Duration::from_millis(300),
         ..ServerConfig::default()
     });
+    // Nothing is claimed: the idle period is the one that must keep the connection alive.
     let a = Copier::connect_with(ClientConfig {
         ping_interval: Duration::from_millis(50),
+        idle_ping_interval: Duration::from_millis(100),
         ..ClientConfig::new(icpt.addr(), Hello::new("quiet"), None)
     });
     thread::sleep(Duration::from_millis(800));

@@ -1036,6 +1036,7 @@ impl Lab {
                     at_end,
                     after: (prod, test),
                     caught_up_in: (!behind).then(|| now - started),
+                    settled_in: moved - started,
                     test_unread_at_end,
                 });
             }

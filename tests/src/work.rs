@@ -474,6 +474,10 @@ pub struct Window {
     /// How long after the load's end the test server had run all of production's work (of
     /// the kinds run [`MIN_COUNT`] times or more); `None` if it never did in the window.
     pub caught_up_in: Option<Duration>,
+    /// How long after the load's end the test server last ran anything of those kinds: when
+    /// it never caught up because the copier left some commands out by design and counted
+    /// them (a picked-up connection's transaction tail), this is when its backlog was run.
+    pub settled_in: Duration,
     /// What the test server's MySQL sockets held unread when the load ended
     /// ([`crate::Lab::test_unread_bytes`]).
     pub test_unread_at_end: u64,
@@ -564,11 +568,17 @@ impl Window {
 
     /// In step: 0.99 of the work run when the load ended, or all of it within
     /// [`IN_STEP_CATCH_UP`] after, or all of it in the window by a test server that had
-    /// [`BACKED_UP_UNREAD`] bytes of commands waiting on its sockets when the load ended.
+    /// [`BACKED_UP_UNREAD`] bytes of commands waiting on its sockets when the load ended. A
+    /// window whose whole-run bar allows a loss by design (`check_from`, checked before this)
+    /// never sees the test server catch up on every kind: there, its backlog run out within
+    /// [`IN_STEP_CATCH_UP`] counts instead (a Connector/J pool's fresh-clone run ended 1.5%
+    /// behind with 49,989 bytes unread and was failed for never catching up, 2026-12-06).
     fn check_in_step(&self, in_step: &Comparison, text: &str) -> Result<()> {
         let share = in_step.fidelity().unwrap_or(0.0);
         let backed_up = self.test_unread_at_end >= BACKED_UP_UNREAD;
+        let settled = self.caught_up_in.is_none() && self.settled_in <= IN_STEP_CATCH_UP;
         if share >= 0.99
+            || settled
             || self
                 .caught_up_in
                 .is_some_and(|t| t <= IN_STEP_CATCH_UP || backed_up)
@@ -577,7 +587,10 @@ impl Window {
         }
         let caught_up = match self.caught_up_in {
             Some(t) => format!("caught up {:.1} s after it", t.as_secs_f64()),
-            None => "never caught up in the window".to_owned(),
+            None => format!(
+                "never caught up in the window (its last progress {:.1} s after it)",
+                self.settled_in.as_secs_f64()
+            ),
         };
         bail!(
             "the test server was not in step with production: {share:.5} of the work run when \
@@ -625,6 +638,7 @@ mod tests {
             at_end: (prod.clone(), snap(6_801, 6_800, 2, &[])),
             after: (prod.clone(), prod.clone()),
             caught_up_in: caught_up_in.map(Duration::from_secs_f64),
+            settled_in: Duration::from_secs(9),
             test_unread_at_end: unread,
         };
         let own = OwnStatements::default();
@@ -636,6 +650,11 @@ mod tests {
         assert!(e.contains("not in step") && e.contains("900"), "{e}");
         let e = window(None, 274_576).check(&own).unwrap_err().to_string();
         assert!(e.contains("never caught up"), "{e}");
+        // Never caught up on every kind (a loss by design), its backlog run out 1.2 s after
+        // the end: in step; 9 s after: not.
+        let mut w = window(None, 900);
+        w.settled_in = Duration::from_millis(1200);
+        w.check(&own).unwrap();
     }
 
     #[test]
