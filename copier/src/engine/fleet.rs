@@ -413,6 +413,11 @@ impl Fleet {
         self.engines.iter().map(Engine::queued_bytes).sum()
     }
 
+    /// [`Engine::sessions_closing`] of every engine.
+    pub fn sessions_closing(&self) -> usize {
+        self.engines.iter().map(Engine::sessions_closing).sum()
+    }
+
     /// The `buf` size `poll_transmit` needs.
     pub fn transmit_buffer_len(&self) -> usize {
         self.engines

@@ -507,6 +507,17 @@ impl Engine {
             .sum()
     }
 
+    /// Live sessions whose client has closed (its FIN, or a reset closed like one) and whose
+    /// test-side close has not completed: at a stop they are waited for, so that the test
+    /// server runs what it holds and closes instead of being reset.
+    pub fn sessions_closing(&self) -> usize {
+        self.slots
+            .iter()
+            .filter_map(|s| s.session.as_ref())
+            .filter(|s| !s.is_lingering() && s.client_closed())
+            .count()
+    }
+
     /// The `buf` size `poll_transmit` needs for any packet of ours.
     pub fn transmit_buffer_len(&self) -> usize {
         usize::from(self.cfg.mss) + MAX_HEADER_LEN

@@ -382,6 +382,11 @@ impl Session {
         self.fin_queued && self.snd_una == self.stream_end()
     }
 
+    /// The client's whole stream is in and ends here (its FIN, or a reset taken as one).
+    pub(crate) fn client_closed(&self) -> bool {
+        self.client_fin_reached
+    }
+
     /// Both directions closed and acknowledged, and our last ACK is out.
     pub(crate) fn is_complete(&self) -> bool {
         self.phase == Phase::Established
