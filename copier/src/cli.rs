@@ -200,8 +200,8 @@ pub struct MirrorArgs {
     #[arg(long, env = "TCPSHADOW_SAMPLE", value_name = "PERCENT", value_parser = parse_sample)]
     pub sample: Option<Sample>,
 
-    /// On SIGINT/SIGTERM, wait up to this many seconds for queued data to reach the target
-    /// before resetting what is left.
+    /// On SIGINT/SIGTERM, wait up to this many seconds for queued data to reach the target,
+    /// and for the sessions whose client closed to close there, before resetting what is left.
     #[arg(long, env = "TCPSHADOW_DRAIN_SECS", default_value_t = 2)]
     pub drain_secs: u64,
 
