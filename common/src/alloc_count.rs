@@ -1,5 +1,5 @@
 //! A global allocator that counts, for the tests and benchmarks that hold a path to zero heap
-//! allocations per packet (`copier/tests/engine_allocs.rs`, the engine and reply-path
+//! allocations per packet (`core/tests/engine_allocs.rs`, the engine and reply-path
 //! benchmarks, the transform tests). Only they install it:
 //!
 //! ```ignore

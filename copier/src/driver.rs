@@ -868,7 +868,7 @@ fn mysql_factory(
     report: Option<ReportHooks>,
 ) -> Result<MysqlFactory> {
     let credentials = match &args.mysql_credentials {
-        Some(path) => Credentials::load(path)?,
+        Some(path) => crate::credentials::load(path)?,
         None => {
             tracing::warn!(
                 "no --mysql-credentials: logins are forwarded unchanged, so they only succeed on a \

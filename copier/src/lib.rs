@@ -1,9 +1,11 @@
 //! The copier: runs on the production host, captures the clients' traffic of a port and plays
 //! the client side of each connection toward a test server.
 //!
-//! `engine` is the sans-IO heart; everything else is an edge (capture, raw send, control
-//! channel, signals, status), the driver that wires them to the engine (`driver`), or a loop
-//! that feeds the driver (`run`: the live capture).
+//! The sans-IO heart, the session engine and the MySQL layer, lives in its own crate
+//! (`tcpshadow-core`, re-exported here as `engine` and `mysql`) so that the compiler keeps I/O
+//! out of it; everything in this crate is an edge (capture, raw send, control channel,
+//! signals, status), the driver that wires them to the engine (`driver`), or a loop that feeds
+//! the driver (`run`: the live capture).
 
 pub mod capture;
 pub mod cli;
@@ -11,9 +13,7 @@ pub mod control_client;
 pub mod credentials;
 pub mod doctor;
 pub mod driver;
-pub mod engine;
 pub mod metrics;
-pub mod mysql;
 pub mod pcapfile;
 pub mod prod_state;
 pub mod record;
@@ -25,3 +25,5 @@ pub mod signals;
 pub mod status;
 pub mod transit;
 pub mod waker;
+
+pub use tcpshadow_core::{engine, mysql};

@@ -249,29 +249,8 @@ impl StatusLine {
     }
 }
 
-/// Prefix of the protocol-layer counters of commands `--read-only` keeps off the test server.
-pub(crate) const READ_ONLY_PREFIX: &str = "read_only_skipped_";
-
-/// Whether a protocol-layer counter counts commands, logins or sessions the test server did not
-/// get as production did. What `--read-only` skips was asked for: not a loss.
-pub(crate) fn is_protocol_loss(name: &str) -> bool {
-    if name.starts_with(READ_ONLY_PREFIX) {
-        return false;
-    }
-    const MARKS: [&str; 10] = [
-        "dropped",
-        "failed",
-        "no_credentials",
-        "not_mirrorable",
-        "lost",
-        "overflow",
-        "unframed",
-        "unmatched",
-        "no_default_user",
-        "refused",
-    ];
-    MARKS.iter().any(|m| name.contains(m))
-}
+// What counts as a loss is the MySQL layer's to say: its counters are named there.
+pub(crate) use crate::mysql::{is_protocol_loss, READ_ONLY_PREFIX};
 
 /// For the protocol-layer losses a flag or a file would have avoided: why they happened and
 /// what to change. A loss a user can do nothing about (the test server rejected a statement,

@@ -213,7 +213,7 @@ fn sample_60_mirrors_whole_connections() -> Result<()> {
     // since 5.18 moves every new ephemeral port a random 2..16 above the last, which makes
     // such a share of 200 connections nearly binomial (53.5% to 62.5% measured). The copier
     // decides each new connection against a bar that follows the share taken so far (see
-    // copier/src/engine/sample.rs), which keeps it within a connection or two.
+    // core/src/engine/sample.rs), which keeps it within a connection or two.
     ensure!(
         (0.57..=0.63).contains(&share),
         "{:.1}% mirrored, outside 57..63%",

@@ -2,7 +2,7 @@
 //!
 //! A result set of a hundred rows used to cost a hundred summaries: framed, encoded, written,
 //! decoded and walked by the copier one by one, although the copier reads nothing of a row but
-//! "not 0xFE, not 0xFF" (see `copier/src/mysql/replies.rs`). The folder lets such packets
+//! "not 0xFE, not 0xFF" (see `core/src/mysql/replies.rs`). The folder lets such packets
 //! through as one run per captured segment; everything else still goes out as a summary with
 //! its head.
 //!

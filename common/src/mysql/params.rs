@@ -11,7 +11,7 @@
 //!
 //! [`guess`] finds types consistent with an execute's own bytes, for a statement the server was
 //! never given types for. The values carry no types, so a guess can be wrong even when every
-//! byte fits: callers verify it (`copier/src/mysql/param_types.rs`). The order candidates come
+//! byte fits: callers verify it (`core/src/mysql/param_types.rs`). The order candidates come
 //! in, for each value from left to right (the first parameter's first reading, then the
 //! second's, ...):
 //!

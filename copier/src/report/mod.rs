@@ -25,7 +25,7 @@ pub mod fixtures;
 pub mod html;
 pub mod json;
 pub mod model;
-pub mod observe;
+pub use tcpshadow_core::observation as observe;
 pub mod reporting;
 pub mod text;
 pub mod write;

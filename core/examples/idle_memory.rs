@@ -5,7 +5,7 @@
 //! takes (chunk headers and rounding), the number of live allocations, the process's RSS
 //! growth, what the `--max-memory` budget charges, and the in-line sizes of the parts.
 //!
-//!     cargo run --release -p copier --example idle_memory -- [SESSIONS] [tcp|mysql|credentials]
+//!     cargo run --release -p tcpshadow-core --example idle_memory -- [SESSIONS] [tcp|mysql|credentials]
 //!
 //! The engine is configured as the copier's defaults configure it (`--max-sessions 100000`:
 //! tables pre-sized for 65,536 sessions). The lab's figure (`bench/idle.sh`) adds what lies
@@ -160,9 +160,9 @@ fn main() {
         );
     }
     println!("in-line sizes:");
-    for (name, size) in copier::engine::session_layout()
+    for (name, size) in tcpshadow_core::engine::session_layout()
         .into_iter()
-        .chain(copier::mysql::session_layout())
+        .chain(tcpshadow_core::mysql::session_layout())
     {
         println!("  {name:32} {size:6} B");
     }

@@ -60,11 +60,11 @@ fn an_idle_mysql_session_takes_at_most_2_kib_and_is_charged_for_it() {
     t.check().unwrap();
     while t.engine.poll_event().is_some() {}
     let heap = (CHUNKS.load(Ordering::Relaxed) - before) as usize / N;
-    let per_session = heap + copier::engine::SESSION_FIXED_BYTES;
+    let per_session = heap + tcpshadow_core::engine::SESSION_FIXED_BYTES;
     let charged = t.engine.memory_used() / N;
     println!(
         "idle MySQL session: {heap} B of heap + {} B fixed = {per_session} B; charged {charged} B",
-        copier::engine::SESSION_FIXED_BYTES
+        tcpshadow_core::engine::SESSION_FIXED_BYTES
     );
     assert!(per_session <= 2048, "{per_session} bytes per idle session");
     assert!(

@@ -179,7 +179,7 @@ fn a_statement_known_to_no_one_is_one_loss_however_the_client_resets_and_closes_
     assert_eq!(h.count(Counter::StmtResetsOfStatementsBeforePickup), 1);
     assert_eq!(h.count(Counter::RecoveredClosedUnused), 1);
     assert_eq!(h.count(Counter::StmtCommandsDropped), 0);
-    assert!(!crate::status::is_protocol_loss(
+    assert!(!crate::mysql::is_protocol_loss(
         "stmt_resets_of_statements_before_pickup"
     ));
 }

@@ -1563,7 +1563,7 @@ proptest! {
         fold in any::<bool>(),
     ) {
         // Folding (intercept's runs of rows) and payload hashes exclude each other.
-        let sink = crate::report::observe::ObservationSink::new(10_000);
+        let sink = crate::observation::ObservationSink::new(10_000);
         let config = MysqlConfig {
             report: Some(super::ReportHooks {
                 sink: Arc::clone(&sink),
@@ -1706,7 +1706,7 @@ proptest! {
         prop_assert_eq!(got.len(), answered);
         for o in &got {
             let p = o.prod.expect("production's answer");
-            let crate::report::observe::TestOutcome::Answered(t) = o.test else {
+            let crate::observation::TestOutcome::Answered(t) = o.test else {
                 return Err(TestCaseError::fail(format!("no test answer: {o:?}")));
             };
             prop_assert_eq!((p.kind, p.rows, p.bytes), (t.kind, t.rows, t.bytes));
@@ -1727,7 +1727,7 @@ proptest! {
         picked_up in any::<bool>(),
         read_only in any::<bool>(),
     ) {
-        let sink = crate::report::observe::ObservationSink::new(100);
+        let sink = crate::observation::ObservationSink::new(100);
         let config = MysqlConfig {
             max_held_bytes: 2000,
             read_only,

@@ -2,7 +2,7 @@
 //! concurrent sessions (see `traffic.rs`), fake clock, no I/O. Reports input packets per
 //! second (captured packets plus relayed feedback; `Throughput::Elements`), on one core.
 //!
-//!     cargo bench -p copier --bench engine
+//!     cargo bench -p tcpshadow-core --bench engine
 //!
 //! Also prints the heap allocations per input packet in steady state (a counting global
 //! allocator wraps the system one), which `tests/engine_allocs.rs` asserts.

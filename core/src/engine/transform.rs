@@ -18,7 +18,7 @@
 //!
 //! # What it must never do
 //!
-//! * Know a protocol. MySQL lives in `copier/src/mysql/`; this file only defines the hook.
+//! * Know a protocol. MySQL lives in `core/src/mysql/`; this file only defines the hook.
 //! * Do I/O, read a clock, log, or block: a transform is called on the packet hot path with the
 //!   engine's `now`, and must be a deterministic function of what it was fed.
 //! * Cost anything when unused: a factory that returns `None` keeps the session on the plain

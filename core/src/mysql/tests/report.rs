@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::mysql::ReportHooks;
-use crate::report::observe::{AnswerKind, Observation, ObservationSink, TestOutcome};
+use crate::observation::{AnswerKind, Observation, ObservationSink, TestOutcome};
 
 fn reporting(compare: bool, literals: bool) -> (MysqlConfig, Arc<ObservationSink>) {
     let sink = ObservationSink::new(1000);

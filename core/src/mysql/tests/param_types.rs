@@ -283,7 +283,7 @@ fn an_execute_that_cannot_be_typed_is_counted_and_not_sent() {
     h.prod_reply(&one_row());
     h.test_reply(&one_row());
     assert_eq!(h.count(Counter::RepliesUnmatched), 0);
-    assert!(crate::status::is_protocol_loss(
+    assert!(crate::mysql::is_protocol_loss(
         super::super::COUNTER_NAMES[Counter::ExecutesDroppedUndecodable as usize]
     ));
     assert_eq!(h.abandoned, None);

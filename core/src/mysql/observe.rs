@@ -32,7 +32,7 @@ use common::mysql::digest::{self, RowChecksum, Traits};
 use common::mysql::stmt::{ByStatementId, LAST_PREPARED};
 
 use super::replies::{Role, Seen};
-use crate::report::observe::{
+use crate::observation::{
     Answer, AnswerKind, Observation, ObservationSink, Statement, TestOutcome,
 };
 

@@ -392,6 +392,30 @@ pub const COUNTER_NAMES: &[&str] = &[
     "commands_dropped_in_transaction_cut_by_gap",
 ];
 
+/// Prefix of the protocol-layer counters of commands `--read-only` keeps off the test server.
+pub const READ_ONLY_PREFIX: &str = "read_only_skipped_";
+
+/// Whether a protocol-layer counter counts commands, logins or sessions the test server did not
+/// get as production did. What `--read-only` skips was asked for: not a loss.
+pub fn is_protocol_loss(name: &str) -> bool {
+    if name.starts_with(READ_ONLY_PREFIX) {
+        return false;
+    }
+    const MARKS: [&str; 10] = [
+        "dropped",
+        "failed",
+        "no_credentials",
+        "not_mirrorable",
+        "lost",
+        "overflow",
+        "unframed",
+        "unmatched",
+        "no_default_user",
+        "refused",
+    ];
+    MARKS.iter().any(|m| name.contains(m))
+}
+
 /// What `--read-only` counts a command under.
 pub(crate) fn read_only_counter(kind: WriteKind) -> Counter {
     match kind {

@@ -20,9 +20,9 @@ use std::time::Duration;
 use common::clock::Instant;
 use common::control::{MysqlEvent, MysqlPacket, TestFeedback};
 use common::wire::{TcpFlags, TcpOptions, TcpPacket};
-use copier::credentials::Credentials;
-use copier::engine::{Engine, EngineConfig, EngineEvent, TestEvent};
-use copier::mysql::{MysqlConfig, MysqlFactory};
+use tcpshadow_core::credentials::Credentials;
+use tcpshadow_core::engine::{Engine, EngineConfig, EngineEvent, TestEvent};
+use tcpshadow_core::mysql::{MysqlConfig, MysqlFactory};
 
 const PROD: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
 const PROD_PORT: u16 = 3306;
@@ -190,7 +190,7 @@ impl Traffic {
                 } else {
                     Credentials::default()
                 };
-                let random: copier::mysql::RandomBytes = Arc::new(|b: &mut [u8]| {
+                let random: tcpshadow_core::mysql::RandomBytes = Arc::new(|b: &mut [u8]| {
                     b.fill(7);
                     true
                 });
