@@ -69,7 +69,8 @@ use crate::engine::{CloseReason, Engine, EngineConfig, EngineEvent, Fleet, TestE
 use crate::metrics::MetricsPublisher;
 use crate::mysql::{MysqlConfig, MysqlFactory, NotRecovered, RandomBytes, ReportHooks};
 use crate::prod_state::{OwnAddress, ProdDsn, StateLookup};
-use crate::report::reporting::Reporting;
+use crate::report::reporting::{ReportFeed, Reporting};
+use crate::report::sink::ObservationSink;
 use crate::send::RawSender;
 use crate::signals;
 use crate::status::{Snapshot, StatusLine};
@@ -108,8 +109,8 @@ pub struct Plan {
 pub struct Worker {
     pub index: u32,
     pub count: u32,
-    /// The coordinator's report sink: every worker's observations go into one report.
-    pub report: Option<ReportHooks>,
+    /// The coordinator's report feed: every worker's observations go into one report.
+    pub report: Option<ReportFeed>,
 }
 
 /// What [`Driver::pump`] found.
@@ -148,6 +149,9 @@ pub struct Driver {
     metrics: Option<MetricsPublisher>,
     /// `--report`: the comparison of both servers' answers.
     report: Option<Reporting>,
+    /// Where the engines' observations go after every batch: this driver's report's queue,
+    /// or the coordinator's.
+    observations: Option<Arc<ObservationSink>>,
     /// The latest time `pump` was given (the final report's time).
     last_now: Instant,
     /// A moment on both the standard clock and the engine's (the callers drive the engine with
@@ -191,12 +195,14 @@ impl Driver {
                 args.memory_budget().report(),
             )
         });
-        let hooks = match &worker {
+        let feed = match &worker {
             Some(w) => w.report.clone(),
-            None => report.as_ref().map(Reporting::hooks),
+            None => report.as_ref().map(Reporting::feed),
         };
         let slot = worker.as_ref().map_or((0, 1), |w| (w.index, w.count));
+        let hooks = feed.as_ref().map(|f| f.hooks);
         let fleet = build_fleet_for(args, &plan, recovery_wait, hooks, slot)?;
+        let observations = feed.map(|f| f.sink);
         if let (Some(r), Some(first)) = (&mut report, plan.routes.first()) {
             r.set_endpoints(
                 format!("{}:{}", ops::host::hostname(), first.prod_port),
@@ -286,6 +292,7 @@ impl Driver {
             mysql_events: 0,
             metrics,
             report,
+            observations,
             last_now: now,
             anchor,
         };
@@ -678,6 +685,11 @@ impl Driver {
     }
 
     fn handle_events(&mut self) {
+        if let Some(sink) = &self.observations {
+            while let Some(o) = self.fleet.poll_observation() {
+                sink.push(o);
+            }
+        }
         while let Some(ev) = self.fleet.poll_event() {
             match ev {
                 EngineEvent::SessionOpened {

@@ -305,7 +305,7 @@ mod workers {
             .metrics
             .map(|addr| MetricsPublisher::start(addr, mirror.metrics_top_digests, start))
             .transpose()?;
-        let hooks = report.as_ref().map(Reporting::hooks);
+        let feed = report.as_ref().map(Reporting::feed);
         // Each worker opens its raw socket in its own thread, after this point: the capability
         // drop of the single-worker path would have to wait for all of them (not done yet).
         tracing::warn!(
@@ -329,7 +329,7 @@ mod workers {
                     let worker = Worker {
                         index: i as u32,
                         count: n,
-                        report: hooks.clone(),
+                        report: feed.clone(),
                     };
                     let (plan, clock, figures, abort) = (plan.clone(), &clock, &figures[i], &abort);
                     std::thread::Builder::new()

@@ -108,7 +108,7 @@ impl Snapshot {
             ),
             (
                 "report: observations dropped (queue full)",
-                self.report.as_ref().map_or(0, |r| r.dropped),
+                self.report.as_ref().map_or(0, |r| r.dropped) + e.observations_dropped,
             ),
         ];
         for r in CloseReason::ALL {

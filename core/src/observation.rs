@@ -1,14 +1,13 @@
-//! What the MySQL layer tells the report about each mirrored command, and the queue it tells
-//! it through.
+//! What the MySQL layer tells the report about each mirrored command.
 //!
 //! The transforms run on the packet path and must not do I/O, block or grow without bound:
-//! they push one [`Observation`] per client command into an [`ObservationSink`] (a bounded
-//! queue behind a mutex held for one `Vec::push`), and the driver drains it into the
-//! [`Collector`](super::collect::Collector) between batches. A full queue drops the observation
-//! and counts it: the report says how many were lost.
+//! each hands out one [`Observation`] per client command through the engine's poll
+//! interface (`StreamTransform::poll_observation`, collected by the engine after every event
+//! into a bounded queue, `Engine::poll_observation`), and the driver moves them into the
+//! copier's report between batches. A full queue drops the observation and counts it
+//! (`EngineStats::observations_dropped`): the report says how many were lost.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::clock::Instant;
@@ -93,94 +92,4 @@ pub struct Observation {
     /// Production's answer; `None` if it was not seen (capture gap, session ended first).
     pub prod: Option<Answer>,
     pub test: TestOutcome,
-}
-
-/// Observations waiting for the driver. See the module documentation.
-#[derive(Debug)]
-pub struct ObservationSink {
-    queue: Mutex<Vec<Observation>>,
-    capacity: usize,
-    pushed: AtomicU64,
-    dropped: AtomicU64,
-}
-
-impl ObservationSink {
-    /// A queue holding at most `capacity` observations between two drains.
-    pub fn new(capacity: usize) -> Arc<Self> {
-        Arc::new(Self {
-            queue: Mutex::new(Vec::new()),
-            capacity: capacity.max(1),
-            pushed: AtomicU64::new(0),
-            dropped: AtomicU64::new(0),
-        })
-    }
-
-    pub fn push(&self, o: Observation) {
-        // A poisoned lock (a panic elsewhere while holding it) still holds valid data.
-        let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
-        if q.len() >= self.capacity {
-            drop(q);
-            self.dropped.fetch_add(1, Ordering::Relaxed);
-            return;
-        }
-        q.push(o);
-        drop(q);
-        self.pushed.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// Moves everything queued to the end of `out`.
-    pub fn drain_into(&self, out: &mut Vec<Observation>) {
-        let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
-        if out.is_empty() {
-            std::mem::swap(&mut *q, out);
-        } else {
-            out.append(&mut q);
-        }
-    }
-
-    /// Observations accepted so far.
-    pub fn pushed(&self) -> u64 {
-        self.pushed.load(Ordering::Relaxed)
-    }
-
-    /// Observations dropped because the queue was full.
-    pub fn dropped(&self) -> u64 {
-        self.dropped.load(Ordering::Relaxed)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn obs() -> Observation {
-        Observation {
-            statement: Arc::new(Statement {
-                id: 1,
-                command: "ping",
-                fingerprint: "ping".into(),
-                example: "ping".into(),
-                traits: Traits::default(),
-            }),
-            copy: 0,
-            prod: None,
-            test: TestOutcome::Lost,
-        }
-    }
-
-    #[test]
-    fn the_sink_is_bounded_and_counts_what_it_drops() {
-        let s = ObservationSink::new(2);
-        for _ in 0..5 {
-            s.push(obs());
-        }
-        assert_eq!((s.pushed(), s.dropped()), (2, 3));
-        let mut out = vec![obs()];
-        s.drain_into(&mut out);
-        assert_eq!(out.len(), 3);
-        s.push(obs());
-        let mut out = Vec::new();
-        s.drain_into(&mut out);
-        assert_eq!(out.len(), 1);
-    }
 }

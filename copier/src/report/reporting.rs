@@ -14,7 +14,8 @@ use common::clock::Instant;
 use super::collect::{Collector, CollectorConfig, LiveFigures, ReportMeta};
 use super::divergence::Divergent;
 use super::model::{Report, Totals};
-use super::observe::{Observation, ObservationSink};
+use super::observe::Observation;
+use super::sink::ObservationSink;
 use crate::mysql::ReportHooks;
 
 /// Bytes one digest group may take at most: two latency histograms grown to every bucket
@@ -54,6 +55,14 @@ pub struct ReportFigures {
     pub divergence: Vec<Divergent>,
 }
 
+/// What a driver needs to feed the report: how its transforms observe, and the queue it moves
+/// its engines' observations into (`Fleet::poll_observation`) after every batch.
+#[derive(Clone, Debug)]
+pub struct ReportFeed {
+    pub hooks: ReportHooks,
+    pub sink: Arc<ObservationSink>,
+}
+
 /// See the module documentation.
 pub struct Reporting {
     sink: Arc<ObservationSink>,
@@ -85,7 +94,6 @@ impl Reporting {
         let started_unix_ms = unix_ms();
         Self {
             hooks: ReportHooks {
-                sink: Arc::clone(&sink),
                 compare_results,
                 literals,
             },
@@ -109,9 +117,12 @@ impl Reporting {
         }
     }
 
-    /// What the MySQL factory needs to make observing transforms.
-    pub fn hooks(&self) -> ReportHooks {
-        self.hooks.clone()
+    /// What a driver needs to make observing transforms and hand their observations in.
+    pub fn feed(&self) -> ReportFeed {
+        ReportFeed {
+            hooks: self.hooks,
+            sink: Arc::clone(&self.sink),
+        }
     }
 
     /// Names what was mirrored where, for the report's header.

@@ -40,6 +40,8 @@
 use std::net::{Ipv4Addr, SocketAddrV4};
 
 use common::clock::Instant;
+
+use crate::observation::Observation;
 use common::control::TestFeedback;
 use common::wire::TcpPacket;
 
@@ -323,9 +325,7 @@ impl Fleet {
                     None => Verdict::IN,
                 };
                 for e in &mut self.engines[r.first..r.first + self.copies] {
-                    e.captured_at = captured;
-                    e.on_judged(now, pkt, verdict);
-                    e.captured_at = None;
+                    e.on_judged(now, captured, pkt, verdict);
                 }
             }
         }
@@ -399,6 +399,11 @@ impl Fleet {
     /// The next session event of any engine.
     pub fn poll_event(&mut self) -> Option<EngineEvent> {
         self.engines.iter_mut().find_map(Engine::poll_event)
+    }
+
+    /// The next observation of any engine (see [`Engine::poll_observation`]).
+    pub fn poll_observation(&mut self) -> Option<Observation> {
+        self.engines.iter_mut().find_map(Engine::poll_observation)
     }
 
     /// Resets and forgets every session of every engine; drain `poll_transmit` afterwards.

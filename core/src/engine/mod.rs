@@ -121,6 +121,7 @@ use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::time::Duration;
 
+use crate::observation::Observation;
 use common::clock::Instant;
 use common::control::TestFeedback;
 use common::wire::{emit_ipv4_tcp, SegmentRepr, TcpPacket};
@@ -221,6 +222,9 @@ pub struct EngineConfig {
     /// out-of-order, repeated and window-probe segments are always acknowledged at once.
     /// Zero: every test-server segment is acknowledged at once (a pure ACK each).
     pub delayed_ack: Duration,
+    /// Observations (the report's, see [`Engine::poll_observation`]) kept until the driver
+    /// collects them; beyond, they are dropped and counted (`observations_dropped`).
+    pub max_observations: usize,
 }
 
 impl EngineConfig {
@@ -247,6 +251,8 @@ impl EngineConfig {
             max_memory: 256 << 20,
             ttl: 64,
             delayed_ack: DEFAULT_DELAYED_ACK,
+            // A second of a busy copier's commands; the driver collects after every batch.
+            max_observations: 1 << 16,
         }
     }
 
@@ -415,12 +421,12 @@ pub struct Engine {
     ready: VecDeque<SessionId>,
     control_out: VecDeque<SegmentRepr>,
     events: VecDeque<EngineEvent>,
+    /// What the transforms observed, collected after each event (see `poll_observation`).
+    observations: VecDeque<Observation>,
     scratch: Vec<u8>,
     ip_id: u16,
     stats: EngineStats,
     factory: transform::FactorySlot,
-    /// While handling a packet given to [`Engine::on_captured_at`]: when it was captured.
-    captured_at: Option<Instant>,
     /// `--sample`'s decisions; `None` without sampling, or when a [`Fleet`] decides for all
     /// copies of a route.
     sampler: Option<Sampler>,
@@ -468,11 +474,11 @@ impl Engine {
             ready: VecDeque::with_capacity(presize.min(4096)),
             control_out: VecDeque::with_capacity(64),
             events: VecDeque::with_capacity(256),
+            observations: VecDeque::new(),
             scratch: vec![0; usize::from(cfg.mss)],
             ip_id: 0,
             stats: EngineStats::default(),
             factory: transform::FactorySlot(factory),
-            captured_at: None,
             sampler: Sampler::for_engine(&cfg),
             mem_used: 0,
             mem_new_session: SESSION_FIXED_BYTES,
@@ -530,25 +536,33 @@ impl Engine {
     /// as [`TransformOutput::captured_at`] while its bytes are delivered. The engine itself
     /// keeps using `now`. Otherwise as [`Engine::on_captured`].
     pub fn on_captured_at(&mut self, now: Instant, captured: Instant, pkt: &TcpPacket<'_>) {
-        self.captured_at = Some(captured);
-        self.on_captured(now, pkt);
-        self.captured_at = None;
+        self.on_captured_inner(now, Some(captured), pkt);
     }
 
     /// A captured packet (either direction of the production port; others are counted and
     /// ignored).
     pub fn on_captured(&mut self, now: Instant, pkt: &TcpPacket<'_>) {
+        self.on_captured_inner(now, None, pkt);
+    }
+
+    fn on_captured_inner(&mut self, now: Instant, captured: Option<Instant>, pkt: &TcpPacket<'_>) {
         let verdict = match &mut self.sampler {
             Some(s) => s.judge(now, pkt),
             None => Verdict::IN,
         };
-        self.on_judged(now, pkt, verdict);
+        self.on_judged(now, captured, pkt, verdict);
     }
 
     /// A captured packet and `--sample`'s verdict on it (judged here, or once per route by a
     /// [`Fleet`] for all its copies). Left-out packets are dropped before any lookup, so they
     /// never create session state.
-    fn on_judged(&mut self, now: Instant, pkt: &TcpPacket<'_>, verdict: Verdict) {
+    fn on_judged(
+        &mut self,
+        now: Instant,
+        captured: Option<Instant>,
+        pkt: &TcpPacket<'_>,
+        verdict: Verdict,
+    ) {
         let t = self.cfg.target;
         if (pkt.dst == *t.ip() && pkt.dst_port == t.port())
             || (pkt.src == *t.ip() && pkt.src_port == t.port())
@@ -573,13 +587,13 @@ impl Engine {
             return;
         }
         if client_side {
-            self.on_client_packet(now, pkt);
+            self.on_client_packet(now, captured, pkt);
         } else {
-            self.on_prod_packet(now, pkt);
+            self.on_prod_packet(now, captured, pkt);
         }
     }
 
-    fn on_client_packet(&mut self, now: Instant, pkt: &TcpPacket<'_>) {
+    fn on_client_packet(&mut self, now: Instant, captured: Option<Instant>, pkt: &TcpPacket<'_>) {
         let f = pkt.flags;
         let key = FlowKey {
             client: SocketAddrV4::new(pkt.src, pkt.src_port),
@@ -599,8 +613,8 @@ impl Engine {
             if s.is_lingering() {
                 if new_isn {
                     self.release(id);
-                    self.open_session(now, pkt, Start::Syn);
-                } else if self.try_reestablish(now, id, pkt) {
+                    self.open_session(now, captured, pkt, Start::Syn);
+                } else if self.try_reestablish(now, captured, id, pkt) {
                     // A new session took the packet through the pickup path.
                 } else if let Some(s) = slot_session(&mut self.slots, id) {
                     s.touch_lingering(now, &self.cfg);
@@ -618,27 +632,26 @@ impl Engine {
                 // The client reused the 4-tuple: the old connection is over whatever we saw.
                 self.finish(id, now, CloseReason::Reused);
                 self.release(id);
-                self.open_session(now, pkt, Start::Syn);
+                self.open_session(now, captured, pkt, Start::Syn);
                 return;
             }
             if is_syn {
                 self.stats.client_syn_retransmits += 1;
             }
-            s.captured_at = self.captured_at;
-            let out = s.on_client(now, &self.cfg, &mut self.stats, pkt);
+            let out = s.on_client(now, captured, &self.cfg, &mut self.stats, pkt);
             self.settle(id, now, out);
             return;
         }
         if is_syn {
-            self.open_session(now, pkt, Start::Syn);
+            self.open_session(now, captured, pkt, Start::Syn);
         } else if f.fin() || f.rst() || !self.cfg.pickup_midstream {
             self.stats.captured_unknown_session += 1;
         } else {
-            self.open_session(now, pkt, Start::Pickup);
+            self.open_session(now, captured, pkt, Start::Pickup);
         }
     }
 
-    fn on_prod_packet(&mut self, now: Instant, pkt: &TcpPacket<'_>) {
+    fn on_prod_packet(&mut self, now: Instant, captured: Option<Instant>, pkt: &TcpPacket<'_>) {
         let key = FlowKey {
             client: SocketAddrV4::new(pkt.dst, pkt.dst_port),
             prod_ip: pkt.src,
@@ -654,8 +667,7 @@ impl Engine {
             self.stats.captured_stale += 1;
             return;
         }
-        s.captured_at = self.captured_at;
-        let out = s.on_prod(now, &self.cfg, &mut self.stats, pkt);
+        let out = s.on_prod(now, captured, &self.cfg, &mut self.stats, pkt);
         self.settle(id, now, out);
     }
 
@@ -739,7 +751,13 @@ impl Engine {
     /// A client packet for a session waiting to be re-established (see `recovery.rs`): if
     /// it carries data and the pacing allows, the old session is forgotten and a new one
     /// starts from this packet through the pickup path. Returns whether that happened.
-    fn try_reestablish(&mut self, now: Instant, id: SessionId, pkt: &TcpPacket<'_>) -> bool {
+    fn try_reestablish(
+        &mut self,
+        now: Instant,
+        captured: Option<Instant>,
+        id: SessionId,
+        pkt: &TcpPacket<'_>,
+    ) -> bool {
         let Some(s) = slot_session(&mut self.slots, id) else {
             return false;
         };
@@ -779,7 +797,7 @@ impl Engine {
                 ..*pkt
             }
         };
-        self.open_session(now, &segment(0), Start::Pickup);
+        self.open_session(now, captured, &segment(0), Start::Pickup);
         let Some(new) = self.by_flow.get(&key).copied() else {
             // Not opened (shed, pool exhausted): counted there.
             self.stats.held_bytes_lost += replayed as u64;
@@ -794,7 +812,7 @@ impl Engine {
         }
         self.recharge(new);
         for at in (REPLAY_SEGMENT..stream.len()).step_by(REPLAY_SEGMENT) {
-            self.on_client_packet(now, &segment(at));
+            self.on_client_packet(now, captured, &segment(at));
         }
         self.stats.sessions_reestablished[revival.reason.index()] += 1;
         true
@@ -832,12 +850,20 @@ impl Engine {
         mirrored: SocketAddrV4,
         ev: &TestEvent<'_>,
     ) {
-        self.captured_at = Some(received);
-        self.on_test_event(now, mirrored, ev);
-        self.captured_at = None;
+        self.on_test_event_inner(now, Some(received), mirrored, ev);
     }
 
     pub fn on_test_event(&mut self, now: Instant, mirrored: SocketAddrV4, ev: &TestEvent<'_>) {
+        self.on_test_event_inner(now, None, mirrored, ev);
+    }
+
+    fn on_test_event_inner(
+        &mut self,
+        now: Instant,
+        received: Option<Instant>,
+        mirrored: SocketAddrV4,
+        ev: &TestEvent<'_>,
+    ) {
         let Some(id) = self.by_mirror.get(&mirrored).copied() else {
             self.stats.test_events_unknown_session += 1;
             return;
@@ -849,8 +875,7 @@ impl Engine {
             self.stats.test_events_unknown_session += 1;
             return;
         }
-        s.captured_at = self.captured_at;
-        let out = s.on_test_event(now, &self.cfg, &mut self.stats, ev);
+        let out = s.on_test_event(now, received, &self.cfg, &mut self.stats, ev);
         self.settle(id, now, out);
     }
 
@@ -959,6 +984,27 @@ impl Engine {
         self.events.pop_front()
     }
 
+    /// The next observation of a finished command (the report's), oldest first. Drain it
+    /// after every batch, as `poll_event`: what is not collected within
+    /// [`EngineConfig::max_observations`] is dropped and counted.
+    pub fn poll_observation(&mut self) -> Option<Observation> {
+        self.observations.pop_front()
+    }
+
+    /// Moves what the session's transform observed into the engine's queue.
+    fn collect_observations(&mut self, id: SessionId) {
+        let Some(s) = slot_session(&mut self.slots, id) else {
+            return;
+        };
+        while let Some(o) = s.poll_observation() {
+            if self.observations.len() < self.cfg.max_observations {
+                self.observations.push_back(o);
+            } else {
+                self.stats.observations_dropped += 1;
+            }
+        }
+    }
+
     /// The copier is exiting: RST every live session so the test server frees it, and
     /// forget everything. Drain `poll_transmit` afterwards to actually send the RSTs.
     pub fn shutdown(&mut self, now: Instant) {
@@ -990,7 +1036,13 @@ impl Engine {
         self.ip_id
     }
 
-    fn open_session(&mut self, now: Instant, pkt: &TcpPacket<'_>, start: Start) {
+    fn open_session(
+        &mut self,
+        now: Instant,
+        captured: Option<Instant>,
+        pkt: &TcpPacket<'_>,
+        start: Start,
+    ) {
         if self.stats.sessions_active as usize >= self.cfg.max_sessions {
             self.stats.sessions_shed += 1;
             return;
@@ -1065,10 +1117,9 @@ impl Engine {
         // A picked-up session's transform speaks before any captured byte; then the opening
         // packet may carry data (pickup, TFO) or a FIN, and the session takes it.
         let out = match slot_session(&mut self.slots, id) {
-            Some(s) => match s.on_open(now, &self.cfg, &mut self.stats, picked_up) {
+            Some(s) => match s.on_open(now, captured, &self.cfg, &mut self.stats, picked_up) {
                 Outcome::Open if picked_up || !pkt.payload.is_empty() => {
-                    s.captured_at = self.captured_at;
-                    s.on_client(now, &self.cfg, &mut self.stats, pkt)
+                    s.on_client(now, captured, &self.cfg, &mut self.stats, pkt)
                 }
                 out => out,
             },
@@ -1080,6 +1131,7 @@ impl Engine {
 
     /// After any change to a session: end it, or re-arm its timer and queue it for sending.
     fn settle(&mut self, id: SessionId, now: Instant, out: Outcome) {
+        self.collect_observations(id);
         let Some(s) = slot_session(&mut self.slots, id) else {
             return;
         };
@@ -1138,6 +1190,11 @@ impl Engine {
         {
             self.gate.failed(now);
         }
+        s.end_transform();
+        self.collect_observations(id);
+        let Some(s) = slot_session(&mut self.slots, id) else {
+            return;
+        };
         s.enter_linger(now + self.cfg.linger, reason == CloseReason::Completed);
         self.recharge(id);
         self.stats.sessions_active -= 1;

@@ -32,6 +32,7 @@ use super::transform::{
     self, StreamTransform, TestEvent, TestSegment, TransformOutput, TransformResult,
 };
 use super::{CloseReason, EngineConfig, EngineStats};
+use crate::observation::Observation;
 
 /// The window scale we offer: 65535 << 7 (8 MiB) is plenty for a receiver that consumes
 /// instantly, and it is what Linux offers with default buffers.
@@ -90,6 +91,16 @@ pub(crate) enum Phase {
     Lingering { clean: bool, until: Instant },
 }
 
+/// A captured client segment as the reassembly takes it: where it starts in the client's
+/// sequence space (after the SYN), its bytes, and whether it ends the stream (a FIN, or a RST
+/// taken as one).
+#[derive(Clone, Copy)]
+struct Segment<'a> {
+    start: u32,
+    payload: &'a [u8],
+    fin: bool,
+}
+
 #[derive(Debug)]
 pub(crate) struct Session {
     pub(crate) client: SocketAddrV4,
@@ -102,9 +113,6 @@ pub(crate) struct Session {
     pub(crate) heap_at: Option<Instant>,
     /// Whether the session is in the engine's ready queue.
     pub(crate) in_ready: bool,
-    /// When the captured packet being handled was captured (set by the engine around each
-    /// captured packet when the driver knows; see `TransformOutput::captured_at`).
-    pub(crate) captured_at: Option<Instant>,
     /// Lingering after losing only its test-side connection: re-established on the client's
     /// next data (see `engine/recovery.rs`).
     pub(crate) revival: Option<Revival>,
@@ -257,7 +265,6 @@ impl Session {
         let ts = pkt.options.timestamps;
         let wants_prod = transform.as_ref().is_some_and(|t| t.wants_prod_data());
         Self {
-            captured_at: None,
             revival: None,
             revived_after: None,
             held: None,
@@ -424,6 +431,7 @@ impl Session {
     pub(crate) fn on_client(
         &mut self,
         now: Instant,
+        captured: Option<Instant>,
         cfg: &EngineConfig,
         stats: &mut EngineStats,
         pkt: &TcpPacket<'_>,
@@ -478,7 +486,7 @@ impl Session {
         }
         if pkt.payload.is_empty() && !fin {
             if self.wants_prod {
-                if let Some(reason) = self.settle_gaps(now, cfg, stats) {
+                if let Some(reason) = self.settle_gaps(now, captured, cfg, stats) {
                     return Outcome::Finished(reason);
                 }
             }
@@ -508,19 +516,24 @@ impl Session {
         let delivered = if self.resync_client && !self.resync_at(stats, start, pkt.payload) {
             0
         } else {
-            self.take_client_bytes(now, cfg, stats, start, pkt.payload, fin)
+            let seg = Segment {
+                start,
+                payload: pkt.payload,
+                fin,
+            };
+            self.take_client_bytes(now, captured, cfg, stats, seg)
         };
         if delivered > 0 {
             self.floating_start = false;
         }
-        if let Some(reason) = self.settle_gaps(now, cfg, stats) {
+        if let Some(reason) = self.settle_gaps(now, captured, cfg, stats) {
             return Outcome::Finished(reason);
         }
         if self.reasm.fin_done() && !self.client_fin_reached {
             self.client_fin_reached = true;
             // Also bounds a transform that never stops withholding.
             self.close_started.get_or_insert(now);
-            self.call_transform(cfg, stats, |t, out| t.on_client_fin(now, out));
+            self.call_transform(captured, cfg, stats, |t, out| t.on_client_fin(now, out));
         }
         if let Some(reason) = self.settle_stream(cfg) {
             return Outcome::Finished(reason);
@@ -534,14 +547,18 @@ impl Session {
     fn take_client_bytes(
         &mut self,
         now: Instant,
+        captured: Option<Instant>,
         cfg: &EngineConfig,
         stats: &mut EngineStats,
-        start: u32,
-        payload: &[u8],
-        fin: bool,
+        seg: Segment<'_>,
     ) -> usize {
+        let Segment {
+            start,
+            payload,
+            fin,
+        } = seg;
         let mut r = Insert::Duplicate;
-        let delivered = self.feed_client(now, cfg, stats, |reasm, deliver| {
+        let delivered = self.feed_client(now, captured, cfg, stats, |reasm, deliver| {
             r = reasm.insert(start, payload, fin, deliver);
         });
         match r {
@@ -560,12 +577,12 @@ impl Session {
     fn feed_client(
         &mut self,
         now: Instant,
+        captured: Option<Instant>,
         cfg: &EngineConfig,
         stats: &mut EngineStats,
         op: impl FnOnce(&mut Reassembly, &mut dyn FnMut(&[u8])),
     ) -> usize {
         let room = self.push_room(cfg);
-        let captured = self.captured_at;
         let Session {
             reasm,
             send_buf,
@@ -607,6 +624,7 @@ impl Session {
     /// asked for. Nothing happens without a transform, or once it gave the session up.
     fn call_transform(
         &mut self,
+        captured: Option<Instant>,
         cfg: &EngineConfig,
         stats: &mut EngineStats,
         call: impl FnOnce(&mut dyn StreamTransform, &mut TransformOutput<'_>),
@@ -625,7 +643,7 @@ impl Session {
             return;
         };
         let mut out = TransformOutput::bound(send_buf, &mut stats.transform, *fin_queued, room);
-        out.set_captured(self.captured_at);
+        out.set_captured(captured);
         call(t.0.as_mut(), &mut out);
         let result = out.result();
         self.apply(result, stats);
@@ -663,12 +681,13 @@ impl Session {
     pub(crate) fn on_open(
         &mut self,
         now: Instant,
+        captured: Option<Instant>,
         cfg: &EngineConfig,
         stats: &mut EngineStats,
         picked_up: bool,
     ) -> Outcome {
         if picked_up {
-            self.call_transform(cfg, stats, |t, out| t.on_pickup(now, out));
+            self.call_transform(captured, cfg, stats, |t, out| t.on_pickup(now, out));
         }
         match self.settle_stream(cfg) {
             Some(reason) => Outcome::Finished(reason),
@@ -680,6 +699,7 @@ impl Session {
     pub(crate) fn on_test_event(
         &mut self,
         now: Instant,
+        captured: Option<Instant>,
         cfg: &EngineConfig,
         stats: &mut EngineStats,
         ev: &TestEvent<'_>,
@@ -689,7 +709,7 @@ impl Session {
             stats.stale_test_events += 1;
             return Outcome::Open;
         }
-        self.call_transform(cfg, stats, |t, out| t.on_test_event(now, ev, out));
+        self.call_transform(captured, cfg, stats, |t, out| t.on_test_event(now, ev, out));
         match self.settle_stream(cfg) {
             Some(reason) => Outcome::Finished(reason),
             None => Outcome::Open,
@@ -700,6 +720,7 @@ impl Session {
     pub(crate) fn on_prod(
         &mut self,
         now: Instant,
+        captured: Option<Instant>,
         cfg: &EngineConfig,
         stats: &mut EngineStats,
         pkt: &TcpPacket<'_>,
@@ -722,12 +743,12 @@ impl Session {
             });
         }
         if self.wants_prod {
-            self.take_prod_bytes(now, cfg, stats, pkt);
+            self.take_prod_bytes(now, captured, cfg, stats, pkt);
             if let Some(reason) = self.settle_stream(cfg) {
                 return Outcome::Finished(reason);
             }
         }
-        match self.settle_gaps(now, cfg, stats) {
+        match self.settle_gaps(now, captured, cfg, stats) {
             Some(reason) => Outcome::Finished(reason),
             None => Outcome::Open,
         }
@@ -737,6 +758,7 @@ impl Session {
     fn take_prod_bytes(
         &mut self,
         now: Instant,
+        captured: Option<Instant>,
         cfg: &EngineConfig,
         stats: &mut EngineStats,
         pkt: &TcpPacket<'_>,
@@ -763,7 +785,7 @@ impl Session {
             return;
         }
         let mut r = Insert::Duplicate;
-        self.feed_prod(now, cfg, stats, |reasm, deliver| {
+        self.feed_prod(now, captured, cfg, stats, |reasm, deliver| {
             r = reasm.insert(start, pkt.payload, f.fin(), deliver);
         });
         if r == Insert::Dropped {
@@ -775,6 +797,7 @@ impl Session {
     fn feed_prod(
         &mut self,
         now: Instant,
+        captured: Option<Instant>,
         cfg: &EngineConfig,
         stats: &mut EngineStats,
         op: impl FnOnce(&mut Reassembly, &mut dyn FnMut(&[u8])),
@@ -783,7 +806,6 @@ impl Session {
             return;
         }
         let room = self.push_room(cfg);
-        let captured = self.captured_at;
         let Session {
             prod_reasm: Some(reasm),
             transform: Some(t),
@@ -822,6 +844,7 @@ impl Session {
     fn settle_gaps(
         &mut self,
         now: Instant,
+        captured: Option<Instant>,
         cfg: &EngineConfig,
         stats: &mut EngineStats,
     ) -> Option<CloseReason> {
@@ -836,18 +859,18 @@ impl Session {
                     break;
                 }
                 if let Some(to) = client {
-                    if let Some(r) = self.skip_client_gap(now, cfg, stats, to) {
+                    if let Some(r) = self.skip_client_gap(now, captured, cfg, stats, to) {
                         return Some(r);
                     }
                 }
                 if let Some(to) = prod {
-                    if let Some(r) = self.skip_prod_gap(now, cfg, stats, to) {
+                    if let Some(r) = self.skip_prod_gap(now, captured, cfg, stats, to) {
                         return Some(r);
                     }
                 }
             }
         }
-        self.update_gap(now, stats);
+        self.update_gap(now, captured, stats);
         None
     }
 
@@ -906,19 +929,20 @@ impl Session {
     fn skip_client_gap(
         &mut self,
         now: Instant,
+        captured: Option<Instant>,
         cfg: &EngineConfig,
         stats: &mut EngineStats,
         to: u32,
     ) -> Option<CloseReason> {
         if !self.resync_client {
-            if !self.transform_goes_on(cfg, stats, |t, out| t.on_client_gap(now, out)) {
+            if !self.transform_goes_on(captured, cfg, stats, |t, out| t.on_client_gap(now, out)) {
                 return Some(CloseReason::CaptureGap);
             }
             stats.capture_gaps_skipped += 1;
             self.resync_client = true;
         }
         stats.capture_gap_bytes_lost += u64::from(self.reasm.skip_to(to));
-        self.resume_client(now, cfg, stats);
+        self.resume_client(now, captured, cfg, stats);
         self.settle_stream(cfg)
     }
 
@@ -926,12 +950,13 @@ impl Session {
     /// whose transform cannot, counts a fatal gap.
     fn transform_goes_on(
         &mut self,
+        captured: Option<Instant>,
         cfg: &EngineConfig,
         stats: &mut EngineStats,
         ask: impl FnOnce(&mut dyn StreamTransform, &mut TransformOutput<'_>) -> bool,
     ) -> bool {
         let mut can = false;
-        self.call_transform(cfg, stats, |t, out| can = ask(t, out));
+        self.call_transform(captured, cfg, stats, |t, out| can = ask(t, out));
         if !can {
             stats.capture_gaps_fatal += 1;
         }
@@ -940,7 +965,13 @@ impl Session {
 
     /// While resynchronising: the first held run that starts a command goes on; the runs
     /// before it are given up.
-    fn resume_client(&mut self, now: Instant, cfg: &EngineConfig, stats: &mut EngineStats) {
+    fn resume_client(
+        &mut self,
+        now: Instant,
+        captured: Option<Instant>,
+        cfg: &EngineConfig,
+        stats: &mut EngineStats,
+    ) {
         while self.resync_client {
             let Some((at, len)) = self.reasm.first_held_run() else {
                 return;
@@ -950,7 +981,9 @@ impl Session {
             let n = self.reasm.first_held_prefix(&mut head);
             if self.starts_command(&head[..n]) {
                 self.resync_client = false;
-                self.feed_client(now, cfg, stats, |reasm, deliver| reasm.flush(deliver));
+                self.feed_client(now, captured, cfg, stats, |reasm, deliver| {
+                    reasm.flush(deliver)
+                });
             } else {
                 stats.capture_gap_segments_skipped += 1;
                 stats.capture_gap_bytes_lost += u64::from(self.reasm.skip_to(at.wrapping_add(len)));
@@ -986,15 +1019,16 @@ impl Session {
     fn skip_prod_gap(
         &mut self,
         now: Instant,
+        captured: Option<Instant>,
         cfg: &EngineConfig,
         stats: &mut EngineStats,
         to: u32,
     ) -> Option<CloseReason> {
-        if !self.transform_goes_on(cfg, stats, |t, out| t.on_prod_gap(now, out)) {
+        if !self.transform_goes_on(captured, cfg, stats, |t, out| t.on_prod_gap(now, out)) {
             return Some(CloseReason::CaptureGap);
         }
         stats.prod_gaps_skipped += 1;
-        self.feed_prod(now, cfg, stats, |reasm, deliver| {
+        self.feed_prod(now, captured, cfg, stats, |reasm, deliver| {
             reasm.skip_to(to);
             reasm.flush(deliver);
         });
@@ -1011,7 +1045,7 @@ impl Session {
     ) -> Option<CloseReason> {
         self.gap_since = None;
         if let Some((at, _)) = self.reasm.first_held_run() {
-            if let Some(r) = self.skip_client_gap(now, cfg, stats, at) {
+            if let Some(r) = self.skip_client_gap(now, None, cfg, stats, at) {
                 return Some(r);
             }
         }
@@ -1021,24 +1055,24 @@ impl Session {
                 .filter(|&a| seq::gt(a, r.end()) && a.wrapping_sub(r.end()) < 1 << 30))
         });
         if let Some(to) = prod_to {
-            if let Some(r) = self.skip_prod_gap(now, cfg, stats, to) {
+            if let Some(r) = self.skip_prod_gap(now, None, cfg, stats, to) {
                 return Some(r);
             }
         }
         // Production acknowledged bytes never captured, and nothing came after them.
         if let Some(to) = self.client_gap_proven() {
-            if let Some(r) = self.skip_client_gap(now, cfg, stats, to) {
+            if let Some(r) = self.skip_client_gap(now, None, cfg, stats, to) {
                 return Some(r);
             }
         }
-        self.update_gap(now, stats);
+        self.update_gap(now, None, stats);
         None
     }
 
     /// A gap exists while client bytes are held beyond a hole, or production acknowledged
     /// client bytes we never captured; and, when a transform reads production's replies, the
     /// same in that direction (the transform would silently miss a reply).
-    fn update_gap(&mut self, now: Instant, stats: &mut EngineStats) {
+    fn update_gap(&mut self, now: Instant, captured: Option<Instant>, stats: &mut EngineStats) {
         let end = self.reasm.end();
         // While a pickup from a pure ACK has not seen its first byte, production being ahead
         // proves nothing: that ACK may have been a keepalive probe (seq = next - 1).
@@ -1060,7 +1094,7 @@ impl Session {
                 // its ring handles a second of traffic in a fraction of one, and a gap must
                 // not hold that second beyond its hole waiting out a grace measured in the
                 // copier's own time (three sessions of eight were shed for memory so).
-                self.gap_since = Some(self.captured_at.map_or(now, |c| c.min(now)));
+                self.gap_since = Some(captured.map_or(now, |c| c.min(now)));
                 stats.capture_gaps_suspected += 1;
             }
         } else {
@@ -1094,7 +1128,7 @@ impl Session {
             && fb.seq == rcv_before
             && seq::gt(self.rcv_nxt, rcv_before);
         let ev = TestEvent::Segment(TestSegment::new(fb, in_order));
-        self.call_transform(cfg, stats, |t, o| t.on_test_event(now, &ev, o));
+        self.call_transform(None, cfg, stats, |t, o| t.on_test_event(now, &ev, o));
         match self.settle_stream(cfg) {
             Some(reason) => Outcome::Finished(reason),
             None => Outcome::Open,
@@ -1423,7 +1457,6 @@ impl Session {
         }
         // A timer is no captured packet: what the last one left here is stale (a gap first
         // suspected now would be dated back to it, and a transform told so).
-        self.captured_at = None;
         let due = |t: Option<Instant>| t.is_some_and(|t| t <= now);
         if (self.phase == Phase::SynSent || !self.client_established)
             && self.created + cfg.handshake_timeout <= now
@@ -1437,7 +1470,7 @@ impl Session {
             return Outcome::Finished(CloseReason::CloseTimeout);
         }
         if due(self.proven_gap_deadline()) {
-            if let Some(reason) = self.settle_gaps(now, cfg, stats) {
+            if let Some(reason) = self.settle_gaps(now, None, cfg, stats) {
                 return Outcome::Finished(reason);
             }
             if due(self.proven_gap_deadline()) {
@@ -1455,7 +1488,7 @@ impl Session {
         }
         if due(self.transform_deadline()) {
             self.transform_timer_ran = Some(now);
-            self.call_transform(cfg, stats, |t, out| t.on_timeout(now, out));
+            self.call_transform(None, cfg, stats, |t, out| t.on_timeout(now, out));
             if let Some(reason) = self.settle_stream(cfg) {
                 return Outcome::Finished(reason);
             }
@@ -1842,6 +1875,18 @@ impl Session {
     }
 
     /// Drops the buffers and keeps only what is needed to answer late packets.
+    /// The oldest observation the transform has for the report.
+    pub(crate) fn poll_observation(&mut self) -> Option<Observation> {
+        self.transform.as_mut()?.0.poll_observation()
+    }
+
+    /// Tells the transform the session is over (see `StreamTransform::end`).
+    pub(crate) fn end_transform(&mut self) {
+        if let Some(t) = &mut self.transform {
+            t.0.end();
+        }
+    }
+
     pub(crate) fn enter_linger(&mut self, until: Instant, clean: bool) {
         self.phase = Phase::Lingering { clean, until };
         self.send_buf = VecDeque::new();

@@ -141,6 +141,9 @@ pub struct EngineStats {
     pub shutdown_resets: u64,
     /// `poll_transmit` was given a buffer too small for the next packet (an edge bug).
     pub transmit_buffer_too_small: u64,
+    /// Observations of finished commands (the report's) dropped because the engine's queue
+    /// held `EngineConfig::max_observations` the driver had not collected yet.
+    pub observations_dropped: u64,
     /// Engine-generated RST/ACK packets dropped because too many were queued.
     pub control_queue_dropped: u64,
     /// Events dropped because the edge did not drain `poll_event`.
@@ -281,6 +284,7 @@ impl EngineStats {
             rsts_sent,
             shutdown_resets,
             transmit_buffer_too_small,
+            observations_dropped,
             control_queue_dropped,
             events_dropped,
             feedback_received,

@@ -33,6 +33,8 @@ use std::net::SocketAddrV4;
 use common::clock::Instant;
 use common::control::{MysqlEvent, TestFeedback};
 
+use crate::observation::Observation;
+
 /// Counters a transform can bump, per engine (ids `0..TRANSFORM_COUNTERS`).
 pub const TRANSFORM_COUNTERS: usize = 96;
 
@@ -139,6 +141,18 @@ pub trait StreamTransform: Send {
     /// Called once `now >= next_deadline()` (possibly a little late, never early). A deadline
     /// still not after `now` when this returns is taken as 1 ms later.
     fn on_timeout(&mut self, _now: Instant, _out: &mut TransformOutput<'_>) {}
+
+    /// What the transform observed of a finished command, oldest first, for the report. The
+    /// engine collects them after every event that reached the session, and once more after
+    /// [`end`](Self::end).
+    fn poll_observation(&mut self) -> Option<Observation> {
+        None
+    }
+
+    /// The session is over (closed, reset, given up, shut down): whatever the transform still
+    /// waits on will not come. It hands out what it knows through
+    /// [`poll_observation`](Self::poll_observation); no other method is called afterwards.
+    fn end(&mut self) {}
 }
 
 /// Makes one transform per new session.

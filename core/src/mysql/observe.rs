@@ -32,9 +32,7 @@ use common::mysql::digest::{self, RowChecksum, Traits};
 use common::mysql::stmt::{ByStatementId, LAST_PREPARED};
 
 use super::replies::{Role, Seen};
-use crate::observation::{
-    Answer, AnswerKind, Observation, ObservationSink, Statement, TestOutcome,
-};
+use crate::observation::{Answer, AnswerKind, Observation, Statement, TestOutcome};
 
 /// Commands waiting for their answers; beyond, the oldest leaves unanswered.
 pub(super) const MAX_PENDING: usize = 4096;
@@ -48,10 +46,10 @@ const UNKNOWN_STATEMENT: &str = "(statement prepared before the capture)";
 /// SQL bytes of a command looked at for its fingerprint (the arrival scanner's prefix).
 pub(super) const SQL_LOOKED_AT: usize = 16 * 1024;
 
-/// How a session reports (shared by all sessions of a factory).
-#[derive(Clone, Debug)]
+/// How a session reports (the same for all sessions of a factory). Its observations leave
+/// through the engine's poll interface (`StreamTransform::poll_observation`).
+#[derive(Clone, Copy, Debug, Default)]
 pub struct ReportHooks {
-    pub sink: Arc<ObservationSink>,
     /// `--compare-results`: production's payloads are hashed (intercept hashes the test
     /// server's when the copier's Hello asked).
     pub compare_results: bool,
@@ -234,6 +232,9 @@ pub(super) struct Observer {
     /// command (up to [`SQL_LOOKED_AT`] bytes) while the forwarding reader may decide from its
     /// first five.
     early: VecDeque<(u64, Decision, Instant)>,
+    /// Commands whose both answers are known (or will never be), oldest first, until the
+    /// engine collects them after the event that completed them.
+    outbox: VecDeque<Observation>,
 }
 
 impl Observer {
@@ -249,6 +250,7 @@ impl Observer {
             + self.cache.capacity() * size_of::<Arc<Statement>>()
             + self.scratch.capacity()
             + self.early.capacity() * size_of::<(u64, Decision, Instant)>()
+            + self.outbox.capacity() * size_of::<Observation>()
     }
 }
 
@@ -280,7 +282,13 @@ impl Observer {
             prod_last_end: None,
             test_last_end: None,
             early: VecDeque::new(),
+            outbox: VecDeque::new(),
         }
+    }
+
+    /// The oldest finished command, for the engine to collect.
+    pub(super) fn poll(&mut self) -> Option<Observation> {
+        self.outbox.pop_front()
     }
 
     pub(super) fn compare_results(&self) -> bool {
@@ -685,7 +693,7 @@ impl Observer {
             TestSide::Done(t) => t,
             TestSide::Undecided | TestSide::Awaiting(_) => unfinished,
         };
-        self.hooks.sink.push(Observation {
+        self.outbox.push_back(Observation {
             statement: p.statement,
             copy: self.copy,
             prod,
@@ -702,12 +710,6 @@ impl Observer {
         while !self.pending.is_empty() {
             self.emit_front();
         }
-    }
-}
-
-impl Drop for Observer {
-    fn drop(&mut self) {
-        self.flush();
     }
 }
 

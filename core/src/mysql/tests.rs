@@ -1563,10 +1563,8 @@ proptest! {
         fold in any::<bool>(),
     ) {
         // Folding (intercept's runs of rows) and payload hashes exclude each other.
-        let sink = crate::observation::ObservationSink::new(10_000);
         let config = MysqlConfig {
             report: Some(super::ReportHooks {
-                sink: Arc::clone(&sink),
                 compare_results: !fold,
                 literals: false,
             }),
@@ -1699,9 +1697,8 @@ proptest! {
         prop_assert_eq!(h.count(Counter::StatementsMapped), prepares as u64);
 
         // The report: one observation per command with a reply, both answers seen and equal.
-        drop(h);
-        let mut got = Vec::new();
-        sink.drain_into(&mut got);
+        h.t.end();
+        let got: Vec<_> = std::iter::from_fn(|| h.t.poll_observation()).collect();
         let answered = expected.iter().filter(|c| expects_reply(c[0])).count();
         prop_assert_eq!(got.len(), answered);
         for o in &got {
@@ -1727,12 +1724,10 @@ proptest! {
         picked_up in any::<bool>(),
         read_only in any::<bool>(),
     ) {
-        let sink = crate::observation::ObservationSink::new(100);
         let config = MysqlConfig {
             max_held_bytes: 2000,
             read_only,
             report: Some(super::ReportHooks {
-                sink,
                 compare_results: picked_up,
                 literals: read_only,
             }),

@@ -47,6 +47,7 @@ use super::resync::{self, RESYNC_WAIT};
 use super::txn_gate::{Cause, Gate, Gates, ReplyStatus};
 use super::{read_only_counter, Counter, NotRecovered, RecoveredState, Shared};
 use crate::engine::{SessionInfo, StreamTransform, TestEvent, TransformOutput};
+use crate::observation::Observation;
 
 /// Payload bytes of one client packet looked at before its verdict. Logins and COM_CHANGE_USER
 /// must fit whole (real ones are a few hundred bytes); other commands need at most a statement
@@ -719,18 +720,6 @@ pub struct MysqlTransform {
     skip_data: bool,
 }
 
-impl Drop for MysqlTransform {
-    fn drop(&mut self) {
-        if self.test_phase == TestPhase::Resyncing {
-            // The test server's answers to what went after the probe were never readable:
-            // unseen, as in a blind session, not lost.
-            if let Some(o) = &mut self.observer {
-                o.test_lost_all();
-            }
-        }
-    }
-}
-
 impl fmt::Debug for MysqlTransform {
     // Phases and sizes only: the state holds passwords during auth exchanges.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -769,7 +758,6 @@ impl MysqlTransform {
         let observer = shared
             .config
             .report
-            .clone()
             .map(|h| Box::new(Observer::new(h, copy, shared.config.max_statements)));
         // The report fingerprints each command's SQL: the arrival reader then keeps that much
         // of each packet (only packets split across segments are copied).
@@ -3691,5 +3679,21 @@ impl StreamTransform for MysqlTransform {
             self.give_up(a, out);
         }
         self.resume(out);
+    }
+
+    fn poll_observation(&mut self) -> Option<Observation> {
+        self.observer.as_mut()?.poll()
+    }
+
+    fn end(&mut self) {
+        let resyncing = self.test_phase == TestPhase::Resyncing;
+        if let Some(o) = &mut self.observer {
+            if resyncing {
+                // The test server's answers to what went after the probe were never readable:
+                // unseen, as in a blind session, not lost.
+                o.test_lost_all();
+            }
+            o.flush();
+        }
     }
 }

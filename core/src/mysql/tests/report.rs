@@ -1,20 +1,18 @@
 //! `--report`: what scripted sessions tell the comparison report, command by command.
 
 use super::*;
+use crate::engine::StreamTransform;
 use crate::mysql::ReportHooks;
-use crate::observation::{AnswerKind, Observation, ObservationSink, TestOutcome};
+use crate::observation::{AnswerKind, Observation, TestOutcome};
 
-fn reporting(compare: bool, literals: bool) -> (MysqlConfig, Arc<ObservationSink>) {
-    let sink = ObservationSink::new(1000);
-    let config = MysqlConfig {
+fn reporting(compare: bool, literals: bool) -> MysqlConfig {
+    MysqlConfig {
         report: Some(ReportHooks {
-            sink: Arc::clone(&sink),
             compare_results: compare,
             literals,
         }),
         ..MysqlConfig::default()
-    };
-    (config, sink)
+    }
 }
 
 fn logged_in(config: MysqlConfig) -> Harness {
@@ -25,10 +23,9 @@ fn logged_in(config: MysqlConfig) -> Harness {
     h
 }
 
-fn drained(sink: &ObservationSink) -> Vec<Observation> {
-    let mut out = Vec::new();
-    sink.drain_into(&mut out);
-    out
+/// What the session handed out so far, as the engine collects it after each event.
+fn drained(h: &mut Harness) -> Vec<Observation> {
+    std::iter::from_fn(|| h.t.poll_observation()).collect()
 }
 
 fn later(h: &mut Harness, ms: u64) {
@@ -56,7 +53,7 @@ fn err(code: u16) -> Vec<u8> {
 
 #[test]
 fn a_prepared_select_is_reported_with_both_answers_latencies_and_checksums() {
-    let (config, sink) = reporting(true, false);
+    let config = reporting(true, false);
     let mut h = logged_in(config);
     h.client_packet(0, &prepare("SELECT c FROM sbtest1 WHERE id=?"));
     h.prod_reply(&prepare_reply(7, 1));
@@ -68,7 +65,7 @@ fn a_prepared_select_is_reported_with_both_answers_latencies_and_checksums() {
     later(&mut h, 5);
     h.test_reply(&rows_reply(&[b"alpha", b"beta"]));
 
-    let got = drained(&sink);
+    let got = drained(&mut h);
     assert_eq!(got.len(), 2, "{got:#?}");
     let prep = &got[0];
     assert_eq!(prep.statement.command, "stmt_prepare");
@@ -95,14 +92,14 @@ fn a_prepared_select_is_reported_with_both_answers_latencies_and_checksums() {
 
 #[test]
 fn different_rows_give_different_checksums_and_rows_in_another_order_the_same_multiset() {
-    let (config, sink) = reporting(true, false);
+    let config = reporting(true, false);
     let mut h = logged_in(config);
     for test_rows in [&[&b"b"[..], b"a"][..], &[b"a", b"x"], &[b"a"]] {
         h.client_packet(0, &query("SELECT c FROM t WHERE k = 5"));
         h.prod_reply(&rows_reply(&[b"a", b"b"]));
         h.test_reply(&rows_reply(test_rows));
     }
-    let got = drained(&sink);
+    let got = drained(&mut h);
     assert_eq!(got.len(), 3);
     let sums: Vec<_> = got
         .iter()
@@ -127,12 +124,12 @@ fn different_rows_give_different_checksums_and_rows_in_another_order_the_same_mu
 
 #[test]
 fn errors_carry_their_code_and_literals_are_kept_on_request() {
-    let (config, sink) = reporting(false, true);
+    let config = reporting(false, true);
     let mut h = logged_in(config);
     h.client_packet(0, &query("SELECT c FROM sbtest2 WHERE id = 42"));
     h.prod_reply(&rows_reply(&[b"c"]));
     h.test_packet(1, &err(1142));
-    let got = drained(&sink);
+    let got = drained(&mut h);
     assert_eq!(got.len(), 1);
     let TestOutcome::Answered(t) = got[0].test else {
         panic!()
@@ -147,7 +144,7 @@ fn errors_carry_their_code_and_literals_are_kept_on_request() {
 
 #[test]
 fn credentials_stay_masked_even_with_literals() {
-    let (config, sink) = reporting(false, true);
+    let config = reporting(false, true);
     let mut h = logged_in(config);
     h.client_packet(0, &query("CREATE USER 'app'@'%' IDENTIFIED BY 'hunter2'"));
     h.prod_packet(1, OK);
@@ -155,7 +152,7 @@ fn credentials_stay_masked_even_with_literals() {
     h.client_packet(0, &query("SET PASSWORD FOR app = PASSWORD('hunter3')"));
     h.prod_packet(1, OK);
     h.test_packet(1, OK);
-    let got = drained(&sink);
+    let got = drained(&mut h);
     let examples: Vec<&str> = got.iter().map(|o| &*o.statement.example).collect();
     assert_eq!(
         examples,
@@ -168,7 +165,7 @@ fn credentials_stay_masked_even_with_literals() {
 
 #[test]
 fn multi_results_are_one_answer_and_deprecate_eof_replies_end_on_their_ok() {
-    let (config, sink) = reporting(false, false);
+    let config = reporting(false, false);
     let mut h = logged_in(config);
     h.client_packet(0, &query("CALL p()"));
     let mut packets = result_set_packets(1, 2, true, 0x0008 | 0x0002);
@@ -176,7 +173,7 @@ fn multi_results_are_one_answer_and_deprecate_eof_replies_end_on_their_ok() {
     packets.push(ok(0x0002));
     h.prod_reply(&numbered(packets.clone()));
     h.test_reply(&numbered(packets));
-    let got = drained(&sink);
+    let got = drained(&mut h);
     assert_eq!(got.len(), 1);
     let p = got[0].prod.unwrap();
     assert_eq!((p.kind, p.rows), (AnswerKind::ResultSet, 5));
@@ -185,7 +182,7 @@ fn multi_results_are_one_answer_and_deprecate_eof_replies_end_on_their_ok() {
 
 #[test]
 fn read_only_skips_are_not_answers_and_losses_are_reported_as_such() {
-    let (mut config, sink) = reporting(false, false);
+    let mut config = reporting(false, false);
     config.read_only = true;
     let mut h = logged_in(config);
     h.client_packet(0, &query("UPDATE t SET k = k + 1 WHERE id = 3"));
@@ -195,7 +192,7 @@ fn read_only_skips_are_not_answers_and_losses_are_reported_as_such() {
     // intercept lost the test server's stream before its answer to the SELECT.
     h.call(|t, now, out| t.on_test_framing_lost(now, 0, out));
     h.client_packet(0, &query("SELECT 2"));
-    let got = drained(&sink);
+    let got = drained(&mut h);
     assert_eq!(got.len(), 2);
     assert_eq!(got[0].test, TestOutcome::Skipped);
     assert_eq!(got[0].prod.unwrap().kind, AnswerKind::Ok);
@@ -203,22 +200,22 @@ fn read_only_skips_are_not_answers_and_losses_are_reported_as_such() {
     assert_eq!(got[1].test, TestOutcome::Unseen);
     // Production's answer to the last command never comes: it leaves when the session ends.
     // Sent after the framing was lost, its test answer is unseen as well.
-    drop(h);
-    let got = drained(&sink);
+    h.t.end();
+    let got = drained(&mut h);
     assert_eq!(got.len(), 1);
     assert_eq!((got[0].prod, got[0].test), (None, TestOutcome::Unseen));
 }
 
 #[test]
 fn a_test_server_far_behind_leaves_answers_unseen_not_lost() {
-    let (config, sink) = reporting(false, false);
+    let config = reporting(false, false);
     let mut h = logged_in(config);
     // Production answers every command at once; the test server answers none yet.
     for _ in 0..=crate::mysql::observe::MAX_PENDING {
         h.client_packet(0, &query("SELECT 1"));
         h.prod_reply(&rows_reply(&[b"1"]));
     }
-    let got = drained(&sink);
+    let got = drained(&mut h);
     assert!(!got.is_empty());
     assert!(
         got.iter().all(|o| o.test == TestOutcome::Unseen),
@@ -229,7 +226,7 @@ fn a_test_server_far_behind_leaves_answers_unseen_not_lost() {
 
 #[test]
 fn our_own_commands_are_not_reported_and_recovered_statements_are_named() {
-    let (mut config, sink) = reporting(false, false);
+    let mut config = reporting(false, false);
     config.default_user = Some("sb".into());
     config.recovery_wait = Some(Duration::from_secs(1));
     let mut h = Harness::new(config, true);
@@ -257,7 +254,7 @@ fn our_own_commands_are_not_reported_and_recovered_statements_are_named() {
     assert_eq!(command::statement_id(&got[2].1), Some(50));
     h.prod_reply(&rows_reply(&[b"1"]));
     h.test_reply(&rows_reply(&[b"1"]));
-    let got = drained(&sink);
+    let got = drained(&mut h);
     assert_eq!(got.len(), 1, "{got:#?}");
     assert_eq!(got[0].statement.command, "stmt_execute");
     assert_eq!(
@@ -272,7 +269,7 @@ fn our_own_commands_are_not_reported_and_recovered_statements_are_named() {
 fn a_command_decided_before_its_sql_is_in_is_still_matched() {
     // The forwarding reader decides an execute from its first 5 bytes; the report reads the
     // whole packet first. Fed 4 bytes at a time, the decision comes first.
-    let (config, sink) = reporting(false, false);
+    let config = reporting(false, false);
     let mut h = logged_in(config);
     h.client_packet(0, &prepare("SELECT ?"));
     h.prod_reply(&prepare_reply(7, 1));
@@ -282,14 +279,14 @@ fn a_command_decided_before_its_sql_is_in_is_still_matched() {
     }
     h.test_packet(1, OK);
     h.prod_packet(1, OK);
-    let got = drained(&sink);
+    let got = drained(&mut h);
     assert_eq!(got.len(), 2);
     assert!(matches!(got[1].test, TestOutcome::Answered(_)), "{got:?}");
 }
 
 #[test]
 fn executes_of_a_statement_the_test_server_refused_are_its_errors() {
-    let (config, sink) = reporting(false, false);
+    let config = reporting(false, false);
     let mut h = logged_in(config);
     h.client_packet(0, &prepare("SELECT c FROM sbtest2 WHERE id=?"));
     h.prod_reply(&prepare_reply(7, 1));
@@ -297,7 +294,7 @@ fn executes_of_a_statement_the_test_server_refused_are_its_errors() {
     h.client_packet(0, &execute(7));
     h.prod_reply(&rows_reply(&[b"x"]));
     assert_eq!(h.received().len(), 1, "only the prepare was sent");
-    let got = drained(&sink);
+    let got = drained(&mut h);
     assert_eq!(got.len(), 2);
     assert!(
         matches!(got[0].test, TestOutcome::Answered(a) if a.kind == AnswerKind::Err(1142)),
@@ -309,7 +306,7 @@ fn executes_of_a_statement_the_test_server_refused_are_its_errors() {
 
 #[test]
 fn a_command_queued_behind_a_slow_one_is_timed_from_when_the_server_could_start_it() {
-    let (config, sink) = reporting(false, false);
+    let config = reporting(false, false);
     let mut h = logged_in(config);
     // Production answers each at once; the client sends the next one right away.
     h.client_packet(0, &query("SELECT slow()"));
@@ -323,7 +320,7 @@ fn a_command_queued_behind_a_slow_one_is_timed_from_when_the_server_could_start_
     h.test_reply(&rows_reply(&[b"1"]));
     later(&mut h, 1);
     h.test_reply(&rows_reply(&[b"2"]));
-    let got = drained(&sink);
+    let got = drained(&mut h);
     let latency = |o: &Observation| match o.test {
         TestOutcome::Answered(a) => a.latency,
         _ => panic!("{o:?}"),
@@ -343,7 +340,7 @@ fn production_rows_passed_over_count_as_rows_read_one_by_one() {
     let rows: Vec<&[u8]> = rows.iter().map(Vec::as_slice).collect();
     let mut seen = Vec::new();
     for chunk in [1, 2, 5, 9, 64, 100_000] {
-        let (config, sink) = reporting(false, false);
+        let config = reporting(false, false);
         let mut h = logged_in(config);
         h.client_packet(0, &query("SELECT c FROM sbtest1"));
         h.client_packet(0, &query("SELECT nothing"));
@@ -357,7 +354,7 @@ fn production_rows_passed_over_count_as_rows_read_one_by_one() {
         }
         h.test_reply(&rows_reply(&rows));
         h.test_packet(1, &err(1146));
-        let got = drained(&sink);
+        let got = drained(&mut h);
         assert_eq!(got.len(), 2, "chunk {chunk}: {got:#?}");
         let (a, b) = (got[0].prod.unwrap(), got[1].prod.unwrap());
         assert_eq!(
