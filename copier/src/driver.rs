@@ -655,6 +655,8 @@ impl Driver {
     fn reset_all(&mut self, now: Instant) {
         self.fleet.shutdown(now);
         self.transmit(now);
+        // What the reset sessions still awaited leaves as they end: the final report has it.
+        self.collect_observations();
     }
 
     fn transmit(&mut self, now: Instant) {
@@ -684,12 +686,17 @@ impl Driver {
         total
     }
 
-    fn handle_events(&mut self) {
+    /// Moves what the engines observed into the report's queue.
+    fn collect_observations(&mut self) {
         if let Some(sink) = &self.observations {
             while let Some(o) = self.fleet.poll_observation() {
                 sink.push(o);
             }
         }
+    }
+
+    fn handle_events(&mut self) {
+        self.collect_observations();
         while let Some(ev) = self.fleet.poll_event() {
             match ev {
                 EngineEvent::SessionOpened {
