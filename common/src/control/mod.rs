@@ -29,6 +29,8 @@ mod ping;
 mod welcome;
 
 #[cfg(test)]
+mod doc_check;
+#[cfg(test)]
 mod tests;
 
 pub use claim::{encode_claim, encode_release, MAX_ADDRS_PER_FRAME};
