@@ -127,17 +127,15 @@ mod tests {
             decode_all::<InterceptMessage>(&out).unwrap(),
             [InterceptMessage::Welcome(w)]
         );
-        // Another framing byte is refused, not taken for "none".
-        let framing_at = FRAME_BODY + 6 + 2 + 2;
+        // Another framing byte is refused, not taken for "none". Offset: length(4) type(1)
+        // magic(4) version(2) name(2) payload_prefix(2).
+        let framing_at = 4 + 1 + 4 + 2 + 2 + 2;
         out[framing_at] = 2;
         assert!(matches!(
             decode_all::<InterceptMessage>(&out),
             Err(DecodeError::Invalid { ty: 0x81, .. })
         ));
     }
-
-    /// Header and type byte before a body.
-    const FRAME_BODY: usize = 5;
 
     #[test]
     fn welcome_announces_the_framing() {
