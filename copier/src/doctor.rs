@@ -30,8 +30,9 @@ use common::wire::{emit_ipv4_tcp, SegmentRepr, TcpFlags, TcpOptions};
 use ops::check::{Check, Level, Report};
 use ops::host;
 
-use crate::cli::{validate_target, Args, Protocol, Route};
+use crate::cli::{validate_target, Args};
 use crate::send::RawSender;
+use crate::settings::{Protocol, Route};
 
 /// `copier doctor`: the live copier's flags and config file, plus what only the doctor takes.
 #[derive(Parser, Debug)]

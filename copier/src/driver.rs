@@ -51,7 +51,6 @@
 
 use std::net::SocketAddrV4;
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
@@ -61,16 +60,16 @@ use common::control::{
 };
 use common::wire::TcpPacket;
 
+use crate::builders::build_fleet_for;
 use crate::capture::CaptureStats;
-use crate::cli::{MirrorArgs, Protocol, Route};
 use crate::control_client::{ClientConfig, ControlClient, ControlHandle, Relayed, RelayedReceiver};
-use crate::credentials::Credentials;
-use crate::engine::{CloseReason, Engine, EngineConfig, EngineEvent, Fleet, TestEvent};
+use crate::engine::{CloseReason, EngineEvent, Fleet, TestEvent};
 use crate::metrics::MetricsPublisher;
-use crate::mysql::{MysqlConfig, MysqlFactory, NotRecovered, RandomBytes, ReportHooks};
+use crate::mysql::{NotRecovered, ReportHooks};
 use crate::prod_state::{OwnAddress, ProdDsn, StateLookup};
 use crate::report::reporting::Reporting;
 use crate::send::RawSender;
+use crate::settings::{MirrorSettings, Plan};
 use crate::signals;
 use crate::status::{Snapshot, StatusLine};
 use crate::waker::{wait_readable, Waker};
@@ -84,21 +83,6 @@ const MAX_SLEEP: Duration = Duration::from_secs(3600);
 const NO_SIGNAL_FD_SLEEP: Duration = Duration::from_millis(500);
 /// Sleep while draining: queued data is acknowledged within a test-server round trip.
 const DRAIN_SLEEP: Duration = Duration::from_millis(10);
-
-/// What to mirror, beyond [`MirrorArgs`]: the parts a live capture and a replay decide
-/// differently.
-#[derive(Clone, Debug)]
-pub struct Plan {
-    /// Production ports and their test servers (`--port`/`--target`, `--map`), each mirrored
-    /// `--multiply` times.
-    pub routes: Vec<Route>,
-    /// Mirror connections whose SYN was not seen (open before the capture started).
-    pub pickup_midstream: bool,
-    /// `--prod-dsn`: production account to recover picked-up connections' state.
-    pub prod_dsn: Option<ProdDsn>,
-    /// How long a picked-up connection waits for `prod_dsn`'s answer.
-    pub prod_dsn_wait: Duration,
-}
 
 /// One capture worker of `--workers N` (see `run`): its driver mirrors the connections the
 /// kernel's fan-out hands this worker, with its own engines (its own share of
@@ -158,14 +142,14 @@ pub struct Driver {
 impl Driver {
     /// Opens the raw sender, starts the control client and waits up to 5 s for intercept, then
     /// logs in on production if `plan.prod_dsn` is set. `now` starts the status interval.
-    pub fn start(args: &MirrorArgs, plan: Plan, now: Instant) -> Result<Self> {
+    pub fn start(args: &MirrorSettings, plan: Plan, now: Instant) -> Result<Self> {
         Self::start_with(args, plan, now, None)
     }
 
     /// [`Driver::start`] for capture worker `worker` of several: no status line, metrics or
     /// report of its own (see [`Worker`]), its share of the pool, `#INDEX` in its Hello name.
     pub fn start_worker(
-        args: &MirrorArgs,
+        args: &MirrorSettings,
         plan: Plan,
         now: Instant,
         worker: Worker,
@@ -174,7 +158,7 @@ impl Driver {
     }
 
     fn start_with(
-        args: &MirrorArgs,
+        args: &MirrorSettings,
         plan: Plan,
         now: Instant,
         worker: Option<Worker>,
@@ -757,153 +741,6 @@ fn framed_at_us(ev: &MysqlEvent) -> Option<u32> {
         MysqlEvent::Rows { rows, .. } => Some(rows.framed_at_us),
         MysqlEvent::FramingLost { .. } | MysqlEvent::FramingResumed { .. } => None,
     }
-}
-
-/// Every engine of `plan`: one per route and `--multiply` copy, each with its own slice of
-/// `--client-ip-pool`.
-pub fn build_fleet(
-    args: &MirrorArgs,
-    plan: &Plan,
-    recovery_wait: Option<Duration>,
-    report: Option<ReportHooks>,
-) -> Result<Fleet> {
-    build_fleet_for(args, plan, recovery_wait, report, (0, 1))
-}
-
-/// [`build_fleet`] for capture worker `worker.0` of `worker.1`.
-pub fn build_fleet_for(
-    args: &MirrorArgs,
-    plan: &Plan,
-    recovery_wait: Option<Duration>,
-    report: Option<ReportHooks>,
-    worker: (u32, u32),
-) -> Result<Fleet> {
-    let Some(first) = plan.routes.first() else {
-        bail!("nothing to mirror: give --port and --target (or --map)");
-    };
-    let template = engine_config(args, *first, plan.pickup_midstream);
-    let routes: Vec<_> = plan
-        .routes
-        .iter()
-        .map(|r| (r.prod_port, r.target))
-        .collect();
-    let mysql = match args.protocol {
-        Protocol::Tcp => None,
-        Protocol::Mysql => Some(mysql_factory(args, recovery_wait, report)?),
-    };
-    let copies = args.multiply.max(1);
-    if args.read_only {
-        tracing::info!(
-            "--read-only: commands that write are not mirrored (CALL {})",
-            if args.read_only_allow_calls {
-                "is"
-            } else {
-                "neither"
-            }
-        );
-    }
-    let mut fleet = Fleet::for_worker(
-        &template,
-        &routes,
-        args.multiply,
-        worker,
-        |cfg| match &mysql {
-            // Engines are route by route, the copies of a route next to each other.
-            Some(f) => {
-                let copy = cfg.pool_slice.0 % copies;
-                Engine::with_transform(cfg, Box::new(f.clone().for_copy(copy)))
-            }
-            None => Engine::new(cfg),
-        },
-    )?;
-    if args.target.len() > 1 {
-        // Several --target: each connection of their port goes to one of them (placement).
-        let mut ports: Vec<u16> = plan
-            .routes
-            .iter()
-            .filter(|r| args.target.contains(&r.target))
-            .map(|r| r.prod_port)
-            .collect();
-        ports.dedup();
-        for port in ports {
-            fleet.spread(port, &args.target);
-        }
-    }
-    Ok(fleet)
-}
-
-/// The engine configuration of one route.
-pub fn engine_config(args: &MirrorArgs, route: Route, pickup_midstream: bool) -> EngineConfig {
-    let mut cfg = EngineConfig::new(route.prod_port, route.target);
-    cfg.client_ip_pool = args.client_ip_pool;
-    cfg.sample = args.sample;
-    cfg.mss = args.mss;
-    cfg.delayed_ack = Duration::from_millis(u64::from(args.delayed_ack_ms));
-    cfg.pickup_midstream = pickup_midstream;
-    cfg.max_sessions = args.max_sessions;
-    let budget = args.memory_budget();
-    cfg.max_memory = budget.sessions();
-    cfg.max_session_buffer = budget.session_buffer(1);
-    cfg
-}
-
-/// The engine for `--protocol`: plain TCP, or with the MySQL layer rewriting logins and
-/// statement ids. `recovery_wait`: with `--prod-dsn`, how long a picked-up connection waits
-/// (its commands held) for its state.
-pub fn build_engine(
-    args: &MirrorArgs,
-    cfg: EngineConfig,
-    recovery_wait: Option<Duration>,
-) -> Result<Engine> {
-    if args.protocol == Protocol::Tcp {
-        return Ok(Engine::new(cfg));
-    }
-    let factory = mysql_factory(args, recovery_wait, None)?;
-    Ok(Engine::with_transform(cfg, Box::new(factory)))
-}
-
-fn mysql_factory(
-    args: &MirrorArgs,
-    recovery_wait: Option<Duration>,
-    report: Option<ReportHooks>,
-) -> Result<MysqlFactory> {
-    let credentials = match &args.mysql_credentials {
-        Some(path) => Credentials::load(path)?,
-        None => {
-            tracing::warn!(
-                "no --mysql-credentials: logins are forwarded unchanged, so they only succeed on a \
-                 test server that does not check passwords (--skip-grant-tables)"
-            );
-            Credentials::default()
-        }
-    };
-    if let Some(user) = &args.mysql_default_user {
-        if credentials.password(user).is_none() {
-            bail!("--mysql-default-user {user:?} has no line in --mysql-credentials");
-        }
-    }
-    let config = MysqlConfig {
-        default_user: args.mysql_default_user.clone(),
-        default_db: args.mysql_default_db.clone(),
-        forward_without_credentials: args.mysql_credentials.is_none(),
-        recovery_wait,
-        read_only: args.read_only,
-        allow_calls: args.read_only_allow_calls,
-        report,
-        // Commands held for the test server count toward the session's queue cap anyway.
-        max_held_bytes: args.memory_budget().session_buffer(1),
-        ..MysqlConfig::default()
-    };
-    Ok(MysqlFactory::new(config, Arc::new(credentials), urandom()?))
-}
-
-/// Random bytes for caching_sha2 full authentication (RSA-OAEP padding), from the kernel.
-fn urandom() -> Result<RandomBytes> {
-    let file = std::fs::File::open("/dev/urandom").context("cannot open /dev/urandom")?;
-    Ok(Arc::new(move |buf: &mut [u8]| {
-        use std::io::Read;
-        (&file).read_exact(buf).is_ok()
-    }))
 }
 
 /// `--prod-dsn`: logs in on production once now, so a wrong password or a missing grant stops

@@ -20,7 +20,8 @@ use common::clock::{Instant, MonotonicClock};
 
 use crate::capture::LiveCapture;
 use crate::cli::Args;
-use crate::driver::{Driver, Plan, Pump};
+use crate::driver::{Driver, Pump};
+use crate::settings::{MirrorSettings, Plan};
 use crate::status::Snapshot;
 
 /// Packets read from the capture before the loop looks at the control channel again.
@@ -65,9 +66,10 @@ fn log_ring(buffer: i32, block_ms: u16) {
     );
 }
 
-pub fn run(args: &Args) -> Result<Snapshot> {
+/// The live copier with `args`, whose validation gave `mirror` (`Args::validate`).
+pub fn run(args: &Args, mirror: &MirrorSettings) -> Result<Snapshot> {
     if args.workers > 1 {
-        return workers::run(args);
+        return workers::run(args, mirror);
     }
     let clock = MonotonicClock::new();
     let plan = plan(args)?;
@@ -86,12 +88,12 @@ pub fn run(args: &Args) -> Result<Snapshot> {
         .map(|r| format!("port {} to {}", r.prod_port, r.target))
         .collect::<Vec<_>>()
         .join(", ");
-    let mut driver = Driver::start(&args.mirror, plan, clock.now())?;
+    let mut driver = Driver::start(mirror, plan, clock.now())?;
     drop_privileges(args)?;
     tracing::info!(
         "mirroring {routes} on {} (intercept {}), filter: {filter}",
         args.interface,
-        args.mirror.first_intercept()
+        mirror.first_intercept()
     );
 
     loop {
@@ -217,9 +219,10 @@ mod workers {
     use super::{capture_time, plan, CAPTURE_BUDGET};
     use crate::capture::{fanout, CaptureStats, LiveCapture};
     use crate::cli::Args;
-    use crate::driver::{Driver, Plan, Pump, Worker};
+    use crate::driver::{Driver, Pump, Worker};
     use crate::metrics::MetricsPublisher;
     use crate::report::reporting::Reporting;
+    use crate::settings::{MirrorSettings, Plan};
     use crate::signals;
     use crate::status::{Snapshot, StatusLine};
 
@@ -259,7 +262,7 @@ mod workers {
         }
     }
 
-    pub(super) fn run(args: &Args) -> Result<Snapshot> {
+    pub(super) fn run(args: &Args, mirror: &MirrorSettings) -> Result<Snapshot> {
         let n = args.workers;
         let clock = MonotonicClock::new();
         let plan = plan(args)?;
@@ -283,7 +286,6 @@ mod workers {
         for c in &mut captures {
             discarded += c.discard_backlog(BACKLOG_LIMIT)?;
         }
-        let mirror = &args.mirror;
         let start = clock.now();
         let mut report = mirror.collects().then(|| {
             Reporting::new(
@@ -335,7 +337,9 @@ mod workers {
                     std::thread::Builder::new()
                         .name(format!("capture-{i}"))
                         .spawn_scoped(scope, move || {
-                            let r = run_worker(args, plan, capture, worker, clock, figures, abort);
+                            let r = run_worker(
+                                args, mirror, plan, capture, worker, clock, figures, abort,
+                            );
                             if r.is_err() {
                                 // One worker down: stop the others (they drain as on SIGTERM).
                                 abort.store(true, Ordering::SeqCst);
@@ -475,6 +479,7 @@ mod workers {
     /// and the counters handed to the coordinator every [`PUBLISH`].
     fn run_worker(
         args: &Args,
+        mirror: &MirrorSettings,
         plan: Plan,
         mut capture: LiveCapture,
         worker: Worker,
@@ -482,7 +487,7 @@ mod workers {
         figures: &Mutex<Figures>,
         abort: &AtomicBool,
     ) -> Result<(Figures, FlowsSeen)> {
-        let mut driver = Driver::start_worker(&args.mirror, plan, clock.now(), worker)?;
+        let mut driver = Driver::start_worker(mirror, plan, clock.now(), worker)?;
         let mut seen = FlowsSeen::default();
         let mut next_publish = clock.now();
         // Each worker thread raises itself: its priority is its own.

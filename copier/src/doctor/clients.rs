@@ -16,7 +16,7 @@ use anyhow::Result;
 use common::wire::TcpPacket;
 
 use crate::capture::LiveCapture;
-use crate::cli::{filter_any, filter_terms, Route};
+use crate::settings::{filter_any, filter_terms, Route};
 
 /// Distinct client addresses kept; more are counted, not kept (the doctor probes a handful).
 const MAX_TRACKED: usize = 1024;
