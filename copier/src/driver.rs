@@ -64,14 +64,13 @@ use crate::builders::build_fleet_for;
 use crate::capture::CaptureStats;
 use crate::control_client::{ClientConfig, ControlClient, ControlHandle, Relayed, RelayedReceiver};
 use crate::engine::{CloseReason, EngineEvent, Fleet, TestEvent};
-use crate::metrics::MetricsPublisher;
 use crate::mysql::{NotRecovered, ReportHooks};
+use crate::outputs::Outputs;
 use crate::prod_state::{OwnAddress, ProdDsn, StateLookup};
-use crate::report::reporting::Reporting;
 use crate::send::RawSender;
 use crate::settings::{MirrorSettings, Plan};
 use crate::signals;
-use crate::status::{Snapshot, StatusLine};
+use crate::status::Snapshot;
 use crate::waker::{wait_readable, Waker};
 
 /// Longest sleep with nothing due. Nothing needs it: stop signals and SIGUSR1 wake the loop
@@ -120,7 +119,8 @@ pub struct Driver {
     waker: Waker,
     lookup: Option<StateLookup>,
     own: Option<OwnAddress>,
-    status: StatusLine,
+    /// The status line, `--metrics` and the report (none for a worker of several).
+    outputs: Outputs,
     buf: Vec<u8>,
     drain_secs: u64,
     stopping_since: Option<Instant>,
@@ -128,10 +128,6 @@ pub struct Driver {
     /// Packets of this host to itself or of `--prod-dsn`'s own connection, never mirrored.
     own_skipped: u64,
     mysql_events: u64,
-    /// `--metrics`: re-rendered from the status snapshot when due (see `status_due`).
-    metrics: Option<MetricsPublisher>,
-    /// `--report`: the comparison of both servers' answers.
-    report: Option<Reporting>,
     /// The latest time `pump` was given (the final report's time).
     last_now: Instant,
     /// A moment on both the standard clock and the engine's (the callers drive the engine with
@@ -165,36 +161,17 @@ impl Driver {
     ) -> Result<Self> {
         let anchor = (std::time::Instant::now(), now);
         let recovery_wait = plan.prod_dsn.is_some().then_some(plan.prod_dsn_wait);
-        let mut report = (args.collects() && worker.is_none()).then(|| {
-            Reporting::new(
-                now,
-                args.report.clone(),
-                args.report_interval(),
-                args.compare_results,
-                args.report_literals,
-                args.memory_budget().report(),
-            )
-        });
+        // Bound before anything else starts: a taken port is a start-up mistake to fix now.
+        let mut outputs = match worker {
+            Some(_) => Outputs::none(now),
+            None => Outputs::start(args, &plan.routes, now)?,
+        };
         let hooks = match &worker {
             Some(w) => w.report.clone(),
-            None => report.as_ref().map(Reporting::hooks),
+            None => outputs.hooks(),
         };
         let slot = worker.as_ref().map_or((0, 1), |w| (w.index, w.count));
         let fleet = build_fleet_for(args, &plan, recovery_wait, hooks, slot)?;
-        if let (Some(r), Some(first)) = (&mut report, plan.routes.first()) {
-            r.set_endpoints(
-                format!("{}:{}", ops::host::hostname(), first.prod_port),
-                first.target.to_string(),
-            );
-        }
-        // Bound before anything else starts: a taken port is a start-up mistake to fix now.
-        let metrics = match worker {
-            Some(_) => None,
-            None => args
-                .metrics
-                .map(|addr| MetricsPublisher::start(addr, args.metrics_top_digests, now))
-                .transpose()?,
-        };
         let sender = RawSender::open()?;
         let waker = Waker::new().context("cannot create an eventfd")?;
         let name = match &worker {
@@ -237,9 +214,7 @@ impl Driver {
                          replies (is it in --protocol mysql mode?): only row counts and errors \
                          are compared"
                     );
-                    if let Some(r) = &mut report {
-                        r.set_compare_results(false);
-                    }
+                    outputs.compare_results_off();
                 }
             }
         }
@@ -261,21 +236,19 @@ impl Driver {
             waker,
             lookup,
             own,
-            status: StatusLine::new(now, args.status_interval().filter(|_| worker.is_none())),
+            outputs,
             buf,
             drain_secs: args.drain_secs,
             stopping_since: None,
             not_mirrorable: OncePerClient::default(),
             own_skipped: 0,
             mysql_events: 0,
-            metrics,
-            report,
             last_now: now,
             anchor,
         };
         // A scrape before the first packet sees zeros, not an empty page.
         let snap = driver.snapshot(&CaptureStats::default());
-        driver.publish_metrics(now, &snap);
+        driver.outputs.publish_metrics(now, &snap);
         Ok(driver)
     }
 
@@ -370,10 +343,7 @@ impl Driver {
         }
         self.transmit(now);
         self.handle_events();
-        if let Some(r) = &mut self.report {
-            r.drain();
-            r.maybe_write(now, signals::take_report_request());
-        }
+        self.outputs.tick(now);
         if let Some(since) = self.stopping_since {
             // Delivered, and every session whose client closed closed on test too: resetting
             // one that is still closing would cut the test server's backlog short (a RST
@@ -432,7 +402,8 @@ impl Driver {
     /// How long the caller may sleep before the driver has work.
     pub fn next_wake(&self, now: Instant) -> Duration {
         let mut sleep = MAX_SLEEP;
-        if signals::stop_fd().is_none() || (self.report.is_some() && signals::report_fd().is_none())
+        if signals::stop_fd().is_none()
+            || (self.outputs.reports() && signals::report_fd().is_none())
         {
             // No eventfd to wake on (or signals not installed: tests, replay): look for the
             // signals' flags on a timer.
@@ -441,13 +412,7 @@ impl Driver {
         if let Some(d) = self.fleet.next_deadline() {
             sleep = sleep.min(d.saturating_since(now));
         }
-        if let Some(d) = self.status.next_due() {
-            sleep = sleep.min(d.saturating_since(now));
-        }
-        if let Some(m) = &self.metrics {
-            sleep = sleep.min(m.next_due().saturating_since(now));
-        }
-        if let Some(d) = self.report.as_ref().and_then(Reporting::next_due) {
+        if let Some(d) = self.outputs.next_due() {
             sleep = sleep.min(d.saturating_since(now));
         }
         if self.stopping_since.is_some() {
@@ -469,7 +434,7 @@ impl Driver {
             n += 1;
         }
         // Only the driver that writes the report empties it (`pump`).
-        if let (Some(_), Some(fd)) = (&self.report, signals::report_fd()) {
+        if let (true, Some(fd)) = (self.outputs.reports(), signals::report_fd()) {
             fds[n] = fd;
             n += 1;
         }
@@ -503,39 +468,19 @@ impl Driver {
     }
 
     pub fn status_due(&self, now: Instant) -> bool {
-        self.status.due(now) || self.metrics.as_ref().is_some_and(|m| m.due(now))
+        self.outputs.due(now)
     }
 
     /// Prints the status line and publishes the metrics, each if due (call when
     /// [`Driver::status_due`]).
     pub fn print_status(&mut self, now: Instant, capture: &CaptureStats) {
-        let line_due = self.status.due(now);
-        if let Some(r) = &mut self.report {
-            r.drain();
-        }
-        let mut snap = self.snapshot(capture);
-        if let Some(r) = &mut self.report {
-            // The live figures cover one status interval: taken only when the line prints.
-            snap.report = Some(r.figures(now, line_due));
-        }
-        if line_due {
-            self.status.print(now, &snap);
-        }
-        self.publish_metrics(now, &snap);
-    }
-
-    fn publish_metrics(&mut self, now: Instant, snap: &Snapshot) {
-        if let Some(m) = &mut self.metrics {
-            if m.due(now) {
-                let report = self.report.as_ref().map(|r| r.report(now));
-                m.publish(now, snap, report.as_ref());
-            }
-        }
+        let snap = self.snapshot(capture);
+        self.outputs.publish(now, snap);
     }
 
     /// The `--metrics` responder's address, when serving.
     pub fn metrics_addr(&self) -> Option<std::net::SocketAddr> {
-        self.metrics.as_ref().map(MetricsPublisher::local_addr)
+        self.outputs.metrics_addr()
     }
 
     /// All counters now.
@@ -561,9 +506,7 @@ impl Driver {
 
     /// The comparison report as of `now` (`--report` or `--metrics` in MySQL mode).
     pub fn report(&mut self, now: Instant) -> Option<crate::report::Report> {
-        let r = self.report.as_mut()?;
-        r.drain();
-        Some(r.report(now))
+        self.outputs.report(now)
     }
 
     /// The packet source failed: reset every session so the test server frees it, print the
@@ -576,11 +519,8 @@ impl Driver {
     ) -> anyhow::Error {
         self.reset_all(now);
         let mut snap = self.snapshot(capture);
-        if let Some(r) = &mut self.report {
-            // Sessions were just reset: what they still awaited is in the queue now.
-            r.write(now);
-            snap.report = Some(r.figures(now, false));
-        }
+        // Sessions were just reset: what they still awaited is in the report's queue now.
+        self.outputs.fail(now, &mut snap);
         eprint!(
             "{}",
             crate::status::summary(&snap, now.saturating_since(Instant::default()))
@@ -594,16 +534,7 @@ impl Driver {
     pub fn finish(mut self, capture: &CaptureStats) -> Snapshot {
         let now = self.last_now;
         let mut snap = self.snapshot(capture);
-        let mut report = None;
-        if let Some(r) = &mut self.report {
-            // Every session was reset by the drain: what they still awaited is in the queue.
-            r.write(now);
-            snap.report = Some(r.figures(now, false));
-            report = Some(r.report(now));
-        }
-        if let Some(m) = &mut self.metrics {
-            m.publish(Instant::default(), &snap, report.as_ref());
-        }
+        self.outputs.finish(now, &mut snap);
         tracing::debug!(
             mysql_events = self.mysql_events,
             own_skipped = self.own_skipped,

@@ -18,6 +18,7 @@ pub mod driver;
 pub mod engine;
 pub mod metrics;
 pub mod mysql;
+pub mod outputs;
 pub mod pcapfile;
 pub mod prod_state;
 pub mod record;

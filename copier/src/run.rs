@@ -213,18 +213,16 @@ mod workers {
     use std::time::Duration;
 
     use anyhow::{anyhow, Result};
-    use common::clock::{Instant, MonotonicClock};
+    use common::clock::MonotonicClock;
     use common::wire::TcpPacket;
 
     use super::{capture_time, plan, CAPTURE_BUDGET};
     use crate::capture::{fanout, CaptureStats, LiveCapture};
     use crate::cli::Args;
     use crate::driver::{Driver, Pump, Worker};
-    use crate::metrics::MetricsPublisher;
-    use crate::report::reporting::Reporting;
+    use crate::outputs::Outputs;
     use crate::settings::{MirrorSettings, Plan};
-    use crate::signals;
-    use crate::status::{Snapshot, StatusLine};
+    use crate::status::Snapshot;
 
     /// How often a worker hands its counters to the coordinator.
     const PUBLISH: Duration = Duration::from_millis(250);
@@ -287,27 +285,9 @@ mod workers {
             discarded += c.discard_backlog(BACKLOG_LIMIT)?;
         }
         let start = clock.now();
-        let mut report = mirror.collects().then(|| {
-            Reporting::new(
-                start,
-                mirror.report.clone(),
-                mirror.report_interval(),
-                mirror.compare_results,
-                mirror.report_literals,
-                mirror.memory_budget().report(),
-            )
-        });
-        if let (Some(r), Some(first)) = (&mut report, plan.routes.first()) {
-            r.set_endpoints(
-                format!("{}:{}", ops::host::hostname(), first.prod_port),
-                first.target.to_string(),
-            );
-        }
-        let mut metrics = mirror
-            .metrics
-            .map(|addr| MetricsPublisher::start(addr, mirror.metrics_top_digests, start))
-            .transpose()?;
-        let hooks = report.as_ref().map(Reporting::hooks);
+        // The outputs are the coordinator's: the workers' drivers have none (see `Worker`).
+        let mut outputs = Outputs::start(mirror, &plan.routes, start)?;
+        let hooks = outputs.hooks();
         // Each worker opens its raw socket in its own thread, after this point: the capability
         // drop of the single-worker path would have to wait for all of them (not done yet).
         tracing::warn!(
@@ -322,7 +302,6 @@ mod workers {
         );
         let figures: Vec<Mutex<Figures>> = (0..n).map(|_| Mutex::new(Figures::default())).collect();
         let abort = AtomicBool::new(false);
-        let mut status = StatusLine::new(start, mirror.status_interval());
         let results = std::thread::scope(|scope| {
             let handles: Vec<_> = captures
                 .into_iter()
@@ -364,25 +343,9 @@ mod workers {
                 if all.iter().all(|f| f.done) {
                     break;
                 }
-                if let Some(r) = &mut report {
-                    r.drain();
-                    r.maybe_write(now, signals::take_report_request());
-                }
-                let line_due = status.due(now);
-                if line_due || metrics.as_ref().is_some_and(|m| m.due(now)) {
-                    let mut snap = sum(&all);
-                    if let Some(r) = &mut report {
-                        snap.report = Some(r.figures(now, line_due));
-                    }
-                    if line_due {
-                        status.print(now, &snap);
-                    }
-                    if let Some(m) = &mut metrics {
-                        if m.due(now) {
-                            let full = report.as_ref().map(|r| r.report(now));
-                            m.publish(now, &snap, full.as_ref());
-                        }
-                    }
+                outputs.tick(now);
+                if outputs.due(now) {
+                    outputs.publish(now, sum(&all));
                 }
                 std::thread::sleep(TICK);
             }
@@ -415,16 +378,7 @@ mod workers {
             }
         }
         let mut snap = sum(&finals);
-        let mut full = None;
-        if let Some(r) = &mut report {
-            r.drain();
-            r.write(now);
-            snap.report = Some(r.figures(now, false));
-            full = Some(r.report(now));
-        }
-        if let Some(m) = &mut metrics {
-            m.publish(Instant::default(), &snap, full.as_ref());
-        }
+        outputs.finish(now, &mut snap);
         for (i, f) in finals.iter().enumerate() {
             let e = &f.snap.engine;
             tracing::info!(
