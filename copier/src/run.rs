@@ -234,6 +234,13 @@ mod workers {
     /// Connections remembered per worker for the cross-worker check at the end.
     const FLOWS_REMEMBERED: usize = 1 << 16;
 
+    /// What every worker runs with: the flags, and the settings their validation gave.
+    #[derive(Clone, Copy)]
+    struct Flags<'a> {
+        args: &'a Args,
+        mirror: &'a MirrorSettings,
+    }
+
     /// What one worker has counted so far.
     #[derive(Clone, Default)]
     struct Figures {
@@ -317,7 +324,13 @@ mod workers {
                         .name(format!("capture-{i}"))
                         .spawn_scoped(scope, move || {
                             let r = run_worker(
-                                args, mirror, plan, capture, worker, clock, figures, abort,
+                                Flags { args, mirror },
+                                plan,
+                                capture,
+                                worker,
+                                clock,
+                                figures,
+                                abort,
                             );
                             if r.is_err() {
                                 // One worker down: stop the others (they drain as on SIGTERM).
@@ -432,8 +445,7 @@ mod workers {
     /// One worker's loop: today's single-thread loop, with the stop also coming from `abort`
     /// and the counters handed to the coordinator every [`PUBLISH`].
     fn run_worker(
-        args: &Args,
-        mirror: &MirrorSettings,
+        flags: Flags<'_>,
         plan: Plan,
         mut capture: LiveCapture,
         worker: Worker,
@@ -441,11 +453,11 @@ mod workers {
         figures: &Mutex<Figures>,
         abort: &AtomicBool,
     ) -> Result<(Figures, FlowsSeen)> {
-        let mut driver = Driver::start_worker(mirror, plan, clock.now(), worker)?;
+        let mut driver = Driver::start_worker(flags.mirror, plan, clock.now(), worker)?;
         let mut seen = FlowsSeen::default();
         let mut next_publish = clock.now();
         // Each worker thread raises itself: its priority is its own.
-        let mut on_demand = super::on_demand(args, capture.as_raw_fd());
+        let mut on_demand = super::on_demand(flags.args, capture.as_raw_fd());
         loop {
             let now = clock.now();
             let wall = common::clock::realtime_ns();
