@@ -295,7 +295,7 @@ impl MirrorArgs {
     /// is refused with the way to fix it).
     pub fn secret(&self) -> Result<Option<common::auth::Secret>> {
         if self.token_file.is_some() {
-            bail!("{TOKEN_FILE_GONE}");
+            bail!("{}", ops::secret::TOKEN_FILE_GONE);
         }
         self.settings().secret()
     }
@@ -313,7 +313,7 @@ impl MirrorArgs {
     /// settings the mirror runs with.
     pub fn validate(&self) -> Result<MirrorSettings> {
         if self.token_file.is_some() {
-            bail!("{TOKEN_FILE_GONE}");
+            bail!("{}", ops::secret::TOKEN_FILE_GONE);
         }
         let settings = self.settings();
         for &target in &self.target {
@@ -379,12 +379,6 @@ impl MirrorArgs {
         Ok(())
     }
 }
-
-/// Said when the removed --token-file is given.
-pub const TOKEN_FILE_GONE: &str =
-    "--token-file (token-file, TCPSHADOW_TOKEN_FILE) was replaced by \
-    --secret-file: the secret no longer crosses the wire (control protocol 4). Rename the flag \
-    on both hosts; the same file works if it holds at least 16 bytes and is chmod 600";
 
 /// A test server must be a unicast address that is not this host's: the copier runs on the
 /// production host, and mirroring onto itself would double production's load.

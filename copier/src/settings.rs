@@ -18,7 +18,7 @@ use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 
 use crate::engine::{MemoryBudget, Sample};
 use crate::prod_state::ProdDsn;
@@ -149,13 +149,7 @@ impl MirrorSettings {
 
     /// The control channel's secret from --secret-file, if given.
     pub fn secret(&self) -> Result<Option<common::auth::Secret>> {
-        let Some(path) = &self.secret_file else {
-            return Ok(None);
-        };
-        let raw = ops::secret::read_secret_file("--secret-file", path)?;
-        let secret = common::auth::Secret::new(&raw)
-            .with_context(|| format!("--secret-file {}", path.display()))?;
-        Ok(Some(secret))
+        ops::secret::control_secret(self.secret_file.as_deref())
     }
 }
 

@@ -9,18 +9,12 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use clap::{Parser, ValueEnum};
 use common::control::{MAX_FEEDBACK_PER_FRAME, MAX_MYSQL_HEAD, MAX_PAYLOAD_PREFIX};
 
 use crate::onhost::OnHostArgs;
 use crate::sessions::SessionConfig;
-
-/// Said when the removed --token-file is given.
-pub const TOKEN_FILE_GONE: &str =
-    "--token-file (token-file, TCPSHADOW_TOKEN_FILE) was replaced by --secret-file: the \
-     secret no longer crosses the wire (control protocol 4). Rename the flag on both hosts; \
-     the same file works if it holds at least 16 bytes and is chmod 600";
 
 /// Capture the test server's replies on the assist host and relay them to the copiers.
 ///
@@ -289,7 +283,7 @@ impl Args {
     /// for `--cleanup`, which takes no other flag).
     pub fn validate(&self) -> Result<()> {
         if self.token_file.is_some() {
-            bail!("{TOKEN_FILE_GONE}");
+            bail!("{}", ops::secret::TOKEN_FILE_GONE);
         }
         if u64::from(self.buffer_mib) * u64::from(self.workers) > u64::from(self.max_memory / 4) {
             bail!(
@@ -315,15 +309,9 @@ impl Args {
     /// refused with the way to fix it).
     pub fn secret(&self) -> Result<Option<common::auth::Secret>> {
         if self.token_file.is_some() {
-            bail!("{TOKEN_FILE_GONE}");
+            bail!("{}", ops::secret::TOKEN_FILE_GONE);
         }
-        let Some(path) = &self.secret_file else {
-            return Ok(None);
-        };
-        let raw = ops::secret::read_secret_file("--secret-file", path)?;
-        let secret = common::auth::Secret::new(&raw)
-            .with_context(|| format!("--secret-file {}", path.display()))?;
-        Ok(Some(secret))
+        ops::secret::control_secret(self.secret_file.as_deref())
     }
 
     /// What `intercept doctor` (and the start-up forwarding check) look at.
