@@ -4,6 +4,8 @@
 //!
 //! Must never decide what a flag means (that is `cli`'s) nor hold protocol logic (the
 //! rooms it wires: `capture`, `pump`, `relay`, `server`, `sessions`).
+//!
+//! Its log lines keep the binary's target (`intercept`), as when this wiring was in main.rs.
 
 use std::net::TcpListener;
 use std::sync::atomic::Ordering;
@@ -36,11 +38,11 @@ pub fn run(cli: Args) -> anyhow::Result<()> {
     cli.validate()?;
     let secret = cli.secret()?;
     for warning in open_channel_warnings(cli.listen, secret.is_some(), &cli.allow) {
-        tracing::warn!("{warning}");
+        tracing::warn!(target: "intercept", "{warning}");
     }
     if cli.interface == "lo" && matches!(cli.direction, DirectionArg::Out) {
         // libpcap drops the outgoing copy of loopback packets so they are not seen twice.
-        tracing::warn!(
+        tracing::warn!(target: "intercept",
             "--direction out captures nothing on lo (libpcap shows loopback packets as incoming \
              only); use --direction in"
         );
@@ -52,7 +54,7 @@ pub fn run(cli: Args) -> anyhow::Result<()> {
         // `intercept doctor`, since this is the one set-up mistake that reaches production.
         for c in crate::doctor::forwarding_checks(&cli.doctor_setup()) {
             if c.level != ops::check::Level::Ok {
-                tracing::warn!("{}: {}", c.name, c.detail);
+                tracing::warn!(target: "intercept", "{}: {}", c.name, c.detail);
             }
         }
     }
@@ -81,7 +83,7 @@ pub fn run(cli: Args) -> anyhow::Result<()> {
     let priority = match cli.capture_priority {
         ops::sched::Priority::Auto => {
             // Raising on demand needs the capture's lag measured, which only the copier does.
-            tracing::info!("--capture-priority auto is the copier's; intercept runs as started");
+            tracing::info!(target: "intercept", "--capture-priority auto is the copier's; intercept runs as started");
             ops::sched::Priority::Normal
         }
         p => p,
@@ -101,7 +103,7 @@ pub fn run(cli: Args) -> anyhow::Result<()> {
             let published = Published::new();
             let server = tcpshadow_metrics::serve(addr, published.clone(), "intercept-metrics")
                 .with_context(|| format!("--metrics {addr}: cannot listen"))?;
-            tracing::info!("metrics on http://{}/metrics", server.local_addr());
+            tracing::info!(target: "intercept", "metrics on http://{}/metrics", server.local_addr());
             Some((published, server))
         }
         None => None,
@@ -145,7 +147,7 @@ pub fn run(cli: Args) -> anyhow::Result<()> {
         events_tx,
     )
     .context("cannot start the control server")?;
-    tracing::info!(listen = %server.local_addr(), protocol = ?cli.protocol, "waiting for copiers");
+    tracing::info!(target: "intercept", listen = %server.local_addr(), protocol = ?cli.protocol, "waiting for copiers");
     drop_privileges(cli.on_host.on_test_host)?;
 
     signals::install();
@@ -202,7 +204,7 @@ pub fn run(cli: Args) -> anyhow::Result<()> {
                 published.set(render_intercept_metrics(&status));
             }
             if status_interval.is_some_and(|i| last_line.elapsed() + LINE_SLACK >= i) {
-                tracing::info!("status: {status}");
+                tracing::info!(target: "intercept", "status: {status}");
                 last_line = std::time::Instant::now();
             }
         },
@@ -211,9 +213,9 @@ pub fn run(cli: Args) -> anyhow::Result<()> {
     if let Some((published, _)) = &metrics {
         published.set(render_intercept_metrics(&summary));
     }
-    tracing::info!("final: {summary}");
+    tracing::info!(target: "intercept", "final: {summary}");
     if signals::STOP.load(Ordering::Relaxed) {
-        tracing::info!("stopped by signal");
+        tracing::info!(target: "intercept", "stopped by signal");
     }
     result
 }
@@ -237,7 +239,7 @@ fn open_workers(
     for s in &mut more {
         discarded += s.discard_backlog(1 << 20)?;
     }
-    tracing::info!(
+    tracing::info!(target: "intercept",
         "{} capture workers in fan-out group {group} ({discarded} replies captured before the \
          group formed dropped)",
         cli.workers
@@ -364,7 +366,7 @@ mod workers {
                     }
                 }
                 if status_interval.is_some_and(|i| last_line.elapsed() + LINE_SLACK >= i) {
-                    tracing::info!("status: {sum}");
+                    tracing::info!(target: "intercept", "status: {sum}");
                     last_line = std::time::Instant::now();
                 }
                 std::thread::sleep(Duration::from_millis(100));
@@ -389,7 +391,7 @@ mod workers {
         for (i, l) in latest.iter().enumerate() {
             if let Ok(l) = l.lock() {
                 let r = &l.0.relay;
-                tracing::info!(
+                tracing::info!(target: "intercept",
                     "worker {i}: captured={} routed={} unclaimed_broadcast={} mysql_sessions_framed={}",
                     l.0.source.captured,
                     r.routed,
@@ -398,9 +400,9 @@ mod workers {
                 );
             }
         }
-        tracing::info!("final: {summary}");
+        tracing::info!(target: "intercept", "final: {summary}");
         if signals::STOP.load(Ordering::Relaxed) {
-            tracing::info!("stopped by signal");
+            tracing::info!(target: "intercept", "stopped by signal");
         }
         results
             .into_iter()
@@ -439,7 +441,7 @@ fn drop_privileges(on_test_host: bool) -> anyhow::Result<()> {
         "cannot drop capabilities after opening the capture (refusing to run with more than \
          needed)",
     )?;
-    tracing::info!("capabilities dropped: {}", dropped.describe());
+    tracing::info!(target: "intercept", "capabilities dropped: {}", dropped.describe());
     Ok(())
 }
 
