@@ -176,9 +176,11 @@ def main(argv):
         modules, edges = crate_graph(crate)
         found = cycles(modules, edges)
         allowed = ALLOWED.get(crate, set())
+        summary = f"{crate}: {len(modules)} top-level modules, {len(edges)} edges"
         if not found:
-            print(f"{crate}: {len(modules)} top-level modules, {len(edges)} edges, no cycle")
+            print(f"{summary}, no cycle")
             continue
+        print(f"{summary}, {len(found)} cycle(s)")
         for comp in found:
             known = bool(allowed & set(comp))
             tag = "known (allowed)" if known else "CYCLE"
