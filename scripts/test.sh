@@ -35,6 +35,8 @@ if command -v shellcheck >/dev/null 2>&1; then
 else
     echo "==> shellcheck not installed: shell scripts not linted" >&2
 fi
+# No import cycle between a crate's top-level modules (issue #19); reads sources, takes < 1 s.
+step python3 scripts/module-cycles.py
 # Built once: the release daemons the lab tests run (what a user runs) and every test binary,
 # side by side: each profile has its own lock, and two builds fill the cores where one waits
 # on a link or a long crate.

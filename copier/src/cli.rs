@@ -2,12 +2,13 @@
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
 use std::path::PathBuf;
-use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use clap::Parser;
 
-use crate::engine::{Fleet, FleetError, MemoryBudget, Sample};
+use crate::builders::engine_config;
+use crate::engine::{Fleet, FleetError, Sample};
+use crate::settings::{capture_filter, MirrorSettings, Protocol, Route};
 
 /// Mirrors the client connections of a production port onto a test server, packet by packet.
 ///
@@ -254,21 +255,49 @@ pub struct MirrorArgs {
     pub report_literals: bool,
 }
 
-/// One production port mirrored to one test server.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Route {
-    pub prod_port: u16,
-    pub target: SocketAddrV4,
-}
-
 impl MirrorArgs {
-    /// `--max-memory`, shared out (see `engine::MemoryBudget`).
-    pub fn memory_budget(&self) -> MemoryBudget {
-        MemoryBudget::from_mib(self.max_memory as usize)
+    /// The settings these flags give, unchecked: [`MirrorArgs::validate`] checks them.
+    pub fn settings(&self) -> MirrorSettings {
+        MirrorSettings {
+            target: self.target.clone(),
+            intercept: self.intercept.clone(),
+            client_ip_pool: self.client_ip_pool,
+            mss: self.mss,
+            delayed_ack_ms: self.delayed_ack_ms,
+            protocol: self.protocol,
+            mysql_credentials: self.mysql_credentials.clone(),
+            mysql_default_user: self.mysql_default_user.clone(),
+            mysql_default_db: self.mysql_default_db.clone(),
+            secret_file: self.secret_file.clone(),
+            status_interval: self.status_interval,
+            max_sessions: self.max_sessions,
+            max_memory: self.max_memory,
+            multiply: self.multiply,
+            sample: self.sample,
+            drain_secs: self.drain_secs,
+            read_only: self.read_only,
+            read_only_allow_calls: self.read_only_allow_calls,
+            metrics: self.metrics,
+            metrics_top_digests: self.metrics_top_digests,
+            report: self.report.clone(),
+            report_interval: self.report_interval,
+            compare_results: self.compare_results,
+            report_literals: self.report_literals,
+        }
     }
 
-    pub fn status_interval(&self) -> Option<Duration> {
-        (self.status_interval > 0).then(|| Duration::from_secs(self.status_interval))
+    /// The first (or only) intercept: `--map` routes and the first `--target` use it.
+    pub fn first_intercept(&self) -> SocketAddr {
+        self.settings().first_intercept()
+    }
+
+    /// The control channel's secret from --secret-file, if given (the removed --token-file
+    /// is refused with the way to fix it).
+    pub fn secret(&self) -> Result<Option<common::auth::Secret>> {
+        if self.token_file.is_some() {
+            bail!("{}", ops::secret::TOKEN_FILE_GONE);
+        }
+        self.settings().secret()
     }
 
     /// The routes for production port `port`, one per `--target`: `--target` is required
@@ -277,44 +306,16 @@ impl MirrorArgs {
         if self.target.is_empty() {
             bail!("--target HOST:PORT is required (the test server to mirror to)");
         }
-        Ok(self
-            .target
-            .iter()
-            .map(|&target| Route {
-                prod_port: port,
-                target,
-            })
-            .collect())
+        Ok(self.settings().route(port))
     }
 
-    /// The first (or only) intercept: `--map` routes and the first `--target` use it.
-    pub fn first_intercept(&self) -> SocketAddr {
-        // `required = true` keeps the list non-empty; the fallback only serves a caller that
-        // built MirrorArgs by hand.
-        self.intercept
-            .first()
-            .copied()
-            .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 36524)))
-    }
-
-    /// Which of `--intercept` relays target `target`'s replies: the one paired with it by
-    /// order when there is one per `--target`, else the first.
-    pub fn intercept_index(&self, target: SocketAddrV4) -> usize {
-        if self.intercept.len() <= 1 {
-            return 0;
-        }
-        self.target
-            .iter()
-            .position(|t| *t == target)
-            .filter(|i| *i < self.intercept.len())
-            .unwrap_or(0)
-    }
-
-    /// Refuses set-ups that would hurt production or cannot work.
-    pub fn validate(&self) -> Result<()> {
+    /// Refuses set-ups that would hurt production or cannot work; what is left is the
+    /// settings the mirror runs with.
+    pub fn validate(&self) -> Result<MirrorSettings> {
         if self.token_file.is_some() {
-            bail!("{TOKEN_FILE_GONE}");
+            bail!("{}", ops::secret::TOKEN_FILE_GONE);
         }
+        let settings = self.settings();
         for &target in &self.target {
             validate_target("--target", &format!("--target {target}"), target)?;
         }
@@ -342,10 +343,10 @@ impl MirrorArgs {
         if self.read_only_allow_calls && !self.read_only {
             bail!("--read-only-allow-calls only applies with --read-only");
         }
-        if self.collects() && self.protocol != Protocol::Mysql {
+        if settings.collects() && self.protocol != Protocol::Mysql {
             bail!("--report compares MySQL answers: it needs --protocol mysql");
         }
-        if (self.compare_results || self.report_literals) && !self.collects() {
+        if (self.compare_results || self.report_literals) && !settings.collects() {
             bail!(
                 "--compare-results and --report-literals only apply with --report (or --metrics)"
             );
@@ -353,27 +354,7 @@ impl MirrorArgs {
         if self.report_interval > 0 && self.report.is_none() {
             bail!("--report-interval only applies with --report");
         }
-        Ok(())
-    }
-
-    /// Whether the test server's replies are timed (`--report`, or `--metrics` in MySQL
-    /// mode): intercept then relays each as it comes instead of gathering them for
-    /// `--relay-flush-us`, which costs both daemons a wakeup and a write per reply. Counting
-    /// losses needs the answers, not their timing.
-    pub fn times_replies(&self) -> bool {
-        self.report.is_some() || (self.metrics.is_some() && self.protocol == Protocol::Mysql)
-    }
-
-    /// Whether every command's answers are collected.
-    pub fn collects(&self) -> bool {
-        // In MySQL mode always: both answers of every command are what tells a command the
-        // test server rejected or never answered, and those are losses the summary must list
-        // whether or not a report is written.
-        self.report.is_some() || self.protocol == Protocol::Mysql
-    }
-
-    pub fn report_interval(&self) -> Option<Duration> {
-        (self.report_interval > 0).then(|| Duration::from_secs(self.report_interval))
+        Ok(settings)
     }
 
     /// Refuses `routes` x `--multiply` that the pool cannot give distinct addresses.
@@ -381,7 +362,7 @@ impl MirrorArgs {
         let Some(first) = routes.first() else {
             bail!("nothing to mirror: give --target (or --map)");
         };
-        let template = crate::driver::engine_config(self, *first, false);
+        let template = engine_config(&self.settings(), *first, false);
         let routes: Vec<_> = routes.iter().map(|r| (r.prod_port, r.target)).collect();
         if let Err(e) = Fleet::check(&template, &routes, self.multiply) {
             let e = match e {
@@ -397,27 +378,7 @@ impl MirrorArgs {
         }
         Ok(())
     }
-
-    /// The control channel's secret from --secret-file, if given.
-    pub fn secret(&self) -> Result<Option<common::auth::Secret>> {
-        if self.token_file.is_some() {
-            bail!("{TOKEN_FILE_GONE}");
-        }
-        let Some(path) = &self.secret_file else {
-            return Ok(None);
-        };
-        let raw = ops::secret::read_secret_file("--secret-file", path)?;
-        let secret = common::auth::Secret::new(&raw)
-            .with_context(|| format!("--secret-file {}", path.display()))?;
-        Ok(Some(secret))
-    }
 }
-
-/// Said when the removed --token-file is given.
-pub const TOKEN_FILE_GONE: &str =
-    "--token-file (token-file, TCPSHADOW_TOKEN_FILE) was replaced by \
-    --secret-file: the secret no longer crosses the wire (control protocol 4). Rename the flag \
-    on both hosts; the same file works if it holds at least 16 bytes and is chmod 600";
 
 /// A test server must be a unicast address that is not this host's: the copier runs on the
 /// production host, and mirroring onto itself would double production's load.
@@ -476,7 +437,7 @@ impl Args {
     /// --max-memory. Refused when larger than that part: the ring becomes resident as the
     /// kernel fills it, and the bound would not hold.
     pub fn capture_buffer_bytes(&self) -> Result<i32> {
-        let budget = self.mirror.memory_budget();
+        let budget = self.mirror.settings().memory_budget();
         // Each capture worker has a ring of its own: they share the capture's part.
         let workers = self.workers.max(1) as usize;
         let bytes = match self.capture_buffer_mb {
@@ -520,9 +481,10 @@ impl Args {
         Ok(capture_filter(&self.routes()?))
     }
 
-    /// Refuses set-ups that would hurt production.
-    pub fn validate(&self) -> Result<()> {
-        self.mirror.validate()?;
+    /// Refuses set-ups that would hurt production; what is left is the settings every
+    /// mirror of this copier (one capture worker or several) runs with.
+    pub fn validate(&self) -> Result<MirrorSettings> {
+        let settings = self.mirror.validate()?;
         self.mirror.validate_routes(&self.routes()?)?;
         self.validate_workers()?;
         if let Some(dsn) = &self.prod_dsn {
@@ -533,7 +495,7 @@ impl Args {
                 bail!("--prod-dsn recovers MySQL session state: it needs --protocol mysql");
             }
         }
-        Ok(())
+        Ok(settings)
     }
 }
 
@@ -554,7 +516,7 @@ impl Args {
         let Some(first) = routes.first() else {
             return Ok(());
         };
-        let template = crate::driver::engine_config(&self.mirror, *first, false);
+        let template = engine_config(&self.mirror.settings(), *first, false);
         let pairs: Vec<_> = routes.iter().map(|r| (r.prod_port, r.target)).collect();
         if let Err(e) = Fleet::check_workers(&template, &pairs, self.mirror.multiply, self.workers)
         {
@@ -562,50 +524,6 @@ impl Args {
         }
         Ok(())
     }
-}
-
-/// Both directions of every route's production port, minus packets to or from a target host
-/// (our own output, should a target port equal a production port).
-pub fn capture_filter(routes: &[Route]) -> String {
-    let (ports, hosts) = filter_terms(routes);
-    let any = filter_any;
-    if ports.len() == 1 && hosts.len() == 1 {
-        let (p, t) = (&ports[0], &hosts[0]);
-        return format!(
-            "tcp and ((dst port {p} and not dst host {t}) or (src port {p} and not src host {t}))"
-        );
-    }
-    format!(
-        // libpcap gives `and` and `or` the same precedence: every group is bracketed.
-        "tcp and ((({}) and not ({})) or (({}) and not ({})))",
-        any("dst port", &ports),
-        any("dst host", &hosts),
-        any("src port", &ports),
-        any("src host", &hosts),
-    )
-}
-
-/// The routes' production ports and target hosts, each once, in order, as BPF terms.
-pub(crate) fn filter_terms(routes: &[Route]) -> (Vec<String>, Vec<String>) {
-    let mut ports: Vec<u16> = routes.iter().map(|r| r.prod_port).collect();
-    ports.sort_unstable();
-    ports.dedup();
-    let mut hosts: Vec<Ipv4Addr> = routes.iter().map(|r| *r.target.ip()).collect();
-    hosts.sort_unstable();
-    hosts.dedup();
-    (
-        ports.iter().map(u16::to_string).collect(),
-        hosts.iter().map(Ipv4Addr::to_string).collect(),
-    )
-}
-
-/// `what a or what b or ...` (bracket it: libpcap gives `and` and `or` the same precedence).
-pub(crate) fn filter_any(what: &str, items: &[String]) -> String {
-    items
-        .iter()
-        .map(|i| format!("{what} {i}"))
-        .collect::<Vec<_>>()
-        .join(" or ")
 }
 
 /// A libpcap TPACKET_V3 block (libpcap 1.10 sizes them by its largest snap length, 256 KiB).
@@ -645,13 +563,6 @@ pub fn parse_map(s: &str) -> Result<Route, String> {
         return Err(format!("{s:?}: port 0 is not a port"));
     }
     Ok(Route { prod_port, target })
-}
-
-/// The application protocol of the mirrored port.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Protocol {
-    Mysql,
-    Tcp,
 }
 
 /// Whether `ip` is assigned to an interface of this host: listed by getifaddrs(3), or
@@ -888,11 +799,15 @@ mod tests {
         );
         assert_eq!(a.mirror.intercept.len(), 2);
         assert_eq!(
-            a.mirror.intercept_index("198.18.0.3:3306".parse().unwrap()),
+            a.mirror
+                .settings()
+                .intercept_index("198.18.0.3:3306".parse().unwrap()),
             0
         );
         assert_eq!(
-            a.mirror.intercept_index("198.18.0.5:3306".parse().unwrap()),
+            a.mirror
+                .settings()
+                .intercept_index("198.18.0.5:3306".parse().unwrap()),
             1
         );
         a.validate().unwrap();
@@ -910,6 +825,7 @@ mod tests {
         one.validate().unwrap();
         assert_eq!(
             one.mirror
+                .settings()
                 .intercept_index("198.18.0.5:3306".parse().unwrap()),
             0
         );

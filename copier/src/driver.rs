@@ -61,19 +61,19 @@ use common::control::{
 };
 use common::wire::TcpPacket;
 
+use crate::builders::build_fleet_for;
 use crate::capture::CaptureStats;
-use crate::cli::{MirrorArgs, Protocol, Route};
 use crate::control_client::{ClientConfig, ControlClient, ControlHandle, Relayed, RelayedReceiver};
-use crate::credentials::Credentials;
-use crate::engine::{CloseReason, Engine, EngineConfig, EngineEvent, Fleet, TestEvent};
-use crate::metrics::MetricsPublisher;
-use crate::mysql::{MysqlConfig, MysqlFactory, NotRecovered, RandomBytes, ReportHooks};
+use crate::engine::{CloseReason, EngineEvent, Fleet, TestEvent};
+use crate::mysql::NotRecovered;
+use crate::outputs::Outputs;
 use crate::prod_state::{OwnAddress, ProdDsn, StateLookup};
-use crate::report::reporting::{ReportFeed, Reporting};
+use crate::report::reporting::ReportFeed;
 use crate::report::sink::ObservationSink;
 use crate::send::RawSender;
+use crate::settings::{MirrorSettings, Plan};
 use crate::signals;
-use crate::status::{Snapshot, StatusLine};
+use crate::status::Snapshot;
 use crate::waker::{wait_readable, Waker};
 
 /// Longest sleep with nothing due. Nothing needs it: stop signals and SIGUSR1 wake the loop
@@ -85,21 +85,6 @@ const MAX_SLEEP: Duration = Duration::from_secs(3600);
 const NO_SIGNAL_FD_SLEEP: Duration = Duration::from_millis(500);
 /// Sleep while draining: queued data is acknowledged within a test-server round trip.
 const DRAIN_SLEEP: Duration = Duration::from_millis(10);
-
-/// What to mirror, beyond [`MirrorArgs`]: the parts a live capture and a replay decide
-/// differently.
-#[derive(Clone, Debug)]
-pub struct Plan {
-    /// Production ports and their test servers (`--port`/`--target`, `--map`), each mirrored
-    /// `--multiply` times.
-    pub routes: Vec<Route>,
-    /// Mirror connections whose SYN was not seen (open before the capture started).
-    pub pickup_midstream: bool,
-    /// `--prod-dsn`: production account to recover picked-up connections' state.
-    pub prod_dsn: Option<ProdDsn>,
-    /// How long a picked-up connection waits for `prod_dsn`'s answer.
-    pub prod_dsn_wait: Duration,
-}
 
 /// One capture worker of `--workers N` (see `run`): its driver mirrors the connections the
 /// kernel's fan-out hands this worker, with its own engines (its own share of
@@ -137,7 +122,8 @@ pub struct Driver {
     waker: Waker,
     lookup: Option<StateLookup>,
     own: Option<OwnAddress>,
-    status: StatusLine,
+    /// The status line, `--metrics` and the report (none for a worker of several).
+    outputs: Outputs,
     buf: Vec<u8>,
     drain_secs: u64,
     stopping_since: Option<Instant>,
@@ -145,10 +131,6 @@ pub struct Driver {
     /// Packets of this host to itself or of `--prod-dsn`'s own connection, never mirrored.
     own_skipped: u64,
     mysql_events: u64,
-    /// `--metrics`: re-rendered from the status snapshot when due (see `status_due`).
-    metrics: Option<MetricsPublisher>,
-    /// `--report`: the comparison of both servers' answers.
-    report: Option<Reporting>,
     /// Where the engines' observations go after every batch: this driver's report's queue,
     /// or the coordinator's.
     observations: Option<Arc<ObservationSink>>,
@@ -162,14 +144,14 @@ pub struct Driver {
 impl Driver {
     /// Opens the raw sender, starts the control client and waits up to 5 s for intercept, then
     /// logs in on production if `plan.prod_dsn` is set. `now` starts the status interval.
-    pub fn start(args: &MirrorArgs, plan: Plan, now: Instant) -> Result<Self> {
+    pub fn start(args: &MirrorSettings, plan: Plan, now: Instant) -> Result<Self> {
         Self::start_with(args, plan, now, None)
     }
 
     /// [`Driver::start`] for capture worker `worker` of several: no status line, metrics or
     /// report of its own (see [`Worker`]), its share of the pool, `#INDEX` in its Hello name.
     pub fn start_worker(
-        args: &MirrorArgs,
+        args: &MirrorSettings,
         plan: Plan,
         now: Instant,
         worker: Worker,
@@ -178,45 +160,26 @@ impl Driver {
     }
 
     fn start_with(
-        args: &MirrorArgs,
+        args: &MirrorSettings,
         plan: Plan,
         now: Instant,
         worker: Option<Worker>,
     ) -> Result<Self> {
         let anchor = (std::time::Instant::now(), now);
         let recovery_wait = plan.prod_dsn.is_some().then_some(plan.prod_dsn_wait);
-        let mut report = (args.collects() && worker.is_none()).then(|| {
-            Reporting::new(
-                now,
-                args.report.clone(),
-                args.report_interval(),
-                args.compare_results,
-                args.report_literals,
-                args.memory_budget().report(),
-            )
-        });
+        // Bound before anything else starts: a taken port is a start-up mistake to fix now.
+        let mut outputs = match worker {
+            Some(_) => Outputs::none(now),
+            None => Outputs::start(args, &plan.routes, now)?,
+        };
         let feed = match &worker {
             Some(w) => w.report.clone(),
-            None => report.as_ref().map(Reporting::feed),
+            None => outputs.feed(),
         };
         let slot = worker.as_ref().map_or((0, 1), |w| (w.index, w.count));
         let hooks = feed.as_ref().map(|f| f.hooks);
         let fleet = build_fleet_for(args, &plan, recovery_wait, hooks, slot)?;
         let observations = feed.map(|f| f.sink);
-        if let (Some(r), Some(first)) = (&mut report, plan.routes.first()) {
-            r.set_endpoints(
-                format!("{}:{}", ops::host::hostname(), first.prod_port),
-                first.target.to_string(),
-            );
-        }
-        // Bound before anything else starts: a taken port is a start-up mistake to fix now.
-        let metrics = match worker {
-            Some(_) => None,
-            None => args
-                .metrics
-                .map(|addr| MetricsPublisher::start(addr, args.metrics_top_digests, now))
-                .transpose()?,
-        };
         let sender = RawSender::open()?;
         let waker = Waker::new().context("cannot create an eventfd")?;
         let name = match &worker {
@@ -259,9 +222,7 @@ impl Driver {
                          replies (is it in --protocol mysql mode?): only row counts and errors \
                          are compared"
                     );
-                    if let Some(r) = &mut report {
-                        r.set_compare_results(false);
-                    }
+                    outputs.compare_results_off();
                 }
             }
         }
@@ -283,22 +244,20 @@ impl Driver {
             waker,
             lookup,
             own,
-            status: StatusLine::new(now, args.status_interval().filter(|_| worker.is_none())),
+            outputs,
             buf,
             drain_secs: args.drain_secs,
             stopping_since: None,
             not_mirrorable: OncePerClient::default(),
             own_skipped: 0,
             mysql_events: 0,
-            metrics,
-            report,
             observations,
             last_now: now,
             anchor,
         };
         // A scrape before the first packet sees zeros, not an empty page.
         let snap = driver.snapshot(&CaptureStats::default());
-        driver.publish_metrics(now, &snap);
+        driver.outputs.publish_metrics(now, &snap);
         Ok(driver)
     }
 
@@ -393,10 +352,7 @@ impl Driver {
         }
         self.transmit(now);
         self.handle_events();
-        if let Some(r) = &mut self.report {
-            r.drain();
-            r.maybe_write(now, signals::take_report_request());
-        }
+        self.outputs.tick(now);
         if let Some(since) = self.stopping_since {
             // Delivered, and every session whose client closed closed on test too: resetting
             // one that is still closing would cut the test server's backlog short (a RST
@@ -455,7 +411,8 @@ impl Driver {
     /// How long the caller may sleep before the driver has work.
     pub fn next_wake(&self, now: Instant) -> Duration {
         let mut sleep = MAX_SLEEP;
-        if signals::stop_fd().is_none() || (self.report.is_some() && signals::report_fd().is_none())
+        if signals::stop_fd().is_none()
+            || (self.outputs.reports() && signals::report_fd().is_none())
         {
             // No eventfd to wake on (or signals not installed: tests, replay): look for the
             // signals' flags on a timer.
@@ -464,13 +421,7 @@ impl Driver {
         if let Some(d) = self.fleet.next_deadline() {
             sleep = sleep.min(d.saturating_since(now));
         }
-        if let Some(d) = self.status.next_due() {
-            sleep = sleep.min(d.saturating_since(now));
-        }
-        if let Some(m) = &self.metrics {
-            sleep = sleep.min(m.next_due().saturating_since(now));
-        }
-        if let Some(d) = self.report.as_ref().and_then(Reporting::next_due) {
+        if let Some(d) = self.outputs.next_due() {
             sleep = sleep.min(d.saturating_since(now));
         }
         if self.stopping_since.is_some() {
@@ -492,7 +443,7 @@ impl Driver {
             n += 1;
         }
         // Only the driver that writes the report empties it (`pump`).
-        if let (Some(_), Some(fd)) = (&self.report, signals::report_fd()) {
+        if let (true, Some(fd)) = (self.outputs.reports(), signals::report_fd()) {
             fds[n] = fd;
             n += 1;
         }
@@ -526,39 +477,19 @@ impl Driver {
     }
 
     pub fn status_due(&self, now: Instant) -> bool {
-        self.status.due(now) || self.metrics.as_ref().is_some_and(|m| m.due(now))
+        self.outputs.due(now)
     }
 
     /// Prints the status line and publishes the metrics, each if due (call when
     /// [`Driver::status_due`]).
     pub fn print_status(&mut self, now: Instant, capture: &CaptureStats) {
-        let line_due = self.status.due(now);
-        if let Some(r) = &mut self.report {
-            r.drain();
-        }
-        let mut snap = self.snapshot(capture);
-        if let Some(r) = &mut self.report {
-            // The live figures cover one status interval: taken only when the line prints.
-            snap.report = Some(r.figures(now, line_due));
-        }
-        if line_due {
-            self.status.print(now, &snap);
-        }
-        self.publish_metrics(now, &snap);
-    }
-
-    fn publish_metrics(&mut self, now: Instant, snap: &Snapshot) {
-        if let Some(m) = &mut self.metrics {
-            if m.due(now) {
-                let report = self.report.as_ref().map(|r| r.report(now));
-                m.publish(now, snap, report.as_ref());
-            }
-        }
+        let snap = self.snapshot(capture);
+        self.outputs.publish(now, snap);
     }
 
     /// The `--metrics` responder's address, when serving.
     pub fn metrics_addr(&self) -> Option<std::net::SocketAddr> {
-        self.metrics.as_ref().map(MetricsPublisher::local_addr)
+        self.outputs.metrics_addr()
     }
 
     /// All counters now.
@@ -584,9 +515,7 @@ impl Driver {
 
     /// The comparison report as of `now` (`--report` or `--metrics` in MySQL mode).
     pub fn report(&mut self, now: Instant) -> Option<crate::report::Report> {
-        let r = self.report.as_mut()?;
-        r.drain();
-        Some(r.report(now))
+        self.outputs.report(now)
     }
 
     /// The packet source failed: reset every session so the test server frees it, print the
@@ -599,11 +528,8 @@ impl Driver {
     ) -> anyhow::Error {
         self.reset_all(now);
         let mut snap = self.snapshot(capture);
-        if let Some(r) = &mut self.report {
-            // Sessions were just reset: what they still awaited is in the queue now.
-            r.write(now);
-            snap.report = Some(r.figures(now, false));
-        }
+        // Sessions were just reset: what they still awaited is in the report's queue now.
+        self.outputs.fail(now, &mut snap);
         eprint!(
             "{}",
             crate::status::summary(&snap, now.saturating_since(Instant::default()))
@@ -617,16 +543,7 @@ impl Driver {
     pub fn finish(mut self, capture: &CaptureStats) -> Snapshot {
         let now = self.last_now;
         let mut snap = self.snapshot(capture);
-        let mut report = None;
-        if let Some(r) = &mut self.report {
-            // Every session was reset by the drain: what they still awaited is in the queue.
-            r.write(now);
-            snap.report = Some(r.figures(now, false));
-            report = Some(r.report(now));
-        }
-        if let Some(m) = &mut self.metrics {
-            m.publish(Instant::default(), &snap, report.as_ref());
-        }
+        self.outputs.finish(now, &mut snap);
         tracing::debug!(
             mysql_events = self.mysql_events,
             own_skipped = self.own_skipped,
@@ -776,153 +693,6 @@ fn framed_at_us(ev: &MysqlEvent) -> Option<u32> {
         MysqlEvent::Rows { rows, .. } => Some(rows.framed_at_us),
         MysqlEvent::FramingLost { .. } | MysqlEvent::FramingResumed { .. } => None,
     }
-}
-
-/// Every engine of `plan`: one per route and `--multiply` copy, each with its own slice of
-/// `--client-ip-pool`.
-pub fn build_fleet(
-    args: &MirrorArgs,
-    plan: &Plan,
-    recovery_wait: Option<Duration>,
-    report: Option<ReportHooks>,
-) -> Result<Fleet> {
-    build_fleet_for(args, plan, recovery_wait, report, (0, 1))
-}
-
-/// [`build_fleet`] for capture worker `worker.0` of `worker.1`.
-pub fn build_fleet_for(
-    args: &MirrorArgs,
-    plan: &Plan,
-    recovery_wait: Option<Duration>,
-    report: Option<ReportHooks>,
-    worker: (u32, u32),
-) -> Result<Fleet> {
-    let Some(first) = plan.routes.first() else {
-        bail!("nothing to mirror: give --port and --target (or --map)");
-    };
-    let template = engine_config(args, *first, plan.pickup_midstream);
-    let routes: Vec<_> = plan
-        .routes
-        .iter()
-        .map(|r| (r.prod_port, r.target))
-        .collect();
-    let mysql = match args.protocol {
-        Protocol::Tcp => None,
-        Protocol::Mysql => Some(mysql_factory(args, recovery_wait, report)?),
-    };
-    let copies = args.multiply.max(1);
-    if args.read_only {
-        tracing::info!(
-            "--read-only: commands that write are not mirrored (CALL {})",
-            if args.read_only_allow_calls {
-                "is"
-            } else {
-                "neither"
-            }
-        );
-    }
-    let mut fleet = Fleet::for_worker(
-        &template,
-        &routes,
-        args.multiply,
-        worker,
-        |cfg| match &mysql {
-            // Engines are route by route, the copies of a route next to each other.
-            Some(f) => {
-                let copy = cfg.pool_slice.0 % copies;
-                Engine::with_transform(cfg, Box::new(f.clone().for_copy(copy)))
-            }
-            None => Engine::new(cfg),
-        },
-    )?;
-    if args.target.len() > 1 {
-        // Several --target: each connection of their port goes to one of them (placement).
-        let mut ports: Vec<u16> = plan
-            .routes
-            .iter()
-            .filter(|r| args.target.contains(&r.target))
-            .map(|r| r.prod_port)
-            .collect();
-        ports.dedup();
-        for port in ports {
-            fleet.spread(port, &args.target);
-        }
-    }
-    Ok(fleet)
-}
-
-/// The engine configuration of one route.
-pub fn engine_config(args: &MirrorArgs, route: Route, pickup_midstream: bool) -> EngineConfig {
-    let mut cfg = EngineConfig::new(route.prod_port, route.target);
-    cfg.client_ip_pool = args.client_ip_pool;
-    cfg.sample = args.sample;
-    cfg.mss = args.mss;
-    cfg.delayed_ack = Duration::from_millis(u64::from(args.delayed_ack_ms));
-    cfg.pickup_midstream = pickup_midstream;
-    cfg.max_sessions = args.max_sessions;
-    let budget = args.memory_budget();
-    cfg.max_memory = budget.sessions();
-    cfg.max_session_buffer = budget.session_buffer(1);
-    cfg
-}
-
-/// The engine for `--protocol`: plain TCP, or with the MySQL layer rewriting logins and
-/// statement ids. `recovery_wait`: with `--prod-dsn`, how long a picked-up connection waits
-/// (its commands held) for its state.
-pub fn build_engine(
-    args: &MirrorArgs,
-    cfg: EngineConfig,
-    recovery_wait: Option<Duration>,
-) -> Result<Engine> {
-    if args.protocol == Protocol::Tcp {
-        return Ok(Engine::new(cfg));
-    }
-    let factory = mysql_factory(args, recovery_wait, None)?;
-    Ok(Engine::with_transform(cfg, Box::new(factory)))
-}
-
-fn mysql_factory(
-    args: &MirrorArgs,
-    recovery_wait: Option<Duration>,
-    report: Option<ReportHooks>,
-) -> Result<MysqlFactory> {
-    let credentials = match &args.mysql_credentials {
-        Some(path) => crate::credentials::load(path)?,
-        None => {
-            tracing::warn!(
-                "no --mysql-credentials: logins are forwarded unchanged, so they only succeed on a \
-                 test server that does not check passwords (--skip-grant-tables)"
-            );
-            Credentials::default()
-        }
-    };
-    if let Some(user) = &args.mysql_default_user {
-        if credentials.password(user).is_none() {
-            bail!("--mysql-default-user {user:?} has no line in --mysql-credentials");
-        }
-    }
-    let config = MysqlConfig {
-        default_user: args.mysql_default_user.clone(),
-        default_db: args.mysql_default_db.clone(),
-        forward_without_credentials: args.mysql_credentials.is_none(),
-        recovery_wait,
-        read_only: args.read_only,
-        allow_calls: args.read_only_allow_calls,
-        report,
-        // Commands held for the test server count toward the session's queue cap anyway.
-        max_held_bytes: args.memory_budget().session_buffer(1),
-        ..MysqlConfig::default()
-    };
-    Ok(MysqlFactory::new(config, Arc::new(credentials), urandom()?))
-}
-
-/// Random bytes for caching_sha2 full authentication (RSA-OAEP padding), from the kernel.
-fn urandom() -> Result<RandomBytes> {
-    let file = std::fs::File::open("/dev/urandom").context("cannot open /dev/urandom")?;
-    Ok(Arc::new(move |buf: &mut [u8]| {
-        use std::io::Read;
-        (&file).read_exact(buf).is_ok()
-    }))
 }
 
 /// `--prod-dsn`: logs in on production once now, so a wrong password or a missing grant stops

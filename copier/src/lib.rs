@@ -6,7 +6,11 @@
 //! out of it; everything in this crate is an edge (capture, raw send, control channel,
 //! signals, status), the driver that wires them to the engine (`driver`), or a loop that feeds
 //! the driver (`run`: the live capture).
+//!
+//! A daemon is wired one way: `cli` parses and validates the command line into `settings`
+//! (plain data), `builders` turns settings into engines, `driver` owns the I/O around them.
 
+pub mod builders;
 pub mod capture;
 pub mod cli;
 pub mod control_client;
@@ -14,6 +18,7 @@ pub mod credentials;
 pub mod doctor;
 pub mod driver;
 pub mod metrics;
+pub mod outputs;
 pub mod pcapfile;
 pub mod prod_state;
 pub mod record;
@@ -21,6 +26,7 @@ pub mod replay;
 pub mod report;
 pub mod run;
 pub mod send;
+pub mod settings;
 pub mod signals;
 pub mod status;
 pub mod transit;

@@ -132,13 +132,16 @@ fn main_doctor(argv: Vec<OsString>) -> ExitCode {
 }
 
 fn main_live(args: &Args) -> ExitCode {
-    if let Err(e) = args.validate() {
-        eprintln!("copier: {e:#}");
-        return ExitCode::from(2);
-    }
+    let mirror = match args.validate() {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("copier: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
     signals::install();
     let started = std::time::Instant::now();
-    match run::run(args) {
+    match run::run(args, &mirror) {
         Ok(snap) => {
             eprint!("{}", status::summary(&snap, started.elapsed()));
             ExitCode::SUCCESS
@@ -183,13 +186,16 @@ fn main_record(args: &RecordArgs) -> ExitCode {
 }
 
 fn main_replay(args: &ReplayArgs) -> ExitCode {
-    if let Err(e) = args.validate() {
-        eprintln!("copier replay: {e:#}");
-        return ExitCode::from(2);
-    }
+    let mirror = match args.validate() {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("copier replay: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
     signals::install();
     let started = std::time::Instant::now();
-    match replay::run(args) {
+    match replay::run(args, &mirror) {
         Ok((snap, report)) => {
             eprint!("{}", status::summary(&snap, started.elapsed()));
             eprint!("{}", report.render());

@@ -38,9 +38,10 @@ use common::wire::{parse_frame, LinkType, TcpPacket};
 
 use crate::capture::CaptureStats;
 use crate::cli::MirrorArgs;
-use crate::driver::{Driver, Plan, Pump};
+use crate::driver::{Driver, Pump};
 use crate::pcapfile::{CaptureReader, ReadError};
 use crate::record::human;
+use crate::settings::{MirrorSettings, Plan};
 
 /// Replays recorded MySQL (or TCP) traffic onto a test server, at the recorded pace or faster.
 ///
@@ -95,8 +96,9 @@ fn parse_speed(s: &str) -> Result<f64, String> {
 }
 
 impl ReplayArgs {
-    pub fn validate(&self) -> Result<()> {
-        self.mirror.validate()?;
+    /// Refuses what cannot be replayed; what is left is the settings the mirror runs with.
+    pub fn validate(&self) -> Result<MirrorSettings> {
+        let settings = self.mirror.validate()?;
         self.mirror.route(self.port)?;
         if self.loops > 1 && self.mirror.client_ip_pool.is_none() {
             bail!(
@@ -107,7 +109,7 @@ impl ReplayArgs {
                 self.loops
             );
         }
-        Ok(())
+        Ok(settings)
     }
 }
 
@@ -701,33 +703,36 @@ pub fn plan(args: &ReplayArgs) -> Result<Plan> {
 }
 
 /// Replays the files; returns the driver's counters and the replay's own figures.
-pub fn run(args: &ReplayArgs) -> Result<(crate::status::Snapshot, ReplayReport)> {
+pub fn run(
+    args: &ReplayArgs,
+    mirror: &MirrorSettings,
+) -> Result<(crate::status::Snapshot, ReplayReport)> {
     let clock = MonotonicClock::new();
     let mut source = Source::open(&args.files, args.port, args.loops)?;
     let mut rewrite = LoopRewrite::new(args.port, args.loops > 1);
-    let mut driver = Driver::start(&args.mirror, plan(args)?, clock.now())?;
+    let mut driver = Driver::start(mirror, plan(args)?, clock.now())?;
     tracing::info!(
         "replaying {} file(s) ({}) x {} loop(s) at speed {} to {} (intercept {})",
         args.files.len(),
         human(source.total_bytes() / u64::from(args.loops)),
         args.loops,
         args.speed,
-        args.mirror
+        mirror
             .target
             .iter()
             .map(ToString::to_string)
             .collect::<Vec<_>>()
             .join(", "),
-        args.mirror.first_intercept()
+        mirror.first_intercept()
     );
-    let mut progress = Progress::new(clock.now(), args.mirror.status_interval());
+    let mut progress = Progress::new(clock.now(), mirror.status_interval());
     // Set when the first packet is fed: the schedule starts there, not while intercept connects.
     let mut start: Option<(Instant, u64)> = None;
     let mut last_fed: Option<Instant> = None;
     let mut lateness = Duration::ZERO;
     let mut interrupted = false;
     let mut settle: Option<Settle> = None;
-    let drain_limit = Duration::from_secs(args.mirror.drain_secs);
+    let drain_limit = Duration::from_secs(mirror.drain_secs);
 
     loop {
         let now = clock.now();

@@ -20,7 +20,8 @@ use common::clock::{Instant, MonotonicClock};
 
 use crate::capture::LiveCapture;
 use crate::cli::Args;
-use crate::driver::{Driver, Plan, Pump};
+use crate::driver::{Driver, Pump};
+use crate::settings::{MirrorSettings, Plan};
 use crate::status::Snapshot;
 
 /// Packets read from the capture before the loop looks at the control channel again.
@@ -65,9 +66,10 @@ fn log_ring(buffer: i32, block_ms: u16) {
     );
 }
 
-pub fn run(args: &Args) -> Result<Snapshot> {
+/// The live copier with `args`, whose validation gave `mirror` (`Args::validate`).
+pub fn run(args: &Args, mirror: &MirrorSettings) -> Result<Snapshot> {
     if args.workers > 1 {
-        return workers::run(args);
+        return workers::run(args, mirror);
     }
     let clock = MonotonicClock::new();
     let plan = plan(args)?;
@@ -86,12 +88,12 @@ pub fn run(args: &Args) -> Result<Snapshot> {
         .map(|r| format!("port {} to {}", r.prod_port, r.target))
         .collect::<Vec<_>>()
         .join(", ");
-    let mut driver = Driver::start(&args.mirror, plan, clock.now())?;
+    let mut driver = Driver::start(mirror, plan, clock.now())?;
     drop_privileges(args)?;
     tracing::info!(
         "mirroring {routes} on {} (intercept {}), filter: {filter}",
         args.interface,
-        args.mirror.first_intercept()
+        mirror.first_intercept()
     );
 
     loop {
@@ -211,17 +213,16 @@ mod workers {
     use std::time::Duration;
 
     use anyhow::{anyhow, Result};
-    use common::clock::{Instant, MonotonicClock};
+    use common::clock::MonotonicClock;
     use common::wire::TcpPacket;
 
     use super::{capture_time, plan, CAPTURE_BUDGET};
     use crate::capture::{fanout, CaptureStats, LiveCapture};
     use crate::cli::Args;
-    use crate::driver::{Driver, Plan, Pump, Worker};
-    use crate::metrics::MetricsPublisher;
-    use crate::report::reporting::Reporting;
-    use crate::signals;
-    use crate::status::{Snapshot, StatusLine};
+    use crate::driver::{Driver, Pump, Worker};
+    use crate::outputs::Outputs;
+    use crate::settings::{MirrorSettings, Plan};
+    use crate::status::Snapshot;
 
     /// How often a worker hands its counters to the coordinator.
     const PUBLISH: Duration = Duration::from_millis(250);
@@ -232,6 +233,13 @@ mod workers {
     const BACKLOG_LIMIT: usize = 1 << 20;
     /// Connections remembered per worker for the cross-worker check at the end.
     const FLOWS_REMEMBERED: usize = 1 << 16;
+
+    /// What every worker runs with: the flags, and the settings their validation gave.
+    #[derive(Clone, Copy)]
+    struct Flags<'a> {
+        args: &'a Args,
+        mirror: &'a MirrorSettings,
+    }
 
     /// What one worker has counted so far.
     #[derive(Clone, Default)]
@@ -259,7 +267,7 @@ mod workers {
         }
     }
 
-    pub(super) fn run(args: &Args) -> Result<Snapshot> {
+    pub(super) fn run(args: &Args, mirror: &MirrorSettings) -> Result<Snapshot> {
         let n = args.workers;
         let clock = MonotonicClock::new();
         let plan = plan(args)?;
@@ -283,29 +291,10 @@ mod workers {
         for c in &mut captures {
             discarded += c.discard_backlog(BACKLOG_LIMIT)?;
         }
-        let mirror = &args.mirror;
         let start = clock.now();
-        let mut report = mirror.collects().then(|| {
-            Reporting::new(
-                start,
-                mirror.report.clone(),
-                mirror.report_interval(),
-                mirror.compare_results,
-                mirror.report_literals,
-                mirror.memory_budget().report(),
-            )
-        });
-        if let (Some(r), Some(first)) = (&mut report, plan.routes.first()) {
-            r.set_endpoints(
-                format!("{}:{}", ops::host::hostname(), first.prod_port),
-                first.target.to_string(),
-            );
-        }
-        let mut metrics = mirror
-            .metrics
-            .map(|addr| MetricsPublisher::start(addr, mirror.metrics_top_digests, start))
-            .transpose()?;
-        let feed = report.as_ref().map(Reporting::feed);
+        // The outputs are the coordinator's: the workers' drivers have none (see `Worker`).
+        let mut outputs = Outputs::start(mirror, &plan.routes, start)?;
+        let feed = outputs.feed();
         // Each worker opens its raw socket in its own thread, after this point: the capability
         // drop of the single-worker path would have to wait for all of them (not done yet).
         tracing::warn!(
@@ -320,7 +309,6 @@ mod workers {
         );
         let figures: Vec<Mutex<Figures>> = (0..n).map(|_| Mutex::new(Figures::default())).collect();
         let abort = AtomicBool::new(false);
-        let mut status = StatusLine::new(start, mirror.status_interval());
         let results = std::thread::scope(|scope| {
             let handles: Vec<_> = captures
                 .into_iter()
@@ -335,7 +323,15 @@ mod workers {
                     std::thread::Builder::new()
                         .name(format!("capture-{i}"))
                         .spawn_scoped(scope, move || {
-                            let r = run_worker(args, plan, capture, worker, clock, figures, abort);
+                            let r = run_worker(
+                                Flags { args, mirror },
+                                plan,
+                                capture,
+                                worker,
+                                clock,
+                                figures,
+                                abort,
+                            );
                             if r.is_err() {
                                 // One worker down: stop the others (they drain as on SIGTERM).
                                 abort.store(true, Ordering::SeqCst);
@@ -360,25 +356,9 @@ mod workers {
                 if all.iter().all(|f| f.done) {
                     break;
                 }
-                if let Some(r) = &mut report {
-                    r.drain();
-                    r.maybe_write(now, signals::take_report_request());
-                }
-                let line_due = status.due(now);
-                if line_due || metrics.as_ref().is_some_and(|m| m.due(now)) {
-                    let mut snap = sum(&all);
-                    if let Some(r) = &mut report {
-                        snap.report = Some(r.figures(now, line_due));
-                    }
-                    if line_due {
-                        status.print(now, &snap);
-                    }
-                    if let Some(m) = &mut metrics {
-                        if m.due(now) {
-                            let full = report.as_ref().map(|r| r.report(now));
-                            m.publish(now, &snap, full.as_ref());
-                        }
-                    }
+                outputs.tick(now);
+                if outputs.due(now) {
+                    outputs.publish(now, sum(&all));
                 }
                 std::thread::sleep(TICK);
             }
@@ -411,16 +391,7 @@ mod workers {
             }
         }
         let mut snap = sum(&finals);
-        let mut full = None;
-        if let Some(r) = &mut report {
-            r.drain();
-            r.write(now);
-            snap.report = Some(r.figures(now, false));
-            full = Some(r.report(now));
-        }
-        if let Some(m) = &mut metrics {
-            m.publish(Instant::default(), &snap, full.as_ref());
-        }
+        outputs.finish(now, &mut snap);
         for (i, f) in finals.iter().enumerate() {
             let e = &f.snap.engine;
             tracing::info!(
@@ -474,7 +445,7 @@ mod workers {
     /// One worker's loop: today's single-thread loop, with the stop also coming from `abort`
     /// and the counters handed to the coordinator every [`PUBLISH`].
     fn run_worker(
-        args: &Args,
+        flags: Flags<'_>,
         plan: Plan,
         mut capture: LiveCapture,
         worker: Worker,
@@ -482,11 +453,11 @@ mod workers {
         figures: &Mutex<Figures>,
         abort: &AtomicBool,
     ) -> Result<(Figures, FlowsSeen)> {
-        let mut driver = Driver::start_worker(&args.mirror, plan, clock.now(), worker)?;
+        let mut driver = Driver::start_worker(flags.mirror, plan, clock.now(), worker)?;
         let mut seen = FlowsSeen::default();
         let mut next_publish = clock.now();
         // Each worker thread raises itself: its priority is its own.
-        let mut on_demand = super::on_demand(args, capture.as_raw_fd());
+        let mut on_demand = super::on_demand(flags.args, capture.as_raw_fd());
         loop {
             let now = clock.now();
             let wall = common::clock::realtime_ns();

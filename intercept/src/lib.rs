@@ -10,6 +10,8 @@
 //! nftables rule of ours ([`nftables`]) feeds, both spoken over [`netlink`].
 
 pub mod capture;
+pub mod cli;
+pub mod daemon;
 pub mod doctor;
 pub mod framer;
 pub mod metrics;

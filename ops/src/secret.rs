@@ -12,6 +12,12 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 
+/// Said when the removed `--token-file` (control protocol 3's cleartext token) is given.
+pub const TOKEN_FILE_GONE: &str =
+    "--token-file (token-file, TCPSHADOW_TOKEN_FILE) was replaced by \
+    --secret-file: the secret no longer crosses the wire (control protocol 4). Rename the flag \
+    on both hosts; the same file works if it holds at least 16 bytes and is chmod 600";
+
 /// Largest file read: a secret is a line, not a document.
 const MAX_FILE_LEN: u64 = 64 * 1024;
 
@@ -61,6 +67,19 @@ pub fn random_bytes<const N: usize>() -> io::Result<[u8; N]> {
         filled += rc as usize;
     }
     Ok(out)
+}
+
+/// The control channel's secret as both daemons take it: from `--secret-file` when given
+/// (checked by [`read_secret_file`], then trimmed and bounded by `common::auth::Secret`),
+/// none without it.
+pub fn control_secret(secret_file: Option<&Path>) -> Result<Option<common::auth::Secret>> {
+    let Some(path) = secret_file else {
+        return Ok(None);
+    };
+    let raw = read_secret_file("--secret-file", path)?;
+    let secret = common::auth::Secret::new(&raw)
+        .with_context(|| format!("--secret-file {}", path.display()))?;
+    Ok(Some(secret))
 }
 
 #[cfg(test)]

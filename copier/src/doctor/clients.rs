@@ -15,8 +15,11 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use common::wire::TcpPacket;
 
+use ops::check::{Check, Report};
+
+use super::{join, DoctorArgs};
 use crate::capture::LiveCapture;
-use crate::cli::{filter_any, filter_terms, Route};
+use crate::settings::{filter_any, filter_terms, Route};
 
 /// Distinct client addresses kept; more are counted, not kept (the doctor probes a handful).
 const MAX_TRACKED: usize = 1024;
@@ -132,6 +135,117 @@ pub fn watch(interface: &str, routes: &[Route], window: Duration) -> Result<Tall
     }
     tally.elapsed = started.elapsed();
     Ok(tally)
+}
+
+/// Most live clients the probe SYNs go from: a handful shows a route missing for some of them
+/// without flooding the test server or the output.
+pub(super) const MAX_LIVE_PROBES: usize = 4;
+
+/// What the watch of the production ports found.
+pub(super) enum Live {
+    /// The clients seen, busiest first (maybe none).
+    Seen(Vec<Client>),
+    /// Not watched, and why.
+    NotWatched(String),
+}
+
+/// Watches the production ports for `--client-watch-ms` and reports who queries them.
+pub(super) fn live_clients(
+    r: &mut Report,
+    args: &DoctorArgs,
+    routes: &[Route],
+    raw_ok: bool,
+) -> Live {
+    if routes.is_empty() {
+        return Live::NotWatched("no valid --target".into());
+    }
+    if args.client_watch_ms == 0 {
+        return Live::NotWatched("--client-watch-ms 0".into());
+    }
+    if !raw_ok {
+        r.add(Check::warn(
+            "live clients",
+            "not watched: capturing needs CAP_NET_RAW (see the capabilities check)",
+        ));
+        return Live::NotWatched("no CAP_NET_RAW".into());
+    }
+    let iface = &args.daemon.interface;
+    let mut ports: Vec<u16> = routes.iter().map(|r| r.prod_port).collect();
+    ports.sort_unstable();
+    ports.dedup();
+    let ports = join(&ports);
+    let window = Duration::from_millis(args.client_watch_ms);
+    let tally = match watch(iface, routes, window) {
+        Ok(t) => t,
+        Err(e) => {
+            r.add(Check::warn(
+                "live clients",
+                format!("cannot watch port {ports} on {iface}: {e:#}"),
+            ));
+            return Live::NotWatched("the capture failed".into());
+        }
+    };
+    let secs = tally.elapsed.as_secs_f64();
+    let seen = tally.busiest();
+    let pool = args.daemon.mirror.client_ip_pool;
+    if seen.is_empty() {
+        r.add(Check::warn(
+            "live clients",
+            format!(
+                "no client sent anything to port {ports} on {iface} in {secs:.1} s: production \
+                 is idle right now, or --port/--map/--interface miss its traffic{}",
+                match (pool, args.probe_client) {
+                    (Some(_), _) => " (the probe SYN uses a pool address anyway)",
+                    (None, Some(_)) => " (the probe SYN uses --probe-client)",
+                    (None, None) => "",
+                }
+            ),
+        ));
+        return Live::Seen(seen);
+    }
+    let shown: Vec<String> = seen
+        .iter()
+        .take(MAX_LIVE_PROBES)
+        .map(|c| format!("{} {} packets", c.addr, c.packets))
+        .collect();
+    let more = seen.len().saturating_sub(shown.len());
+    let use_of_them = match pool {
+        Some((a, l)) => format!(
+            "they are mirrored from --client-ip-pool {a}/{l}, so the test server needs no \
+             route for them (the probe SYN uses a pool address)"
+        ),
+        None if seen.len() == 1 => "the probe SYN goes from it, as its mirrored sessions' \
+                                    will"
+            .to_string(),
+        None if seen.len() == shown.len() => format!(
+            "the probe SYNs go from all {}, as their mirrored sessions' will",
+            seen.len()
+        ),
+        None => format!(
+            "the probe SYNs go from the {} busiest, as their mirrored sessions' will",
+            shown.len()
+        ),
+    };
+    let who = match (seen.len(), more, tally.untracked) {
+        (1, _, 0) => format!("1 client address, {},", seen[0].addr),
+        (n, 0, 0) => format!("{n} client addresses ({})", shown.join(", ")),
+        (n, m, 0) => format!(
+            "{n} client addresses (busiest first: {}, and {m} more)",
+            shown.join(", ")
+        ),
+        (n, m, _) => format!(
+            "more than {n} client addresses (busiest first: {}, and over {m} more)",
+            shown.join(", ")
+        ),
+    };
+    r.add(Check::ok(
+        "live clients",
+        format!(
+            "{who} sent {} packets to port {ports} on {iface} in {secs:.1} s: {use_of_them}",
+            tally.packets
+        ),
+    ));
+    Live::Seen(seen)
 }
 
 #[cfg(test)]

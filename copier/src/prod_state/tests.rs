@@ -1,4 +1,22 @@
+use super::client::*;
+use super::dsn::*;
+use super::error::*;
+use super::queries::*;
+use super::read::*;
+use super::snapshot::*;
+use super::worker::*;
 use super::*;
+use std::collections::HashSet;
+use std::io::{self, Read, Write};
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{self};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::mysql::auth::{Nonce, Password};
+use common::mysql::handshake::{Capabilities, Greeting, HandshakeResponse};
+use common::mysql::packet::{write_packet, PacketHeader, HEADER_LEN};
 
 use common::mysql::auth::native_password;
 use common::mysql::write_lenenc_bytes;
@@ -914,7 +932,7 @@ fn state_rows_are_ordered_here_not_by_production() {
             Some(second.as_bytes().to_vec()),
         ]
     };
-    let got = super::ordered(vec![
+    let got = super::read::ordered(vec![
         row("13", "10"),
         row("12", "b"),
         row("13", "9"),
