@@ -1,5 +1,5 @@
 //! One mirrored MySQL session: the client's stream in, the test server's stream out, and the
-//! knowledge of both servers' replies that decides what goes through (see `mod.rs`).
+//! knowledge of both servers' replies that decides what goes through (see `mysql/mod.rs`).
 //!
 //! Three readers of three streams:
 //!
@@ -208,7 +208,7 @@ fn push_packet(seq: u8, payload: &[u8], out: &mut TransformOutput<'_>) {
     out.push(&bytes);
 }
 
-/// In-line sizes of the parts of a [`MysqlTransform`] (see `mod.rs`'s `session_layout`).
+/// In-line sizes of the parts of a [`MysqlTransform`] (see `mysql/mod.rs`'s `session_layout`).
 pub(super) fn layout() -> Vec<(&'static str, usize)> {
     use std::mem::size_of;
     vec![

@@ -12,8 +12,9 @@
 //!
 //! # What it must never do
 //!
-//! * Hold up the client's stream: production's replies are read as they come, and one that
-//!   cannot be read is counted lost; the test server gets its commands regardless.
+//! * Wait for production: its replies are read as they come, and one that cannot be read is
+//!   counted lost; only the pickup's gates hold commands for an answer, and never past their
+//!   deadlines.
 //! * Read a result set's rows: most of the stream, and nothing in them matters but "not a
 //!   reply's end" ([`ProdSink`] passes over them).
 //! * Frame bytes it did not see start: after a pickup or a gap it waits for the client's next
@@ -231,7 +232,8 @@ impl MysqlTransform {
                 }
             }
             ProdPhase::Resyncing => {
-                if p.seq == self.prod.next().1 {
+                let (_, first_id) = self.prod.next();
+                if p.seq == first_id {
                     // The reply to the latest command; the earlier ones were answered in bytes
                     // we could not frame.
                     while self.prod.owed.len() > 1 {

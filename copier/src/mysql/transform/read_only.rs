@@ -12,8 +12,8 @@
 //!
 //! # What it must never do
 //!
-//! * Let a write through on a guess: a text seen only in part is a write unless its seen part
-//!   already says which, and an unknown command is one.
+//! * Let a write through on a guess: a text seen only in part is kept off (as the write its
+//!   seen part shows, or as `Other`), and so is a command whose content is not judged.
 //! * Grow without bound: at most `max_statements` ids and names are remembered; past that an
 //!   execute finds no statement and is dropped as an unknown one.
 

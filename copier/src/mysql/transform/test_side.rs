@@ -13,8 +13,9 @@
 //!
 //! # What it must never do
 //!
-//! * Guess which command a reply answers: a reply that cannot be placed ends the framing
-//!   (blind), since one wrong pairing shifts every reply after it.
+//! * Pair replies across a hole: replies are matched in order only while intercept's
+//!   summaries are whole; a gap (or a PREPARE_OK that never came) ends the framing and the
+//!   session goes blind, since one wrong pairing would shift every reply after it.
 //! * Owe more than [`MAX_TEST_OWED`]: past it the session is given up, so a test server that
 //!   stopped answering cannot grow the bookkeeping without bound.
 //! * Read a reply's rows: intercept folds them into runs, only their count and structure are
@@ -333,7 +334,7 @@ impl MysqlTransform {
             out.count(Counter::ReplyStructureLost as usize);
         }
         if let Some(o) = &mut self.observer {
-            o.test_folded(folded.map(|f| f.1), run.payload_bytes());
+            o.test_folded(folded.map(|(_definitions, rows)| rows), run.payload_bytes());
         }
         self.resume(out);
     }
