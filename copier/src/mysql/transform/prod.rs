@@ -270,9 +270,9 @@ impl MysqlTransform {
         }
     }
 
-    /// The last packet of production's reply to the command the gates hold as `replying`: the transaction
-    /// gates (a picked-up connection's, or after a capture gap) learn what the reply said of
-    /// its transaction.
+    /// The last packet of production's reply to the command the gates hold as `replying`:
+    /// the transaction gates (a picked-up connection's, or after a capture gap) learn what the
+    /// reply said of its transaction.
     fn prod_reply_ended(&mut self, seen: &Seen, p: &ProdPacket, out: &mut TransformOutput<'_>) {
         let Some(gates) = self.gates.as_deref_mut() else {
             return;
