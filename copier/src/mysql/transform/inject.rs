@@ -28,9 +28,15 @@ use crate::engine::TransformOutput;
 /// A recovered statement to give the statement map once its prepare is sent.
 pub(super) struct Register {
     /// Production's id of the statement.
-    pub(super) prod_id: u32,
+    prod_id: u32,
     /// Its SQL (the first `SQL_KEPT` bytes).
-    pub(super) sql: Vec<u8>,
+    sql: Vec<u8>,
+}
+
+impl Register {
+    pub(super) fn new(prod_id: u32, sql: Vec<u8>) -> Self {
+        Self { prod_id, sql }
+    }
 }
 
 /// Bytes of our own to send before the client's next command.

@@ -505,10 +505,7 @@ impl MysqlTransform {
         let mut payload = Vec::with_capacity(1 + sql.len());
         payload.push(com::STMT_PREPARE);
         payload.extend_from_slice(sql);
-        let register = Register {
-            prod_id,
-            sql: sql[..sql.len().min(SQL_KEPT)].to_vec(),
-        };
+        let register = Register::new(prod_id, sql[..sql.len().min(SQL_KEPT)].to_vec());
         let queued = self.queue_injection(
             Injection::packet(
                 &payload,
