@@ -140,7 +140,7 @@ pub struct RecoveredState {
     /// The round trip of the query that read the variables, on the capture's clock:
     /// production read them within it. What the client's commands production answered before
     /// it did is in them; their `SET`s go to the test server where production read them
-    /// (`transform.rs`, `variables_first`). `None`: before every held command.
+    /// (`transform/pickup.rs`, `variables_first`). `None`: before every held command.
     pub variables_at: Option<RoundTrip>,
     /// The same `SET`s from a second read right after the first, and its round trip: the
     /// session starts from it when a command writing a variable was answered within the first
