@@ -21,6 +21,7 @@ use common::control::{
 use common::mysql::digest::PayloadHasher;
 use common::mysql::fold::RowFolder;
 use common::mysql::packet::HEADER_LEN;
+use common::seq::SeqNumber;
 
 /// Where framed packets go.
 pub trait FrameSink {
@@ -71,7 +72,7 @@ impl HeadSizes {
 pub struct PacketFramer {
     sizes: HeadSizes,
     /// Sequence number of stream offset 0 (the SYN-ACK's ISN + 1).
-    base_seq: u32,
+    base_seq: SeqNumber,
     /// Stream offset of the next byte to be fed.
     offset: u64,
     /// Packets whose header has been read.
@@ -92,7 +93,7 @@ pub struct PacketFramer {
 }
 
 impl PacketFramer {
-    pub fn new(base_seq: u32, sizes: HeadSizes) -> Self {
+    pub fn new(base_seq: SeqNumber, sizes: HeadSizes) -> Self {
         PacketFramer {
             sizes,
             base_seq,
@@ -210,7 +211,7 @@ impl PacketFramer {
         let packet = MysqlPacket {
             stream_offset,
             // Wrapping by design: offsets grow past 4 GiB, sequence numbers wrap.
-            tcp_seq: self.base_seq.wrapping_add(stream_offset as u32),
+            tcp_seq: (self.base_seq + stream_offset as u32).0,
             seq_id: h[3],
             len,
             head: MysqlHead::with_capacity(self.head_want),
@@ -247,7 +248,7 @@ mod tests {
     }
 
     fn frame_pieces(pieces: &[&[u8]], later: usize) -> Vec<MysqlPacket> {
-        let mut f = PacketFramer::new(1000, HeadSizes { later });
+        let mut f = PacketFramer::new(SeqNumber(1000), HeadSizes { later });
         let mut out = Vec::new();
         for p in pieces {
             f.feed(p, &mut |p| out.push(p));
@@ -311,7 +312,7 @@ mod tests {
     #[test]
     fn a_packet_is_emitted_once_its_head_is_in() {
         let stream: Vec<u8> = (0..9u8).flat_map(|i| pkt(i, &[])).collect();
-        let mut f = PacketFramer::new(0, HeadSizes { later: 4 });
+        let mut f = PacketFramer::new(SeqNumber(0), HeadSizes { later: 4 });
         let mut out = Vec::new();
         f.feed(&stream, &mut |p| out.push(p));
         let row = pkt(9, &[1; 100]);
@@ -329,7 +330,7 @@ mod tests {
     fn hashed_packets_are_emitted_at_their_end_with_their_hash() {
         let stream: Vec<u8> = [pkt(1, b"\x01"), pkt(2, b""), pkt(3, &[7; 300])].concat();
         for cut in 0..stream.len() {
-            let mut f = PacketFramer::new(0, HeadSizes { later: 16 });
+            let mut f = PacketFramer::new(SeqNumber(0), HeadSizes { later: 16 });
             f.set_hashing(true);
             let mut out = Vec::new();
             f.feed(&stream[..cut], &mut |p| out.push(p));
@@ -349,7 +350,7 @@ mod tests {
             }
         }
         // Off again: heads only, emitted early.
-        let mut f = PacketFramer::new(0, HeadSizes { later: 16 });
+        let mut f = PacketFramer::new(SeqNumber(0), HeadSizes { later: 16 });
         f.set_hashing(true);
         f.set_hashing(false);
         let mut out = Vec::new();
@@ -364,7 +365,7 @@ mod tests {
         stream.extend(std::iter::repeat_n(0xAA, MYSQL_MAX_PAYLOAD as usize));
         stream.extend(pkt(2, b"end"));
         stream.extend(pkt(3, b"\xfe\0\0\x02\0"));
-        let mut f = PacketFramer::new(u32::MAX - 1, HeadSizes { later: 16 });
+        let mut f = PacketFramer::new(SeqNumber(u32::MAX - 1), HeadSizes { later: 16 });
         let mut out = Vec::new();
         for chunk in stream.chunks(65_000) {
             f.feed(chunk, &mut |p| out.push(p));
@@ -478,7 +479,7 @@ mod tests {
             }
             let mut got = Vec::new();
             for skim in [false, true] {
-                let mut f = PacketFramer::new(1000, HeadSizes { later: 16 });
+                let mut f = PacketFramer::new(SeqNumber(1000), HeadSizes { later: 16 });
                 let mut sink = Folding {
                     folder: common::mysql::fold::RowFolder::new(),
                     skim,
