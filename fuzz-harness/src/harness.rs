@@ -1,7 +1,8 @@
 //! The fuzz harnesses: one function per parser of untrusted input, each taking the fuzzer's raw
-//! bytes. Shared by the cargo-fuzz targets (`fuzz/fuzz_targets/*.rs`, nightly, coverage-guided)
-//! and by `intercept/tests/fuzz_corpus.rs` (stable), which replays every committed corpus file
-//! through the very same functions in the ordinary `cargo test`.
+//! bytes. Shared, as the crate tcpshadow-fuzz-harness, by the cargo-fuzz targets
+//! (`fuzz/fuzz_targets/*.rs`, nightly, coverage-guided) and by `intercept/tests/fuzz_corpus.rs`
+//! (stable), which replays every committed corpus file through the very same functions in the
+//! ordinary `cargo test`.
 //!
 //! A harness must panic only when the code under test misbehaves: every error a parser returns
 //! is an expected outcome of hostile input and is ignored. The few assertions check properties
