@@ -9,6 +9,31 @@
 //! A gap that fills is the normal case: the copier only acknowledges what intercept relayed, so
 //! the test server retransmits what capture missed. A gap that does not fill shows up as a hold
 //! that overflows (the server keeps sending past it) or as bytes cut by the snap length.
+//!
+//! Why this is not the copier's reassembler (`copier::engine::reassembly`, for the captured
+//! client and production streams), although both trim and hold segments (issue #19 asked for
+//! one where the constraints allow):
+//!
+//! * **Past the bound, they must do opposite things.** The copier drops the segment that does
+//!   not fit and goes on (the sender retransmits, or a gap proven by the other side's ACKs or
+//!   its timer is given up with `skip_to` and the stream resumes after it). Here nothing can go
+//!   on after a gap: this stream is only framed, and a MySQL stream cannot be framed again from
+//!   an arbitrary byte, so it stops for good ([`Lost`]) and the copier is told, to resync with
+//!   its probe.
+//! * **They bound different things.** The copier bounds holes (8) and how far ahead a byte
+//!   may lie, holding the bytes in one boxed ring so that an idle session costs a pointer.
+//!   Here the bound is held bytes and held segments ([`HoldLimits`]): one lost segment with a
+//!   full window behind it must fit, the bytes count against `--max-memory` across sessions,
+//!   and dropped segments are counted ([`ReassemblyStats`]). Swapping either bound changes
+//!   what the other side tolerates (a flood of tiny out-of-order segments, many holes).
+//! * **Their streams differ.** The copier's are in raw sequence space, with a FIN, a start
+//!   that moves on a mid-stream pickup (`rebase`) and held runs it reads back to decide where
+//!   a proven gap ends (`first_held_run`); this one is the test server's reply from the
+//!   SYN-ACK, in 64-bit stream offsets, with segments the snap length may have cut
+//!   ([`LostReason::Snapped`]).
+//!
+//! A generic reassembler would have a policy parameter for each of these and no code left in
+//! common; what they do share, sequence arithmetic, is [`common::seq::SeqNumber`].
 
 use std::collections::BTreeMap;
 
