@@ -396,14 +396,21 @@ impl FrameScanner {
         sink: &mut S,
     ) -> bool {
         loop {
-            if SKIM && !self.switch && self.pending.is_none() && self.walker.at_boundary() {
+            if !self.switch && self.pending.is_none() && self.walker.at_boundary() {
                 if let Some(h) = PacketHeader::parse(input) {
-                    let head = (h.len as usize).min(Self::SKIM_HEAD);
-                    if h.len < self.walker.split
-                        && input.len() - HEADER_LEN >= head
-                        && sink.skim(h.seq, h.len, &input[HEADER_LEN..HEADER_LEN + head])
-                    {
-                        self.walker.pass(input, h.len);
+                    if h.len < self.walker.split {
+                        // A whole header at a boundary, not continued: the common case, taken
+                        // here in one step instead of piece by piece through the walker.
+                        if SKIM {
+                            let head = (h.len as usize).min(Self::SKIM_HEAD);
+                            if input.len() - HEADER_LEN >= head
+                                && sink.skim(h.seq, h.len, &input[HEADER_LEN..HEADER_LEN + head])
+                            {
+                                self.walker.pass(input, h.len);
+                                continue;
+                            }
+                        }
+                        self.packet_at_boundary(h, input, sink);
                         continue;
                     }
                 }
@@ -415,6 +422,45 @@ impl FrameScanner {
                 return true;
             }
         }
+    }
+
+    /// Reads the packet whose whole header starts `input`, at a boundary, below the split, as
+    /// the walker would: reported at once with its prefix when that is in `input` too (and the
+    /// payload there passed over), otherwise its header walked and its prefix left pending.
+    fn packet_at_boundary<S: ScanSink>(
+        &mut self,
+        h: PacketHeader,
+        input: &mut &[u8],
+        sink: &mut S,
+    ) {
+        let header = FrameHeader {
+            offset: self.walker.offset,
+            seq: h.seq,
+            len: h.len,
+            part: 0,
+            more: false,
+        };
+        let prefix_len = sink
+            .prefix_len(&header, self.prefix_len as usize)
+            .min(Self::MAX_PREFIX);
+        let want = (h.len as usize).min(prefix_len);
+        if input.len() - HEADER_LEN >= want {
+            sink.packet(ScannedPacket {
+                header,
+                prefix: &input[HEADER_LEN..HEADER_LEN + want],
+                hash: None,
+            });
+            self.walker.pass(input, h.len);
+            return;
+        }
+        // The prefix goes on in a later chunk: want > 0 here.
+        let walked = self.walker.next(input);
+        debug_assert_eq!(
+            walked.map(|p| matches!(p, Piece::Header(w) if w == header)),
+            Some(true)
+        );
+        self.pending = Some((header, want));
+        self.prefix.clear();
     }
 
     /// One piece without hashing; true when it was a header that switched to hashing.
