@@ -217,7 +217,9 @@ mod tests {
     #[test]
     fn comparison_is_serial() {
         let (a, b) = (SeqNumber(0xffff_fff0), SeqNumber(5));
-        assert!(a < b && b > a && a <= b && b >= a);
+        // Each operator on its own: they are PartialOrd's, not derived from one another here.
+        assert_eq!([a < b, b > a, a <= b, b >= a], [true; 4]);
+        assert_eq!([b < a, a > b, b <= a, a >= b], [false; 4]);
         assert_eq!(a.max(b), b);
         assert_eq!(b.max(a), b);
         assert_eq!(a.min(b), a);
@@ -227,7 +229,8 @@ mod tests {
         let c = SeqNumber(7) + HALF;
         let d = SeqNumber(7);
         assert_eq!(c.partial_cmp(&d), None);
-        assert!(!(c < d) && !(d < c) && !(c >= d) && c != d);
+        assert_eq!([c < d, d < c, c <= d, c >= d, c > d, d > c], [false; 6]);
+        assert_ne!(c, d);
         assert_eq!((c.max(d), c.min(d)), (c, c));
         assert_eq!(c - d, i32::MIN);
     }
