@@ -489,10 +489,10 @@ pub fn tcp_checksum_ok(ip: &[u8]) -> bool {
 
 /// Serial-number arithmetic (RFC 1982) for TCP sequence numbers held as raw `u32`s.
 ///
-/// New code takes [`SeqNumber`](crate::seq::SeqNumber), which carries the same arithmetic in
-/// its type. These helpers stay for the copier's engine until it adopts the type (issue #19);
-/// they differ from it only for two numbers 2^31 apart, which `lt` calls less than each other
-/// both ways where `SeqNumber` calls them unordered.
+/// New code takes [`SeqNumber`], which carries the same arithmetic in its type. These helpers
+/// stay for the copier's engine until it adopts the type (issue #19); they differ from it only
+/// for two numbers 2^31 apart, which `lt` calls less than each other both ways where
+/// `SeqNumber` calls them unordered.
 pub mod seq {
     /// `a < b` in sequence space.
     #[inline]

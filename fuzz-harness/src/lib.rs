@@ -4,7 +4,7 @@
 //! Two users, one copy of the code: the cargo-fuzz targets in `fuzz/fuzz_targets/` (nightly,
 //! coverage-guided; `fuzz/` depends on this crate by path and stays outside the workspace), and
 //! `intercept/tests/fuzz_corpus.rs`, which replays every committed corpus file through the very
-//! same functions in the ordinary stable `cargo test`. With the `seeds` feature, [`seeds`]
+//! same functions in the ordinary stable `cargo test`. With the `seeds` feature, `seeds`
 //! builds each target's seed inputs from real captured bytes.
 //!
 //! What a harness may and must never do is in the `harness` module's doc: panic only when the
