@@ -6,4 +6,5 @@ pub mod auth;
 pub mod clock;
 pub mod control;
 pub mod mysql;
+pub mod seq;
 pub mod wire;

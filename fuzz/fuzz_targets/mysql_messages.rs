@@ -1,5 +1,5 @@
 #![no_main]
-//! See `tcpshadow_fuzz::mysql_messages` (fuzz/src/harness.rs).
+//! See `tcpshadow_fuzz::mysql_messages` (fuzz-harness/src/harness.rs).
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| tcpshadow_fuzz::mysql_messages(data));

@@ -1,4 +1,5 @@
-//! Writes the fuzz targets' seed inputs (`fuzz/src/seeds.rs`) into `fuzz/corpus/<target>/seed-N`.
+//! Writes the fuzz targets' seed inputs (`fuzz-harness/src/seeds.rs`, feature `seeds`) into
+//! `fuzz/corpus/<target>/seed-N`.
 //! Run after changing a harness's input layout, then minimise the corpus again
 //! (docs/RELIABILITY.md, "Hostile input and fuzzing"):
 //!
@@ -6,16 +7,9 @@
 //!
 //! An example rather than a test: it writes into the source tree, which no test should do.
 
-#[allow(dead_code)]
-#[path = "../../common/src/mysql/fixtures.rs"]
-mod fixtures;
-#[allow(dead_code)]
-#[path = "../../fuzz/src/harness.rs"]
-mod harness;
-#[path = "../../fuzz/src/seeds.rs"]
-mod seeds;
-
 use std::path::Path;
+
+use tcpshadow_fuzz_harness::seeds;
 
 fn main() -> std::io::Result<()> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus");

@@ -1,13 +1,16 @@
-//! Cuts the test server's in-order reply bytes of one connection into MySQL packets.
+//! Cuts the test server's in-order reply bytes of one connection into MySQL packets and makes
+//! the summaries ([`MysqlPacket`]) intercept relays to copiers.
 //!
-//! A MySQL packet is a 4-byte header (3-byte little-endian payload length, 1-byte sequence id)
-//! and its payload. The framer keeps only what a summary needs: the header being read (which
-//! may straddle TCP segments) and the first bytes of the current payload. It must never buffer
-//! a whole payload (a result row can be 16 MiB) and never interpret one: what the bytes mean is
-//! the copier's business.
+//! The cutting is not done here: [`PacketFramer`] is an adapter around the one MySQL framer,
+//! [`common::mysql::packet::FrameScanner`], which the copier uses on its side too. This room
+//! adds only what a summary needs: how many head bytes each packet keeps ([`HeadSizes`]), the
+//! TCP sequence number of each packet, payload hashes switched on and off as copiers come and
+//! go, and the stream offset a skimmed packet starts at. It must never buffer a whole payload
+//! (a result row can be 16 MiB) and never interpret one: what the bytes mean is the copier's
+//! business (and the [`FrameSink`]'s, which folds rows).
 //!
 //! With payload hashes on (a copier asked for them, `--compare-results`), every payload byte
-//! also goes through a [`PayloadHasher`] and each packet is emitted when it *ends*, with its
+//! also goes through a payload hasher and each packet is emitted when it *ends*, with its
 //! hash, instead of when its head is in: the copier compares the rows' hashes with
 //! production's. Still nothing of the payload is kept.
 //!
@@ -15,12 +18,10 @@
 //! [`crate::reassembly`] guarantees that. There is no way to find a header again after a gap
 //! (any byte may start one), so a gap ends framing for good.
 
-use common::control::{
-    MysqlHead, MysqlPacket, MAX_MYSQL_HEAD, MYSQL_FULL_HEAD_PACKETS, MYSQL_MAX_PAYLOAD,
-};
-use common::mysql::digest::PayloadHasher;
+use common::control::{MysqlHead, MysqlPacket, MAX_MYSQL_HEAD, MYSQL_FULL_HEAD_PACKETS};
 use common::mysql::fold::RowFolder;
-use common::mysql::packet::HEADER_LEN;
+use common::mysql::packet::{FrameHeader, FrameScanner, ScanSink, ScannedPacket, HEADER_LEN};
+use common::seq::SeqNumber;
 
 /// Where framed packets go.
 pub trait FrameSink {
@@ -41,6 +42,10 @@ impl<F: FnMut(MysqlPacket)> FrameSink for F {
         self(p)
     }
 }
+
+// The scanner shows a skimming sink its first SKIM_HEAD payload bytes; the folder decides on
+// its own SKIM_HEAD. The promise to `FrameSink::skim` holds only if the first is enough.
+const _: () = assert!(FrameScanner::SKIM_HEAD >= RowFolder::SKIM_HEAD);
 
 /// Head sizes of a connection's packets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,174 +74,122 @@ impl HeadSizes {
 /// The framing state of one connection's reply stream.
 #[derive(Debug)]
 pub struct PacketFramer {
+    scanner: FrameScanner,
+    summary: Summary,
+}
+
+/// What the summaries need beside the scanner (a separate struct so that the scanner and the
+/// adapter it reports to can be borrowed together).
+#[derive(Debug)]
+struct Summary {
     sizes: HeadSizes,
     /// Sequence number of stream offset 0 (the SYN-ACK's ISN + 1).
-    base_seq: u32,
-    /// Stream offset of the next byte to be fed.
-    offset: u64,
-    /// Packets whose header has been read.
+    base_seq: SeqNumber,
+    /// Packets whose header has been read (skimmed ones included).
     packets: u64,
-    header: [u8; HEADER_LEN],
-    header_len: usize,
-    /// Payload bytes of the current packet still to come; 0 while reading a header.
-    body_left: u32,
-    /// The current packet while its head is incomplete.
-    current: Option<MysqlPacket>,
-    head_want: usize,
-    /// The last header said 0xFFFFFF: the next packet continues the same payload.
-    continues: bool,
-    /// Hash the payloads of packets that start from now on.
+    /// Stream offset of the next packet's header. The scanner tells where the packets it
+    /// reports start, not those it offers to skim: this follows both.
+    next_header: u64,
+    /// Hashes asked for, from the next packet on (the scanner switches at the same header).
     hashing: bool,
-    /// The current packet's hash, when it is hashed.
-    hasher: Option<PayloadHasher>,
 }
 
 impl PacketFramer {
-    pub fn new(base_seq: u32, sizes: HeadSizes) -> Self {
+    pub fn new(base_seq: SeqNumber, sizes: HeadSizes) -> Self {
         PacketFramer {
-            sizes,
-            base_seq,
-            offset: 0,
-            packets: 0,
-            header: [0; HEADER_LEN],
-            header_len: 0,
-            body_left: 0,
-            current: None,
-            head_want: 0,
-            continues: false,
-            hashing: false,
-            hasher: None,
+            // The prefix is chosen per packet (`Adapter::prefix_len`), not by the scanner.
+            scanner: FrameScanner::new(0),
+            summary: Summary {
+                sizes,
+                base_seq,
+                packets: 0,
+                next_header: 0,
+                hashing: false,
+            },
         }
     }
 
     /// Turns payload hashes on or off, from the next packet on.
     pub fn set_hashing(&mut self, on: bool) {
-        self.hashing = on;
+        self.summary.hashing = on;
+        self.scanner.set_hashing(on);
     }
 
     /// Stream offset of the next byte expected.
     pub fn offset(&self) -> u64 {
-        self.offset
+        self.scanner.position()
     }
 
     /// Packets whose header has been read so far.
     pub fn packets(&self) -> u64 {
-        self.packets
+        self.summary.packets
     }
 
     /// Frames the next in-order bytes, giving `sink` each packet as soon as its head is
     /// complete (a packet whose payload is still arriving is summarised before its end).
-    pub fn feed(&mut self, mut bytes: &[u8], sink: &mut impl FrameSink) {
-        while !bytes.is_empty() {
-            if self.body_left == 0 && self.header_len == 0 && self.skims(bytes) {
-                // A row of a result set, most of the time: the sink folds it from its first
-                // bytes, and nothing of it is built or copied (issue 9: framing every row cost
-                // a quarter of intercept's capture thread).
-                let len = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], 0]);
-                let avail = (bytes.len() - HEADER_LEN).min(len as usize);
-                let head = &bytes[HEADER_LEN..HEADER_LEN + avail.min(RowFolder::SKIM_HEAD)];
-                if sink.skim(bytes[3], len, self.offset, head) {
-                    self.packets += 1;
-                    self.offset += (HEADER_LEN + avail) as u64;
-                    self.body_left = len - avail as u32;
-                    bytes = &bytes[HEADER_LEN + avail..];
-                    continue;
-                }
-            }
-            if self.body_left == 0 {
-                let take = (HEADER_LEN - self.header_len).min(bytes.len());
-                self.header[self.header_len..self.header_len + take]
-                    .copy_from_slice(&bytes[..take]);
-                self.header_len += take;
-                self.offset += take as u64;
-                bytes = &bytes[take..];
-                if self.header_len == HEADER_LEN {
-                    self.header_len = 0;
-                    self.start_packet(sink);
-                }
-                continue;
-            }
-            let take = (self.body_left as usize).min(bytes.len());
-            if let Some(h) = &mut self.hasher {
-                h.update(&bytes[..take]);
-            }
-            self.body_left -= take as u32;
-            if let Some(p) = &mut self.current {
-                let need = self.head_want - p.head.len();
-                p.head.extend_from_slice(&bytes[..need.min(take)]);
-                let done = match &self.hasher {
-                    Some(h) if self.body_left == 0 => {
-                        p.hash = Some(h.finish());
-                        true
-                    }
-                    Some(_) => false,
-                    None => p.head.len() == self.head_want,
-                };
-                if done {
-                    self.hasher = None;
-                    if let Some(p) = self.current.take() {
-                        sink.packet(p);
-                    }
-                }
-            }
-            self.offset += take as u64;
-            bytes = &bytes[take..];
-        }
-    }
-
-    /// Whether the packet starting at `bytes[0]` may be skimmed: hashes off, not part of a
-    /// 16 MiB payload, past the login's packets, its header and decisive head bytes in `bytes`.
-    fn skims(&self, bytes: &[u8]) -> bool {
-        if self.hashing || self.continues || self.packets < MYSQL_FULL_HEAD_PACKETS {
-            return false;
-        }
-        let Some(h) = bytes.get(..HEADER_LEN) else {
-            return false;
+    pub fn feed(&mut self, bytes: &[u8], sink: &mut impl FrameSink) {
+        let mut adapter = Adapter {
+            summary: &mut self.summary,
+            sink,
         };
-        let len = u32::from_le_bytes([h[0], h[1], h[2], 0]);
-        len < MYSQL_MAX_PAYLOAD
-            && bytes.len() - HEADER_LEN >= (len as usize).min(RowFolder::SKIM_HEAD)
+        self.scanner.feed_skimming(bytes, &mut adapter);
+    }
+}
+
+/// Turns what the scanner reports into summaries for a [`FrameSink`].
+struct Adapter<'a, S> {
+    summary: &'a mut Summary,
+    sink: &'a mut S,
+}
+
+impl<S: FrameSink> ScanSink for Adapter<'_, S> {
+    fn skim(&mut self, seq: u8, len: u32, head: &[u8]) -> bool {
+        let f = &mut *self.summary;
+        // The login's packets go out whole, and with hashes every payload must be hashed.
+        // Rows are what is left, most of the time: the sink folds them from their first bytes
+        // and nothing of them is built or copied (issue 9: framing every row cost a quarter
+        // of intercept's capture thread).
+        if f.hashing || f.packets < MYSQL_FULL_HEAD_PACKETS {
+            return false;
+        }
+        if !self.sink.skim(seq, len, f.next_header, head) {
+            return false;
+        }
+        f.packets += 1;
+        f.next_header += HEADER_LEN as u64 + u64::from(len);
+        true
     }
 
-    fn start_packet(&mut self, emit: &mut impl FrameSink) {
-        let h = self.header;
-        let len = u32::from_le_bytes([h[0], h[1], h[2], 0]);
-        let stream_offset = self.offset - HEADER_LEN as u64;
-        let continuation = self.continues;
-        self.continues = len == MYSQL_MAX_PAYLOAD;
-        self.head_want = self.sizes.for_packet(self.packets, len, continuation);
-        self.packets += 1;
-        self.body_left = len;
-        let packet = MysqlPacket {
-            stream_offset,
+    fn prefix_len(&mut self, header: &FrameHeader, _default: usize) -> usize {
+        let f = &mut *self.summary;
+        let index = f.packets;
+        f.packets += 1;
+        f.sizes.for_packet(index, header.len, header.part > 0)
+    }
+
+    fn packet(&mut self, p: ScannedPacket<'_>) {
+        let h = p.header;
+        let f = &mut *self.summary;
+        f.next_header = h.payload_offset() + u64::from(h.len);
+        self.sink.packet(MysqlPacket {
+            stream_offset: h.offset,
             // Wrapping by design: offsets grow past 4 GiB, sequence numbers wrap.
-            tcp_seq: self.base_seq.wrapping_add(stream_offset as u32),
-            seq_id: h[3],
-            len,
-            head: MysqlHead::with_capacity(self.head_want),
-            hash: None,
+            tcp_seq: (f.base_seq + h.offset as u32).0,
+            seq_id: h.seq,
+            len: h.len,
+            head: MysqlHead::from_slice(p.prefix),
+            hash: p.hash,
             // Stamped by the caller, which has the clock.
             framed_at_us: 0,
-        };
-        if self.hashing && len > 0 {
-            self.hasher = Some(PayloadHasher::new());
-            self.current = Some(packet);
-        } else if self.hashing {
-            emit.packet(MysqlPacket {
-                hash: Some(PayloadHasher::new().finish()),
-                ..packet
-            });
-        } else if self.head_want == 0 {
-            emit.packet(packet);
-        } else {
-            self.current = Some(packet);
-        }
+        });
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use common::control::MYSQL_MAX_PAYLOAD;
+    use common::mysql::digest::PayloadHasher;
 
     fn pkt(seq_id: u8, payload: &[u8]) -> Vec<u8> {
         let len = payload.len() as u32;
@@ -247,7 +200,7 @@ mod tests {
     }
 
     fn frame_pieces(pieces: &[&[u8]], later: usize) -> Vec<MysqlPacket> {
-        let mut f = PacketFramer::new(1000, HeadSizes { later });
+        let mut f = PacketFramer::new(SeqNumber(1000), HeadSizes { later });
         let mut out = Vec::new();
         for p in pieces {
             f.feed(p, &mut |p| out.push(p));
@@ -311,7 +264,7 @@ mod tests {
     #[test]
     fn a_packet_is_emitted_once_its_head_is_in() {
         let stream: Vec<u8> = (0..9u8).flat_map(|i| pkt(i, &[])).collect();
-        let mut f = PacketFramer::new(0, HeadSizes { later: 4 });
+        let mut f = PacketFramer::new(SeqNumber(0), HeadSizes { later: 4 });
         let mut out = Vec::new();
         f.feed(&stream, &mut |p| out.push(p));
         let row = pkt(9, &[1; 100]);
@@ -329,7 +282,7 @@ mod tests {
     fn hashed_packets_are_emitted_at_their_end_with_their_hash() {
         let stream: Vec<u8> = [pkt(1, b"\x01"), pkt(2, b""), pkt(3, &[7; 300])].concat();
         for cut in 0..stream.len() {
-            let mut f = PacketFramer::new(0, HeadSizes { later: 16 });
+            let mut f = PacketFramer::new(SeqNumber(0), HeadSizes { later: 16 });
             f.set_hashing(true);
             let mut out = Vec::new();
             f.feed(&stream[..cut], &mut |p| out.push(p));
@@ -349,7 +302,7 @@ mod tests {
             }
         }
         // Off again: heads only, emitted early.
-        let mut f = PacketFramer::new(0, HeadSizes { later: 16 });
+        let mut f = PacketFramer::new(SeqNumber(0), HeadSizes { later: 16 });
         f.set_hashing(true);
         f.set_hashing(false);
         let mut out = Vec::new();
@@ -364,7 +317,7 @@ mod tests {
         stream.extend(std::iter::repeat_n(0xAA, MYSQL_MAX_PAYLOAD as usize));
         stream.extend(pkt(2, b"end"));
         stream.extend(pkt(3, b"\xfe\0\0\x02\0"));
-        let mut f = PacketFramer::new(u32::MAX - 1, HeadSizes { later: 16 });
+        let mut f = PacketFramer::new(SeqNumber(u32::MAX - 1), HeadSizes { later: 16 });
         let mut out = Vec::new();
         for chunk in stream.chunks(65_000) {
             f.feed(chunk, &mut |p| out.push(p));
@@ -478,7 +431,7 @@ mod tests {
             }
             let mut got = Vec::new();
             for skim in [false, true] {
-                let mut f = PacketFramer::new(1000, HeadSizes { later: 16 });
+                let mut f = PacketFramer::new(SeqNumber(1000), HeadSizes { later: 16 });
                 let mut sink = Folding {
                     folder: common::mysql::fold::RowFolder::new(),
                     skim,

@@ -9,8 +9,35 @@
 //! A gap that fills is the normal case: the copier only acknowledges what intercept relayed, so
 //! the test server retransmits what capture missed. A gap that does not fill shows up as a hold
 //! that overflows (the server keeps sending past it) or as bytes cut by the snap length.
+//!
+//! Why this is not the copier's reassembler (`copier::engine::reassembly`, for the captured
+//! client and production streams), although both trim and hold segments (issue #19 asked for
+//! one where the constraints allow):
+//!
+//! * **Past the bound, they must do opposite things.** The copier drops the segment that does
+//!   not fit and goes on (the sender retransmits, or a gap proven by the other side's ACKs or
+//!   its timer is given up with `skip_to` and the stream resumes after it). Here nothing can go
+//!   on after a gap: this stream is only framed, and a MySQL stream cannot be framed again from
+//!   an arbitrary byte, so it stops for good ([`Lost`]) and the copier is told, to resync with
+//!   its probe.
+//! * **They bound different things.** The copier bounds holes (8) and how far ahead a byte
+//!   may lie, holding the bytes in one boxed ring so that an idle session costs a pointer.
+//!   Here the bound is held bytes and held segments ([`HoldLimits`]): one lost segment with a
+//!   full window behind it must fit, the bytes count against `--max-memory` across sessions,
+//!   and dropped segments are counted ([`ReassemblyStats`]). Swapping either bound changes
+//!   what the other side tolerates (a flood of tiny out-of-order segments, many holes).
+//! * **Their streams differ.** The copier's are in raw sequence space, with a FIN, a start
+//!   that moves on a mid-stream pickup (`rebase`) and held runs it reads back to decide where
+//!   a proven gap ends (`first_held_run`); this one is the test server's reply from the
+//!   SYN-ACK, in 64-bit stream offsets, with segments the snap length may have cut
+//!   ([`LostReason::Snapped`]).
+//!
+//! A generic reassembler would have a policy parameter for each of these and no code left in
+//! common; what they do share, sequence arithmetic, is [`common::seq::SeqNumber`].
 
 use std::collections::BTreeMap;
+
+use common::seq::SeqNumber;
 
 use crate::framer::{FrameSink, HeadSizes, PacketFramer};
 
@@ -61,7 +88,7 @@ pub enum LostReason {
 /// Framing stopped at sequence number `at_seq`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Lost {
-    pub at_seq: u32,
+    pub at_seq: SeqNumber,
     pub reason: LostReason,
 }
 
@@ -69,7 +96,7 @@ pub struct Lost {
 #[derive(Debug)]
 pub struct ReplyStream {
     framer: PacketFramer,
-    base_seq: u32,
+    base_seq: SeqNumber,
     /// Early segments by stream offset.
     held: BTreeMap<u64, Vec<u8>>,
     held_bytes: usize,
@@ -78,7 +105,7 @@ pub struct ReplyStream {
 
 impl ReplyStream {
     /// A stream whose first byte has sequence number `base_seq` (the SYN-ACK's ISN + 1).
-    pub fn new(base_seq: u32, sizes: HeadSizes, limits: HoldLimits) -> Self {
+    pub fn new(base_seq: SeqNumber, sizes: HeadSizes, limits: HoldLimits) -> Self {
         ReplyStream {
             framer: PacketFramer::new(base_seq, sizes),
             base_seq,
@@ -88,7 +115,7 @@ impl ReplyStream {
         }
     }
 
-    pub fn base_seq(&self) -> u32 {
+    pub fn base_seq(&self) -> SeqNumber {
         self.base_seq
     }
 
@@ -103,22 +130,23 @@ impl ReplyStream {
     }
 
     /// Sequence number of the next byte to frame: where framing stops if the stream is dropped.
-    pub fn framed_to(&self) -> u32 {
+    pub fn framed_to(&self) -> SeqNumber {
         self.next_seq()
     }
 
-    /// MySQL packets whose header has been read.
     /// Payload hashes on or off from the next packet (see [`PacketFramer::set_hashing`]).
     pub fn set_hashing(&mut self, on: bool) {
         self.framer.set_hashing(on);
     }
 
+    /// MySQL packets whose header has been read.
     pub fn packets(&self) -> u64 {
         self.framer.packets()
     }
 
-    fn next_seq(&self) -> u32 {
-        self.base_seq.wrapping_add(self.framer.offset() as u32)
+    fn next_seq(&self) -> SeqNumber {
+        // Only the offset's low 32 bits move the number: offsets grow past 4 GiB, seqs wrap.
+        self.base_seq + self.framer.offset() as u32
     }
 
     /// Takes one segment: `seq` numbers `data[0]`, `data` is what was captured of a payload of
@@ -126,7 +154,7 @@ impl ReplyStream {
     /// segments it unblocks, later ones). After `Err`, the stream must be dropped.
     pub fn on_segment(
         &mut self,
-        seq: u32,
+        seq: SeqNumber,
         data: &[u8],
         wire_len: u32,
         stats: &mut ReassemblyStats,
@@ -141,7 +169,7 @@ impl ReplyStream {
         let next = self.framer.offset();
         // Relative to the next expected byte; a TCP window never spans 2^31, so the signed
         // distance is unambiguous.
-        let rel = i64::from(seq.wrapping_sub(self.next_seq()) as i32);
+        let rel = i64::from(seq - self.next_seq());
         if rel > 0 {
             if captured < wire_len {
                 return Err(self.lost(LostReason::Snapped, stats));
@@ -224,7 +252,7 @@ mod tests {
     use super::*;
     use common::control::MysqlPacket;
 
-    const BASE: u32 = u32::MAX - 10;
+    const BASE: SeqNumber = SeqNumber(u32::MAX - 10);
 
     fn pkt(seq_id: u8, payload: &[u8]) -> Vec<u8> {
         let mut v = (payload.len() as u32).to_le_bytes()[..3].to_vec();
@@ -251,7 +279,7 @@ mod tests {
         fn seg(&mut self, stream: &[u8], from: usize, to: usize) -> Result<(), Lost> {
             let out = &mut self.out;
             self.s.on_segment(
-                BASE.wrapping_add(from as u32),
+                BASE + from,
                 &stream[from..to],
                 (to - from) as u32,
                 &mut self.stats,
@@ -293,7 +321,7 @@ mod tests {
         assert_eq!(h.ids(), [0, 1, 2]);
         assert_eq!(&h.out[0].head[..], b"greeting");
         assert_eq!(h.s.held(), 0);
-        assert_eq!(h.out[2].tcp_seq, BASE.wrapping_add(18));
+        assert_eq!(h.out[2].tcp_seq, (BASE + 18usize).0);
     }
 
     #[test]
@@ -349,11 +377,7 @@ mod tests {
         }
         let lost = res.unwrap_err();
         assert_eq!(lost.reason, LostReason::HoldFull);
-        assert_eq!(
-            lost.at_seq,
-            BASE.wrapping_add(MSS as u32),
-            "where framing stopped"
-        );
+        assert_eq!(lost.at_seq, BASE + MSS, "where framing stopped");
         // The byte bound is what overflowed: 256 KiB of full-size segments.
         let fit = (256 * 1024 / MSS) as u64;
         assert_eq!(h.stats.ooo_held, fit);
@@ -398,7 +422,7 @@ mod tests {
             })
             .unwrap_err();
         assert_eq!(lost.reason, LostReason::Snapped);
-        assert_eq!(lost.at_seq, BASE.wrapping_add(18));
+        assert_eq!(lost.at_seq, BASE + 18usize);
         assert_eq!(h.ids(), [0, 1]);
         // A snapped retransmission of bytes already framed is harmless.
         let mut h = Harness::new();

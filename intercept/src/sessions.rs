@@ -18,6 +18,7 @@ use std::time::Duration;
 use common::clock::Instant;
 use common::control::{MysqlEvent, MysqlPacket};
 use common::mysql::fold::{Folded, RowFolder};
+use common::seq::SeqNumber;
 use common::wire::TcpPacket;
 
 use crate::framer::{FrameSink, HeadSizes};
@@ -241,13 +242,13 @@ impl MysqlSessions {
     ) {
         let client = SocketAddrV4::new(pkt.dst, pkt.dst_port);
         let flags = pkt.flags;
-        let mut data_seq = pkt.seq;
+        let mut data_seq = pkt.seq_number();
         if flags.syn() {
             if !flags.ack() || flags.rst() {
                 // A bare SYN from the server's port is not a reply to a mirrored client.
                 return;
             }
-            data_seq = pkt.seq.wrapping_add(1);
+            data_seq += 1u32;
             if !self.on_syn_ack(now, client, data_seq, out) {
                 return;
             }
@@ -282,11 +283,11 @@ impl MysqlSessions {
         if matches!(s.framing, Framing::Lost) && !flags.rst() {
             // The copier's resync probe: framing starts again where its answer ends.
             if let Some(end) = statistics_reply_end(pkt.payload, pkt.payload_len) {
-                let base = data_seq.wrapping_add(end as u32);
+                let base = data_seq + end;
                 stats.framing_resumed += 1;
                 out.push(MysqlEvent::FramingResumed {
                     client,
-                    at_seq: base,
+                    at_seq: base.0,
                 });
                 let sizes = HeadSizes {
                     later: self.config.head,
@@ -340,7 +341,7 @@ impl MysqlSessions {
                 stats.lost_memory += 1;
                 out.push(MysqlEvent::FramingLost {
                     client,
-                    at_seq: stream.framed_to(),
+                    at_seq: stream.framed_to().0,
                 });
                 s.framing = Framing::Lost;
             }
@@ -352,7 +353,7 @@ impl MysqlSessions {
                 }
                 out.push(MysqlEvent::FramingLost {
                     client,
-                    at_seq: lost.at_seq,
+                    at_seq: lost.at_seq.0,
                 });
                 s.framing = Framing::Lost;
             }
@@ -367,7 +368,7 @@ impl MysqlSessions {
         &mut self,
         now: Instant,
         client: SocketAddrV4,
-        base_seq: u32,
+        base_seq: SeqNumber,
         out: &mut Vec<MysqlEvent>,
     ) -> bool {
         let tracked = self.sessions.len();
@@ -392,7 +393,7 @@ impl MysqlSessions {
                 self.stats.framing_lost += 1;
                 out.push(MysqlEvent::FramingLost {
                     client,
-                    at_seq: base_seq,
+                    at_seq: base_seq.0,
                 });
                 return false;
             }

@@ -1,23 +1,17 @@
 //! Every committed fuzz corpus file (`fuzz/corpus/<target>/`) run through the same harnesses the
-//! cargo-fuzz targets use (`fuzz/src/harness.rs`), on stable: a parser that regresses on an input
-//! the fuzzer once found interesting fails the ordinary `cargo test`, without nightly or
-//! cargo-fuzz. Lives in intercept's tests because intercept (with copier as a dev-dependency)
+//! cargo-fuzz targets use (the workspace crate tcpshadow-fuzz-harness, `fuzz-harness/`), on
+//! stable: a parser that regresses on an input the fuzzer once found interesting fails the
+//! ordinary `cargo test`, without nightly or cargo-fuzz. Lives in intercept's tests because intercept (with copier as a dev-dependency)
 //! reaches every parser the harnesses drive.
 //!
 //! Beside the replay, a short seeded mutation run of every harness (200,000 inputs a target,
 //! about 6 s on 2 cores) is the test command's fuzz run; see its test for why it is not
 //! cargo-fuzz.
 
-#[allow(dead_code)]
-#[path = "../../common/src/mysql/fixtures.rs"]
-mod fixtures;
-#[allow(dead_code)]
-#[path = "../../fuzz/src/harness.rs"]
-mod harness;
-#[path = "../../fuzz/src/seeds.rs"]
-mod seeds;
-
 use std::path::Path;
+
+use tcpshadow_fuzz_harness as harness;
+use tcpshadow_fuzz_harness::seeds;
 
 #[test]
 fn every_committed_corpus_file_passes_its_harness() {

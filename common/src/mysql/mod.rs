@@ -38,8 +38,10 @@ pub mod packet;
 pub mod params;
 pub mod stmt;
 
-#[cfg(test)]
-mod fixtures;
+// Captured bytes for tests, and (feature `fixtures`) for the fuzz seeds in tcpshadow-fuzz-harness.
+#[cfg(any(test, feature = "fixtures"))]
+#[doc(hidden)]
+pub mod fixtures;
 
 pub use codec::{
     lenenc_int_len, read_lenenc_bytes, read_lenenc_int, write_lenenc_bytes, write_lenenc_int,

@@ -7,7 +7,12 @@
 //! * [`FrameScanner`] walks a byte stream and reports where each packet starts, its sequence id and
 //!   length, and the first few bytes of each logical payload, buffering nothing else. The copier
 //!   forwards client commands of any size (16 MiB and more) byte for byte and only needs to look at
-//!   (and possibly rewrite) their first bytes.
+//!   (and possibly rewrite) their first bytes; it walks production's replies the same way. It is
+//!   also intercept's only MySQL framer (`intercept::framer` is an adapter around it that turns
+//!   what it reports into the summaries sent to copiers), so both sides cut a stream into packets
+//!   with the same code. It must never keep more than a prefix of a payload, never interpret one,
+//!   and never look for a header again after bytes are missing: any byte may start one, so the
+//!   caller feeds it in-order bytes only and stops at a gap.
 //! * [`PacketSplitter`] reassembles whole logical payloads, up to a limit, for the packets that must
 //!   be read entirely: greetings, logins, auth exchanges, PREPARE_OK.
 
@@ -229,12 +234,13 @@ impl Walker {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ScannedPacket<'a> {
     pub header: FrameHeader,
-    /// The first `min(prefix_len, len)` payload bytes when `header.part == 0`; empty for
-    /// continuation packets, whose payload is the middle of a larger one.
+    /// The first `min(prefix_len, len)` payload bytes when `header.part == 0` (`prefix_len`
+    /// as [`ScanSink::prefix_len`] answered, else the scanner's); empty for continuation
+    /// packets, whose payload is the middle of a larger one.
     pub prefix: &'a [u8],
     /// The hash of this physical packet's whole payload
     /// ([`PayloadHasher`](super::digest::PayloadHasher)), from a scanner made with
-    /// [`FrameScanner::with_hashes`]; `None` otherwise.
+    /// [`FrameScanner::with_hashes`] (or switched to it); `None` otherwise.
     pub hash: Option<u64>,
 }
 
@@ -244,8 +250,33 @@ pub trait ScanSink {
     /// `min(len, FrameScanner::SKIM_HEAD)` payload bytes. True passes over it unreported.
     fn skim(&mut self, seq: u8, len: u32, head: &[u8]) -> bool;
 
+    /// The prefix wanted of the packet whose header was just read: asked once for every
+    /// physical packet walked (never for one [`Self::skim`] took), with the scanner's own
+    /// `prefix_len` as `default`. The answer is cut to [`FrameScanner::MAX_PREFIX`] and used
+    /// only for a packet that starts a logical one. The copier takes the default; intercept
+    /// keeps the login's packets whole and later ones short (`intercept::framer`).
+    #[inline]
+    fn prefix_len(&mut self, _header: &FrameHeader, default: usize) -> usize {
+        default
+    }
+
     /// A packet reported as [`FrameScanner::feed`] reports it.
     fn packet(&mut self, p: ScannedPacket<'_>);
+}
+
+/// [`FrameScanner::feed`]'s callback as a sink that is never offered a packet to skim.
+struct Each<F>(F);
+
+impl<F: FnMut(ScannedPacket<'_>)> ScanSink for Each<F> {
+    #[inline]
+    fn skim(&mut self, _: u8, _: u32, _: &[u8]) -> bool {
+        false
+    }
+
+    #[inline]
+    fn packet(&mut self, p: ScannedPacket<'_>) {
+        (self.0)(p)
+    }
 }
 
 /// Finds packet boundaries in a byte stream without keeping payloads.
@@ -256,7 +287,11 @@ pub trait ScanSink {
 #[derive(Clone, Debug)]
 pub struct FrameScanner {
     walker: Walker,
-    prefix_len: usize,
+    /// At most [`Self::MAX_PREFIX`], hence a `u32`: that leaves `switch` room in the same word
+    /// (see `a_scanner_stays_small`).
+    prefix_len: u32,
+    /// [`Self::set_hashing`] asked for the other mode: it starts with the next header read.
+    switch: bool,
     prefix: Vec<u8>,
     /// The packet being read, with the prefix length wanted: without hashing, a header
     /// reported once its prefix is complete; with hashing, the packet being hashed.
@@ -278,10 +313,11 @@ impl FrameScanner {
     }
 
     fn with_split(prefix_len: usize, split: usize) -> Self {
-        let prefix_len = prefix_len.min(Self::MAX_PREFIX);
+        let prefix_len = prefix_len.min(Self::MAX_PREFIX) as u32;
         Self {
             walker: Walker::new(split),
             prefix_len,
+            switch: false,
             prefix: Vec::new(),
             pending: None,
             hasher: None,
@@ -297,6 +333,13 @@ impl FrameScanner {
         s
     }
 
+    /// Turns payload hashes (as [`Self::with_hashes`]) on or off from the next physical packet
+    /// whose header is read: the packet being read, if any, ends in the mode it started in.
+    /// Intercept switches when a copier asking for hashes connects or leaves.
+    pub fn set_hashing(&mut self, on: bool) {
+        self.switch = on != self.hasher.is_some();
+    }
+
     /// Stream bytes fed so far.
     pub fn position(&self) -> u64 {
         self.walker.offset
@@ -309,14 +352,8 @@ impl FrameScanner {
 
     /// Feeds the next chunk of the stream; `on_packet` is called for each physical packet whose
     /// header (and prefix) completed within it.
-    pub fn feed(&mut self, chunk: &[u8], mut on_packet: impl FnMut(ScannedPacket<'_>)) {
-        if self.hasher.is_some() {
-            return self.feed_hashing(chunk, on_packet);
-        }
-        let mut input = chunk;
-        while let Some(piece) = self.walker.next(&mut input) {
-            self.piece(piece, &mut on_packet);
-        }
+    pub fn feed(&mut self, chunk: &[u8], on_packet: impl FnMut(ScannedPacket<'_>)) {
+        self.walk::<_, false>(chunk, &mut Each(on_packet));
     }
 
     /// Head bytes a [`ScanSink::skim`] is shown: enough to tell a row from an EOF, OK or ERR.
@@ -329,39 +366,121 @@ impl FrameScanner {
     /// rows, of which the copier reads nothing but "not 0xFE, not 0xFF" (issue 20). A hashing
     /// scanner never skims: every payload must be hashed.
     pub fn feed_skimming(&mut self, chunk: &[u8], sink: &mut impl ScanSink) {
-        if self.hasher.is_some() {
-            return self.feed_hashing(chunk, |p| sink.packet(p));
-        }
+        self.walk::<_, true>(chunk, sink);
+    }
+
+    /// Walks `chunk` in the current mode, changing loops (at most once per [`Self::set_hashing`])
+    /// where the next packet starts.
+    fn walk<S: ScanSink, const SKIM: bool>(&mut self, chunk: &[u8], sink: &mut S) {
         let mut input = chunk;
+        // Between two packets the switch is taken at once, so the next packet may be skimmed.
+        if self.switch && self.pending.is_none() && self.walker.at_boundary() {
+            self.take_switch();
+        }
         loop {
-            if self.pending.is_none() && self.walker.at_boundary() {
+            let switched = if self.hasher.is_some() {
+                self.walk_hashing(&mut input, sink)
+            } else {
+                self.walk_plain::<S, SKIM>(&mut input, sink)
+            };
+            if !switched {
+                return;
+            }
+        }
+    }
+
+    /// True when it stopped at a header that switched to hashing (the header is handled).
+    fn walk_plain<S: ScanSink, const SKIM: bool>(
+        &mut self,
+        input: &mut &[u8],
+        sink: &mut S,
+    ) -> bool {
+        loop {
+            if !self.switch && self.pending.is_none() && self.walker.at_boundary() {
                 if let Some(h) = PacketHeader::parse(input) {
-                    let head = (h.len as usize).min(Self::SKIM_HEAD);
-                    if h.len < self.walker.split
-                        && input.len() - HEADER_LEN >= head
-                        && sink.skim(h.seq, h.len, &input[HEADER_LEN..HEADER_LEN + head])
-                    {
-                        self.walker.pass(&mut input, h.len);
+                    if h.len < self.walker.split {
+                        // A whole header at a boundary, not continued: the common case, taken
+                        // here in one step instead of piece by piece through the walker.
+                        if SKIM {
+                            let head = (h.len as usize).min(Self::SKIM_HEAD);
+                            if input.len() - HEADER_LEN >= head
+                                && sink.skim(h.seq, h.len, &input[HEADER_LEN..HEADER_LEN + head])
+                            {
+                                self.walker.pass(input, h.len);
+                                continue;
+                            }
+                        }
+                        self.packet_at_boundary(h, input, sink);
                         continue;
                     }
                 }
             }
-            let Some(piece) = self.walker.next(&mut input) else {
-                return;
+            let Some(piece) = self.walker.next(input) else {
+                return false;
             };
-            self.piece(piece, &mut |p| sink.packet(p));
+            if self.piece(piece, sink) {
+                return true;
+            }
         }
     }
 
-    fn piece(&mut self, piece: Piece<'_>, on_packet: &mut impl FnMut(ScannedPacket<'_>)) {
+    /// Reads the packet whose whole header starts `input`, at a boundary, below the split, as
+    /// the walker would: reported at once with its prefix when that is in `input` too (and the
+    /// payload there passed over), otherwise its header walked and its prefix left pending.
+    fn packet_at_boundary<S: ScanSink>(
+        &mut self,
+        h: PacketHeader,
+        input: &mut &[u8],
+        sink: &mut S,
+    ) {
+        let header = FrameHeader {
+            offset: self.walker.offset,
+            seq: h.seq,
+            len: h.len,
+            part: 0,
+            more: false,
+        };
+        let prefix_len = sink
+            .prefix_len(&header, self.prefix_len as usize)
+            .min(Self::MAX_PREFIX);
+        let want = (h.len as usize).min(prefix_len);
+        if input.len() - HEADER_LEN >= want {
+            sink.packet(ScannedPacket {
+                header,
+                prefix: &input[HEADER_LEN..HEADER_LEN + want],
+                hash: None,
+            });
+            self.walker.pass(input, h.len);
+            return;
+        }
+        // The prefix goes on in a later chunk: want > 0 here.
+        let walked = self.walker.next(input);
+        debug_assert_eq!(
+            walked.map(|p| matches!(p, Piece::Header(w) if w == header)),
+            Some(true)
+        );
+        self.pending = Some((header, want));
+        self.prefix.clear();
+    }
+
+    /// One piece without hashing; true when it was a header that switched to hashing.
+    fn piece<S: ScanSink>(&mut self, piece: Piece<'_>, sink: &mut S) -> bool {
         match piece {
             Piece::Header(header) => {
-                let want = (header.len as usize).min(self.prefix_len);
+                if self.switch {
+                    self.take_switch();
+                    self.hashing_piece(Piece::Header(header), sink);
+                    return true;
+                }
+                let prefix_len = sink
+                    .prefix_len(&header, self.prefix_len as usize)
+                    .min(Self::MAX_PREFIX);
+                let want = (header.len as usize).min(prefix_len);
                 if header.part == 0 && want > 0 {
                     self.pending = Some((header, want));
                     self.prefix.clear();
                 } else {
-                    on_packet(ScannedPacket {
+                    sink.packet(ScannedPacket {
                         header,
                         prefix: &[],
                         hash: None,
@@ -370,22 +489,22 @@ impl FrameScanner {
             }
             Piece::Payload(data) => {
                 let Some((header, want)) = self.pending else {
-                    return;
+                    return false;
                 };
                 if self.prefix.is_empty() && data.len() >= want {
                     self.pending = None;
-                    on_packet(ScannedPacket {
+                    sink.packet(ScannedPacket {
                         header,
                         prefix: &data[..want],
                         hash: None,
                     });
-                    return;
+                    return false;
                 }
                 let take = (want - self.prefix.len()).min(data.len());
                 self.prefix.extend_from_slice(&data[..take]);
                 if self.prefix.len() == want {
                     self.pending = None;
-                    on_packet(ScannedPacket {
+                    sink.packet(ScannedPacket {
                         header,
                         prefix: &self.prefix,
                         hash: None,
@@ -397,48 +516,81 @@ impl FrameScanner {
             }
             Piece::End { .. } => {}
         }
+        false
     }
 
-    fn feed_hashing(&mut self, chunk: &[u8], mut on_packet: impl FnMut(ScannedPacket<'_>)) {
-        let mut input = chunk;
-        while let Some(piece) = self.walker.next(&mut input) {
-            match piece {
-                Piece::Header(header) => {
-                    let want = if header.part == 0 {
-                        (header.len as usize).min(self.prefix_len)
-                    } else {
-                        0
-                    };
-                    self.pending = Some((header, want));
-                    self.prefix.clear();
-                    if let Some(h) = &mut self.hasher {
-                        **h = super::digest::PayloadHasher::new();
-                    }
+    /// True when it switched hashing off: at a header (handled), or at the end of a logical
+    /// packet.
+    fn walk_hashing<S: ScanSink>(&mut self, input: &mut &[u8], sink: &mut S) -> bool {
+        while let Some(piece) = self.walker.next(input) {
+            if self.hashing_piece(piece, sink) {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// One piece with hashing; true when it switched hashing off (see [`Self::walk_hashing`]).
+    fn hashing_piece<S: ScanSink>(&mut self, piece: Piece<'_>, sink: &mut S) -> bool {
+        match piece {
+            Piece::Header(header) => {
+                if self.switch {
+                    self.take_switch();
+                    self.piece(Piece::Header(header), sink);
+                    return true;
                 }
-                Piece::Payload(data) => {
-                    if let Some(h) = &mut self.hasher {
-                        h.update(data);
-                    }
-                    if let Some((_, want)) = self.pending {
-                        let take = want.saturating_sub(self.prefix.len()).min(data.len());
-                        self.prefix.extend_from_slice(&data[..take]);
-                    }
+                let prefix_len = sink
+                    .prefix_len(&header, self.prefix_len as usize)
+                    .min(Self::MAX_PREFIX);
+                let want = if header.part == 0 {
+                    (header.len as usize).min(prefix_len)
+                } else {
+                    0
+                };
+                self.pending = Some((header, want));
+                self.prefix.clear();
+                if let Some(h) = &mut self.hasher {
+                    **h = super::digest::PayloadHasher::new();
                 }
-                Piece::End { .. } => {
-                    let Some((header, _)) = self.pending.take() else {
-                        continue;
-                    };
-                    on_packet(ScannedPacket {
-                        header,
-                        prefix: &self.prefix,
-                        hash: self.hasher.as_ref().map(|h| h.finish()),
-                    });
-                    if self.prefix.capacity() > KEEP_CAPACITY {
-                        self.prefix = Vec::new();
-                    }
+            }
+            Piece::Payload(data) => {
+                if let Some(h) = &mut self.hasher {
+                    h.update(data);
+                }
+                if let Some((_, want)) = self.pending {
+                    let take = want.saturating_sub(self.prefix.len()).min(data.len());
+                    self.prefix.extend_from_slice(&data[..take]);
+                }
+            }
+            Piece::End { .. } => {
+                let Some((header, _)) = self.pending.take() else {
+                    return false;
+                };
+                sink.packet(ScannedPacket {
+                    header,
+                    prefix: &self.prefix,
+                    hash: self.hasher.as_ref().map(|h| h.finish()),
+                });
+                if self.prefix.capacity() > KEEP_CAPACITY {
+                    self.prefix = Vec::new();
+                }
+                // Hashes off between two logical packets: the next one may be skimmed.
+                if self.switch && self.walker.at_boundary() {
+                    self.take_switch();
+                    return true;
                 }
             }
         }
+        false
+    }
+
+    /// Changes mode as [`Self::set_hashing`] asked; only between two physical packets.
+    fn take_switch(&mut self) {
+        self.switch = false;
+        self.hasher = match self.hasher {
+            Some(_) => None,
+            None => Some(Box::default()),
+        };
     }
 }
 
@@ -977,6 +1129,60 @@ mod tests {
                     self.0.at = p.header.offset + 4 + u64::from(p.header.len);
                     self.0.packet(p)
                 }
+            }
+        }
+
+        #[test]
+        fn hashes_switch_at_the_next_header_and_prefixes_follow_the_sink(
+            payloads in arb_payloads(),
+            cuts in proptest::collection::vec(any::<usize>(), 0..20),
+            modes in proptest::collection::vec(any::<bool>(), 21),
+        ) {
+            // Each packet is hashed iff hashes were last asked for before its header was whole;
+            // its prefix is whatever the sink chose for it, by position in the stream.
+            struct Choosing {
+                asked: Vec<u64>,
+                got: Vec<(FrameHeader, Vec<u8>, Option<u64>)>,
+            }
+            impl ScanSink for Choosing {
+                fn skim(&mut self, _: u8, _: u32, _: &[u8]) -> bool {
+                    false
+                }
+                fn prefix_len(&mut self, h: &FrameHeader, default: usize) -> usize {
+                    assert_eq!(default, 7);
+                    self.asked.push(h.offset);
+                    (self.asked.len() % 3) * 4
+                }
+                fn packet(&mut self, p: ScannedPacket<'_>) {
+                    self.got.push((p.header, p.prefix.to_vec(), p.hash));
+                }
+            }
+            let mut stream = Vec::new();
+            for p in &payloads {
+                write_packet_split(0, p, 16, &mut stream);
+            }
+            let chunks = chunked(&stream, &cuts);
+            let mut sc = FrameScanner::with_split(7, 16);
+            let mut sink = Choosing { asked: Vec::new(), got: Vec::new() };
+            let mut ends = Vec::new();
+            let mut at = 0;
+            for (c, on) in chunks.iter().zip(&modes) {
+                sc.set_hashing(*on);
+                sc.feed_skimming(c, &mut sink);
+                at += c.len();
+                ends.push(at);
+            }
+            prop_assert_eq!(sc.position(), stream.len() as u64);
+            let offsets: Vec<u64> = sink.got.iter().map(|g| g.0.offset).collect();
+            prop_assert_eq!(&sink.asked, &offsets, "asked once per packet, in order");
+            for (i, (h, prefix, hash)) in sink.got.iter().enumerate() {
+                let header_end = h.offset as usize + HEADER_LEN;
+                let chunk = ends.iter().position(|&e| e >= header_end).unwrap();
+                let payload = &stream[h.payload_offset() as usize..][..h.len as usize];
+                let want = if h.part == 0 { ((i + 1) % 3 * 4).min(payload.len()) } else { 0 };
+                prop_assert_eq!(&prefix[..], &payload[..want]);
+                let expect = modes[chunk].then(|| crate::mysql::digest::PayloadHasher::hash(payload));
+                prop_assert_eq!(*hash, expect, "packet at {}", h.offset);
             }
         }
 

@@ -1,7 +1,8 @@
 //! The fuzz harnesses: one function per parser of untrusted input, each taking the fuzzer's raw
-//! bytes. Shared by the cargo-fuzz targets (`fuzz/fuzz_targets/*.rs`, nightly, coverage-guided)
-//! and by `intercept/tests/fuzz_corpus.rs` (stable), which replays every committed corpus file
-//! through the very same functions in the ordinary `cargo test`.
+//! bytes. Shared, as the crate tcpshadow-fuzz-harness, by the cargo-fuzz targets
+//! (`fuzz/fuzz_targets/*.rs`, nightly, coverage-guided) and by `intercept/tests/fuzz_corpus.rs`
+//! (stable), which replays every committed corpus file through the very same functions in the
+//! ordinary `cargo test`.
 //!
 //! A harness must panic only when the code under test misbehaves: every error a parser returns
 //! is an expected outcome of hostile input and is ignored. The few assertions check properties
@@ -439,12 +440,12 @@ fn options(r: &mut Input<'_>, flags: TcpFlags) -> TcpOptions {
     }
 }
 
-/// `copier::engine` (with the MySQL transform or without): a session engine fed captured
+/// `tcpshadow_core::engine` (with the MySQL transform or without): a session engine fed captured
 /// client and production packets, the test server's feedback, intercept's MySQL packet
 /// summaries and a fake clock, as a little program in the fuzzer's bytes (see
 /// [`EngineOp`]). Every packet the engine sends must be a valid IPv4/TCP packet.
 pub fn copier_engine(data: &[u8]) {
-    use copier::engine::{Engine, EngineConfig, TestEvent, MAX_HEADER_LEN};
+    use tcpshadow_core::engine::{Engine, EngineConfig, TestEvent, MAX_HEADER_LEN};
 
     let mut r = Input::new(data);
     let setup = r.u8();
@@ -654,7 +655,7 @@ fn pick(known: &[SocketAddrV4], i: u8) -> SocketAddrV4 {
 }
 
 fn drain(
-    engine: &mut copier::engine::Engine,
+    engine: &mut tcpshadow_core::engine::Engine,
     now: Instant,
     buf: &mut [u8],
     our_next: &mut HashMap<SocketAddrV4, u32>,
@@ -675,7 +676,7 @@ fn drain(
         our_next.insert(SocketAddrV4::new(p.src, p.src_port), end);
     }
     while let Some(ev) = engine.poll_event() {
-        if let copier::engine::EngineEvent::SessionOpened { mirrored: m, .. } = ev {
+        if let tcpshadow_core::engine::EngineEvent::SessionOpened { mirrored: m, .. } = ev {
             if !mirrored.contains(&m) {
                 mirrored.push(m);
             }
@@ -683,10 +684,11 @@ fn drain(
     }
 }
 
-fn mysql_factory(read_only: bool) -> copier::mysql::MysqlFactory {
-    use copier::mysql::{MysqlConfig, MysqlFactory};
-    let creds = copier::credentials::Credentials::parse("sb:sbpass\nsbtest:sbtest\nroot:\n")
-        .expect("fixed credentials parse");
+fn mysql_factory(read_only: bool) -> tcpshadow_core::mysql::MysqlFactory {
+    use tcpshadow_core::mysql::{MysqlConfig, MysqlFactory};
+    let creds =
+        tcpshadow_core::credentials::Credentials::parse("sb:sbpass\nsbtest:sbtest\nroot:\n")
+            .expect("fixed credentials parse");
     let config = MysqlConfig {
         default_user: Some("sbtest".into()),
         read_only,

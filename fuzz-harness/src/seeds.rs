@@ -21,7 +21,7 @@ use common::control::{
 use common::mysql::packet::write_packet;
 use common::wire::{emit_ipv4_tcp, SegmentRepr, TcpFlags, TcpOptions};
 
-use crate::fixtures::{self as fx, hex};
+use common::mysql::fixtures::{self as fx, hex};
 
 /// `(target, seeds)` for every target.
 pub fn all() -> Vec<(&'static str, Vec<Vec<u8>>)> {
@@ -423,7 +423,7 @@ fn config() -> Vec<Vec<u8>> {
 
 // ----------------------------------------------------------------- programs for the engines
 
-/// Writes [`copier_engine`](crate::harness::copier_engine) programs.
+/// Writes [`copier_engine`](crate::copier_engine) programs.
 struct EngineProgram(Vec<u8>);
 
 const CLIENT: u8 = 0x00;
