@@ -6,6 +6,14 @@
 //! beyond a hole are held (bounded) until the hole fills, and only in-order bytes leave, through
 //! the `deliver` callback, toward the session's send buffer. Nothing here knows about the test
 //! server.
+//!
+//! Not shared with intercept's `reassembly` (issue 19): past its bound this one drops the
+//! segment and later skips a proven gap (`skip_to`), where intercept must stop framing for
+//! good; it bounds holes and distance in one boxed ring (an idle session costs a pointer)
+//! where intercept bounds held bytes and segments under `--max-memory`; and it works in raw
+//! sequence space with FIN, `rebase` and held-run lookups, intercept in 64-bit offsets with
+//! segments the capture's snap length cut short. A generic one would be policy switches with
+//! no code left in common.
 
 use std::collections::VecDeque;
 use std::mem::size_of;
