@@ -37,6 +37,7 @@ else
 fi
 # No import cycle between a crate's top-level modules (issue #19); reads sources, takes < 1 s.
 step python3 scripts/module-cycles.py
+step python3 scripts/architecture-names.py
 # Built once: the release daemons the lab tests run (what a user runs) and every test binary,
 # side by side: each profile has its own lock, and two builds fill the cores where one waits
 # on a link or a long crate.
