@@ -7,9 +7,11 @@
 //! With `--workers N` (N > 1) it runs N capture threads, each with its own capture joined to
 //! one kernel fan-out group (PACKET_FANOUT by symmetric flow hash: a connection's packets, both
 //! directions, all reach one thread) and its own [`Driver`] (engines on its share of the pool,
-//! its own raw socket and control connection). This thread then only coordinates: it sums the
-//! workers' snapshots for the status line, `--metrics` and the summary, and owns the one
-//! comparison report every worker's sessions observe into. Workers never share a session, so
+//! its own raw socket and control connection), run by the same capture loop as a single
+//! capture (`capture_loop`; a worker's differences are its slot at the coordinator). This
+//! thread then only coordinates: it sums the workers' snapshots for the status line,
+//! `--metrics` and the summary, and owns the one comparison report every worker's sessions
+//! observe into. Workers never share a session, so
 //! nothing on the packet path is locked; a worker publishes its snapshot a few times a second.
 
 use std::os::fd::{AsRawFd, RawFd};
@@ -81,14 +83,14 @@ pub fn run(args: &Args, mirror: &MirrorSettings) -> Result<Snapshot> {
     // Before the driver starts its control threads (they inherit it) and before the
     // capabilities go (raising needs CAP_SYS_NICE).
     raise_priority(args);
-    let mut on_demand = on_demand(args, capture.as_raw_fd());
+    let on_demand = on_demand(args, capture.as_raw_fd());
     let routes = plan
         .routes
         .iter()
         .map(|r| format!("port {} to {}", r.prod_port, r.target))
         .collect::<Vec<_>>()
         .join(", ");
-    let mut driver = Driver::start(mirror, plan, clock.now())?;
+    let driver = Driver::start(mirror, plan, clock.now())?;
     drop_privileges(args)?;
     tracing::info!(
         "mirroring {routes} on {} (intercept {}), filter: {filter}",
@@ -96,42 +98,81 @@ pub fn run(args: &Args, mirror: &MirrorSettings) -> Result<Snapshot> {
         mirror.first_intercept()
     );
 
+    let driver = capture_loop(driver, &mut capture, &clock, on_demand, None)?;
+    capture.refresh_kernel_stats();
+    Ok(driver.finish(&capture.stats))
+}
+
+/// The capture loop, the same for a copier of one capture and for each worker of
+/// `--workers N`: read up to [`CAPTURE_BUDGET`] packets into `driver` (none once it is
+/// stopping), let it pump, report, and sleep until the capture or the driver has work.
+/// Returns the driver once its drain is done, for the caller to finish; a capture that fails
+/// is the driver's `fail` (every session reset, the summary printed).
+///
+/// `slot`: a worker's place at the coordinator, which stops it with the others and sums its
+/// figures (and has the status line, metrics and report). `None`: a copier of one capture,
+/// whose driver has those outputs itself.
+fn capture_loop(
+    mut driver: Driver,
+    capture: &mut LiveCapture,
+    clock: &MonotonicClock,
+    mut on_demand: Option<ops::sched::OnDemand>,
+    mut slot: Option<&mut workers::Slot<'_>>,
+) -> Result<Driver> {
     loop {
         let now = clock.now();
         // Capture timestamps are wall-clock, the engine's clock monotonic: mapped through
         // their offset now.
         let wall = common::clock::realtime_ns();
+        if slot.as_ref().is_some_and(|s| s.aborted()) {
+            driver.begin_drain(now);
+        }
         // Once stopping, nothing new is captured; what is queued still goes out.
         if !driver.poll_stop(now) {
             let mut lag = Duration::ZERO;
+            let mut seen = slot.as_deref_mut();
             let drained = capture.drain(CAPTURE_BUDGET, |at, pkt| {
+                if let Some(s) = &mut seen {
+                    s.note(pkt);
+                }
                 let t = capture_time(now, wall, at);
                 lag = lag.max(now.saturating_since(t));
                 driver.feed_at(now, t, pkt)
             });
             if let Err(e) = drained {
+                if let Some(s) = &slot {
+                    s.publish(&driver, capture);
+                }
                 return Err(driver.fail(now, &capture.stats, e));
             }
             if let Some(p) = &mut on_demand {
                 p.observe(lag, std::time::Instant::now());
             }
         }
-        guard_snapshot(&mut driver, &mut capture);
+        guard_snapshot(&mut driver, capture);
         if driver.pump(now) == Pump::Done {
             break;
         }
-        if driver.status_due(now) {
-            capture.refresh_kernel_stats();
-            driver.print_status(now, &capture.stats);
+        let mut wake_cap = None;
+        match &mut slot {
+            None => {
+                if driver.status_due(now) {
+                    capture.refresh_kernel_stats();
+                    driver.print_status(now, &capture.stats);
+                }
+            }
+            Some(s) => wake_cap = Some(s.publish_when_due(now, &driver, capture)),
         }
-        let wake = driver.next_wake(clock.now());
+        let mut wake = driver.next_wake(clock.now());
+        if let Some(cap) = wake_cap {
+            wake = wake.min(cap);
+        }
         match capture.bridge_fd() {
             Some(bridge) => driver.wait(&[capture.as_raw_fd(), bridge], wake),
             None => driver.wait(&[capture.as_raw_fd()], wake),
         }
     }
-    capture.refresh_kernel_stats();
-    Ok(driver.finish(&capture.stats))
+    Ok(driver)
 }
 
 /// `--prod-dsn`'s start snapshot answers only while the capture has lost nothing (see
@@ -213,13 +254,13 @@ mod workers {
     use std::time::Duration;
 
     use anyhow::{anyhow, Result};
-    use common::clock::MonotonicClock;
+    use common::clock::{Instant, MonotonicClock};
     use common::wire::TcpPacket;
 
-    use super::{capture_time, plan, CAPTURE_BUDGET};
+    use super::plan;
     use crate::capture::{fanout, CaptureStats, LiveCapture};
     use crate::cli::Args;
-    use crate::driver::{Driver, Pump, Worker};
+    use crate::driver::{Driver, Worker};
     use crate::outputs::Outputs;
     use crate::settings::{MirrorSettings, Plan};
     use crate::status::Snapshot;
@@ -442,8 +483,51 @@ mod workers {
             .collect()
     }
 
-    /// One worker's loop: today's single-thread loop, with the stop also coming from `abort`
-    /// and the counters handed to the coordinator every [`PUBLISH`].
+    /// A worker's place at the coordinator, as its capture loop sees it (see
+    /// [`super::capture_loop`]): the stop it shares with the other workers, the figures it
+    /// hands over every [`PUBLISH`], and the connections it saw.
+    pub(super) struct Slot<'a> {
+        figures: &'a Mutex<Figures>,
+        abort: &'a AtomicBool,
+        seen: FlowsSeen,
+        next_publish: Instant,
+    }
+
+    impl Slot<'_> {
+        /// Whether another worker failed: this one then drains as on SIGTERM.
+        pub(super) fn aborted(&self) -> bool {
+            self.abort.load(Ordering::Relaxed)
+        }
+
+        /// A captured packet, for the cross-worker check at the end.
+        pub(super) fn note(&mut self, pkt: &TcpPacket<'_>) {
+            self.seen.note(pkt);
+        }
+
+        /// Hands the driver's counters to the coordinator now.
+        pub(super) fn publish(&self, driver: &Driver, capture: &mut LiveCapture) {
+            publish(self.figures, driver, capture);
+        }
+
+        /// Hands them over if [`PUBLISH`] has passed since the last time; the longest the
+        /// loop may then sleep, so the next hand-over is on time.
+        pub(super) fn publish_when_due(
+            &mut self,
+            now: Instant,
+            driver: &Driver,
+            capture: &mut LiveCapture,
+        ) -> Duration {
+            if now >= self.next_publish {
+                self.publish(driver, capture);
+                self.next_publish = now + PUBLISH;
+            }
+            PUBLISH
+        }
+    }
+
+    /// One worker: its driver on its share of the pool, run by the capture loop with its
+    /// [`Slot`], its stop also coming from `abort` and its counters handed to the coordinator
+    /// every [`PUBLISH`].
     fn run_worker(
         flags: Flags<'_>,
         plan: Plan,
@@ -453,44 +537,16 @@ mod workers {
         figures: &Mutex<Figures>,
         abort: &AtomicBool,
     ) -> Result<(Figures, FlowsSeen)> {
-        let mut driver = Driver::start_worker(flags.mirror, plan, clock.now(), worker)?;
-        let mut seen = FlowsSeen::default();
-        let mut next_publish = clock.now();
+        let driver = Driver::start_worker(flags.mirror, plan, clock.now(), worker)?;
+        let mut slot = Slot {
+            figures,
+            abort,
+            seen: FlowsSeen::default(),
+            next_publish: clock.now(),
+        };
         // Each worker thread raises itself: its priority is its own.
-        let mut on_demand = super::on_demand(flags.args, capture.as_raw_fd());
-        loop {
-            let now = clock.now();
-            let wall = common::clock::realtime_ns();
-            if abort.load(Ordering::Relaxed) {
-                driver.begin_drain(now);
-            }
-            if !driver.poll_stop(now) {
-                let mut lag = Duration::ZERO;
-                let drained = capture.drain(CAPTURE_BUDGET, |at, pkt| {
-                    seen.note(pkt);
-                    let t = capture_time(now, wall, at);
-                    lag = lag.max(now.saturating_since(t));
-                    driver.feed_at(now, t, pkt)
-                });
-                if let Err(e) = drained {
-                    publish(figures, &driver, &mut capture);
-                    return Err(driver.fail(now, &capture.stats, e));
-                }
-                if let Some(p) = &mut on_demand {
-                    p.observe(lag, std::time::Instant::now());
-                }
-            }
-            super::guard_snapshot(&mut driver, &mut capture);
-            if driver.pump(now) == Pump::Done {
-                break;
-            }
-            if now >= next_publish {
-                publish(figures, &driver, &mut capture);
-                next_publish = now + PUBLISH;
-            }
-            let wake = driver.next_wake(clock.now()).min(PUBLISH);
-            driver.wait(&[capture.as_raw_fd()], wake);
-        }
+        let on_demand = super::on_demand(flags.args, capture.as_raw_fd());
+        let driver = super::capture_loop(driver, &mut capture, clock, on_demand, Some(&mut slot))?;
         capture.refresh_kernel_stats();
         let foreign = driver.feedback_foreign();
         let snap = driver.finish(&capture.stats);
@@ -499,7 +555,7 @@ mod workers {
             feedback_foreign: foreign,
             done: true,
         };
-        Ok((f, seen))
+        Ok((f, slot.seen))
     }
 
     fn publish(figures: &Mutex<Figures>, driver: &Driver, capture: &mut LiveCapture) {
