@@ -2,13 +2,19 @@
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::{bail, Result};
 use clap::Parser;
 
+// The ring's block size is the capture settings'; named here too, beside the flags it sizes.
+pub use crate::settings::CAPTURE_BLOCK_BYTES;
+
 use crate::builders::engine_config;
 use crate::engine::{Fleet, FleetError, Sample};
-use crate::settings::{capture_filter, MirrorSettings, Protocol, Route};
+use crate::settings::{
+    capture_filter, CaptureSettings, LiveSettings, MirrorSettings, Plan, Protocol, Route,
+};
 
 /// Mirrors the client connections of a production port onto a test server, packet by packet.
 ///
@@ -481,9 +487,43 @@ impl Args {
         Ok(capture_filter(&self.routes()?))
     }
 
+    /// What the live command line asks the driver for (checked by [`Args::validate`]).
+    pub fn plan(&self) -> Result<Plan> {
+        let prod_dsn = match &self.prod_dsn {
+            Some(arg) => Some(
+                arg.get()
+                    .map_err(|e| anyhow::anyhow!("--prod-dsn: {e}"))?
+                    .clone(),
+            ),
+            None => None,
+        };
+        Ok(Plan {
+            routes: self.routes()?,
+            pickup_midstream: !self.no_pickup,
+            prod_dsn,
+            prod_dsn_wait: Duration::from_millis(self.prod_dsn_wait_ms),
+        })
+    }
+
+    /// How the live copier captures. Apart from [`Args::validate`]: a ring larger than
+    /// `--max-memory` allows has always been refused when the capture is about to open (exit
+    /// status 1, as a capture that cannot open; `copier doctor` does not look at it), and
+    /// still is (`main` asks for these settings there).
+    pub fn capture_settings(&self) -> Result<CaptureSettings> {
+        let buffer_bytes = self.capture_buffer_bytes()?;
+        Ok(CaptureSettings {
+            interface: self.interface.clone(),
+            filter: self.capture_filter()?,
+            buffer_bytes,
+            block_ms: self.capture_block_ms(buffer_bytes),
+            priority: self.capture_priority,
+            workers: self.workers,
+        })
+    }
+
     /// Refuses set-ups that would hurt production; what is left is the settings every
     /// mirror of this copier (one capture worker or several) runs with.
-    pub fn validate(&self) -> Result<MirrorSettings> {
+    pub fn validate(&self) -> Result<LiveSettings> {
         let settings = self.mirror.validate()?;
         self.mirror.validate_routes(&self.routes()?)?;
         self.validate_workers()?;
@@ -495,7 +535,10 @@ impl Args {
                 bail!("--prod-dsn recovers MySQL session state: it needs --protocol mysql");
             }
         }
-        Ok(settings)
+        Ok(LiveSettings {
+            mirror: settings,
+            plan: self.plan()?,
+        })
     }
 }
 
@@ -526,8 +569,6 @@ impl Args {
     }
 }
 
-/// A libpcap TPACKET_V3 block (libpcap 1.10 sizes them by its largest snap length, 256 KiB).
-pub const CAPTURE_BLOCK_BYTES: usize = 256 << 10;
 /// How much traffic the capture ring holds by default while the copier waits for a CPU, ms.
 pub const RING_HOLDS_MS: u64 = 1000;
 /// The longest block timeout chosen by default: every captured packet may wait that long.

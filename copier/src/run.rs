@@ -2,7 +2,9 @@
 //! captures, sleeping in poll(2) between events.
 //!
 //! This room owns the live capture and its pacing; everything else (engine, sender, control
-//! channel, lookups, status, drain) is the [`Driver`]'s. It holds no TCP logic.
+//! channel, lookups, status, drain) is the [`Driver`]'s. It must never hold TCP logic, nor
+//! read the command line: it runs on validated settings ([`LiveSettings`],
+//! [`CaptureSettings`]), whatever `cli` they came from.
 //!
 //! With `--workers N` (N > 1) it runs N capture threads, each with its own capture joined to
 //! one kernel fan-out group (PACKET_FANOUT by symmetric flow hash: a connection's packets, both
@@ -21,35 +23,16 @@ use anyhow::Result;
 use common::clock::{Instant, MonotonicClock};
 
 use crate::capture::LiveCapture;
-use crate::cli::Args;
 use crate::driver::{Driver, Pump};
-use crate::settings::{MirrorSettings, Plan};
+use crate::settings::{CaptureSettings, LiveSettings, CAPTURE_BLOCK_BYTES};
 use crate::status::Snapshot;
 
 /// Packets read from the capture before the loop looks at the control channel again.
 const CAPTURE_BUDGET: usize = 512;
 
-/// What the live command line asks the driver for.
-pub fn plan(args: &Args) -> Result<Plan> {
-    let prod_dsn = match &args.prod_dsn {
-        Some(arg) => Some(
-            arg.get()
-                .map_err(|e| anyhow::anyhow!("--prod-dsn: {e}"))?
-                .clone(),
-        ),
-        None => None,
-    };
-    Ok(Plan {
-        routes: args.routes()?,
-        pickup_midstream: !args.no_pickup,
-        prod_dsn,
-        prod_dsn_wait: Duration::from_millis(args.prod_dsn_wait_ms),
-    })
-}
-
-/// Says at start how much a starved copier's ring holds (see `Args::capture_block_ms`).
+/// Says at start how much a starved copier's ring holds (see `cli::Args::capture_block_ms`).
 fn log_ring(buffer: i32, block_ms: u16) {
-    let blocks = usize::try_from(buffer).unwrap_or(0) / crate::cli::CAPTURE_BLOCK_BYTES;
+    let blocks = usize::try_from(buffer).unwrap_or(0) / CAPTURE_BLOCK_BYTES;
     if block_ms == 0 {
         tracing::info!(
             buffer_mib = buffer >> 20,
@@ -59,7 +42,7 @@ fn log_ring(buffer: i32, block_ms: u16) {
     }
     tracing::info!(
         blocks,
-        block_kib = crate::cli::CAPTURE_BLOCK_BYTES >> 10,
+        block_kib = CAPTURE_BLOCK_BYTES >> 10,
         block_ms,
         holds_ms = blocks as u64 * u64::from(block_ms),
         "capture ring: {blocks} blocks retired after {block_ms} ms: while the copier waits for a \
@@ -68,22 +51,22 @@ fn log_ring(buffer: i32, block_ms: u16) {
     );
 }
 
-/// The live copier with `args`, whose validation gave `mirror` (`Args::validate`).
-pub fn run(args: &Args, mirror: &MirrorSettings) -> Result<Snapshot> {
-    if args.workers > 1 {
-        return workers::run(args, mirror);
+/// The live copier with `live` (`cli::Args::validate`), capturing as `settings` say
+/// (`cli::Args::capture_settings`).
+pub fn run(live: &LiveSettings, settings: &CaptureSettings) -> Result<Snapshot> {
+    if settings.workers > 1 {
+        return workers::run(live, settings);
     }
+    let (mirror, plan) = (&live.mirror, live.plan.clone());
     let clock = MonotonicClock::new();
-    let plan = plan(args)?;
-    let filter = args.capture_filter()?;
-    let buffer = args.capture_buffer_bytes()?;
-    let block_ms = args.capture_block_ms(buffer);
-    let mut capture = LiveCapture::open_live_bridged(&args.interface, &filter, buffer, block_ms)?;
+    let (filter, buffer, block_ms) = (&settings.filter, settings.buffer_bytes, settings.block_ms);
+    let mut capture =
+        LiveCapture::open_live_bridged(&settings.interface, filter, buffer, block_ms)?;
     log_ring(buffer, block_ms);
     // Before the driver starts its control threads (they inherit it) and before the
     // capabilities go (raising needs CAP_SYS_NICE).
-    raise_priority(args);
-    let on_demand = on_demand(args, capture.as_raw_fd());
+    raise_priority(settings);
+    let on_demand = on_demand(settings, capture.as_raw_fd());
     let routes = plan
         .routes
         .iter()
@@ -91,10 +74,10 @@ pub fn run(args: &Args, mirror: &MirrorSettings) -> Result<Snapshot> {
         .collect::<Vec<_>>()
         .join(", ");
     let driver = Driver::start(mirror, plan, clock.now())?;
-    drop_privileges(args)?;
+    drop_privileges(settings)?;
     tracing::info!(
         "mirroring {routes} on {} (intercept {}), filter: {filter}",
-        args.interface,
+        settings.interface,
         mirror.first_intercept()
     );
 
@@ -188,15 +171,15 @@ fn guard_snapshot(driver: &mut Driver, capture: &mut LiveCapture) {
 /// `--capture-priority`: this thread runs the capture loop, and the threads started after it
 /// (control connections, `--workers`) inherit its priority. Not raised: said once, and the
 /// copier runs as started (a busy host may then starve the capture: kernel drops).
-fn raise_priority(args: &Args) {
-    ops::sched::raise_logged(args.capture_priority);
+fn raise_priority(capture: &CaptureSettings) {
+    ops::sched::raise_logged(capture.priority);
 }
 
 /// `--capture-priority auto`: the calling capture thread's priority, raised while it lags
 /// or, by its watchdog, while it gets no CPU with packets waiting in `capture_fd`'s ring.
 /// Drop it before the capture.
-fn on_demand(args: &Args, capture_fd: RawFd) -> Option<ops::sched::OnDemand> {
-    (args.capture_priority == ops::sched::Priority::Auto).then(|| {
+fn on_demand(capture: &CaptureSettings, capture_fd: RawFd) -> Option<ops::sched::OnDemand> {
+    (capture.priority == ops::sched::Priority::Auto).then(|| {
         let mut p = ops::sched::OnDemand::new();
         if let Err(e) = p.watch(capture_fd) {
             tracing::warn!(
@@ -213,14 +196,13 @@ fn on_demand(args: &Args, capture_fd: RawFd) -> Option<ops::sched::OnDemand> {
 /// plain sockets and files. Dropped in every thread, with no_new_privs. The one exception:
 /// `--capture-priority auto` where RLIMIT_NICE could not be raised keeps CAP_SYS_NICE, to
 /// raise the capture when it falls behind.
-fn drop_privileges(args: &Args) -> Result<()> {
-    let keep: &[u32] = if args.capture_priority == ops::sched::Priority::Auto
-        && ops::sched::raise_needs_capability()
-    {
-        &[ops::privs::CAP_SYS_NICE]
-    } else {
-        &[]
-    };
+fn drop_privileges(capture: &CaptureSettings) -> Result<()> {
+    let keep: &[u32] =
+        if capture.priority == ops::sched::Priority::Auto && ops::sched::raise_needs_capability() {
+            &[ops::privs::CAP_SYS_NICE]
+        } else {
+            &[]
+        };
     let dropped = ops::privs::drop_all_but(keep).map_err(|e| {
         anyhow::anyhow!(
             "cannot drop capabilities after opening the capture (refusing to run with more than \
@@ -257,12 +239,10 @@ mod workers {
     use common::clock::{Instant, MonotonicClock};
     use common::wire::TcpPacket;
 
-    use super::plan;
     use crate::capture::{fanout, CaptureStats, LiveCapture};
-    use crate::cli::Args;
     use crate::driver::{Driver, Worker};
     use crate::outputs::Outputs;
-    use crate::settings::{MirrorSettings, Plan};
+    use crate::settings::{CaptureSettings, LiveSettings, MirrorSettings, Plan};
     use crate::status::Snapshot;
 
     /// How often a worker hands its counters to the coordinator.
@@ -275,10 +255,10 @@ mod workers {
     /// Connections remembered per worker for the cross-worker check at the end.
     const FLOWS_REMEMBERED: usize = 1 << 16;
 
-    /// What every worker runs with: the flags, and the settings their validation gave.
+    /// What every worker runs with: how it captures, and how it mirrors.
     #[derive(Clone, Copy)]
     struct Flags<'a> {
-        args: &'a Args,
+        capture: &'a CaptureSettings,
         mirror: &'a MirrorSettings,
     }
 
@@ -308,26 +288,25 @@ mod workers {
         }
     }
 
-    pub(super) fn run(args: &Args, mirror: &MirrorSettings) -> Result<Snapshot> {
-        let n = args.workers;
+    pub(super) fn run(live: &LiveSettings, settings: &CaptureSettings) -> Result<Snapshot> {
+        let n = settings.workers;
+        let (mirror, plan) = (&live.mirror, live.plan.clone());
         let clock = MonotonicClock::new();
-        let plan = plan(args)?;
-        let filter = args.capture_filter()?;
-        let buffer = args.capture_buffer_bytes()?;
+        let filter = &settings.filter;
         let group = fanout::group_for_process(0);
         let mut captures = Vec::with_capacity(n as usize);
         for _ in 0..n {
             let capture = LiveCapture::open_live(
-                &args.interface,
-                &filter,
-                buffer,
-                args.capture_block_ms(buffer),
+                &settings.interface,
+                filter,
+                settings.buffer_bytes,
+                settings.block_ms,
             )?;
             capture.join_fanout(group)?;
             captures.push(capture);
         }
         // Before the worker threads start: they inherit it.
-        super::raise_priority(args);
+        super::raise_priority(settings);
         let mut discarded = 0;
         for c in &mut captures {
             discarded += c.discard_backlog(BACKLOG_LIMIT)?;
@@ -345,7 +324,7 @@ mod workers {
         tracing::info!(
             "{n} capture workers in fan-out group {group} on {} (intercept {}), filter: {filter} \
              ({discarded} frames captured before the group formed dropped)",
-            args.interface,
+            settings.interface,
             mirror.first_intercept()
         );
         let figures: Vec<Mutex<Figures>> = (0..n).map(|_| Mutex::new(Figures::default())).collect();
@@ -365,7 +344,10 @@ mod workers {
                         .name(format!("capture-{i}"))
                         .spawn_scoped(scope, move || {
                             let r = run_worker(
-                                Flags { args, mirror },
+                                Flags {
+                                    capture: settings,
+                                    mirror,
+                                },
                                 plan,
                                 capture,
                                 worker,
@@ -545,7 +527,7 @@ mod workers {
             next_publish: clock.now(),
         };
         // Each worker thread raises itself: its priority is its own.
-        let on_demand = super::on_demand(flags.args, capture.as_raw_fd());
+        let on_demand = super::on_demand(flags.capture, capture.as_raw_fd());
         let driver = super::capture_loop(driver, &mut capture, clock, on_demand, Some(&mut slot))?;
         capture.refresh_kernel_stats();
         let foreign = driver.feedback_foreign();

@@ -5,8 +5,8 @@
 //!
 //! Plain data and the pure answers derived from it: the routes (`--port`/`--target`, `--map`),
 //! the protocol, the [`MirrorSettings`] every mirror (live, replay, each capture worker) runs
-//! with, the [`Plan`] a live capture and a replay decide differently, and the capture filter
-//! the routes give. `builders` turns these into engines; `driver` runs them.
+//! with, the [`Plan`] a live capture and a replay decide differently, the live copier's
+//! [`LiveSettings`] and [`CaptureSettings`], and the capture filter the routes give. `builders` turns these into engines; `driver` runs them.
 //!
 //! # What it must never do
 //!
@@ -81,6 +81,36 @@ pub struct Plan {
     /// How long a picked-up connection waits for `prod_dsn`'s answer.
     pub prod_dsn_wait: Duration,
 }
+
+/// A live copier's settings (`cli::Args::validate`): how it mirrors, and what.
+#[derive(Clone, Debug)]
+pub struct LiveSettings {
+    pub mirror: MirrorSettings,
+    pub plan: Plan,
+}
+
+/// How a live copier captures (`cli::Args::capture_settings`): the flags only the live
+/// daemon has (a replay reads a file), with what they come to.
+#[derive(Clone, Debug)]
+pub struct CaptureSettings {
+    /// `--interface` ("any": every interface of the host).
+    pub interface: String,
+    /// The routes' traffic, both directions, minus our own ([`capture_filter`]).
+    pub filter: String,
+    /// Each capture's ring, in bytes: `--capture-buffer-mb`, or its share of the capture's
+    /// part of `--max-memory`.
+    pub buffer_bytes: i32,
+    /// The ring's block timeout in ms (`--capture-block-ms`, or the shortest with which the
+    /// ring holds a second of traffic; 0: immediate mode).
+    pub block_ms: u16,
+    /// `--capture-priority`.
+    pub priority: ops::sched::Priority,
+    /// `--workers`: capture threads sharing the traffic by flow hash (1: no fan-out).
+    pub workers: u32,
+}
+
+/// A libpcap TPACKET_V3 block (libpcap 1.10 sizes them by its largest snap length, 256 KiB).
+pub const CAPTURE_BLOCK_BYTES: usize = 256 << 10;
 
 impl MirrorSettings {
     /// `--max-memory`, shared out (see `engine::MemoryBudget`).
