@@ -132,8 +132,8 @@ fn main_doctor(argv: Vec<OsString>) -> ExitCode {
 }
 
 fn main_live(args: &Args) -> ExitCode {
-    let mirror = match args.validate() {
-        Ok(m) => m,
+    let live = match args.validate() {
+        Ok(l) => l,
         Err(e) => {
             eprintln!("copier: {e:#}");
             return ExitCode::from(2);
@@ -141,7 +141,12 @@ fn main_live(args: &Args) -> ExitCode {
     };
     signals::install();
     let started = std::time::Instant::now();
-    match run::run(args, &mirror) {
+    // The capture settings may still refuse the ring's size: a run-time failure (see
+    // `Args::capture_settings`).
+    match args
+        .capture_settings()
+        .and_then(|capture| run::run(&live, &capture))
+    {
         Ok(snap) => {
             eprint!("{}", status::summary(&snap, started.elapsed()));
             ExitCode::SUCCESS

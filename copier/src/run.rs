@@ -2,14 +2,18 @@
 //! captures, sleeping in poll(2) between events.
 //!
 //! This room owns the live capture and its pacing; everything else (engine, sender, control
-//! channel, lookups, status, drain) is the [`Driver`]'s. It holds no TCP logic.
+//! channel, lookups, status, drain) is the [`Driver`]'s. It must never hold TCP logic, nor
+//! read the command line: it runs on validated settings ([`LiveSettings`],
+//! [`CaptureSettings`]), whatever `cli` they came from.
 //!
 //! With `--workers N` (N > 1) it runs N capture threads, each with its own capture joined to
 //! one kernel fan-out group (PACKET_FANOUT by symmetric flow hash: a connection's packets, both
 //! directions, all reach one thread) and its own [`Driver`] (engines on its share of the pool,
-//! its own raw socket and control connection). This thread then only coordinates: it sums the
-//! workers' snapshots for the status line, `--metrics` and the summary, and owns the one
-//! comparison report every worker's sessions observe into. Workers never share a session, so
+//! its own raw socket and control connection), run by the same capture loop as a single
+//! capture (`capture_loop`; a worker's differences are its slot at the coordinator). This
+//! thread then only coordinates: it sums the workers' snapshots for the status line,
+//! `--metrics` and the summary, and owns the one comparison report every worker's sessions
+//! observe into. Workers never share a session, so
 //! nothing on the packet path is locked; a worker publishes its snapshot a few times a second.
 
 use std::os::fd::{AsRawFd, RawFd};
@@ -19,35 +23,16 @@ use anyhow::Result;
 use common::clock::{Instant, MonotonicClock};
 
 use crate::capture::LiveCapture;
-use crate::cli::Args;
 use crate::driver::{Driver, Pump};
-use crate::settings::{MirrorSettings, Plan};
+use crate::settings::{CaptureSettings, LiveSettings, CAPTURE_BLOCK_BYTES};
 use crate::status::Snapshot;
 
 /// Packets read from the capture before the loop looks at the control channel again.
 const CAPTURE_BUDGET: usize = 512;
 
-/// What the live command line asks the driver for.
-pub fn plan(args: &Args) -> Result<Plan> {
-    let prod_dsn = match &args.prod_dsn {
-        Some(arg) => Some(
-            arg.get()
-                .map_err(|e| anyhow::anyhow!("--prod-dsn: {e}"))?
-                .clone(),
-        ),
-        None => None,
-    };
-    Ok(Plan {
-        routes: args.routes()?,
-        pickup_midstream: !args.no_pickup,
-        prod_dsn,
-        prod_dsn_wait: Duration::from_millis(args.prod_dsn_wait_ms),
-    })
-}
-
-/// Says at start how much a starved copier's ring holds (see `Args::capture_block_ms`).
+/// Says at start how much a starved copier's ring holds (see `cli::Args::capture_block_ms`).
 fn log_ring(buffer: i32, block_ms: u16) {
-    let blocks = usize::try_from(buffer).unwrap_or(0) / crate::cli::CAPTURE_BLOCK_BYTES;
+    let blocks = usize::try_from(buffer).unwrap_or(0) / CAPTURE_BLOCK_BYTES;
     if block_ms == 0 {
         tracing::info!(
             buffer_mib = buffer >> 20,
@@ -57,7 +42,7 @@ fn log_ring(buffer: i32, block_ms: u16) {
     }
     tracing::info!(
         blocks,
-        block_kib = crate::cli::CAPTURE_BLOCK_BYTES >> 10,
+        block_kib = CAPTURE_BLOCK_BYTES >> 10,
         block_ms,
         holds_ms = blocks as u64 * u64::from(block_ms),
         "capture ring: {blocks} blocks retired after {block_ms} ms: while the copier waits for a \
@@ -66,72 +51,111 @@ fn log_ring(buffer: i32, block_ms: u16) {
     );
 }
 
-/// The live copier with `args`, whose validation gave `mirror` (`Args::validate`).
-pub fn run(args: &Args, mirror: &MirrorSettings) -> Result<Snapshot> {
-    if args.workers > 1 {
-        return workers::run(args, mirror);
+/// The live copier with `live` (`cli::Args::validate`), capturing as `settings` say
+/// (`cli::Args::capture_settings`).
+pub fn run(live: &LiveSettings, settings: &CaptureSettings) -> Result<Snapshot> {
+    if settings.workers > 1 {
+        return workers::run(live, settings);
     }
+    let (mirror, plan) = (&live.mirror, live.plan.clone());
     let clock = MonotonicClock::new();
-    let plan = plan(args)?;
-    let filter = args.capture_filter()?;
-    let buffer = args.capture_buffer_bytes()?;
-    let block_ms = args.capture_block_ms(buffer);
-    let mut capture = LiveCapture::open_live_bridged(&args.interface, &filter, buffer, block_ms)?;
+    let (filter, buffer, block_ms) = (&settings.filter, settings.buffer_bytes, settings.block_ms);
+    let mut capture =
+        LiveCapture::open_live_bridged(&settings.interface, filter, buffer, block_ms)?;
     log_ring(buffer, block_ms);
     // Before the driver starts its control threads (they inherit it) and before the
     // capabilities go (raising needs CAP_SYS_NICE).
-    raise_priority(args);
-    let mut on_demand = on_demand(args, capture.as_raw_fd());
+    raise_priority(settings);
+    let on_demand = on_demand(settings, capture.as_raw_fd());
     let routes = plan
         .routes
         .iter()
         .map(|r| format!("port {} to {}", r.prod_port, r.target))
         .collect::<Vec<_>>()
         .join(", ");
-    let mut driver = Driver::start(mirror, plan, clock.now())?;
-    drop_privileges(args)?;
+    let driver = Driver::start(mirror, plan, clock.now())?;
+    drop_privileges(settings)?;
     tracing::info!(
         "mirroring {routes} on {} (intercept {}), filter: {filter}",
-        args.interface,
+        settings.interface,
         mirror.first_intercept()
     );
 
+    let driver = capture_loop(driver, &mut capture, &clock, on_demand, None)?;
+    capture.refresh_kernel_stats();
+    Ok(driver.finish(&capture.stats))
+}
+
+/// The capture loop, the same for a copier of one capture and for each worker of
+/// `--workers N`: read up to [`CAPTURE_BUDGET`] packets into `driver` (none once it is
+/// stopping), let it pump, report, and sleep until the capture or the driver has work.
+/// Returns the driver once its drain is done, for the caller to finish; a capture that fails
+/// is the driver's `fail` (every session reset, the summary printed).
+///
+/// `slot`: a worker's place at the coordinator, which stops it with the others and sums its
+/// figures (and has the status line, metrics and report). `None`: a copier of one capture,
+/// whose driver has those outputs itself.
+fn capture_loop(
+    mut driver: Driver,
+    capture: &mut LiveCapture,
+    clock: &MonotonicClock,
+    mut on_demand: Option<ops::sched::OnDemand>,
+    mut slot: Option<&mut workers::Slot<'_>>,
+) -> Result<Driver> {
     loop {
         let now = clock.now();
         // Capture timestamps are wall-clock, the engine's clock monotonic: mapped through
         // their offset now.
         let wall = common::clock::realtime_ns();
+        if slot.as_ref().is_some_and(|s| s.aborted()) {
+            driver.begin_drain(now);
+        }
         // Once stopping, nothing new is captured; what is queued still goes out.
         if !driver.poll_stop(now) {
             let mut lag = Duration::ZERO;
+            let mut seen = slot.as_deref_mut();
             let drained = capture.drain(CAPTURE_BUDGET, |at, pkt| {
+                if let Some(s) = &mut seen {
+                    s.note(pkt);
+                }
                 let t = capture_time(now, wall, at);
                 lag = lag.max(now.saturating_since(t));
                 driver.feed_at(now, t, pkt)
             });
             if let Err(e) = drained {
+                if let Some(s) = &slot {
+                    s.publish(&driver, capture);
+                }
                 return Err(driver.fail(now, &capture.stats, e));
             }
             if let Some(p) = &mut on_demand {
                 p.observe(lag, std::time::Instant::now());
             }
         }
-        guard_snapshot(&mut driver, &mut capture);
+        guard_snapshot(&mut driver, capture);
         if driver.pump(now) == Pump::Done {
             break;
         }
-        if driver.status_due(now) {
-            capture.refresh_kernel_stats();
-            driver.print_status(now, &capture.stats);
+        let mut wake_cap = None;
+        match &mut slot {
+            None => {
+                if driver.status_due(now) {
+                    capture.refresh_kernel_stats();
+                    driver.print_status(now, &capture.stats);
+                }
+            }
+            Some(s) => wake_cap = Some(s.publish_when_due(now, &driver, capture)),
         }
-        let wake = driver.next_wake(clock.now());
+        let mut wake = driver.next_wake(clock.now());
+        if let Some(cap) = wake_cap {
+            wake = wake.min(cap);
+        }
         match capture.bridge_fd() {
             Some(bridge) => driver.wait(&[capture.as_raw_fd(), bridge], wake),
             None => driver.wait(&[capture.as_raw_fd()], wake),
         }
     }
-    capture.refresh_kernel_stats();
-    Ok(driver.finish(&capture.stats))
+    Ok(driver)
 }
 
 /// `--prod-dsn`'s start snapshot answers only while the capture has lost nothing (see
@@ -147,15 +171,15 @@ fn guard_snapshot(driver: &mut Driver, capture: &mut LiveCapture) {
 /// `--capture-priority`: this thread runs the capture loop, and the threads started after it
 /// (control connections, `--workers`) inherit its priority. Not raised: said once, and the
 /// copier runs as started (a busy host may then starve the capture: kernel drops).
-fn raise_priority(args: &Args) {
-    ops::sched::raise_logged(args.capture_priority);
+fn raise_priority(capture: &CaptureSettings) {
+    ops::sched::raise_logged(capture.priority);
 }
 
 /// `--capture-priority auto`: the calling capture thread's priority, raised while it lags
 /// or, by its watchdog, while it gets no CPU with packets waiting in `capture_fd`'s ring.
 /// Drop it before the capture.
-fn on_demand(args: &Args, capture_fd: RawFd) -> Option<ops::sched::OnDemand> {
-    (args.capture_priority == ops::sched::Priority::Auto).then(|| {
+fn on_demand(capture: &CaptureSettings, capture_fd: RawFd) -> Option<ops::sched::OnDemand> {
+    (capture.priority == ops::sched::Priority::Auto).then(|| {
         let mut p = ops::sched::OnDemand::new();
         if let Err(e) = p.watch(capture_fd) {
             tracing::warn!(
@@ -172,14 +196,13 @@ fn on_demand(args: &Args, capture_fd: RawFd) -> Option<ops::sched::OnDemand> {
 /// plain sockets and files. Dropped in every thread, with no_new_privs. The one exception:
 /// `--capture-priority auto` where RLIMIT_NICE could not be raised keeps CAP_SYS_NICE, to
 /// raise the capture when it falls behind.
-fn drop_privileges(args: &Args) -> Result<()> {
-    let keep: &[u32] = if args.capture_priority == ops::sched::Priority::Auto
-        && ops::sched::raise_needs_capability()
-    {
-        &[ops::privs::CAP_SYS_NICE]
-    } else {
-        &[]
-    };
+fn drop_privileges(capture: &CaptureSettings) -> Result<()> {
+    let keep: &[u32] =
+        if capture.priority == ops::sched::Priority::Auto && ops::sched::raise_needs_capability() {
+            &[ops::privs::CAP_SYS_NICE]
+        } else {
+            &[]
+        };
     let dropped = ops::privs::drop_all_but(keep).map_err(|e| {
         anyhow::anyhow!(
             "cannot drop capabilities after opening the capture (refusing to run with more than \
@@ -213,15 +236,13 @@ mod workers {
     use std::time::Duration;
 
     use anyhow::{anyhow, Result};
-    use common::clock::MonotonicClock;
+    use common::clock::{Instant, MonotonicClock};
     use common::wire::TcpPacket;
 
-    use super::{capture_time, plan, CAPTURE_BUDGET};
     use crate::capture::{fanout, CaptureStats, LiveCapture};
-    use crate::cli::Args;
-    use crate::driver::{Driver, Pump, Worker};
+    use crate::driver::{Driver, Worker};
     use crate::outputs::Outputs;
-    use crate::settings::{MirrorSettings, Plan};
+    use crate::settings::{CaptureSettings, LiveSettings, MirrorSettings, Plan};
     use crate::status::Snapshot;
 
     /// How often a worker hands its counters to the coordinator.
@@ -234,10 +255,10 @@ mod workers {
     /// Connections remembered per worker for the cross-worker check at the end.
     const FLOWS_REMEMBERED: usize = 1 << 16;
 
-    /// What every worker runs with: the flags, and the settings their validation gave.
+    /// What every worker runs with: how it captures, and how it mirrors.
     #[derive(Clone, Copy)]
     struct Flags<'a> {
-        args: &'a Args,
+        capture: &'a CaptureSettings,
         mirror: &'a MirrorSettings,
     }
 
@@ -267,26 +288,25 @@ mod workers {
         }
     }
 
-    pub(super) fn run(args: &Args, mirror: &MirrorSettings) -> Result<Snapshot> {
-        let n = args.workers;
+    pub(super) fn run(live: &LiveSettings, settings: &CaptureSettings) -> Result<Snapshot> {
+        let n = settings.workers;
+        let (mirror, plan) = (&live.mirror, live.plan.clone());
         let clock = MonotonicClock::new();
-        let plan = plan(args)?;
-        let filter = args.capture_filter()?;
-        let buffer = args.capture_buffer_bytes()?;
+        let filter = &settings.filter;
         let group = fanout::group_for_process(0);
         let mut captures = Vec::with_capacity(n as usize);
         for _ in 0..n {
             let capture = LiveCapture::open_live(
-                &args.interface,
-                &filter,
-                buffer,
-                args.capture_block_ms(buffer),
+                &settings.interface,
+                filter,
+                settings.buffer_bytes,
+                settings.block_ms,
             )?;
             capture.join_fanout(group)?;
             captures.push(capture);
         }
         // Before the worker threads start: they inherit it.
-        super::raise_priority(args);
+        super::raise_priority(settings);
         let mut discarded = 0;
         for c in &mut captures {
             discarded += c.discard_backlog(BACKLOG_LIMIT)?;
@@ -304,7 +324,7 @@ mod workers {
         tracing::info!(
             "{n} capture workers in fan-out group {group} on {} (intercept {}), filter: {filter} \
              ({discarded} frames captured before the group formed dropped)",
-            args.interface,
+            settings.interface,
             mirror.first_intercept()
         );
         let figures: Vec<Mutex<Figures>> = (0..n).map(|_| Mutex::new(Figures::default())).collect();
@@ -324,7 +344,10 @@ mod workers {
                         .name(format!("capture-{i}"))
                         .spawn_scoped(scope, move || {
                             let r = run_worker(
-                                Flags { args, mirror },
+                                Flags {
+                                    capture: settings,
+                                    mirror,
+                                },
                                 plan,
                                 capture,
                                 worker,
@@ -442,8 +465,51 @@ mod workers {
             .collect()
     }
 
-    /// One worker's loop: today's single-thread loop, with the stop also coming from `abort`
-    /// and the counters handed to the coordinator every [`PUBLISH`].
+    /// A worker's place at the coordinator, as its capture loop sees it (see
+    /// [`super::capture_loop`]): the stop it shares with the other workers, the figures it
+    /// hands over every [`PUBLISH`], and the connections it saw.
+    pub(super) struct Slot<'a> {
+        figures: &'a Mutex<Figures>,
+        abort: &'a AtomicBool,
+        seen: FlowsSeen,
+        next_publish: Instant,
+    }
+
+    impl Slot<'_> {
+        /// Whether another worker failed: this one then drains as on SIGTERM.
+        pub(super) fn aborted(&self) -> bool {
+            self.abort.load(Ordering::Relaxed)
+        }
+
+        /// A captured packet, for the cross-worker check at the end.
+        pub(super) fn note(&mut self, pkt: &TcpPacket<'_>) {
+            self.seen.note(pkt);
+        }
+
+        /// Hands the driver's counters to the coordinator now.
+        pub(super) fn publish(&self, driver: &Driver, capture: &mut LiveCapture) {
+            publish(self.figures, driver, capture);
+        }
+
+        /// Hands them over if [`PUBLISH`] has passed since the last time; the longest the
+        /// loop may then sleep, so the next hand-over is on time.
+        pub(super) fn publish_when_due(
+            &mut self,
+            now: Instant,
+            driver: &Driver,
+            capture: &mut LiveCapture,
+        ) -> Duration {
+            if now >= self.next_publish {
+                self.publish(driver, capture);
+                self.next_publish = now + PUBLISH;
+            }
+            PUBLISH
+        }
+    }
+
+    /// One worker: its driver on its share of the pool, run by the capture loop with its
+    /// [`Slot`], its stop also coming from `abort` and its counters handed to the coordinator
+    /// every [`PUBLISH`].
     fn run_worker(
         flags: Flags<'_>,
         plan: Plan,
@@ -453,44 +519,16 @@ mod workers {
         figures: &Mutex<Figures>,
         abort: &AtomicBool,
     ) -> Result<(Figures, FlowsSeen)> {
-        let mut driver = Driver::start_worker(flags.mirror, plan, clock.now(), worker)?;
-        let mut seen = FlowsSeen::default();
-        let mut next_publish = clock.now();
+        let driver = Driver::start_worker(flags.mirror, plan, clock.now(), worker)?;
+        let mut slot = Slot {
+            figures,
+            abort,
+            seen: FlowsSeen::default(),
+            next_publish: clock.now(),
+        };
         // Each worker thread raises itself: its priority is its own.
-        let mut on_demand = super::on_demand(flags.args, capture.as_raw_fd());
-        loop {
-            let now = clock.now();
-            let wall = common::clock::realtime_ns();
-            if abort.load(Ordering::Relaxed) {
-                driver.begin_drain(now);
-            }
-            if !driver.poll_stop(now) {
-                let mut lag = Duration::ZERO;
-                let drained = capture.drain(CAPTURE_BUDGET, |at, pkt| {
-                    seen.note(pkt);
-                    let t = capture_time(now, wall, at);
-                    lag = lag.max(now.saturating_since(t));
-                    driver.feed_at(now, t, pkt)
-                });
-                if let Err(e) = drained {
-                    publish(figures, &driver, &mut capture);
-                    return Err(driver.fail(now, &capture.stats, e));
-                }
-                if let Some(p) = &mut on_demand {
-                    p.observe(lag, std::time::Instant::now());
-                }
-            }
-            super::guard_snapshot(&mut driver, &mut capture);
-            if driver.pump(now) == Pump::Done {
-                break;
-            }
-            if now >= next_publish {
-                publish(figures, &driver, &mut capture);
-                next_publish = now + PUBLISH;
-            }
-            let wake = driver.next_wake(clock.now()).min(PUBLISH);
-            driver.wait(&[capture.as_raw_fd()], wake);
-        }
+        let on_demand = super::on_demand(flags.capture, capture.as_raw_fd());
+        let driver = super::capture_loop(driver, &mut capture, clock, on_demand, Some(&mut slot))?;
         capture.refresh_kernel_stats();
         let foreign = driver.feedback_foreign();
         let snap = driver.finish(&capture.stats);
@@ -499,7 +537,7 @@ mod workers {
             feedback_foreign: foreign,
             done: true,
         };
-        Ok((f, seen))
+        Ok((f, slot.seen))
     }
 
     fn publish(figures: &Mutex<Figures>, driver: &Driver, capture: &mut LiveCapture) {

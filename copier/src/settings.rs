@@ -5,14 +5,20 @@
 //!
 //! Plain data and the pure answers derived from it: the routes (`--port`/`--target`, `--map`),
 //! the protocol, the [`MirrorSettings`] every mirror (live, replay, each capture worker) runs
-//! with, the [`Plan`] a live capture and a replay decide differently, and the capture filter
-//! the routes give. `builders` turns these into engines; `driver` runs them.
+//! with, the [`Plan`] a live capture and a replay decide differently, the live copier's
+//! [`LiveSettings`] and [`CaptureSettings`], and the capture filter the routes give.
+//! `builders` turns these into engines; `driver` runs them.
+//!
+//! [`MirrorSettings`] is also where its flags are declared (clap's derive, flattened into
+//! `cli::MirrorArgs`), with the parsers of their single values ([`parse_cidr`],
+//! `parse_sample`): one list of fields instead of a flag struct copied field by field.
 //!
 //! # What it must never do
 //!
-//! * Depend on the command-line parser (`cli`) or on anything that owns I/O (`driver`,
+//! * Depend on the command-line module (`cli`) or on anything that owns I/O (`driver`,
 //!   `run`, `replay`): the arrow goes cli -> settings -> builders -> driver.
-//! * Refuse anything: the checks, and their messages, are `cli`'s (`MirrorArgs::validate`).
+//! * Refuse a set-up: the checks across flags, and their messages, are `cli`'s
+//!   (`MirrorArgs::validate`); a value parser here only says a value is not one.
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::PathBuf;
@@ -37,33 +43,157 @@ pub enum Protocol {
     Tcp,
 }
 
-/// What every mirror runs with (live, replay, each capture worker): `cli::MirrorArgs` once
-/// validated, field for field (the flags' documentation is there).
-#[derive(Clone, Debug)]
+/// What every mirror runs with (live, replay, each capture worker). Also the flags that give
+/// it: `cli::MirrorArgs` flattens this struct, so each field is documented once, as its flag,
+/// and `cli` checks the values (`MirrorArgs::validate`) before anything runs with them.
+#[derive(clap::Args, Clone, Debug)]
 pub struct MirrorSettings {
+    /// Test server to mirror to, IP:PORT. Must not be this host's own production server.
+    /// Repeatable (or comma-separated): the connections are spread over the test servers, each
+    /// connection to one, chosen by a fixed hash of the client's address and port (a restarted
+    /// copier places a connection where it was); needs --client-ip-pool.
+    #[arg(long, env = "TCPSHADOW_TARGET", value_delimiter = ',')]
     pub target: Vec<SocketAddrV4>,
+
+    /// Intercept daemon's control address, HOST:PORT (it relays the test server's replies).
+    /// With several --target: one --intercept for all, or one per --target in the same order.
+    #[arg(
+        long,
+        env = "TCPSHADOW_INTERCEPT",
+        value_delimiter = ',',
+        required = true
+    )]
     pub intercept: Vec<SocketAddr>,
+
+    /// Rewrite mirrored client addresses into this range (CIDR), e.g. 198.19.0.0/16, so the test
+    /// server's routes need not cover the real clients. The client port is kept.
+    #[arg(long, env = "TCPSHADOW_CLIENT_IP_POOL", value_parser = parse_cidr)]
     pub client_ip_pool: Option<(Ipv4Addr, u8)>,
+
+    /// Largest TCP payload sent to the target (path MTU minus 40).
+    #[arg(long, env = "TCPSHADOW_MSS", default_value_t = 1460, value_parser = clap::value_parser!(u16).range(88..=65495))]
     pub mss: u16,
+
+    /// Longest wait, in ms, of an ACK for the test server's data: the client's next command
+    /// carries it, or it goes alone when this runs out; every second segment, a FIN or
+    /// anything out of order is acknowledged at once. 0: a pure ACK for every segment.
+    #[arg(long, env = "TCPSHADOW_DELAYED_ACK_MS", default_value_t = 5, value_parser = clap::value_parser!(u16).range(0..=100))]
     pub delayed_ack_ms: u16,
+
+    /// What the port speaks: `mysql` rewrites each login with the test server's own scramble
+    /// and maps prepared-statement ids; `tcp` mirrors bytes as they are.
+    #[arg(long, env = "TCPSHADOW_PROTOCOL", value_enum, default_value_t = Protocol::Mysql)]
     pub protocol: Protocol,
+
+    /// MySQL: the passwords valid on the test server, one `user:password` per line, in a file
+    /// only its owner can read (chmod 600). Without it, logins are forwarded unchanged and fail
+    /// on a test server that checks passwords.
+    #[arg(long, env = "TCPSHADOW_MYSQL_CREDENTIALS")]
     pub mysql_credentials: Option<PathBuf>,
+
+    /// MySQL: the user (listed in --mysql-credentials) that logs in on the test server for
+    /// connections picked up mid-stream, whose own login the copier never saw.
+    #[arg(long, env = "TCPSHADOW_MYSQL_DEFAULT_USER")]
     pub mysql_default_user: Option<String>,
+
+    /// MySQL: the schema selected for connections picked up mid-stream.
+    #[arg(long, env = "TCPSHADOW_MYSQL_DEFAULT_DB")]
     pub mysql_default_db: Option<String>,
+
+    /// File holding the control channel's shared secret: a copy of intercept's --secret-file
+    /// (at least 16 bytes, e.g. `head -c 32 /dev/urandom | base64`; chmod 600, or it is
+    /// refused). The copier proves it holds it and checks that intercept does; it never crosses
+    /// the wire.
+    #[arg(long, env = "TCPSHADOW_SECRET_FILE", value_name = "PATH")]
     pub secret_file: Option<PathBuf>,
+
+    /// Seconds between status lines (0: none).
+    #[arg(long, env = "TCPSHADOW_STATUS_INTERVAL", default_value_t = 5)]
     pub status_interval: u64,
+
+    /// Most sessions mirrored at once, per route and copy (see --map, --multiply); further
+    /// connections are not mirrored (counted).
+    #[arg(long, env = "TCPSHADOW_MAX_SESSIONS", default_value_t = 100_000)]
     pub max_sessions: usize,
+
+    /// Memory the copier may use, in MiB (32 to 65536; the program itself takes about 10),
+    /// shared out in fixed parts: 3/8 for
+    /// sessions (send queues, reassembly, held commands, statement maps, and a fixed size per
+    /// session), 1/4 for the capture ring, 1/8 for the comparison report,
+    /// 1/16 for the control channel's queues, the rest for the program itself. When the
+    /// sessions' part is full, whole sessions are shed, the one furthest behind first (reset
+    /// on the test server), and new ones are refused; both counted (shed_memory). See
+    /// docs/RELIABILITY.md.
+    #[arg(long, env = "TCPSHADOW_MAX_MEMORY", value_name = "MB", default_value_t = 256, value_parser = clap::value_parser!(u32).range(32..=65536))]
     pub max_memory: u32,
+
+    /// Mirror each captured connection N times (1 to 16), as N distinct connections: each
+    /// copy logs in and prepares its statements by itself, so the test server gets N times the
+    /// load. N > 1 needs --client-ip-pool: the copies send from disjoint slices of it.
+    #[arg(long, env = "TCPSHADOW_MULTIPLY", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=16))]
     pub multiply: u32,
+
+    /// Mirror only this share of the client connections, in percent (0 < PERCENT <= 100,
+    /// decimals allowed); each connection is mirrored whole or not at all. A new connection is
+    /// decided at its SYN, by a hash of the client's address and port against a bar that moves
+    /// with the share taken so far (so 200 connections come within a point or two of the share,
+    /// whatever their ports), and the decision is remembered until it closes. A connection
+    /// picked up mid-stream (open before the copier started) is decided by a fixed hash of
+    /// address and port alone: the same after a copier restart, within a few points overall.
+    #[arg(long, env = "TCPSHADOW_SAMPLE", value_name = "PERCENT", value_parser = parse_sample)]
     pub sample: Option<Sample>,
+
+    /// On SIGINT/SIGTERM, wait up to this many seconds for queued data to reach the target,
+    /// and for the sessions whose client closed to close there, before resetting what is left.
+    #[arg(long, env = "TCPSHADOW_DRAIN_SECS", default_value_t = 2)]
     pub drain_secs: u64,
+
+    /// MySQL: do not mirror commands that write (INSERT, UPDATE, DELETE, REPLACE, DDL, LOAD
+    /// DATA, SELECT ... FOR UPDATE, CALL, administration, and whatever is not recognised as a
+    /// read), nor executes of statements prepared from them; the sessions' reads still run on the
+    /// test server. Counted per kind in the summary.
+    #[arg(long, env = "TCPSHADOW_READ_ONLY")]
     pub read_only: bool,
+
+    /// With --read-only: mirror CALL of stored procedures (vouch that they only read).
+    #[arg(long, env = "TCPSHADOW_READ_ONLY_ALLOW_CALLS")]
     pub read_only_allow_calls: bool,
+
+    /// Serve Prometheus metrics at http://ADDR:PORT/metrics (e.g. 127.0.0.1:9631; names in
+    /// docs/metrics.md). Refreshed every second.
+    #[arg(long, env = "TCPSHADOW_METRICS", value_name = "ADDR:PORT")]
     pub metrics: Option<SocketAddr>,
+
+    /// With --metrics: how many digests (the most frequent) get latency histograms.
+    #[arg(long, env = "TCPSHADOW_METRICS_TOP_DIGESTS", default_value_t = 20)]
     pub metrics_top_digests: usize,
+
+    /// MySQL: compare production's and the test server's answer to every mirrored command,
+    /// digest by digest, and write report.txt, report.json and report.html into DIR at the
+    /// end, on SIGUSR1 and every --report-interval.
+    #[arg(long, env = "TCPSHADOW_REPORT", value_name = "DIR")]
     pub report: Option<PathBuf>,
+
+    /// With --report: also write the report every SECS seconds (0: only at the end and on
+    /// SIGUSR1).
+    #[arg(
+        long,
+        env = "TCPSHADOW_REPORT_INTERVAL",
+        value_name = "SECS",
+        default_value_t = 0
+    )]
     pub report_interval: u64,
+
+    /// With --report (or --metrics): compare result checksums, not only row counts and error
+    /// codes. Costs CPU on both hosts: every reply byte is hashed (intercept hashes the test
+    /// server's when asked in the Hello).
+    #[arg(long, env = "TCPSHADOW_COMPARE_RESULTS")]
     pub compare_results: bool,
+
+    /// With --report: examples keep the statements' literal values (they may be personal
+    /// data); by default values are shown as `?`. Statements that may carry a password or key
+    /// (IDENTIFIED BY, PASSWORD(), SET PASSWORD, MASTER_PASSWORD, AES_ENCRYPT, ...) stay masked.
+    #[arg(long, env = "TCPSHADOW_REPORT_LITERALS")]
     pub report_literals: bool,
 }
 
@@ -81,6 +211,36 @@ pub struct Plan {
     /// How long a picked-up connection waits for `prod_dsn`'s answer.
     pub prod_dsn_wait: Duration,
 }
+
+/// A live copier's settings (`cli::Args::validate`): how it mirrors, and what.
+#[derive(Clone, Debug)]
+pub struct LiveSettings {
+    pub mirror: MirrorSettings,
+    pub plan: Plan,
+}
+
+/// How a live copier captures (`cli::Args::capture_settings`): the flags only the live
+/// daemon has (a replay reads a file), with what they come to.
+#[derive(Clone, Debug)]
+pub struct CaptureSettings {
+    /// `--interface` ("any": every interface of the host).
+    pub interface: String,
+    /// The routes' traffic, both directions, minus our own ([`capture_filter`]).
+    pub filter: String,
+    /// Each capture's ring, in bytes: `--capture-buffer-mb`, or its share of the capture's
+    /// part of `--max-memory`.
+    pub buffer_bytes: i32,
+    /// The ring's block timeout in ms (`--capture-block-ms`, or the shortest with which the
+    /// ring holds a second of traffic; 0: immediate mode).
+    pub block_ms: u16,
+    /// `--capture-priority`.
+    pub priority: ops::sched::Priority,
+    /// `--workers`: capture threads sharing the traffic by flow hash (1: no fan-out).
+    pub workers: u32,
+}
+
+/// A libpcap TPACKET_V3 block (libpcap 1.10 sizes them by its largest snap length, 256 KiB).
+pub const CAPTURE_BLOCK_BYTES: usize = 256 << 10;
 
 impl MirrorSettings {
     /// `--max-memory`, shared out (see `engine::MemoryBudget`).
@@ -195,4 +355,24 @@ pub(crate) fn filter_any(what: &str, items: &[String]) -> String {
         .map(|i| format!("{what} {i}"))
         .collect::<Vec<_>>()
         .join(" or ")
+}
+
+/// `--sample`: a share of the connections, in percent.
+pub(crate) fn parse_sample(s: &str) -> Result<Sample, String> {
+    let p: f64 = s
+        .trim_end_matches('%')
+        .parse()
+        .map_err(|_| format!("{s:?} is not a percentage (expected e.g. 60 or 12.5)"))?;
+    Sample::from_percent(p).ok_or_else(|| {
+        format!("{s}: the share must be above 0 and at most 100 (percent of connections)")
+    })
+}
+
+/// A client-ip pool: CIDR (parsed by `ops::host::parse_cidr`), /8 to /30 (a pool needs room).
+pub fn parse_cidr(s: &str) -> Result<(Ipv4Addr, u8), String> {
+    let (addr, len) = ops::host::parse_cidr(s)?;
+    if !(8..=30).contains(&len) {
+        return Err(format!("prefix length /{len} must be between /8 and /30"));
+    }
+    Ok((addr, len))
 }

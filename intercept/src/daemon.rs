@@ -1,6 +1,7 @@
 //! intercept's wiring: validated flags -> the capture (or the test host's queue) -> the
-//! control server -> the pump loop(s), with the status line and `--metrics`; one capture
-//! thread, or `--workers N` summed by a coordinator. Also `intercept doctor`'s run.
+//! control server -> the pump loop(s), with the status line and `--metrics` (`outputs`, the
+//! same for both); one capture thread, or `--workers N` summed by a coordinator. Also
+//! `intercept doctor`'s run.
 //!
 //! Must never decide what a flag means (that is `cli`'s) nor hold protocol logic (the
 //! rooms it wires: `capture`, `pump`, `relay`, `server`, `sessions`).
@@ -8,27 +9,19 @@
 //! Its log lines keep the binary's target (`intercept`), as when this wiring was in main.rs.
 
 use std::net::TcpListener;
-use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use tcpshadow_metrics::Published;
 
 use crate::capture::{CaptureOptions, CaptureSource, CapturedPayload};
 use crate::cli::{open_channel_warnings, Args, DirectionArg, DoctorArgs};
-use crate::metrics::render_intercept_metrics;
 use crate::onhost::{self, OnHostCapture, ReplyCapture};
+use crate::outputs::{Metrics, Outputs, Pacing};
 use crate::pump::{self, PumpConfig, ReplyPath};
 use crate::relay::Relay;
 use crate::server::{ControlServer, ServerConfig};
 use crate::signals;
-
-/// How often `--metrics` is refreshed.
-const METRICS_INTERVAL: Duration = Duration::from_secs(1);
-/// A report a few milliseconds early still prints its status line (reports come every
-/// second, so without slack a 5 s line could slip to 6 s).
-const LINE_SLACK: Duration = Duration::from_millis(100);
 
 /// The daemon with `cli`'s flags, until a stop signal or a capture failure.
 pub fn run(cli: Args) -> anyhow::Result<()> {
@@ -98,16 +91,7 @@ pub fn run(cli: Args) -> anyhow::Result<()> {
     }
 
     // Before the control server: a taken metrics port is a start-up mistake to fix now.
-    let metrics = match cli.metrics {
-        Some(addr) => {
-            let published = Published::new();
-            let server = tcpshadow_metrics::serve(addr, published.clone(), "intercept-metrics")
-                .with_context(|| format!("--metrics {addr}: cannot listen"))?;
-            tracing::info!(target: "intercept", "metrics on http://{}/metrics", server.local_addr());
-            Some((published, server))
-        }
-        None => None,
-    };
+    let metrics = Metrics::bind(cli.metrics)?;
 
     let listener = TcpListener::bind(cli.listen).with_context(|| {
         format!(
@@ -157,66 +141,32 @@ pub fn run(cli: Args) -> anyhow::Result<()> {
         };
         let mut sources = vec![first];
         sources.extend(more);
-        return workers::run(
-            &cli,
-            sources,
-            &server,
-            events_rx,
-            metrics.as_ref().map(|m| &m.0),
-        );
+        return workers::run(&cli, sources, &server, events_rx, metrics);
     }
     let mut path = ReplyPath::new(
         Relay::new(cli.batch as usize),
         usize::from(payload_prefix),
         cli.sessions(),
     );
-    let status_interval =
-        (cli.status_interval > 0).then(|| Duration::from_secs(cli.status_interval));
-    // With --metrics the loop reports every second: each report publishes the metrics and
-    // logs the status line only when its own interval has passed.
+    let mut outputs = Outputs::new(metrics, cli.status_interval, Pacing::Pump);
     let config = PumpConfig {
-        status_interval: match (&metrics, status_interval) {
-            (Some(_), Some(i)) => Some(i.min(METRICS_INTERVAL)),
-            (Some(_), None) => Some(METRICS_INTERVAL),
-            (None, i) => i,
-        },
+        status_interval: outputs.report_interval(),
         gather: Duration::from_micros(u64::from(cli.relay_flush_us)),
         ..PumpConfig::default()
     };
-    if let Some((published, _)) = &metrics {
+    if outputs.serves_metrics() {
         // A scrape before the first report sees zeros, not an empty page.
-        published.set(render_intercept_metrics(&pump::status(
-            &path,
-            &mut source,
-            server.stats(),
-        )));
+        outputs.publish_metrics(&pump::status(&path, &mut source, server.stats()));
     }
-    let mut last_line = std::time::Instant::now();
     let result = pump::run(
         &mut source,
         &mut path,
         &events_rx,
         &signals::STOP,
         config,
-        |path, source| {
-            let status = pump::status(path, source, server.stats());
-            if let Some((published, _)) = &metrics {
-                published.set(render_intercept_metrics(&status));
-            }
-            if status_interval.is_some_and(|i| last_line.elapsed() + LINE_SLACK >= i) {
-                tracing::info!(target: "intercept", "status: {status}");
-                last_line = std::time::Instant::now();
-            }
-        },
+        |path, source| outputs.observe(&pump::status(path, source, server.stats())),
     );
-    let summary = pump::status(&path, &mut source, server.stats());
-    if let Some((published, _)) = &metrics {
-        published.set(render_intercept_metrics(&summary));
-    }
-    tracing::info!(target: "intercept", "final: {summary}");
-    if signals::STOP.load(Ordering::Relaxed) {
-        tracing::info!(target: "intercept", "stopped by signal");
-    }
+    outputs.finish(&pump::status(&path, &mut source, server.stats()));
     result
 }
 
@@ -272,14 +222,13 @@ mod workers {
     use std::time::Duration;
 
     use crate::capture::CaptureSource;
-    use crate::metrics::render_intercept_metrics;
+    use crate::outputs::{Metrics, Outputs, Pacing};
     use crate::pump::{self, PumpConfig, ReplyPath, Status};
     use crate::relay::{Relay, RelayEvent};
     use crate::server::ControlServer;
     use crate::signals;
-    use tcpshadow_metrics::Published;
 
-    use super::{Args, LINE_SLACK, METRICS_INTERVAL};
+    use super::Args;
 
     /// How often a worker hands its counters over.
     const PUBLISH: Duration = Duration::from_millis(500);
@@ -289,7 +238,7 @@ mod workers {
         sources: Vec<CaptureSource>,
         server: &ControlServer,
         events: Receiver<RelayEvent>,
-        metrics: Option<&Published>,
+        metrics: Option<Metrics>,
     ) -> anyhow::Result<()> {
         let n = sources.len();
         // Every worker's relay must know every copier and claim: the server's events are
@@ -309,9 +258,7 @@ mod workers {
         let latest: Vec<Mutex<(Status, bool)>> = (0..n)
             .map(|_| Mutex::new((Status::default(), false)))
             .collect();
-        let status_interval =
-            (cli.status_interval > 0).then(|| Duration::from_secs(cli.status_interval));
-        let results = std::thread::scope(|scope| {
+        let (results, outputs) = std::thread::scope(|scope| {
             let handles: Vec<_> = sources
                 .into_iter()
                 .zip(rxs)
@@ -349,8 +296,8 @@ mod workers {
                         })
                 })
                 .collect();
-            let mut last_line = std::time::Instant::now();
-            let mut last_metrics = std::time::Instant::now();
+            // The status line's clock starts with the coordination, as a single pump's does.
+            let mut outputs = Outputs::new(metrics, cli.status_interval, Pacing::Tick);
             loop {
                 if signals::STOP.load(Ordering::Relaxed) {
                     stop.store(true, Ordering::SeqCst);
@@ -359,19 +306,10 @@ mod workers {
                 if done == n {
                     break;
                 }
-                if let Some(m) = metrics {
-                    if last_metrics.elapsed() >= METRICS_INTERVAL {
-                        m.set(render_intercept_metrics(&sum));
-                        last_metrics = std::time::Instant::now();
-                    }
-                }
-                if status_interval.is_some_and(|i| last_line.elapsed() + LINE_SLACK >= i) {
-                    tracing::info!(target: "intercept", "status: {sum}");
-                    last_line = std::time::Instant::now();
-                }
+                outputs.observe(&sum);
                 std::thread::sleep(Duration::from_millis(100));
             }
-            handles
+            let results = handles
                 .into_iter()
                 .map(|h| match h {
                     Ok(h) => h
@@ -382,12 +320,10 @@ mod workers {
                         Err(anyhow::anyhow!("cannot start a capture thread: {e}"))
                     }
                 })
-                .collect::<Vec<_>>()
+                .collect::<Vec<_>>();
+            (results, outputs)
         });
         let (summary, _) = total(&latest, server);
-        if let Some(m) = metrics {
-            m.set(render_intercept_metrics(&summary));
-        }
         for (i, l) in latest.iter().enumerate() {
             if let Ok(l) = l.lock() {
                 let r = &l.0.relay;
@@ -400,10 +336,7 @@ mod workers {
                 );
             }
         }
-        tracing::info!(target: "intercept", "final: {summary}");
-        if signals::STOP.load(Ordering::Relaxed) {
-            tracing::info!(target: "intercept", "stopped by signal");
-        }
+        outputs.finish(&summary);
         results
             .into_iter()
             .collect::<anyhow::Result<Vec<()>>>()

@@ -3,7 +3,8 @@
 //!
 //! Rooms: [`capture`] (the capture edge, over [`ops::packet_socket`] or libpcap), [`pump`] (the capture thread's loop), [`sessions`],
 //! [`reassembly`] and [`framer`] (the MySQL packets of each reply stream), [`relay`] (who gets
-//! which feedback), [`server`] (the copiers' control connections). intercept never sends a
+//! which feedback), [`server`] (the copiers' control connections), [`outputs`] (the status line
+//! and `--metrics`, for one capture thread or `--workers N`). intercept never sends a
 //! packet toward a client or a server; it only listens and talks to copiers.
 //!
 //! On the test host itself ([`onhost`]), replies come from an NFQUEUE ([`nfqueue`]) that an
@@ -19,6 +20,7 @@ pub mod netlink;
 pub mod nfqueue;
 pub mod nftables;
 pub mod onhost;
+pub mod outputs;
 pub mod pump;
 pub mod reassembly;
 pub mod relay;

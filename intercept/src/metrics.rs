@@ -1,7 +1,8 @@
 //! `--metrics ADDR:PORT`: intercept's counters in the Prometheus text format
 //! (`tcpshadow_intercept_*`, listed in `docs/metrics.md`). The same numbers as the status
-//! line and the final summary ([`Status`]), rendered by the capture loop at most once a
-//! second and served by `tcpshadow_metrics`'s responder thread. Never per packet.
+//! line and the final summary ([`Status`]), rendered by `outputs` (for the capture loop, or
+//! the `--workers` coordinator) at most once a second and served by `tcpshadow_metrics`'s
+//! responder thread. Never per packet.
 
 use tcpshadow_metrics::{Exposition, Kind};
 
