@@ -68,7 +68,9 @@ pub struct EngineStats {
     pub client_segments_held: u64,
     /// Client segments dropped: too far ahead of the stream, or too many holes at once.
     pub client_segments_dropped: u64,
-    /// Client RSTs that did not fit the stream (ignored, as the production kernel would).
+    /// Client RSTs ignored: behind the stream (as the production kernel would ignore them),
+    /// or after the client's FIN was reached (our FIN already follows its whole stream, and the
+    /// test server runs all of it; a socket closed with unread data resets after its FIN).
     pub client_rsts_ignored: u64,
     /// Client RSTs after the client's whole stream: the test server's connection was closed
     /// with a FIN after it instead, so that it runs what it has not yet (not a loss).
