@@ -22,12 +22,14 @@ use std::time::Duration;
 
 use common::clock::Instant;
 use common::control::TestFeedback;
+use common::seq::SeqNumber;
 use common::wire::{emit_ipv4_tcp, seq, SegmentRepr, TcpFlags, TcpOptions, TcpPacket};
 
 use super::ranges::Ranges;
 use super::reassembly::{Insert, Reassembly};
 use super::recovery::Revival;
 use super::rtt::RttEstimator;
+use super::serial;
 use super::transform::{
     self, StreamTransform, TestEvent, TestSegment, TransformOutput, TransformResult,
 };
@@ -101,7 +103,7 @@ pub(crate) enum Phase {
 /// taken as one).
 #[derive(Clone, Copy)]
 struct Segment<'a> {
-    start: u32,
+    start: SeqNumber,
     payload: &'a [u8],
     fin: bool,
 }
@@ -113,7 +115,7 @@ pub(crate) struct Session {
     pub(crate) mirrored: SocketAddrV4,
     target: SocketAddrV4,
     pub(crate) phase: Phase,
-    pub(crate) client_isn: u32,
+    pub(crate) client_isn: SeqNumber,
     /// The instant of this session's entry in the engine's timer heap, if any.
     pub(crate) heap_at: Option<Instant>,
     /// Whether the session is in the engine's ready queue.
@@ -137,7 +139,7 @@ pub(crate) struct Session {
     /// We saw the client complete its own handshake with production (any ACK after the SYN).
     client_established: bool,
     /// Highest ACK production sent the client: bytes production holds.
-    prod_ack: Option<u32>,
+    prod_ack: Option<SeqNumber>,
     /// The client's FIN was reached in order (and the transform told).
     client_fin_reached: bool,
     /// After a capture gap: client bytes are given up until a segment starts a command
@@ -153,7 +155,7 @@ pub(crate) struct Session {
     wants_prod: bool,
     /// Highest ACK the client sent production (only tracked when `wants_prod`): bytes of
     /// production's stream the client holds, so the capture must have them too.
-    client_ack: Option<u32>,
+    client_ack: Option<SeqNumber>,
     /// The transform gave the session up, and why.
     pub(crate) abandoned: Option<&'static str>,
     /// The transform pushed more than the buffer holds.
@@ -257,16 +259,16 @@ impl Session {
     ) -> Self {
         let (client_isn, adv_mss, offer_wscale, picked_up) = match start {
             Start::Syn => (
-                pkt.seq,
+                pkt.seq_number(),
                 pkt.options.mss.unwrap_or(DEFAULT_MSS).min(cfg.mss),
                 pkt.options.window_scale.is_some(),
                 false,
             ),
             // The client's handshake options went to production long ago; this is a fresh
             // connection of ours, so we choose: our full MSS and window scaling.
-            Start::Pickup => (pkt.seq.wrapping_sub(1), cfg.mss, true, true),
+            Start::Pickup => (pkt.seq_number() - 1u32, cfg.mss, true, true),
         };
-        let iss = client_isn;
+        let iss = client_isn.0;
         let ts = pkt.options.timestamps;
         let wants_prod = transform.as_ref().is_some_and(|t| t.wants_prod_data());
         Self {
@@ -281,7 +283,7 @@ impl Session {
             client_isn,
             heap_at: None,
             in_ready: false,
-            reasm: Reassembly::new(client_isn.wrapping_add(1), cfg.max_session_buffer),
+            reasm: Reassembly::new(client_isn + 1u32, cfg.max_session_buffer),
             floating_start: picked_up && pkt.payload.is_empty(),
             client_established: picked_up,
             prod_ack: None,

@@ -22,14 +22,14 @@ impl Session {
         let mut fin = f.fin();
         if f.rst() {
             // Production would ignore a RST behind the stream; so do we.
-            if pkt.seq.wrapping_sub(self.reasm.next()) < 1 << 30 {
+            if pkt.seq_number().bytes_since(self.reasm.next()) < 1 << 30 {
                 if self.client_fin_reached {
                     // Closing already, with our FIN after the client's whole stream: a reset
                     // after the FIN (a socket closed with unread data) changes nothing there.
                     stats.client_rsts_ignored += 1;
                     return Outcome::Open;
                 }
-                if pkt.seq == self.reasm.next()
+                if pkt.seq_number() == self.reasm.next()
                     && pkt.payload.is_empty()
                     && !self.reasm.has_held()
                     && !self.resync_client
@@ -58,9 +58,10 @@ impl Session {
         if f.ack() && !f.syn() {
             self.client_established = true;
             if self.wants_prod {
+                // A hostile ACK 2^31 from the last one replaces it, as `seq::max` did.
                 self.client_ack = Some(match self.client_ack {
-                    Some(a) => seq::max(a, pkt.ack),
-                    None => pkt.ack,
+                    Some(a) => serial::max_or_seen(a, pkt.ack_number()),
+                    None => pkt.ack_number(),
                 });
             }
         }
@@ -73,17 +74,19 @@ impl Session {
             return Outcome::Open;
         }
         let start = if f.syn() {
-            pkt.seq.wrapping_add(1)
+            pkt.seq_number() + 1u32
         } else {
-            pkt.seq
+            pkt.seq_number()
         };
         let next = self.reasm.next();
         if self.floating_start
             && self.reasm.pristine()
-            && (start == next.wrapping_add(1)
-                || (seq::gt(start, next)
-                    && start.wrapping_sub(next) < 1 << 30
-                    && self.prod_ack.is_some_and(|a| seq::ge(a, start))))
+            && (start == next + 1u32
+                // `>` is safe beside the 2^30 bound; production's ACK may lie 2^31 from
+                // `start` (both captured), which the old `seq::ge` took as at or after it.
+                || (start > next
+                    && start.bytes_since(next) < 1 << 30
+                    && self.prod_ack.is_some_and(|a| serial::not_ahead(start, a))))
         {
             // Picked up from a keepalive probe (seq = next - 1), or from a pure ACK that the
             // command after it overtook on its way to the tap (each CPU's backlog feeds the
@@ -316,9 +319,10 @@ impl Session {
             self.client_established = true;
         }
         if pkt.flags.ack() {
-            let ack = pkt.ack;
+            let ack = pkt.ack_number();
+            // A hostile ACK 2^31 from the last one replaces it, as `seq::max` did.
             self.prod_ack = Some(match self.prod_ack {
-                Some(a) => seq::max(a, ack),
+                Some(a) => serial::max_or_seen(a, ack),
                 None => ack,
             });
         }
@@ -349,9 +353,9 @@ impl Session {
         let f = pkt.flags;
         let carries = !pkt.payload.is_empty() || f.fin();
         let start = if f.syn() {
-            pkt.seq.wrapping_add(1)
+            pkt.seq_number() + 1u32
         } else {
-            pkt.seq
+            pkt.seq_number()
         };
         if self.prod_reasm.is_none() {
             // A pure ACK may be a keepalive probe (seq = next - 1): only a SYN-ACK or a
