@@ -63,6 +63,7 @@ use std::net::SocketAddrV4;
 use std::time::Duration;
 
 use common::clock::Instant;
+use common::seq::SeqNumber;
 use common::wire::TcpPacket;
 
 use super::{EngineConfig, FlowKey};
@@ -172,7 +173,7 @@ impl Verdict {
 /// A remembered decision.
 #[derive(Clone, Copy, Debug)]
 struct Decided {
-    isn: u32,
+    isn: SeqNumber,
     /// Forgotten after this.
     until: Instant,
     /// `TAKEN`, `CLIENT_FIN`, `PROD_FIN`, `ESTABLISHED`, `CLOSING`.
@@ -281,7 +282,7 @@ impl Sampler {
         let is_syn = from_client && f.syn() && !f.ack() && !f.rst();
         if let Some(d) = self.flows.get_mut(&key) {
             // An expired entry is as good as swept; a new ISN is a new connection.
-            if d.until > now && !(is_syn && pkt.seq != d.isn) {
+            if d.until > now && !(is_syn && pkt.seq_number() != d.isn) {
                 let mut flags = d.flags;
                 if f.rst() {
                     flags |= CLOSING;
@@ -301,14 +302,14 @@ impl Sampler {
             }
         }
         if is_syn {
-            self.decide(now, key, pkt.seq)
+            self.decide(now, key, pkt.seq_number())
         } else {
             Verdict::stateless(self.sample.admits(key.client))
         }
     }
 
     /// A new connection: decide against the bar and remember, or fall back when full.
-    fn decide(&mut self, now: Instant, key: FlowKey, isn: u32) -> Verdict {
+    fn decide(&mut self, now: Instant, key: FlowKey, isn: SeqNumber) -> Verdict {
         if now >= self.next_sweep {
             self.flows.retain(|_, d| d.until > now);
             // Give back what a past burst left allocated (a map never shrinks by itself).

@@ -164,13 +164,16 @@ pub(crate) struct Session {
     transform_timer_ran: Option<Instant>,
 
     // --- our stream toward the test server ---
-    iss: u32,
-    snd_una: u32,
-    snd_nxt: u32,
-    snd_max: u32,
+    // Every number of ours lies within the send buffer (plus SYN and FIN) of `buf_seq`, so
+    // two of them are never 2^31 apart (that would take a 2 GiB buffer): `SeqNumber`'s
+    // comparisons between them are the old `seq::*` ones.
+    iss: SeqNumber,
+    snd_una: SeqNumber,
+    snd_nxt: SeqNumber,
+    snd_max: SeqNumber,
     /// Unacknowledged and unsent bytes; `send_buf[0]` has seq `buf_seq`.
     send_buf: VecDeque<u8>,
-    buf_seq: u32,
+    buf_seq: SeqNumber,
     /// The client's FIN was reached: our FIN goes right after the last byte of `send_buf`.
     fin_queued: bool,
     syn_pending: bool,
@@ -178,14 +181,15 @@ pub(crate) struct Session {
     /// our SYN can get through (see `recovery.rs`). Rare: boxed, to keep every session small.
     stale: Option<Box<recovery::Stale>>,
     snd_wnd: u32,
-    snd_wl1: u32,
-    snd_wl2: u32,
+    /// Test server's seq and ACK (of ours) of the segment that last updated the window.
+    snd_wl1: SeqNumber,
+    snd_wl2: SeqNumber,
     snd_wscale: u8,
     /// Payload bytes per segment (peer MSS, our MSS, minus options we always carry).
     send_mss: u32,
     dupacks: u32,
     /// NewReno: `snd_max` when fast recovery started; partial ACKs below it retransmit again.
-    recover: Option<u32>,
+    recover: Option<SeqNumber>,
     fast_retx_pending: bool,
     /// A retransmission timeout fired: the segment at `snd_una` goes out even if the window
     /// now looks shut (as Linux does). The window may have been shrunk by reordered feedback,
@@ -200,7 +204,7 @@ pub(crate) struct Session {
     rtt: RttEstimator,
     /// (seq that acknowledges the timed segment, when it was sent). Cleared on any
     /// retransmission (Karn).
-    rtt_probe: Option<(u32, Instant)>,
+    rtt_probe: Option<(SeqNumber, Instant)>,
     backoff: u32,
     retries: u32,
     rto_at: Option<Instant>,
@@ -211,10 +215,10 @@ pub(crate) struct Session {
     probes: u32,
 
     // --- the test server's stream ---
-    irs: u32,
-    rcv_nxt: u32,
+    irs: SeqNumber,
+    rcv_nxt: SeqNumber,
     test_ooo: Ranges<TEST_HOLES>,
-    test_fin_at: Option<u32>,
+    test_fin_at: Option<SeqNumber>,
     /// An ACK must go out now (a pure one unless data leaves first).
     ack_pending: bool,
     /// A delayed ACK is owed by then (see `EngineConfig::delayed_ack`); any segment we send
@@ -268,7 +272,8 @@ impl Session {
             // connection of ours, so we choose: our full MSS and window scaling.
             Start::Pickup => (pkt.seq_number() - 1u32, cfg.mss, true, true),
         };
-        let iss = client_isn.0;
+        // The one number of ours taken from a client number (see the module doc).
+        let iss = client_isn;
         let ts = pkt.options.timestamps;
         let wants_prod = transform.as_ref().is_some_and(|t| t.wants_prod_data());
         Self {
@@ -301,13 +306,13 @@ impl Session {
             snd_nxt: iss,
             snd_max: iss,
             send_buf: VecDeque::new(),
-            buf_seq: iss.wrapping_add(1),
+            buf_seq: iss + 1u32,
             fin_queued: false,
             syn_pending: true,
             stale: None,
             snd_wnd: 0,
-            snd_wl1: 0,
-            snd_wl2: 0,
+            snd_wl1: SeqNumber(0),
+            snd_wl2: SeqNumber(0),
             snd_wscale: 0,
             send_mss: u32::from(DEFAULT_MSS),
             dupacks: 0,
@@ -325,8 +330,8 @@ impl Session {
             probe_pending: false,
             resync_probe: false,
             probes: 0,
-            irs: 0,
-            rcv_nxt: 0,
+            irs: SeqNumber(0),
+            rcv_nxt: SeqNumber(0),
             test_ooo: Ranges::new(),
             test_fin_at: None,
             ack_pending: false,
@@ -378,18 +383,19 @@ impl Session {
         cfg.max_session_buffer.saturating_sub(self.send_buf.len())
     }
 
-    fn data_end(&self) -> u32 {
-        self.buf_seq.wrapping_add(self.send_buf.len() as u32)
+    fn data_end(&self) -> SeqNumber {
+        self.buf_seq + self.send_buf.len()
     }
 
     /// Sequence number just past everything we have to send, FIN included.
-    fn stream_end(&self) -> u32 {
-        self.data_end().wrapping_add(u32::from(self.fin_queued))
+    fn stream_end(&self) -> SeqNumber {
+        self.data_end() + u32::from(self.fin_queued)
     }
 
     fn test_fin_received(&self) -> bool {
         self.test_fin_at
-            .is_some_and(|f| seq::gt(self.rcv_nxt, f) && self.phase == Phase::Established)
+            // `rcv_nxt` stays within a window of the FIN (`process_test_segment`).
+            .is_some_and(|f| self.rcv_nxt > f && self.phase == Phase::Established)
     }
 
     fn our_fin_acked(&self) -> bool {
@@ -419,12 +425,14 @@ impl Session {
     }
 
     /// Where the window (and, after a timeout, the congestion window) lets us send up to.
-    fn send_limit(&self) -> u32 {
-        self.snd_una.wrapping_add(self.snd_wnd.min(self.cwnd))
+    fn send_limit(&self) -> SeqNumber {
+        self.snd_una + self.snd_wnd.min(self.cwnd)
     }
 
     fn note_ts(&mut self, opts: &TcpOptions) {
         if let Some((val, _)) = opts.timestamps {
+            // Timestamps are not sequence numbers (RFC 7323 compares them the same way, but
+            // they stay `u32` with the `u32` helper).
             if seq::gt(val, self.ts_client) || !self.ts_offer {
                 self.ts_client = val;
             }
@@ -509,7 +517,7 @@ impl Session {
                 return None;
             }
             r.flags = TcpFlags(TcpFlags::ACK);
-            r.ack = self.rcv_nxt;
+            r.ack = self.rcv_nxt.0;
             r.options.timestamps = self.ts_on.then_some((self.ts_client, self.ts_recent));
             return Some(r);
         }
@@ -522,10 +530,8 @@ impl Session {
             r.flags = TcpFlags(TcpFlags::RST);
         } else {
             r.seq = 0;
-            r.ack = fb
-                .seq
-                .wrapping_add(fb.payload_len)
-                .wrapping_add(u32::from(f.syn()) + u32::from(f.fin()));
+            r.ack =
+                (fb.seq_number() + fb.payload_len + (u32::from(f.syn()) + u32::from(f.fin()))).0;
             r.flags = TcpFlags(TcpFlags::RST | TcpFlags::ACK);
         }
         Some(r)

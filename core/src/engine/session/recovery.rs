@@ -7,7 +7,7 @@
 
 use common::control::TestFeedback;
 use common::seq::SeqNumber;
-use common::wire::{seq, SegmentRepr, TcpFlags, TcpOptions};
+use common::wire::{SegmentRepr, TcpFlags, TcpOptions};
 
 use std::time::Duration;
 
@@ -62,24 +62,23 @@ impl Session {
         if self.phase != Phase::SynSent || f.rst() || !f.ack() || self.snd_max == self.iss {
             return None;
         }
-        if fb.ack == self.iss.wrapping_add(1) {
+        if fb.ack_number() == self.iss + 1u32 {
             return None; // it acknowledges our SYN: the normal path
         }
-        let end = fb
-            .seq
-            .wrapping_add(fb.payload_len)
-            .wrapping_add(u32::from(f.fin()));
+        let end = fb.seq_number() + fb.payload_len + u32::from(f.fin());
         let st = self.stale.get_or_insert_with(|| {
             Box::new(Stale {
-                their_ack: fb.ack,
-                acked: fb.seq,
+                their_ack: fb.ack_number(),
+                acked: fb.seq_number(),
                 active_at: now,
                 since: now,
                 replies: 0,
             })
         });
-        st.their_ack = fb.ack;
-        if seq::gt(end, st.acked) {
+        st.their_ack = fb.ack_number();
+        // The older connection's numbers are unchecked: one 2^31 on counts as new, as
+        // `seq::gt` said.
+        if serial::behind(st.acked, end) {
             st.acked = end;
             st.active_at = now;
             st.replies += 1;
@@ -87,7 +86,7 @@ impl Session {
         let (their_ack, acked) = (st.their_ack, st.acked);
         let mut r = self.repr(their_ack, 0, 0, ttl);
         r.flags = TcpFlags(TcpFlags::ACK);
-        r.ack = acked;
+        r.ack = acked.0;
         r.options = TcpOptions::default();
         Some(r)
     }
@@ -132,9 +131,9 @@ pub(crate) const STALE_MAX: Duration = Duration::from_secs(2);
 #[derive(Debug)]
 pub(crate) struct Stale {
     /// Its receive point (what its segments acknowledge): our RST's sequence number.
-    their_ack: u32,
+    their_ack: SeqNumber,
     /// How far into its stream we have acknowledged.
-    acked: u32,
+    acked: SeqNumber,
     /// When it last sent something new, and when it was first seen.
     active_at: Instant,
     since: Instant,
