@@ -151,6 +151,10 @@ impl Sub for SeqNumber {
 }
 
 /// RFC 1982: `a < b` iff `(b - a) as i32 > 0`; `None` for two numbers 2^31 apart.
+///
+/// The four operators are written out rather than derived from `partial_cmp`: each is then
+/// one subtraction and one signed comparison (the derived ones also test for `i32::MIN`), and
+/// the engine compares sequence numbers several times per packet.
 impl PartialOrd for SeqNumber {
     #[inline]
     fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
@@ -160,6 +164,26 @@ impl PartialOrd for SeqNumber {
             d if d > 0 => Some(Ordering::Greater),
             _ => Some(Ordering::Less),
         }
+    }
+
+    #[inline]
+    fn lt(&self, other: &Self) -> bool {
+        *other - *self > 0
+    }
+
+    #[inline]
+    fn le(&self, other: &Self) -> bool {
+        *other - *self >= 0
+    }
+
+    #[inline]
+    fn gt(&self, other: &Self) -> bool {
+        *self - *other > 0
+    }
+
+    #[inline]
+    fn ge(&self, other: &Self) -> bool {
+        *self - *other >= 0
     }
 }
 
