@@ -188,8 +188,8 @@ pub struct TcpPacket<'a> {
     pub dst: Ipv4Addr,
     pub src_port: u16,
     pub dst_port: u16,
-    pub seq: u32,
-    pub ack: u32,
+    pub seq: SeqNumber,
+    pub ack: SeqNumber,
     pub flags: TcpFlags,
     pub window: u16,
     pub options: TcpOptions,
@@ -200,22 +200,6 @@ pub struct TcpPacket<'a> {
     pub payload: &'a [u8],
     /// The payload's length on the wire (from the IP total length).
     pub payload_len: u32,
-}
-
-// `seq` and `ack` stay `u32` fields: the copier's engine reads and writes them as such until it
-// adopts `SeqNumber` (issue #19); the accessors below are the typed view.
-impl TcpPacket<'_> {
-    /// [`Self::seq`] as a [`SeqNumber`].
-    #[inline]
-    pub fn seq_number(&self) -> SeqNumber {
-        SeqNumber(self.seq)
-    }
-
-    /// [`Self::ack`] as a [`SeqNumber`].
-    #[inline]
-    pub fn ack_number(&self) -> SeqNumber {
-        SeqNumber(self.ack)
-    }
 }
 
 /// Parses a captured frame of the given link type down to its TCP segment, which must be
@@ -328,8 +312,8 @@ fn parse_ipv4_tcp_inner(ip: &[u8], allow_snapped: bool) -> Result<TcpPacket<'_>,
         dst,
         src_port: u16::from_be_bytes([tcp[0], tcp[1]]),
         dst_port: u16::from_be_bytes([tcp[2], tcp[3]]),
-        seq: SeqNumber::from_be_bytes([tcp[4], tcp[5], tcp[6], tcp[7]]).0,
-        ack: SeqNumber::from_be_bytes([tcp[8], tcp[9], tcp[10], tcp[11]]).0,
+        seq: SeqNumber::from_be_bytes([tcp[4], tcp[5], tcp[6], tcp[7]]),
+        ack: SeqNumber::from_be_bytes([tcp[8], tcp[9], tcp[10], tcp[11]]),
         flags: TcpFlags(tcp[13]),
         window: u16::from_be_bytes([tcp[14], tcp[15]]),
         options,
@@ -354,8 +338,8 @@ pub struct SegmentRepr {
     pub dst: Ipv4Addr,
     pub src_port: u16,
     pub dst_port: u16,
-    pub seq: u32,
-    pub ack: u32,
+    pub seq: SeqNumber,
+    pub ack: SeqNumber,
     pub flags: TcpFlags,
     pub window: u16,
     pub options: TcpOptions,
@@ -401,8 +385,8 @@ pub fn emit_ipv4_tcp(
     let t = &mut b[20..];
     t[0..2].copy_from_slice(&repr.src_port.to_be_bytes());
     t[2..4].copy_from_slice(&repr.dst_port.to_be_bytes());
-    t[4..8].copy_from_slice(&SeqNumber(repr.seq).to_be_bytes());
-    t[8..12].copy_from_slice(&SeqNumber(repr.ack).to_be_bytes());
+    t[4..8].copy_from_slice(&repr.seq.to_be_bytes());
+    t[8..12].copy_from_slice(&repr.ack.to_be_bytes());
     t[12] = (((20 + opt_len) / 4) as u8) << 4;
     t[13] = repr.flags.0;
     t[14..16].copy_from_slice(&repr.window.to_be_bytes());
@@ -536,8 +520,8 @@ mod tests {
             dst: Ipv4Addr::new(198, 18, 0, 3),
             src_port: 40000,
             dst_port: 3306,
-            seq: 0xfffffff0,
-            ack: 12345,
+            seq: SeqNumber(0xfffffff0),
+            ack: SeqNumber(12345),
             flags: TcpFlags(TcpFlags::ACK | TcpFlags::PSH),
             window: 512,
             options: TcpOptions {
@@ -679,8 +663,8 @@ mod tests {
         fn emitted_packets_always_verify(payload in proptest::collection::vec(any::<u8>(), 0..1500),
                                          seq in any::<u32>(), ack in any::<u32>(), ts in any::<bool>()) {
             let mut r = repr();
-            r.seq = seq;
-            r.ack = ack;
+            r.seq = SeqNumber(seq);
+            r.ack = SeqNumber(ack);
             if !ts { r.options.timestamps = None; }
             let mut buf = [0u8; 1600];
             let n = emit_ipv4_tcp(&r, &payload, &mut buf).unwrap();

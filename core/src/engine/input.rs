@@ -96,7 +96,7 @@ impl Engine {
             let Some(s) = slot_session(&mut self.slots, id) else {
                 return;
             };
-            let new_isn = is_syn && pkt.seq_number() != s.client_isn;
+            let new_isn = is_syn && pkt.seq != s.client_isn;
             if s.is_lingering() {
                 if new_isn {
                     self.release(id);
@@ -266,11 +266,11 @@ impl Engine {
         }
         // What the client sent while the session waited goes first, then this packet.
         let held = s.held.take().map(|b| *b).unwrap_or_default();
-        let (start, stream) = match held.joined(pkt.seq_number(), pkt.payload) {
+        let (start, stream) = match held.joined(pkt.seq, pkt.payload) {
             Ok(joined) => joined,
             Err(lost) => {
                 self.stats.held_bytes_lost += lost as u64;
-                (pkt.seq_number(), pkt.payload.to_vec())
+                (pkt.seq, pkt.payload.to_vec())
             }
         };
         self.release(id);
@@ -283,7 +283,7 @@ impl Engine {
         let segment = |at: usize| {
             let bytes = &stream[at..stream.len().min(at + REPLAY_SEGMENT)];
             TcpPacket {
-                seq: (start + at).0,
+                seq: start + at,
                 payload: bytes,
                 payload_len: bytes.len() as u32,
                 ..*pkt
@@ -325,7 +325,7 @@ impl Engine {
         let max_buffer = self.cfg.max_session_buffer;
         let held = s.held.get_or_insert_with(Box::default);
         let room = max_buffer.saturating_sub(held.len()).min(budget_room);
-        let lost = held.push(pkt.seq_number(), pkt.payload, room);
+        let lost = held.push(pkt.seq, pkt.payload, room);
         self.stats.held_bytes_lost += lost as u64;
         self.recharge(id);
     }

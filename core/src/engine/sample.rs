@@ -282,7 +282,7 @@ impl Sampler {
         let is_syn = from_client && f.syn() && !f.ack() && !f.rst();
         if let Some(d) = self.flows.get_mut(&key) {
             // An expired entry is as good as swept; a new ISN is a new connection.
-            if d.until > now && !(is_syn && pkt.seq_number() != d.isn) {
+            if d.until > now && !(is_syn && pkt.seq != d.isn) {
                 let mut flags = d.flags;
                 if f.rst() {
                     flags |= CLOSING;
@@ -302,7 +302,7 @@ impl Sampler {
             }
         }
         if is_syn {
-            self.decide(now, key, pkt.seq_number())
+            self.decide(now, key, pkt.seq)
         } else {
             Verdict::stateless(self.sample.admits(key.client))
         }
@@ -377,8 +377,8 @@ mod tests {
             dst: *dst.ip(),
             src_port: src.port(),
             dst_port: dst.port(),
-            seq,
-            ack: 0,
+            seq: SeqNumber(seq),
+            ack: SeqNumber(0),
             flags: TcpFlags(flags),
             window: 502,
             options: Default::default(),

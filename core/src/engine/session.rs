@@ -263,14 +263,14 @@ impl Session {
     ) -> Self {
         let (client_isn, adv_mss, offer_wscale, picked_up) = match start {
             Start::Syn => (
-                pkt.seq_number(),
+                pkt.seq,
                 pkt.options.mss.unwrap_or(DEFAULT_MSS).min(cfg.mss),
                 pkt.options.window_scale.is_some(),
                 false,
             ),
             // The client's handshake options went to production long ago; this is a fresh
             // connection of ours, so we choose: our full MSS and window scaling.
-            Start::Pickup => (pkt.seq_number() - 1u32, cfg.mss, true, true),
+            Start::Pickup => (pkt.seq - 1u32, cfg.mss, true, true),
         };
         // The one number of ours taken from a client number (see the module doc).
         let iss = client_isn;
@@ -452,7 +452,7 @@ impl Session {
         if self.phase == Phase::SynSent {
             // No ACK known yet; seq = iss + 1 is what the test server expects in SYN-RECEIVED.
             r.flags = TcpFlags(TcpFlags::RST);
-            r.ack = 0;
+            r.ack = SeqNumber(0);
         }
         Some(r)
     }
@@ -517,7 +517,7 @@ impl Session {
                 return None;
             }
             r.flags = TcpFlags(TcpFlags::ACK);
-            r.ack = self.rcv_nxt.0;
+            r.ack = self.rcv_nxt;
             r.options.timestamps = self.ts_on.then_some((self.ts_client, self.ts_recent));
             return Some(r);
         }
@@ -525,13 +525,12 @@ impl Session {
         // RST is exactly in window even if our earlier one was lost or off.
         r.options = TcpOptions::default();
         if f.ack() {
-            r.seq = fb.ack;
-            r.ack = 0;
+            r.seq = fb.ack_number();
+            r.ack = SeqNumber(0);
             r.flags = TcpFlags(TcpFlags::RST);
         } else {
-            r.seq = 0;
-            r.ack =
-                (fb.seq_number() + fb.payload_len + (u32::from(f.syn()) + u32::from(f.fin()))).0;
+            r.seq = SeqNumber(0);
+            r.ack = fb.seq_number() + fb.payload_len + (u32::from(f.syn()) + u32::from(f.fin()));
             r.flags = TcpFlags(TcpFlags::RST | TcpFlags::ACK);
         }
         Some(r)

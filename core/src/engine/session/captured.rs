@@ -22,14 +22,14 @@ impl Session {
         let mut fin = f.fin();
         if f.rst() {
             // Production would ignore a RST behind the stream; so do we.
-            if pkt.seq_number().bytes_since(self.reasm.next()) < 1 << 30 {
+            if pkt.seq.bytes_since(self.reasm.next()) < 1 << 30 {
                 if self.client_fin_reached {
                     // Closing already, with our FIN after the client's whole stream: a reset
                     // after the FIN (a socket closed with unread data) changes nothing there.
                     stats.client_rsts_ignored += 1;
                     return Outcome::Open;
                 }
-                if pkt.seq_number() == self.reasm.next()
+                if pkt.seq == self.reasm.next()
                     && pkt.payload.is_empty()
                     && !self.reasm.has_held()
                     && !self.resync_client
@@ -60,8 +60,8 @@ impl Session {
             if self.wants_prod {
                 // A hostile ACK 2^31 from the last one replaces it, as `seq::max` did.
                 self.client_ack = Some(match self.client_ack {
-                    Some(a) => serial::max_or_seen(a, pkt.ack_number()),
-                    None => pkt.ack_number(),
+                    Some(a) => serial::max_or_seen(a, pkt.ack),
+                    None => pkt.ack,
                 });
             }
         }
@@ -73,11 +73,7 @@ impl Session {
             }
             return Outcome::Open;
         }
-        let start = if f.syn() {
-            pkt.seq_number() + 1u32
-        } else {
-            pkt.seq_number()
-        };
+        let start = if f.syn() { pkt.seq + 1u32 } else { pkt.seq };
         let next = self.reasm.next();
         if self.floating_start
             && self.reasm.pristine()
@@ -319,7 +315,7 @@ impl Session {
             self.client_established = true;
         }
         if pkt.flags.ack() {
-            let ack = pkt.ack_number();
+            let ack = pkt.ack;
             // A hostile ACK 2^31 from the last one replaces it, as `seq::max` did.
             self.prod_ack = Some(match self.prod_ack {
                 Some(a) => serial::max_or_seen(a, ack),
@@ -352,11 +348,7 @@ impl Session {
         }
         let f = pkt.flags;
         let carries = !pkt.payload.is_empty() || f.fin();
-        let start = if f.syn() {
-            pkt.seq_number() + 1u32
-        } else {
-            pkt.seq_number()
-        };
+        let start = if f.syn() { pkt.seq + 1u32 } else { pkt.seq };
         if self.prod_reasm.is_none() {
             // A pure ACK may be a keepalive probe (seq = next - 1): only a SYN-ACK or a
             // segment with data says where the stream is.

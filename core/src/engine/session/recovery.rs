@@ -86,7 +86,7 @@ impl Session {
         let (their_ack, acked) = (st.their_ack, st.acked);
         let mut r = self.repr(their_ack, 0, 0, ttl);
         r.flags = TcpFlags(TcpFlags::ACK);
-        r.ack = acked.0;
+        r.ack = acked;
         r.options = TcpOptions::default();
         Some(r)
     }
@@ -107,7 +107,7 @@ impl Session {
         }
         let st = self.stale.take()?;
         let mut r = self.repr(st.their_ack, TcpFlags::RST, 0, ttl);
-        r.ack = 0;
+        r.ack = SeqNumber(0);
         r.options = TcpOptions::default();
         self.syn_pending = true;
         Some((r, st.replies))

@@ -9,7 +9,7 @@ impl Session {
     pub(super) fn repr(&self, seq: SeqNumber, flags: u8, ip_id: u16, ttl: u8) -> SegmentRepr {
         let mut options = TcpOptions::default();
         let mut flags = flags;
-        let mut ack = 0;
+        let mut ack = SeqNumber(0);
         if self.phase == Phase::SynSent {
             options.mss = Some(self.adv_mss);
             options.window_scale = self.offer_wscale.then_some(OUR_WSCALE);
@@ -20,7 +20,7 @@ impl Session {
             options.timestamps = self.ts_offer.then_some((self.ts_client, 0));
         } else {
             flags |= TcpFlags::ACK;
-            ack = self.rcv_nxt.0;
+            ack = self.rcv_nxt;
             options.timestamps = self.ts_on.then_some((self.ts_client, self.ts_recent));
         }
         SegmentRepr {
@@ -28,7 +28,7 @@ impl Session {
             dst: *self.target.ip(),
             src_port: self.mirrored.port(),
             dst_port: self.target.port(),
-            seq: seq.0,
+            seq,
             ack,
             flags: TcpFlags(flags),
             window: OUR_WINDOW,
