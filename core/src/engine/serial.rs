@@ -2,8 +2,8 @@
 //!
 //! [`SeqNumber`] leaves two numbers exactly 2^31 apart unordered (`<` is false both ways,
 //! `max` keeps the first). The engine predates it and compared raw `u32`s with
-//! `common::wire::seq`, which calls that pair "before" both ways and whose `max` takes the
-//! second. At a site a hostile or corrupt packet can reach (a captured `seq`/`ack`, a test
+//! `common::wire::seq` (since removed), which called that pair "before" both ways and whose
+//! `max` took the second. At a site a hostile or corrupt packet can reach (a captured `seq`/`ack`, a test
 //! server's feedback) with nothing else ruling the pair out, the engine keeps the old answer
 //! through these helpers, so that typing the numbers changes no decision, byte for byte.
 //! Every other comparison uses [`SeqNumber`]'s operators, with a comment where the pair is
@@ -34,11 +34,41 @@ pub(crate) fn max_or_seen(kept: SeqNumber, seen: SeqNumber) -> SeqNumber {
     }
 }
 
+/// TCP timestamps (RFC 7323) are not sequence numbers and stay `u32`, but PAWS orders them
+/// the same way, modulo 2^32: `val` later than `than`, or exactly 2^31 from it (the engine's
+/// answer before `SeqNumber`, kept: a client's or test server's TSval is unchecked input).
+#[inline]
+pub(crate) fn ts_after(val: u32, than: u32) -> bool {
+    (than.wrapping_sub(val) as i32) < 0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use common::wire::seq;
     use proptest::prelude::*;
+
+    /// The removed `common::wire::seq` helpers, as they were: the reference.
+    mod seq {
+        pub(super) fn lt(a: u32, b: u32) -> bool {
+            (a.wrapping_sub(b) as i32) < 0
+        }
+        pub(super) fn le(a: u32, b: u32) -> bool {
+            (a.wrapping_sub(b) as i32) <= 0
+        }
+        pub(super) fn gt(a: u32, b: u32) -> bool {
+            lt(b, a)
+        }
+        pub(super) fn ge(a: u32, b: u32) -> bool {
+            le(b, a)
+        }
+        pub(super) fn max(a: u32, b: u32) -> u32 {
+            if lt(a, b) {
+                b
+            } else {
+                a
+            }
+        }
+    }
 
     proptest! {
         #[test]
@@ -49,6 +79,7 @@ mod tests {
             prop_assert_eq!(behind(y, x), seq::gt(a, b));
             prop_assert_eq!(not_ahead(y, x), seq::ge(a, b));
             prop_assert_eq!(max_or_seen(x, y).0, seq::max(a, b));
+            prop_assert_eq!(ts_after(a, b), seq::gt(a, b));
         }
 
         #[test]

@@ -23,7 +23,7 @@ use std::time::Duration;
 use common::clock::Instant;
 use common::control::TestFeedback;
 use common::seq::SeqNumber;
-use common::wire::{emit_ipv4_tcp, seq, SegmentRepr, TcpFlags, TcpOptions, TcpPacket};
+use common::wire::{emit_ipv4_tcp, SegmentRepr, TcpFlags, TcpOptions, TcpPacket};
 
 use super::ranges::Ranges;
 use super::reassembly::{Insert, Reassembly};
@@ -431,9 +431,7 @@ impl Session {
 
     fn note_ts(&mut self, opts: &TcpOptions) {
         if let Some((val, _)) = opts.timestamps {
-            // Timestamps are not sequence numbers (RFC 7323 compares them the same way, but
-            // they stay `u32` with the `u32` helper).
-            if seq::gt(val, self.ts_client) || !self.ts_offer {
+            if serial::ts_after(val, self.ts_client) || !self.ts_offer {
                 self.ts_client = val;
             }
         }

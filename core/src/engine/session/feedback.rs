@@ -148,7 +148,7 @@ impl Session {
         self.last_activity = now;
         self.probes = 0;
         if let (true, Some((val, _))) = (self.ts_on, fb.options.timestamps) {
-            if seq::gt(val, self.ts_recent) {
+            if serial::ts_after(val, self.ts_recent) {
                 self.ts_recent = val;
             }
         }
