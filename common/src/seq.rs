@@ -12,9 +12,10 @@
 //! is `PartialOrd` only and `partial_cmp` returns `None` for that pair. Nothing may sort or key
 //! a map by it either, for the same reason (use a stream offset for that).
 //!
-//! The `u32` helpers in [`crate::wire::seq`] predate this type and are kept for the callers
-//! that still hold raw `u32`s; they agree with [`SeqNumber`] on every pair except the one 2^31
-//! apart, which they call "less than" both ways.
+//! The `u32` helpers this type replaced (`wire::seq`, gone since every caller holds a
+//! [`SeqNumber`]) agreed with it on every pair except the one 2^31 apart, which they called
+//! "less than" both ways; the copier's engine keeps their answers where hostile input reaches
+//! (its `engine::serial`).
 
 use std::cmp::Ordering;
 use std::fmt;
@@ -151,6 +152,10 @@ impl Sub for SeqNumber {
 }
 
 /// RFC 1982: `a < b` iff `(b - a) as i32 > 0`; `None` for two numbers 2^31 apart.
+///
+/// The four operators are written out rather than derived from `partial_cmp`: each is then
+/// one subtraction and one signed comparison (the derived ones also test for `i32::MIN`), and
+/// the engine compares sequence numbers several times per packet.
 impl PartialOrd for SeqNumber {
     #[inline]
     fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
@@ -160,6 +165,26 @@ impl PartialOrd for SeqNumber {
             d if d > 0 => Some(Ordering::Greater),
             _ => Some(Ordering::Less),
         }
+    }
+
+    #[inline]
+    fn lt(&self, other: &Self) -> bool {
+        *other - *self > 0
+    }
+
+    #[inline]
+    fn le(&self, other: &Self) -> bool {
+        *other - *self >= 0
+    }
+
+    #[inline]
+    fn gt(&self, other: &Self) -> bool {
+        *self - *other > 0
+    }
+
+    #[inline]
+    fn ge(&self, other: &Self) -> bool {
+        *self - *other >= 0
     }
 }
 
@@ -275,11 +300,13 @@ mod tests {
                 prop_assert_eq!(held, 0);
             } else {
                 prop_assert_eq!(held, 1);
-                prop_assert_eq!(x < y, crate::wire::seq::lt(a, b));
-                prop_assert_eq!(x <= y, crate::wire::seq::le(a, b));
-                prop_assert_eq!(x > y, crate::wire::seq::gt(a, b));
-                prop_assert_eq!(x >= y, crate::wire::seq::ge(a, b));
-                prop_assert_eq!(x.max(y).0, crate::wire::seq::max(a, b));
+                // The signed distance, as the old `u32` helpers compared.
+                let d = a.wrapping_sub(b) as i32;
+                prop_assert_eq!(x < y, d < 0);
+                prop_assert_eq!(x <= y, d <= 0);
+                prop_assert_eq!(x > y, d > 0);
+                prop_assert_eq!(x >= y, d >= 0);
+                prop_assert_eq!(x.max(y).0, if d < 0 { b } else { a });
             }
             prop_assert_eq!(x.partial_cmp(&y).map(Ordering::reverse), y.partial_cmp(&x));
         }

@@ -188,8 +188,8 @@ pub struct TcpPacket<'a> {
     pub dst: Ipv4Addr,
     pub src_port: u16,
     pub dst_port: u16,
-    pub seq: u32,
-    pub ack: u32,
+    pub seq: SeqNumber,
+    pub ack: SeqNumber,
     pub flags: TcpFlags,
     pub window: u16,
     pub options: TcpOptions,
@@ -200,22 +200,6 @@ pub struct TcpPacket<'a> {
     pub payload: &'a [u8],
     /// The payload's length on the wire (from the IP total length).
     pub payload_len: u32,
-}
-
-// `seq` and `ack` stay `u32` fields: the copier's engine reads and writes them as such until it
-// adopts `SeqNumber` (issue #19); the accessors below are the typed view.
-impl TcpPacket<'_> {
-    /// [`Self::seq`] as a [`SeqNumber`].
-    #[inline]
-    pub fn seq_number(&self) -> SeqNumber {
-        SeqNumber(self.seq)
-    }
-
-    /// [`Self::ack`] as a [`SeqNumber`].
-    #[inline]
-    pub fn ack_number(&self) -> SeqNumber {
-        SeqNumber(self.ack)
-    }
 }
 
 /// Parses a captured frame of the given link type down to its TCP segment, which must be
@@ -328,8 +312,8 @@ fn parse_ipv4_tcp_inner(ip: &[u8], allow_snapped: bool) -> Result<TcpPacket<'_>,
         dst,
         src_port: u16::from_be_bytes([tcp[0], tcp[1]]),
         dst_port: u16::from_be_bytes([tcp[2], tcp[3]]),
-        seq: SeqNumber::from_be_bytes([tcp[4], tcp[5], tcp[6], tcp[7]]).0,
-        ack: SeqNumber::from_be_bytes([tcp[8], tcp[9], tcp[10], tcp[11]]).0,
+        seq: SeqNumber::from_be_bytes([tcp[4], tcp[5], tcp[6], tcp[7]]),
+        ack: SeqNumber::from_be_bytes([tcp[8], tcp[9], tcp[10], tcp[11]]),
         flags: TcpFlags(tcp[13]),
         window: u16::from_be_bytes([tcp[14], tcp[15]]),
         options,
@@ -354,8 +338,8 @@ pub struct SegmentRepr {
     pub dst: Ipv4Addr,
     pub src_port: u16,
     pub dst_port: u16,
-    pub seq: u32,
-    pub ack: u32,
+    pub seq: SeqNumber,
+    pub ack: SeqNumber,
     pub flags: TcpFlags,
     pub window: u16,
     pub options: TcpOptions,
@@ -401,8 +385,8 @@ pub fn emit_ipv4_tcp(
     let t = &mut b[20..];
     t[0..2].copy_from_slice(&repr.src_port.to_be_bytes());
     t[2..4].copy_from_slice(&repr.dst_port.to_be_bytes());
-    t[4..8].copy_from_slice(&SeqNumber(repr.seq).to_be_bytes());
-    t[8..12].copy_from_slice(&SeqNumber(repr.ack).to_be_bytes());
+    t[4..8].copy_from_slice(&repr.seq.to_be_bytes());
+    t[8..12].copy_from_slice(&repr.ack.to_be_bytes());
     t[12] = (((20 + opt_len) / 4) as u8) << 4;
     t[13] = repr.flags.0;
     t[14..16].copy_from_slice(&repr.window.to_be_bytes());
@@ -487,44 +471,6 @@ pub fn tcp_checksum_ok(ip: &[u8]) -> bool {
     checksum_fold(sum) == 0
 }
 
-/// Serial-number arithmetic (RFC 1982) for TCP sequence numbers held as raw `u32`s.
-///
-/// New code takes [`SeqNumber`], which carries the same arithmetic in its type. These helpers
-/// stay for the copier's engine until it adopts the type (issue #19); they differ from it only
-/// for two numbers 2^31 apart, which `lt` calls less than each other both ways where
-/// `SeqNumber` calls them unordered.
-pub mod seq {
-    /// `a < b` in sequence space.
-    #[inline]
-    pub fn lt(a: u32, b: u32) -> bool {
-        (a.wrapping_sub(b) as i32) < 0
-    }
-    /// `a <= b` in sequence space.
-    #[inline]
-    pub fn le(a: u32, b: u32) -> bool {
-        (a.wrapping_sub(b) as i32) <= 0
-    }
-    /// `a > b` in sequence space.
-    #[inline]
-    pub fn gt(a: u32, b: u32) -> bool {
-        lt(b, a)
-    }
-    /// `a >= b` in sequence space.
-    #[inline]
-    pub fn ge(a: u32, b: u32) -> bool {
-        le(b, a)
-    }
-    /// The later of two sequence numbers.
-    #[inline]
-    pub fn max(a: u32, b: u32) -> u32 {
-        if lt(a, b) {
-            b
-        } else {
-            a
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -536,8 +482,8 @@ mod tests {
             dst: Ipv4Addr::new(198, 18, 0, 3),
             src_port: 40000,
             dst_port: 3306,
-            seq: 0xfffffff0,
-            ack: 12345,
+            seq: SeqNumber(0xfffffff0),
+            ack: SeqNumber(12345),
             flags: TcpFlags(TcpFlags::ACK | TcpFlags::PSH),
             window: 512,
             options: TcpOptions {
@@ -629,9 +575,10 @@ mod tests {
 
     #[test]
     fn sequence_comparisons_wrap() {
-        assert!(seq::lt(0xffff_fff0, 5));
-        assert!(seq::gt(5, 0xffff_fff0));
-        assert_eq!(seq::max(0xffff_fff0, 5), 5);
+        // Was a test of the removed `wire::seq` helpers; the same pairs, on the type.
+        assert!(SeqNumber(0xffff_fff0) < SeqNumber(5));
+        assert!(SeqNumber(5) > SeqNumber(0xffff_fff0));
+        assert_eq!(SeqNumber(0xffff_fff0).max(SeqNumber(5)), SeqNumber(5));
     }
 
     /// The RFC 1071 definition, word by word: what [`checksum_add`] must equal once folded.
@@ -679,8 +626,8 @@ mod tests {
         fn emitted_packets_always_verify(payload in proptest::collection::vec(any::<u8>(), 0..1500),
                                          seq in any::<u32>(), ack in any::<u32>(), ts in any::<bool>()) {
             let mut r = repr();
-            r.seq = seq;
-            r.ack = ack;
+            r.seq = SeqNumber(seq);
+            r.ack = SeqNumber(ack);
             if !ts { r.options.timestamps = None; }
             let mut buf = [0u8; 1600];
             let n = emit_ipv4_tcp(&r, &payload, &mut buf).unwrap();

@@ -202,13 +202,13 @@ impl LoopRewrite {
         };
         if from_client {
             pkt.src = v;
-            pkt.seq = pkt.seq.wrapping_add(shift.seq);
+            pkt.seq += shift.seq;
             if let Some((val, ecr)) = pkt.options.timestamps {
                 pkt.options.timestamps = Some((val.wrapping_add(shift.ts), ecr));
             }
         } else {
             pkt.dst = v;
-            pkt.ack = pkt.ack.wrapping_add(shift.seq);
+            pkt.ack += shift.seq;
             if let Some((val, ecr)) = pkt.options.timestamps {
                 pkt.options.timestamps = Some((val, ecr.wrapping_add(shift.ts)));
             }

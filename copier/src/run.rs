@@ -590,6 +590,7 @@ mod workers {
     #[cfg(test)]
     mod tests {
         use super::*;
+        use common::seq::SeqNumber;
         use common::wire::{TcpFlags, TcpOptions};
 
         fn pkt(src: &str, dst: &str, flags: u8) -> TcpPacket<'static> {
@@ -600,8 +601,8 @@ mod workers {
                 dst: *dst.ip(),
                 src_port: src.port(),
                 dst_port: dst.port(),
-                seq: 1,
-                ack: 0,
+                seq: SeqNumber(1),
+                ack: SeqNumber(0),
                 flags: TcpFlags(flags),
                 window: 1000,
                 options: TcpOptions::default(),

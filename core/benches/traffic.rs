@@ -13,6 +13,7 @@
 //! This file must never do I/O or read a clock: the figures must not depend on the machine's
 //! network, only on the engine's code.
 
+use common::seq::SeqNumber;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::sync::Arc;
 use std::time::Duration;
@@ -148,8 +149,8 @@ fn pkt<'a>(
         dst: *dst.ip(),
         src_port: src.port(),
         dst_port: dst.port(),
-        seq,
-        ack,
+        seq: SeqNumber(seq),
+        ack: SeqNumber(ack),
         flags: TcpFlags(flags),
         window: 502,
         options: TcpOptions {

@@ -12,6 +12,7 @@
 //! It must never do I/O, read a clock or depend on anything but its input: a crash has to
 //! reproduce from the input file alone.
 
+use common::seq::SeqNumber;
 use std::collections::HashMap;
 use std::io::Cursor;
 use std::net::{Ipv4Addr, SocketAddrV4};
@@ -508,8 +509,8 @@ pub fn copier_engine(data: &[u8]) {
                     dst: *dst.ip(),
                     src_port: src.port(),
                     dst_port: dst.port(),
-                    seq,
-                    ack,
+                    seq: SeqNumber(seq),
+                    ack: SeqNumber(ack),
                     flags,
                     window: r.u16(),
                     options,
@@ -666,14 +667,14 @@ fn drain(
         let p = parse_ipv4_tcp(ip).expect("the engine emits valid IPv4/TCP");
         assert!(tcp_checksum_ok(ip), "the engine emits correct checksums");
         assert_eq!(SocketAddrV4::new(p.dst, p.dst_port), TARGET);
-        let mut end = p.seq.wrapping_add(p.payload_len);
+        let mut end = p.seq + p.payload_len;
         if p.flags.syn() {
-            end = end.wrapping_add(1);
+            end += 1u32;
         }
         if p.flags.fin() {
-            end = end.wrapping_add(1);
+            end += 1u32;
         }
-        our_next.insert(SocketAddrV4::new(p.src, p.src_port), end);
+        our_next.insert(SocketAddrV4::new(p.src, p.src_port), end.0);
     }
     while let Some(ev) = engine.poll_event() {
         if let tcpshadow_core::engine::EngineEvent::SessionOpened { mirrored: m, .. } = ev {
@@ -761,8 +762,8 @@ pub fn intercept_sessions(data: &[u8]) {
                     dst: *c.ip(),
                     src_port: TARGET.port(),
                     dst_port: c.port(),
-                    seq,
-                    ack: 0,
+                    seq: SeqNumber(seq),
+                    ack: SeqNumber(0),
                     flags,
                     window: 65535,
                     options: TcpOptions::default(),

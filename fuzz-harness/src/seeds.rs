@@ -9,6 +9,7 @@
 //! program of operations); a seed out of step with its harness is still valid input, only a
 //! poorer start.
 
+use common::seq::SeqNumber;
 use std::net::Ipv4Addr;
 
 use common::control::{
@@ -44,8 +45,8 @@ fn ip_packet(flags: u8, options: TcpOptions, payload: &[u8]) -> Vec<u8> {
         dst: Ipv4Addr::new(198, 18, 0, 1),
         src_port: 40000,
         dst_port: 3306,
-        seq: 1_000_000,
-        ack: 5_000_001,
+        seq: SeqNumber(1_000_000),
+        ack: SeqNumber(5_000_001),
         flags: TcpFlags(flags),
         window: 502,
         options,

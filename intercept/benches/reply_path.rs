@@ -10,6 +10,7 @@
 //! allocations per reply (a counting global allocator wraps the system one).
 
 use common::alloc_count::{allocations, CountingAlloc};
+use common::seq::SeqNumber;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::sync::mpsc::{sync_channel, Receiver};
 
@@ -60,8 +61,8 @@ fn frame(client: SocketAddrV4, seq: u32, flags: u8, payload: &[u8]) -> Vec<u8> {
         dst: *client.ip(),
         src_port: TEST.port(),
         dst_port: client.port(),
-        seq,
-        ack: 1,
+        seq: SeqNumber(seq),
+        ack: SeqNumber(1),
         flags: TcpFlags(flags),
         window: 509,
         options: TcpOptions {

@@ -242,7 +242,7 @@ impl MysqlSessions {
     ) {
         let client = SocketAddrV4::new(pkt.dst, pkt.dst_port);
         let flags = pkt.flags;
-        let mut data_seq = pkt.seq_number();
+        let mut data_seq = pkt.seq;
         if flags.syn() {
             if !flags.ack() || flags.rst() {
                 // A bare SYN from the server's port is not a reply to a mirrored client.
@@ -263,7 +263,7 @@ impl MysqlSessions {
                     stats.framing_lost += 1;
                     out.push(MysqlEvent::FramingLost {
                         client,
-                        at_seq: pkt.seq,
+                        at_seq: pkt.seq.0,
                     });
                     self.sessions.insert(
                         client,
@@ -473,8 +473,8 @@ mod tests {
             dst: *to.ip(),
             src_port: 3306,
             dst_port: to.port(),
-            seq,
-            ack: 1,
+            seq: SeqNumber(seq),
+            ack: SeqNumber(1),
             flags: TcpFlags(flags),
             window: 100,
             options: TcpOptions::default(),

@@ -2,6 +2,7 @@
 //! control server, relay and MySQL framing, with reply packets injected through a channel
 //! instead of pcap (no root, no capture). Only loopback addresses are ever contacted.
 
+use common::seq::SeqNumber;
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, Shutdown, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -163,8 +164,8 @@ fn packet_of(fb: &TestFeedback, payload: &[u8]) -> Vec<u8> {
         dst: *fb.client.ip(),
         src_port: fb.server.port(),
         dst_port: fb.client.port(),
-        seq: fb.seq,
-        ack: fb.ack,
+        seq: SeqNumber(fb.seq),
+        ack: SeqNumber(fb.ack),
         flags: fb.flags,
         window: fb.window,
         options: fb.options,

@@ -10,6 +10,7 @@ use std::net::SocketAddrV4;
 use super::codec::{check_len, write_addr, Reader};
 use super::frame::{frame, FRAME_HEADER_LEN, MAX_FRAME_LEN};
 use super::{ty, DecodeError, EncodeError};
+use crate::seq::SeqNumber;
 use crate::wire::{TcpFlags, TcpOptions, TcpPacket};
 
 /// Longest payload prefix one feedback may carry.
@@ -48,6 +49,18 @@ pub struct TestFeedback {
 }
 
 impl TestFeedback {
+    /// [`Self::seq`] as a [`SeqNumber`].
+    #[inline]
+    pub fn seq_number(&self) -> SeqNumber {
+        SeqNumber(self.seq)
+    }
+
+    /// [`Self::ack`] as a [`SeqNumber`].
+    #[inline]
+    pub fn ack_number(&self) -> SeqNumber {
+        SeqNumber(self.ack)
+    }
+
     /// The feedback for a captured reply, keeping at most `prefix_len` payload bytes (and never
     /// more than [`MAX_PAYLOAD_PREFIX`], so that the result always encodes).
     pub fn from_packet(pkt: &TcpPacket<'_>, prefix_len: usize) -> Self {
@@ -55,8 +68,8 @@ impl TestFeedback {
         TestFeedback {
             client: SocketAddrV4::new(pkt.dst, pkt.dst_port),
             server: SocketAddrV4::new(pkt.src, pkt.src_port),
-            seq: pkt.seq,
-            ack: pkt.ack,
+            seq: pkt.seq.0,
+            ack: pkt.ack.0,
             flags: pkt.flags,
             window: pkt.window,
             options: pkt.options,
@@ -323,8 +336,8 @@ pub(super) mod tests {
             dst: Ipv4Addr::new(198, 18, 0, 10),
             src_port: 3306,
             dst_port: 40000,
-            seq: 9,
-            ack: 8,
+            seq: SeqNumber(9),
+            ack: SeqNumber(8),
             flags: TcpFlags(TcpFlags::ACK),
             window: 100,
             options: TcpOptions::default(),

@@ -155,6 +155,7 @@ impl Overlap {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use common::seq::SeqNumber;
 
     /// Frames are numbered; a frame's key is its number and its time is its number in ms.
     fn ms(n: u64) -> u64 {
@@ -254,8 +255,8 @@ mod tests {
             dst: [198, 18, 0, 2].into(),
             src_port: 40000,
             dst_port: 3306,
-            seq: 7,
-            ack: 9,
+            seq: SeqNumber(7),
+            ack: SeqNumber(9),
             flags: TcpFlags(0x18),
             window: 512,
             options: TcpOptions::default(),

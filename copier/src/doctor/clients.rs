@@ -251,6 +251,7 @@ pub(super) fn live_clients(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use common::seq::SeqNumber;
     use common::wire::{TcpFlags, TcpOptions};
     use std::net::SocketAddrV4;
 
@@ -260,8 +261,8 @@ mod tests {
             dst: Ipv4Addr::from(dst),
             src_port: sport,
             dst_port: dport,
-            seq: 1,
-            ack: 0,
+            seq: SeqNumber(1),
+            ack: SeqNumber(0),
             flags: TcpFlags(TcpFlags::ACK),
             window: 100,
             options: TcpOptions::default(),

@@ -6,6 +6,7 @@
 //! Must never leave a half-open connection on the test server (every probe is reset), nor
 //! send anywhere but the configured targets.
 
+use common::seq::SeqNumber;
 use std::collections::{BTreeSet, HashMap};
 use std::io;
 use std::net::{Ipv4Addr, Shutdown, SocketAddr, SocketAddrV4, TcpStream};
@@ -88,8 +89,8 @@ impl Probe {
             dst: *self.route.target.ip(),
             src_port: self.me.port(),
             dst_port: self.route.target.port(),
-            seq,
-            ack: 0,
+            seq: SeqNumber(seq),
+            ack: SeqNumber(0),
             flags: TcpFlags(flags),
             window: if flags & TcpFlags::RST != 0 { 0 } else { 64240 },
             options: TcpOptions {

@@ -1,3 +1,4 @@
+use common::seq::SeqNumber;
 use std::net::SocketAddrV4;
 
 use common::wire::{emit_ipv4_tcp, SegmentRepr, TcpFlags, TcpOptions};
@@ -20,8 +21,8 @@ fn segment(from_client: bool, flags: u8, seq: u32, ack: u32, payload: &[u8]) -> 
         dst,
         src_port: sp,
         dst_port: dp,
-        seq,
-        ack,
+        seq: SeqNumber(seq),
+        ack: SeqNumber(ack),
         flags: TcpFlags(flags),
         window: 1000,
         options: TcpOptions {
@@ -221,14 +222,21 @@ fn loop_rewrite_shifts_both_directions_consistently() {
     let mut p = parse_frame(LinkType::RawIp, &syn).unwrap();
     assert!(rw.apply(shift, &mut p));
     assert_eq!(p.src, Ipv4Addr::new(240, 0, 0, 1));
-    assert_eq!(p.seq, 100u32.wrapping_add(2u32.wrapping_mul(0x4000_0001)));
+    assert_eq!(
+        p.seq,
+        SeqNumber(100u32.wrapping_add(2u32.wrapping_mul(0x4000_0001)))
+    );
     assert_eq!(p.options.timestamps, Some((5000 + 30_000 + 2000, 7000)));
     let reply = segment(false, TcpFlags::SYN | TcpFlags::ACK, 9, 101, &[]);
     let mut r = parse_frame(LinkType::RawIp, &reply).unwrap();
     assert!(rw.apply(shift, &mut r));
     assert_eq!(r.dst, p.src);
-    assert_eq!(r.ack, p.seq.wrapping_add(1));
-    assert_eq!(r.seq, 9, "production's own sequence numbers are kept");
+    assert_eq!(r.ack, p.seq + 1u32);
+    assert_eq!(
+        r.seq,
+        SeqNumber(9),
+        "production's own sequence numbers are kept"
+    );
     assert_eq!(r.options.timestamps, Some((5000, 7000 + 32_000)));
 }
 

@@ -283,7 +283,7 @@ impl Engine {
         let segment = |at: usize| {
             let bytes = &stream[at..stream.len().min(at + REPLAY_SEGMENT)];
             TcpPacket {
-                seq: start.wrapping_add(at as u32),
+                seq: start + at,
                 payload: bytes,
                 payload_len: bytes.len() as u32,
                 ..*pkt

@@ -96,6 +96,7 @@ mod reassembly;
 mod recovery;
 mod rtt;
 mod sample;
+mod serial;
 mod session;
 mod stats;
 mod transform;

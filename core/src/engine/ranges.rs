@@ -2,7 +2,9 @@
 //!
 //! Offsets are relative to a base that only moves forward (the next expected sequence number),
 //! so plain `u32` comparisons are safe: every stored range lies within one bounded window ahead
-//! of the base. A fixed array instead of a `Vec` keeps out-of-order bookkeeping allocation-free
+//! of the base. They are byte counts, not sequence numbers, so they stay `u32` when the base
+//! is a [`SeqNumber`](common::seq::SeqNumber): the owner adds one to its base to get a sequence
+//! number back. A fixed array instead of a `Vec` keeps out-of-order bookkeeping allocation-free
 //! and bounded; when it is full the caller drops the segment and counts it (TCP allows that:
 //! the sender will retransmit, or for capture the gap timer decides).
 

@@ -18,7 +18,7 @@
 use std::collections::VecDeque;
 use std::mem::size_of;
 
-use common::wire::seq;
+use common::seq::SeqNumber;
 
 use super::ranges::Ranges;
 
@@ -48,9 +48,9 @@ struct OutOfOrder {
 #[derive(Debug)]
 pub(crate) struct Reassembly {
     /// Client sequence number of the next byte to deliver.
-    next: u32,
+    next: SeqNumber,
     /// Client sequence number of the FIN, once captured.
-    fin_at: Option<u32>,
+    fin_at: Option<SeqNumber>,
     /// The FIN has been reached: every byte before it was delivered.
     fin_done: bool,
     /// What arrived beyond a hole; `None` while nothing does (nearly always: it is boxed so
@@ -63,7 +63,7 @@ pub(crate) struct Reassembly {
 }
 
 impl Reassembly {
-    pub(crate) fn new(next: u32, limit: usize) -> Self {
+    pub(crate) fn new(next: SeqNumber, limit: usize) -> Self {
         Self {
             next,
             fin_at: None,
@@ -74,13 +74,13 @@ impl Reassembly {
         }
     }
 
-    pub(crate) fn next(&self) -> u32 {
+    pub(crate) fn next(&self) -> SeqNumber {
         self.next
     }
 
     /// Sequence number just past everything delivered, FIN included.
-    pub(crate) fn end(&self) -> u32 {
-        self.next.wrapping_add(u32::from(self.fin_done))
+    pub(crate) fn end(&self) -> SeqNumber {
+        self.next + u32::from(self.fin_done)
     }
 
     pub(crate) fn fin_done(&self) -> bool {
@@ -108,7 +108,7 @@ impl Reassembly {
     }
 
     /// Moves the start of a pristine stream (mid-stream pickup that learnt the real next byte).
-    pub(crate) fn rebase(&mut self, next: u32) {
+    pub(crate) fn rebase(&mut self, next: SeqNumber) {
         debug_assert!(self.pristine());
         self.next = next;
     }
@@ -122,7 +122,7 @@ impl Reassembly {
     /// FIN. In-order bytes are passed to `deliver` (possibly in several slices).
     pub(crate) fn insert(
         &mut self,
-        start: u32,
+        start: SeqNumber,
         data: &[u8],
         fin: bool,
         deliver: &mut dyn FnMut(&[u8]),
@@ -137,12 +137,17 @@ impl Reassembly {
         }
         let mut new_fin = false;
         if fin {
-            let at = start.wrapping_add(data.len() as u32);
+            let at = start + data.len();
+            // `at` may lie 2^31 from `next` (a hostile seq), where `>=` is false and the old
+            // `seq::ge` was true; the bound by `limit` (at most 2^30) refuses that FIN either way.
             if self.fin_at.is_none()
-                && seq::ge(at, self.next)
-                && at.wrapping_sub(self.next)
-                    >= self.ooo.as_ref().map_or(0, |o| o.ranges.last_end())
-                && at.wrapping_sub(self.next) <= self.limit
+                && at >= self.next
+                && at.bytes_since(self.next)
+                    >= self
+                        .ooo
+                        .as_ref()
+                        .map_or(0, |o| o.ranges.last_end() as usize)
+                && at.bytes_since(self.next) <= self.limit as usize
             {
                 self.fin_at = Some(at);
                 new_fin = true;
@@ -150,14 +155,14 @@ impl Reassembly {
         }
         // Nothing exists after the FIN: bytes there are garbage.
         if let Some(f) = self.fin_at {
-            let room = f.wrapping_sub(start) as i32;
+            let room = f - start;
             if room <= 0 {
                 data = &[];
             } else if (room as usize) < data.len() {
                 data = &data[..room as usize];
             }
         }
-        let behind = self.next.wrapping_sub(start) as i32;
+        let behind = self.next - start;
         if behind > 0 {
             let behind = behind as usize;
             if behind >= data.len() {
@@ -169,7 +174,7 @@ impl Reassembly {
         }
         let mut held = false;
         if !data.is_empty() {
-            let rel = start.wrapping_sub(self.next);
+            let rel = start.bytes_since(self.next) as u32;
             let len = data.len() as u32;
             if u64::from(rel) + u64::from(len) > u64::from(self.limit) {
                 return Insert::Dropped;
@@ -177,7 +182,7 @@ impl Reassembly {
             if rel == 0 && self.ooo.is_none() {
                 // The common case: in order, nothing pending. No copy.
                 deliver(data);
-                self.next = self.next.wrapping_add(len);
+                self.next += len;
                 self.delivered_any = true;
             } else {
                 let o = self.ooo.get_or_insert_with(Box::default);
@@ -224,7 +229,7 @@ impl Reassembly {
             }
             o.held.drain(..run_len);
             o.ranges.shift(run);
-            self.next = self.next.wrapping_add(run);
+            self.next += run;
             self.delivered_any = true;
         }
         if o.ranges.is_empty() {
@@ -235,9 +240,9 @@ impl Reassembly {
     }
 
     /// Where the first run held beyond a hole starts (client seq) and its length.
-    pub(crate) fn first_held_run(&self) -> Option<(u32, u32)> {
+    pub(crate) fn first_held_run(&self) -> Option<(SeqNumber, u32)> {
         let (start, end) = self.ooo.as_ref()?.ranges.first()?;
-        Some((self.next.wrapping_add(start), end - start))
+        Some((self.next + start, end - start))
     }
 
     /// Copies the first bytes of the first held run into `buf`; returns how many.
@@ -263,13 +268,13 @@ impl Reassembly {
     /// Nothing is delivered (see [`flush`](Self::flush)). Returns the bytes given up; `to`
     /// behind `next` (or a quarter of the sequence space ahead) skips nothing. A skip may go
     /// beyond what a held segment may reach: the bytes are gone, none is kept.
-    pub(crate) fn skip_to(&mut self, to: u32) -> u32 {
-        let mut d = to.wrapping_sub(self.next);
+    pub(crate) fn skip_to(&mut self, to: SeqNumber) -> u32 {
+        let mut d = to.bytes_since(self.next) as u32;
         if d >= 1 << 30 {
             d = 0;
         }
         if let Some(f) = self.fin_at {
-            d = d.min(f.wrapping_sub(self.next));
+            d = d.min(f.bytes_since(self.next) as u32);
         }
         if let Some(o) = self.ooo.as_mut() {
             let drop = (d as usize).min(o.held.len());
@@ -279,7 +284,7 @@ impl Reassembly {
                 self.ooo = None;
             }
         }
-        self.next = self.next.wrapping_add(d);
+        self.next += d;
         if d > 0 {
             self.delivered_any = true;
         }
@@ -303,12 +308,14 @@ mod tests {
     use super::*;
 
     fn run(r: &mut Reassembly, start: u32, data: &[u8], fin: bool, out: &mut Vec<u8>) -> Insert {
-        r.insert(start, data, fin, &mut |b| out.extend_from_slice(b))
+        r.insert(SeqNumber(start), data, fin, &mut |b| {
+            out.extend_from_slice(b)
+        })
     }
 
     #[test]
     fn in_order_duplicates_and_overlaps() {
-        let mut r = Reassembly::new(100, 1000);
+        let mut r = Reassembly::new(SeqNumber(100), 1000);
         let mut out = Vec::new();
         assert_eq!(
             run(&mut r, 100, b"abc", false, &mut out),
@@ -326,12 +333,12 @@ mod tests {
             }
         );
         assert_eq!(out, b"abcde");
-        assert_eq!(r.next(), 105);
+        assert_eq!(r.next(), SeqNumber(105));
     }
 
     #[test]
     fn holes_fill_in_any_order_and_fin_waits_for_them() {
-        let mut r = Reassembly::new(u32::MAX - 2, 1000); // wraps mid-stream
+        let mut r = Reassembly::new(SeqNumber(u32::MAX - 2), 1000); // wraps mid-stream
         let mut out = Vec::new();
         let s = u32::MAX - 2;
         assert_eq!(
@@ -367,7 +374,7 @@ mod tests {
         );
         assert_eq!(out, b"abcdefgh");
         assert!(r.fin_done() && !r.has_held());
-        assert_eq!(r.end(), s.wrapping_add(9));
+        assert_eq!(r.end(), SeqNumber(s.wrapping_add(9)));
         // Bytes after the FIN are garbage.
         assert_eq!(
             run(&mut r, s.wrapping_add(8), b"zz", false, &mut out),
@@ -377,41 +384,45 @@ mod tests {
 
     #[test]
     fn skipping_a_hole_delivers_the_run_beyond_it() {
-        let mut r = Reassembly::new(100, 1000);
+        let mut r = Reassembly::new(SeqNumber(100), 1000);
         let mut out = Vec::new();
         run(&mut r, 100, b"ab", false, &mut out);
         run(&mut r, 105, b"fgh", false, &mut out);
         run(&mut r, 110, b"kl", true, &mut out);
-        assert_eq!(r.first_held_run(), Some((105, 3)));
+        assert_eq!(r.first_held_run(), Some((SeqNumber(105), 3)));
         let mut head = [0u8; 2];
         assert_eq!(r.first_held_prefix(&mut head), 2);
         assert_eq!(&head, b"fg");
-        assert_eq!(r.skip_to(105), 3);
+        assert_eq!(r.skip_to(SeqNumber(105)), 3);
         assert!(out == b"ab");
         r.flush(&mut |b| out.extend_from_slice(b));
         assert_eq!(out, b"abfgh");
-        assert_eq!(r.first_held_run(), Some((110, 2)));
+        assert_eq!(r.first_held_run(), Some((SeqNumber(110), 2)));
         // Skipping into the FIN stops there.
-        assert_eq!(r.skip_to(500), 4);
+        assert_eq!(r.skip_to(SeqNumber(500)), 4);
         assert!(r.fin_done() && !r.has_held());
         assert_eq!(out, b"abfgh");
     }
 
     #[test]
     fn skipping_with_nothing_held_moves_the_stream_on() {
-        let mut r = Reassembly::new(0, 1000);
+        let mut r = Reassembly::new(SeqNumber(0), 1000);
         let mut out = Vec::new();
-        assert_eq!(r.skip_to(40), 40);
-        assert_eq!(r.skip_to(10), 0);
-        assert_eq!(r.skip_to(40 + (1 << 30)), 0);
-        assert_eq!(r.skip_to(5040), 5000, "further than a segment may be held");
+        assert_eq!(r.skip_to(SeqNumber(40)), 40);
+        assert_eq!(r.skip_to(SeqNumber(10)), 0);
+        assert_eq!(r.skip_to(SeqNumber(40 + (1 << 30))), 0);
+        assert_eq!(
+            r.skip_to(SeqNumber(5040)),
+            5000,
+            "further than a segment may be held"
+        );
         run(&mut r, 5040, b"x", false, &mut out);
         assert_eq!(out, b"x");
     }
 
     #[test]
     fn too_far_ahead_is_dropped() {
-        let mut r = Reassembly::new(0, 100);
+        let mut r = Reassembly::new(SeqNumber(0), 100);
         let mut out = Vec::new();
         assert_eq!(run(&mut r, 90, &[1; 11], false, &mut out), Insert::Dropped);
         assert_eq!(

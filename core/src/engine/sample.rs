@@ -63,6 +63,7 @@ use std::net::SocketAddrV4;
 use std::time::Duration;
 
 use common::clock::Instant;
+use common::seq::SeqNumber;
 use common::wire::TcpPacket;
 
 use super::{EngineConfig, FlowKey};
@@ -172,7 +173,7 @@ impl Verdict {
 /// A remembered decision.
 #[derive(Clone, Copy, Debug)]
 struct Decided {
-    isn: u32,
+    isn: SeqNumber,
     /// Forgotten after this.
     until: Instant,
     /// `TAKEN`, `CLIENT_FIN`, `PROD_FIN`, `ESTABLISHED`, `CLOSING`.
@@ -308,7 +309,7 @@ impl Sampler {
     }
 
     /// A new connection: decide against the bar and remember, or fall back when full.
-    fn decide(&mut self, now: Instant, key: FlowKey, isn: u32) -> Verdict {
+    fn decide(&mut self, now: Instant, key: FlowKey, isn: SeqNumber) -> Verdict {
         if now >= self.next_sweep {
             self.flows.retain(|_, d| d.until > now);
             // Give back what a past burst left allocated (a map never shrinks by itself).
@@ -376,8 +377,8 @@ mod tests {
             dst: *dst.ip(),
             src_port: src.port(),
             dst_port: dst.port(),
-            seq,
-            ack: 0,
+            seq: SeqNumber(seq),
+            ack: SeqNumber(0),
             flags: TcpFlags(flags),
             window: 502,
             options: Default::default(),

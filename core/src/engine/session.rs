@@ -22,12 +22,14 @@ use std::time::Duration;
 
 use common::clock::Instant;
 use common::control::TestFeedback;
-use common::wire::{emit_ipv4_tcp, seq, SegmentRepr, TcpFlags, TcpOptions, TcpPacket};
+use common::seq::SeqNumber;
+use common::wire::{emit_ipv4_tcp, SegmentRepr, TcpFlags, TcpOptions, TcpPacket};
 
 use super::ranges::Ranges;
 use super::reassembly::{Insert, Reassembly};
 use super::recovery::Revival;
 use super::rtt::RttEstimator;
+use super::serial;
 use super::transform::{
     self, StreamTransform, TestEvent, TestSegment, TransformOutput, TransformResult,
 };
@@ -101,7 +103,7 @@ pub(crate) enum Phase {
 /// taken as one).
 #[derive(Clone, Copy)]
 struct Segment<'a> {
-    start: u32,
+    start: SeqNumber,
     payload: &'a [u8],
     fin: bool,
 }
@@ -113,7 +115,7 @@ pub(crate) struct Session {
     pub(crate) mirrored: SocketAddrV4,
     target: SocketAddrV4,
     pub(crate) phase: Phase,
-    pub(crate) client_isn: u32,
+    pub(crate) client_isn: SeqNumber,
     /// The instant of this session's entry in the engine's timer heap, if any.
     pub(crate) heap_at: Option<Instant>,
     /// Whether the session is in the engine's ready queue.
@@ -137,7 +139,7 @@ pub(crate) struct Session {
     /// We saw the client complete its own handshake with production (any ACK after the SYN).
     client_established: bool,
     /// Highest ACK production sent the client: bytes production holds.
-    prod_ack: Option<u32>,
+    prod_ack: Option<SeqNumber>,
     /// The client's FIN was reached in order (and the transform told).
     client_fin_reached: bool,
     /// After a capture gap: client bytes are given up until a segment starts a command
@@ -153,7 +155,7 @@ pub(crate) struct Session {
     wants_prod: bool,
     /// Highest ACK the client sent production (only tracked when `wants_prod`): bytes of
     /// production's stream the client holds, so the capture must have them too.
-    client_ack: Option<u32>,
+    client_ack: Option<SeqNumber>,
     /// The transform gave the session up, and why.
     pub(crate) abandoned: Option<&'static str>,
     /// The transform pushed more than the buffer holds.
@@ -162,13 +164,16 @@ pub(crate) struct Session {
     transform_timer_ran: Option<Instant>,
 
     // --- our stream toward the test server ---
-    iss: u32,
-    snd_una: u32,
-    snd_nxt: u32,
-    snd_max: u32,
+    // Every number of ours lies within the send buffer (plus SYN and FIN) of `buf_seq`, so
+    // two of them are never 2^31 apart (that would take a 2 GiB buffer): `SeqNumber`'s
+    // comparisons between them are the old `seq::*` ones.
+    iss: SeqNumber,
+    snd_una: SeqNumber,
+    snd_nxt: SeqNumber,
+    snd_max: SeqNumber,
     /// Unacknowledged and unsent bytes; `send_buf[0]` has seq `buf_seq`.
     send_buf: VecDeque<u8>,
-    buf_seq: u32,
+    buf_seq: SeqNumber,
     /// The client's FIN was reached: our FIN goes right after the last byte of `send_buf`.
     fin_queued: bool,
     syn_pending: bool,
@@ -176,14 +181,15 @@ pub(crate) struct Session {
     /// our SYN can get through (see `recovery.rs`). Rare: boxed, to keep every session small.
     stale: Option<Box<recovery::Stale>>,
     snd_wnd: u32,
-    snd_wl1: u32,
-    snd_wl2: u32,
+    /// Test server's seq and ACK (of ours) of the segment that last updated the window.
+    snd_wl1: SeqNumber,
+    snd_wl2: SeqNumber,
     snd_wscale: u8,
     /// Payload bytes per segment (peer MSS, our MSS, minus options we always carry).
     send_mss: u32,
     dupacks: u32,
     /// NewReno: `snd_max` when fast recovery started; partial ACKs below it retransmit again.
-    recover: Option<u32>,
+    recover: Option<SeqNumber>,
     fast_retx_pending: bool,
     /// A retransmission timeout fired: the segment at `snd_una` goes out even if the window
     /// now looks shut (as Linux does). The window may have been shrunk by reordered feedback,
@@ -198,7 +204,7 @@ pub(crate) struct Session {
     rtt: RttEstimator,
     /// (seq that acknowledges the timed segment, when it was sent). Cleared on any
     /// retransmission (Karn).
-    rtt_probe: Option<(u32, Instant)>,
+    rtt_probe: Option<(SeqNumber, Instant)>,
     backoff: u32,
     retries: u32,
     rto_at: Option<Instant>,
@@ -209,10 +215,10 @@ pub(crate) struct Session {
     probes: u32,
 
     // --- the test server's stream ---
-    irs: u32,
-    rcv_nxt: u32,
+    irs: SeqNumber,
+    rcv_nxt: SeqNumber,
     test_ooo: Ranges<TEST_HOLES>,
-    test_fin_at: Option<u32>,
+    test_fin_at: Option<SeqNumber>,
     /// An ACK must go out now (a pure one unless data leaves first).
     ack_pending: bool,
     /// A delayed ACK is owed by then (see `EngineConfig::delayed_ack`); any segment we send
@@ -264,8 +270,9 @@ impl Session {
             ),
             // The client's handshake options went to production long ago; this is a fresh
             // connection of ours, so we choose: our full MSS and window scaling.
-            Start::Pickup => (pkt.seq.wrapping_sub(1), cfg.mss, true, true),
+            Start::Pickup => (pkt.seq - 1u32, cfg.mss, true, true),
         };
+        // The one number of ours taken from a client number (see the module doc).
         let iss = client_isn;
         let ts = pkt.options.timestamps;
         let wants_prod = transform.as_ref().is_some_and(|t| t.wants_prod_data());
@@ -281,7 +288,7 @@ impl Session {
             client_isn,
             heap_at: None,
             in_ready: false,
-            reasm: Reassembly::new(client_isn.wrapping_add(1), cfg.max_session_buffer),
+            reasm: Reassembly::new(client_isn + 1u32, cfg.max_session_buffer),
             floating_start: picked_up && pkt.payload.is_empty(),
             client_established: picked_up,
             prod_ack: None,
@@ -299,13 +306,13 @@ impl Session {
             snd_nxt: iss,
             snd_max: iss,
             send_buf: VecDeque::new(),
-            buf_seq: iss.wrapping_add(1),
+            buf_seq: iss + 1u32,
             fin_queued: false,
             syn_pending: true,
             stale: None,
             snd_wnd: 0,
-            snd_wl1: 0,
-            snd_wl2: 0,
+            snd_wl1: SeqNumber(0),
+            snd_wl2: SeqNumber(0),
             snd_wscale: 0,
             send_mss: u32::from(DEFAULT_MSS),
             dupacks: 0,
@@ -323,8 +330,8 @@ impl Session {
             probe_pending: false,
             resync_probe: false,
             probes: 0,
-            irs: 0,
-            rcv_nxt: 0,
+            irs: SeqNumber(0),
+            rcv_nxt: SeqNumber(0),
             test_ooo: Ranges::new(),
             test_fin_at: None,
             ack_pending: false,
@@ -376,18 +383,19 @@ impl Session {
         cfg.max_session_buffer.saturating_sub(self.send_buf.len())
     }
 
-    fn data_end(&self) -> u32 {
-        self.buf_seq.wrapping_add(self.send_buf.len() as u32)
+    fn data_end(&self) -> SeqNumber {
+        self.buf_seq + self.send_buf.len()
     }
 
     /// Sequence number just past everything we have to send, FIN included.
-    fn stream_end(&self) -> u32 {
-        self.data_end().wrapping_add(u32::from(self.fin_queued))
+    fn stream_end(&self) -> SeqNumber {
+        self.data_end() + u32::from(self.fin_queued)
     }
 
     fn test_fin_received(&self) -> bool {
         self.test_fin_at
-            .is_some_and(|f| seq::gt(self.rcv_nxt, f) && self.phase == Phase::Established)
+            // `rcv_nxt` stays within a window of the FIN (`process_test_segment`).
+            .is_some_and(|f| self.rcv_nxt > f && self.phase == Phase::Established)
     }
 
     fn our_fin_acked(&self) -> bool {
@@ -417,13 +425,13 @@ impl Session {
     }
 
     /// Where the window (and, after a timeout, the congestion window) lets us send up to.
-    fn send_limit(&self) -> u32 {
-        self.snd_una.wrapping_add(self.snd_wnd.min(self.cwnd))
+    fn send_limit(&self) -> SeqNumber {
+        self.snd_una + self.snd_wnd.min(self.cwnd)
     }
 
     fn note_ts(&mut self, opts: &TcpOptions) {
         if let Some((val, _)) = opts.timestamps {
-            if seq::gt(val, self.ts_client) || !self.ts_offer {
+            if serial::ts_after(val, self.ts_client) || !self.ts_offer {
                 self.ts_client = val;
             }
         }
@@ -442,7 +450,7 @@ impl Session {
         if self.phase == Phase::SynSent {
             // No ACK known yet; seq = iss + 1 is what the test server expects in SYN-RECEIVED.
             r.flags = TcpFlags(TcpFlags::RST);
-            r.ack = 0;
+            r.ack = SeqNumber(0);
         }
         Some(r)
     }
@@ -515,15 +523,12 @@ impl Session {
         // RST is exactly in window even if our earlier one was lost or off.
         r.options = TcpOptions::default();
         if f.ack() {
-            r.seq = fb.ack;
-            r.ack = 0;
+            r.seq = fb.ack_number();
+            r.ack = SeqNumber(0);
             r.flags = TcpFlags(TcpFlags::RST);
         } else {
-            r.seq = 0;
-            r.ack = fb
-                .seq
-                .wrapping_add(fb.payload_len)
-                .wrapping_add(u32::from(f.syn()) + u32::from(f.fin()));
+            r.seq = SeqNumber(0);
+            r.ack = fb.seq_number() + fb.payload_len + (u32::from(f.syn()) + u32::from(f.fin()));
             r.flags = TcpFlags(TcpFlags::RST | TcpFlags::ACK);
         }
         Some(r)

@@ -1,6 +1,7 @@
 //! Scripted scenarios with a fake clock: what the test server would see for each captured
 //! sequence and each pattern of feedback.
 
+use common::seq::SeqNumber;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::time::Duration;
 
@@ -63,8 +64,8 @@ pub(super) fn packet(
         dst: *dst.ip(),
         src_port: src.port(),
         dst_port: dst.port(),
-        seq,
-        ack,
+        seq: SeqNumber(seq),
+        ack: SeqNumber(ack),
         flags: TcpFlags(flags),
         window: 502,
         options,
@@ -83,8 +84,8 @@ pub(super) fn parse_sent(bytes: &[u8]) -> Sent {
     Sent {
         src: SocketAddrV4::new(p.src, p.src_port),
         dst: SocketAddrV4::new(p.dst, p.dst_port),
-        seq: p.seq,
-        ack: p.ack,
+        seq: p.seq.0,
+        ack: p.ack.0,
         flags: p.flags.0,
         window: p.window,
         options: p.options,

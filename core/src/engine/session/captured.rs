@@ -22,7 +22,7 @@ impl Session {
         let mut fin = f.fin();
         if f.rst() {
             // Production would ignore a RST behind the stream; so do we.
-            if pkt.seq.wrapping_sub(self.reasm.next()) < 1 << 30 {
+            if pkt.seq.bytes_since(self.reasm.next()) < 1 << 30 {
                 if self.client_fin_reached {
                     // Closing already, with our FIN after the client's whole stream: a reset
                     // after the FIN (a socket closed with unread data) changes nothing there.
@@ -58,8 +58,9 @@ impl Session {
         if f.ack() && !f.syn() {
             self.client_established = true;
             if self.wants_prod {
+                // A hostile ACK 2^31 from the last one replaces it, as `seq::max` did.
                 self.client_ack = Some(match self.client_ack {
-                    Some(a) => seq::max(a, pkt.ack),
+                    Some(a) => serial::max_or_seen(a, pkt.ack),
                     None => pkt.ack,
                 });
             }
@@ -72,18 +73,16 @@ impl Session {
             }
             return Outcome::Open;
         }
-        let start = if f.syn() {
-            pkt.seq.wrapping_add(1)
-        } else {
-            pkt.seq
-        };
+        let start = if f.syn() { pkt.seq + 1u32 } else { pkt.seq };
         let next = self.reasm.next();
         if self.floating_start
             && self.reasm.pristine()
-            && (start == next.wrapping_add(1)
-                || (seq::gt(start, next)
-                    && start.wrapping_sub(next) < 1 << 30
-                    && self.prod_ack.is_some_and(|a| seq::ge(a, start))))
+            && (start == next + 1u32
+                // `>` is safe beside the 2^30 bound; production's ACK may lie 2^31 from
+                // `start` (both captured), which the old `seq::ge` took as at or after it.
+                || (start > next
+                    && start.bytes_since(next) < 1 << 30
+                    && self.prod_ack.is_some_and(|a| serial::not_ahead(start, a))))
         {
             // Picked up from a keepalive probe (seq = next - 1), or from a pure ACK that the
             // command after it overtook on its way to the tap (each CPU's backlog feeds the
@@ -317,8 +316,9 @@ impl Session {
         }
         if pkt.flags.ack() {
             let ack = pkt.ack;
+            // A hostile ACK 2^31 from the last one replaces it, as `seq::max` did.
             self.prod_ack = Some(match self.prod_ack {
-                Some(a) => seq::max(a, ack),
+                Some(a) => serial::max_or_seen(a, ack),
                 None => ack,
             });
         }
@@ -348,11 +348,7 @@ impl Session {
         }
         let f = pkt.flags;
         let carries = !pkt.payload.is_empty() || f.fin();
-        let start = if f.syn() {
-            pkt.seq.wrapping_add(1)
-        } else {
-            pkt.seq
-        };
+        let start = if f.syn() { pkt.seq + 1u32 } else { pkt.seq };
         if self.prod_reasm.is_none() {
             // A pure ACK may be a keepalive probe (seq = next - 1): only a SYN-ACK or a
             // segment with data says where the stream is.

@@ -29,8 +29,9 @@ impl Session {
         // greeting for a second one.
         let in_order = was_established
             && fb.payload_len > 0
-            && fb.seq == rcv_before
-            && seq::gt(self.rcv_nxt, rcv_before);
+            && fb.seq_number() == rcv_before
+            // One segment moves `rcv_nxt` on by at most our window (2^23), never 2^31.
+            && self.rcv_nxt > rcv_before;
         let ev = TestEvent::Segment(TestSegment::new(fb, in_order));
         self.call_transform(None, cfg, stats, |t, o| t.on_test_event(now, &ev, o));
         match self.settle_stream(cfg) {
@@ -47,7 +48,7 @@ impl Session {
         fb: &TestFeedback,
     ) -> Outcome {
         let f = fb.flags;
-        let syn_acked = f.ack() && fb.ack == self.iss.wrapping_add(1) && self.snd_max != self.iss;
+        let syn_acked = f.ack() && fb.ack_number() == self.iss + 1u32 && self.snd_max != self.iss;
         if f.rst() {
             if syn_acked {
                 return Outcome::Finished(CloseReason::TestRefused);
@@ -56,7 +57,8 @@ impl Session {
             return Outcome::Open;
         }
         if !(f.syn() && syn_acked) {
-            if f.ack() && seq::gt(fb.ack, self.snd_max) {
+            // A hostile ACK 2^31 from `snd_max` is counted as beyond, as `seq::gt` did.
+            if f.ack() && serial::behind(self.snd_max, fb.ack_number()) {
                 stats.feedback_ack_beyond_sent += 1;
             } else {
                 stats.feedback_stale += 1;
@@ -65,11 +67,12 @@ impl Session {
         }
         self.last_activity = now;
         self.phase = Phase::Established;
-        self.irs = fb.seq;
-        self.rcv_nxt = fb.seq.wrapping_add(1);
-        self.snd_una = self.iss.wrapping_add(1);
+        self.irs = fb.seq_number();
+        self.rcv_nxt = self.irs + 1u32;
+        self.snd_una = self.iss + 1u32;
         self.snd_nxt = self.snd_una;
-        self.snd_max = seq::max(self.snd_max, self.snd_una);
+        // Ours, at most one apart (see the fields' comment).
+        self.snd_max = self.snd_max.max(self.snd_una);
         if let Some((sent_ack, at)) = self.rtt_probe.take() {
             if sent_ack == self.snd_una {
                 self.rtt.sample(now - at, cfg.min_rto, cfg.max_rto);
@@ -93,8 +96,8 @@ impl Session {
         self.send_mss = u32::from(mss);
         // The window in a SYN is never scaled.
         self.snd_wnd = u32::from(fb.window);
-        self.snd_wl1 = fb.seq;
-        self.snd_wl2 = fb.ack;
+        self.snd_wl1 = fb.seq_number();
+        self.snd_wl2 = fb.ack_number();
         self.ack_pending = true;
         Outcome::Open
     }
@@ -114,8 +117,8 @@ impl Session {
             return Outcome::Open;
         }
         if f.rst() {
-            let off = fb.seq.wrapping_sub(self.rcv_nxt);
-            if off < self.rcv_window() {
+            let off = fb.seq_number().bytes_since(self.rcv_nxt);
+            if off < self.rcv_window() as usize {
                 return Outcome::Finished(CloseReason::TestReset);
             }
             stats.feedback_stale += 1;
@@ -124,7 +127,7 @@ impl Session {
         if f.syn() {
             // A repeated SYN-ACK means our ACK of it was lost; anything else is answered the
             // way RFC 5961 answers an unexpected SYN: with an ACK.
-            if fb.seq != self.irs {
+            if fb.seq_number() != self.irs {
                 stats.feedback_stale += 1;
             }
             self.ack_pending = true;
@@ -134,7 +137,10 @@ impl Session {
             stats.feedback_stale += 1;
             return Outcome::Open;
         }
-        if seq::gt(fb.ack, self.snd_max) {
+        // A hostile ACK 2^31 from `snd_max` is beyond, as `seq::gt` said. Past this test the
+        // ACK lies less than 2^31 behind `snd_max`, so never 2^31 from `snd_una` either (the
+        // flight between them is far smaller): `process_ack` compares it with `SeqNumber`'s.
+        if serial::behind(self.snd_max, fb.ack_number()) {
             stats.feedback_ack_beyond_sent += 1;
             self.ack_pending = true;
             return Outcome::Open;
@@ -142,7 +148,7 @@ impl Session {
         self.last_activity = now;
         self.probes = 0;
         if let (true, Some((val, _))) = (self.ts_on, fb.options.timestamps) {
-            if seq::gt(val, self.ts_recent) {
+            if serial::ts_after(val, self.ts_recent) {
                 self.ts_recent = val;
             }
         }
@@ -158,21 +164,28 @@ impl Session {
         stats: &mut EngineStats,
         fb: &TestFeedback,
     ) {
-        let ack = fb.ack;
-        if seq::lt(ack, self.snd_una) {
+        let ack = fb.ack_number();
+        // `ack` is not beyond `snd_max` (`feedback_established`), nor 2^31 from `snd_una`,
+        // and every test below against our numbers is between ordered pairs.
+        if ack < self.snd_una {
             return; // old duplicate: ignore for sending purposes
         }
         let new_wnd = u32::from(fb.window) << self.snd_wscale;
         let wnd_changed = new_wnd != self.snd_wnd;
         // RFC 793 window update rule: only a segment at least as new as the last one that
         // updated the window may change it, so reordered feedback cannot shrink it.
-        if seq::lt(self.snd_wl1, fb.seq) || (self.snd_wl1 == fb.seq && seq::le(self.snd_wl2, ack)) {
+        // The test server's seq is unchecked here and `snd_wl2` may be old: both keep the old
+        // answers for a pair 2^31 apart.
+        let seq = fb.seq_number();
+        if serial::behind(self.snd_wl1, seq)
+            || (self.snd_wl1 == seq && serial::not_ahead(self.snd_wl2, ack))
+        {
             if self.snd_wnd == 0 && new_wnd > 0 {
                 // The window reopened: the persist backoff says nothing about the path.
                 self.backoff = 0;
             }
             self.snd_wnd = new_wnd;
-            self.snd_wl1 = fb.seq;
+            self.snd_wl1 = seq;
             self.snd_wl2 = ack;
         }
         if ack == self.snd_una {
@@ -192,24 +205,24 @@ impl Session {
             return;
         }
         // New data acknowledged.
-        let acked = ack.wrapping_sub(self.snd_una);
-        let data_acked = if seq::gt(ack, self.data_end()) {
-            self.data_end().wrapping_sub(self.buf_seq)
+        let acked = ack.bytes_since(self.snd_una) as u32;
+        let data_acked = if ack > self.data_end() {
+            self.data_end().bytes_since(self.buf_seq)
         } else {
-            ack.wrapping_sub(self.buf_seq)
-        } as usize;
+            ack.bytes_since(self.buf_seq)
+        };
         self.send_buf.drain(..data_acked.min(self.send_buf.len()));
         if self.send_buf.is_empty() && self.send_buf.capacity() > SHRINK_ABOVE {
             // One burst (LOAD DATA, a big blob) must not pin megabytes for the session's life.
             self.send_buf.shrink_to(SHRINK_ABOVE / 4);
         }
-        self.buf_seq = self.buf_seq.wrapping_add(data_acked as u32);
+        self.buf_seq += data_acked;
         self.snd_una = ack;
-        if seq::lt(self.snd_nxt, ack) {
+        if self.snd_nxt < ack {
             self.snd_nxt = ack;
         }
         if let Some((probe_ack, at)) = self.rtt_probe {
-            if seq::ge(ack, probe_ack) {
+            if ack >= probe_ack {
                 self.rtt.sample(now - at, cfg.min_rto, cfg.max_rto);
                 self.rtt_probe = None;
             }
@@ -218,7 +231,7 @@ impl Session {
         self.retries = 0;
         self.dupacks = 0;
         if let Some(r) = self.recover {
-            if seq::lt(ack, r) {
+            if ack < r {
                 // NewReno partial ACK: the next hole is lost too.
                 self.fast_retx_pending = true;
             } else {
@@ -245,7 +258,7 @@ impl Session {
         let seg_len = fb.payload_len + u32::from(fin);
         if seg_len == 0 {
             // A keepalive probe (seq = rcv_nxt - 1) wants an ACK; other pure ACKs do not.
-            if fb.seq == self.rcv_nxt.wrapping_sub(1) {
+            if fb.seq_number() == self.rcv_nxt - 1u32 {
                 self.ack_pending = true;
             }
             return;
@@ -254,20 +267,23 @@ impl Session {
         // says our ACK was lost, a segment past a hole asks for the hole (duplicate ACK).
         let owed = self.ack_pending;
         self.ack_pending = true;
-        let end = fb.seq.wrapping_add(seg_len);
+        let end = fb.seq_number() + seg_len;
         let wnd = self.rcv_window();
-        if seq::le(end, self.rcv_nxt) {
+        // Unchecked: an `end` 2^31 from `rcv_nxt` is a repeat, as `seq::le` said.
+        if serial::not_ahead(end, self.rcv_nxt) {
             stats.feedback_test_retransmits += 1;
             return;
         }
-        if end.wrapping_sub(self.rcv_nxt) > wnd {
+        if end.bytes_since(self.rcv_nxt) > wnd as usize {
             stats.feedback_stale += 1;
             return;
         }
         if fin && self.test_fin_at.is_none() {
-            self.test_fin_at = Some(end.wrapping_sub(1));
+            self.test_fin_at = Some(end - 1u32);
         }
-        if seq::le(fb.seq, self.rcv_nxt) {
+        // `end` is now within a window past `rcv_nxt` and the segment shorter than 64 KiB:
+        // its start is never 2^31 from `rcv_nxt`.
+        if fb.seq_number() <= self.rcv_nxt {
             // In order. It may wait for a delayed ACK unless it is the second unacknowledged
             // one, closes the stream, fills a hole (the test server is waiting to learn),
             // or we are closing ourselves (the last ACKs must not hang on a timer).
@@ -280,11 +296,11 @@ impl Session {
                 self.unacked_segs = 1;
                 self.ack_at.get_or_insert(now + cfg.delayed_ack);
             }
-            let advance = end.wrapping_sub(self.rcv_nxt);
+            let advance = end.bytes_since(self.rcv_nxt) as u32;
             self.rcv_nxt = end;
             self.test_ooo.shift(advance);
             while let Some((0, run)) = self.test_ooo.first() {
-                self.rcv_nxt = self.rcv_nxt.wrapping_add(run);
+                self.rcv_nxt += run;
                 self.test_ooo.shift(run);
             }
         } else {
@@ -292,13 +308,14 @@ impl Session {
             // a hole would tell it the hole arrived and intercept would never see those bytes.
             // So remember the range, send a duplicate ACK, and let it retransmit the hole.
             stats.feedback_out_of_order += 1;
-            let rel = fb.seq.wrapping_sub(self.rcv_nxt);
+            let rel = fb.seq_number().bytes_since(self.rcv_nxt) as u32;
             self.test_ooo.insert(rel, rel + seg_len);
         }
         if let Some(f) = self.test_fin_at {
             // Nothing the test server sends lies beyond its FIN.
-            if seq::gt(self.rcv_nxt, f.wrapping_add(1)) {
-                self.rcv_nxt = f.wrapping_add(1);
+            // Both within a window of each other (the FIN was taken inside one).
+            if self.rcv_nxt > f + 1u32 {
+                self.rcv_nxt = f + 1u32;
             }
         }
         if self.test_fin_received() {

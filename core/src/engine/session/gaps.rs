@@ -57,17 +57,20 @@ impl Session {
     }
 
     /// Where the client stream goes on after a hole production proved lost, if it did.
-    pub(super) fn client_gap_proven(&self) -> Option<u32> {
+    pub(super) fn client_gap_proven(&self) -> Option<SeqNumber> {
         let ack = self.prod_ack?;
         if self.floating_start && self.reasm.pristine() {
             return None;
         }
         let end = self.reasm.end();
-        if !(seq::gt(ack, end) && ack.wrapping_sub(end) < 1 << 30) {
+        // The 2^30 bound rules out the pair 2^31 apart, where `>` and `seq::gt` differ.
+        if !(ack > end && ack.bytes_since(end) < 1 << 30) {
             return None;
         }
+        // A held run starts less than 2^30 past `end` (the reassembly's limit), and `ack`
+        // lies less than 2^30 past it: never 2^31 apart.
         match self.reasm.first_held_run() {
-            Some((held, _)) => seq::ge(ack, held).then_some(held),
+            Some((held, _)) => (ack >= held).then_some(held),
             None => Some(ack),
         }
     }
@@ -82,7 +85,7 @@ impl Session {
             .is_some_and(|r| r.held_len() > PROD_HOLD_LIMIT)
     }
 
-    pub(super) fn prod_gap_proven(&self) -> Option<u32> {
+    pub(super) fn prod_gap_proven(&self) -> Option<SeqNumber> {
         let r = self.prod_reasm.as_ref()?;
         if self.prod_held_too_long() {
             // The client's ACKs that would prove it may come far later in the capture (a
@@ -91,11 +94,12 @@ impl Session {
         }
         let ack = self.client_ack?;
         let end = r.end();
-        if !(seq::gt(ack, end) && ack.wrapping_sub(end) < 1 << 30) {
+        // As in `client_gap_proven`: both bounds keep the pair 2^31 apart out.
+        if !(ack > end && ack.bytes_since(end) < 1 << 30) {
             return None;
         }
         match r.first_held_run() {
-            Some((held, _)) => seq::ge(ack, held).then_some(held),
+            Some((held, _)) => (ack >= held).then_some(held),
             None => Some(ack),
         }
     }
@@ -107,7 +111,7 @@ impl Session {
         captured: Option<Instant>,
         cfg: &EngineConfig,
         stats: &mut EngineStats,
-        to: u32,
+        to: SeqNumber,
     ) -> Option<CloseReason> {
         if !self.resync_client {
             if !self.transform_goes_on(captured, cfg, stats, |t, out| t.on_client_gap(now, out)) {
@@ -161,7 +165,7 @@ impl Session {
                 });
             } else {
                 stats.capture_gap_segments_skipped += 1;
-                stats.capture_gap_bytes_lost += u64::from(self.reasm.skip_to(at.wrapping_add(len)));
+                stats.capture_gap_bytes_lost += u64::from(self.reasm.skip_to(at + len));
             }
         }
     }
@@ -178,15 +182,17 @@ impl Session {
     pub(super) fn resync_at(
         &mut self,
         stats: &mut EngineStats,
-        start: u32,
+        start: SeqNumber,
         payload: &[u8],
     ) -> bool {
         let next = self.reasm.next();
-        let end = start.wrapping_add(payload.len() as u32);
-        if !payload.is_empty() && !seq::gt(end, next) {
+        let end = start + payload.len();
+        // A captured segment may lie 2^31 from `next`: it keeps the old answers (`end` not
+        // after `next`, `start` at or after it), so it is skipped whole, as before.
+        if !payload.is_empty() && !serial::behind(next, end) {
             return true; // all behind: a duplicate, counted as such
         }
-        if seq::ge(start, next) && (payload.is_empty() || self.starts_command(payload)) {
+        if serial::not_ahead(next, start) && (payload.is_empty() || self.starts_command(payload)) {
             stats.capture_gap_bytes_lost += u64::from(self.reasm.skip_to(start));
             self.resync_client = false;
             return true;
@@ -202,7 +208,7 @@ impl Session {
         captured: Option<Instant>,
         cfg: &EngineConfig,
         stats: &mut EngineStats,
-        to: u32,
+        to: SeqNumber,
     ) -> Option<CloseReason> {
         if !self.transform_goes_on(captured, cfg, stats, |t, out| t.on_prod_gap(now, out)) {
             return Some(CloseReason::CaptureGap);
@@ -232,7 +238,7 @@ impl Session {
         let prod_to = self.prod_reasm.as_ref().and_then(|r| {
             r.first_held_run().map(|(at, _)| at).or(self
                 .client_ack
-                .filter(|&a| seq::gt(a, r.end()) && a.wrapping_sub(r.end()) < 1 << 30))
+                .filter(|&a| a > r.end() && a.bytes_since(r.end()) < 1 << 30))
         });
         if let Some(to) = prod_to {
             if let Some(r) = self.skip_prod_gap(now, None, cfg, stats, to) {
@@ -265,13 +271,13 @@ impl Session {
         let prod_ahead = !unsure_start
             && self
                 .prod_ack
-                .is_some_and(|a| seq::gt(a, end) && a.wrapping_sub(end) < 1 << 30);
+                .is_some_and(|a| a > end && a.bytes_since(end) < 1 << 30);
         let prod_gap = self.prod_reasm.as_ref().is_some_and(|r| {
             let end = r.end();
             r.has_held()
                 || self
                     .client_ack
-                    .is_some_and(|a| seq::gt(a, end) && a.wrapping_sub(end) < 1 << 30)
+                    .is_some_and(|a| a > end && a.bytes_since(end) < 1 << 30)
         });
         if self.reasm.has_held() || prod_ahead || prod_gap {
             if self.gap_since.is_none() {

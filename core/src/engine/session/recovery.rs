@@ -6,7 +6,8 @@
 //! reset stale connection lets the SYN go out again at once.
 
 use common::control::TestFeedback;
-use common::wire::{seq, SegmentRepr, TcpFlags, TcpOptions};
+use common::seq::SeqNumber;
+use common::wire::{SegmentRepr, TcpFlags, TcpOptions};
 
 use std::time::Duration;
 
@@ -14,6 +15,7 @@ use common::clock::Instant;
 
 use super::{Phase, Session};
 use crate::engine::recovery::{lost_test_answers, test_side_loss, Revival};
+use crate::engine::serial;
 use crate::engine::CloseReason;
 
 impl Session {
@@ -60,24 +62,23 @@ impl Session {
         if self.phase != Phase::SynSent || f.rst() || !f.ack() || self.snd_max == self.iss {
             return None;
         }
-        if fb.ack == self.iss.wrapping_add(1) {
+        if fb.ack_number() == self.iss + 1u32 {
             return None; // it acknowledges our SYN: the normal path
         }
-        let end = fb
-            .seq
-            .wrapping_add(fb.payload_len)
-            .wrapping_add(u32::from(f.fin()));
+        let end = fb.seq_number() + fb.payload_len + u32::from(f.fin());
         let st = self.stale.get_or_insert_with(|| {
             Box::new(Stale {
-                their_ack: fb.ack,
-                acked: fb.seq,
+                their_ack: fb.ack_number(),
+                acked: fb.seq_number(),
                 active_at: now,
                 since: now,
                 replies: 0,
             })
         });
-        st.their_ack = fb.ack;
-        if seq::gt(end, st.acked) {
+        st.their_ack = fb.ack_number();
+        // The older connection's numbers are unchecked: one 2^31 on counts as new, as
+        // `seq::gt` said.
+        if serial::behind(st.acked, end) {
             st.acked = end;
             st.active_at = now;
             st.replies += 1;
@@ -106,7 +107,7 @@ impl Session {
         }
         let st = self.stale.take()?;
         let mut r = self.repr(st.their_ack, TcpFlags::RST, 0, ttl);
-        r.ack = 0;
+        r.ack = SeqNumber(0);
         r.options = TcpOptions::default();
         self.syn_pending = true;
         Some((r, st.replies))
@@ -130,9 +131,9 @@ pub(crate) const STALE_MAX: Duration = Duration::from_secs(2);
 #[derive(Debug)]
 pub(crate) struct Stale {
     /// Its receive point (what its segments acknowledge): our RST's sequence number.
-    their_ack: u32,
+    their_ack: SeqNumber,
     /// How far into its stream we have acknowledged.
-    acked: u32,
+    acked: SeqNumber,
     /// When it last sent something new, and when it was first seen.
     active_at: Instant,
     since: Instant,
@@ -146,7 +147,7 @@ pub(crate) struct Stale {
 #[derive(Debug, Default)]
 pub(crate) struct Held {
     /// The client sequence number of `bytes[0]`.
-    start: u32,
+    start: SeqNumber,
     bytes: Vec<u8>,
 }
 
@@ -159,23 +160,25 @@ impl Held {
         self.bytes.len()
     }
 
-    fn end(&self) -> u32 {
-        self.start.wrapping_add(self.bytes.len() as u32)
+    fn end(&self) -> SeqNumber {
+        self.start + self.bytes.len()
     }
 
     /// Keeps what `payload` at `seq` adds to the run, if at most `room` more bytes fit.
     /// Returns the bytes lost: held ones dropped for a hole (the capture missed client
     /// bytes, so the run cannot go on; it starts again at this packet), or everything when
     /// the packet does not fit (a replay must be contiguous). Repeats are trimmed.
-    pub(crate) fn push(&mut self, seq: u32, payload: &[u8], room: usize) -> usize {
+    pub(crate) fn push(&mut self, seq: SeqNumber, payload: &[u8], room: usize) -> usize {
         let mut lost = 0;
+        // A captured `seq` may lie 2^31 from the run's end: taken as a repeat (its bytes
+        // trimmed away) as the old `seq::lt` did, never appended.
         let new = if self.bytes.is_empty() {
             self.start = seq;
             payload
-        } else if seq::lt(seq, self.end()) {
-            let skip = self.end().wrapping_sub(seq) as usize;
+        } else if serial::behind(seq, self.end()) {
+            let skip = self.end().bytes_since(seq);
             payload.get(skip..).unwrap_or(&[])
-        } else if seq::gt(seq, self.end()) {
+        } else if seq > self.end() {
             lost += self.bytes.len();
             self.bytes.clear();
             self.start = seq;
@@ -195,22 +198,27 @@ impl Held {
     /// The run joined with a packet that continues it (or overlaps its end): the client
     /// stream from the run's start to the packet's end, as one payload. When the packet does
     /// not continue the run (a hole between), the run's length: lost, the packet goes alone.
-    pub(crate) fn joined(self, seq: u32, payload: &[u8]) -> Result<(u32, Vec<u8>), usize> {
+    pub(crate) fn joined(
+        self,
+        seq: SeqNumber,
+        payload: &[u8],
+    ) -> Result<(SeqNumber, Vec<u8>), usize> {
         if self.bytes.is_empty() {
             return Ok((seq, payload.to_vec()));
         }
-        if seq::gt(seq, self.end()) {
+        // A captured `seq` 2^31 from the run's end is a hole, as the old `seq::gt` said.
+        if serial::behind(self.end(), seq) {
             return Err(self.bytes.len());
         }
         let start = self.start;
-        let skip = self.end().wrapping_sub(seq) as usize;
+        let skip = self.end().bytes_since(seq);
         let mut bytes = self.bytes;
         bytes.extend_from_slice(payload.get(skip..).unwrap_or(&[]));
         Ok((start, bytes))
     }
 
     /// A run that starts at `start`.
-    pub(crate) fn from_stream(start: u32, bytes: Vec<u8>) -> Self {
+    pub(crate) fn from_stream(start: SeqNumber, bytes: Vec<u8>) -> Self {
         Self { start, bytes }
     }
 }
@@ -231,17 +239,22 @@ impl Session {
 #[cfg(test)]
 mod tests {
     use super::Held;
+    use common::seq::SeqNumber;
 
     #[test]
     fn a_run_trims_repeats_restarts_after_a_hole_and_keeps_its_bound() {
         let mut h = Held::default();
-        assert_eq!(h.push(u32::MAX - 1, b"abcd", 100), 0); // across the wrap
-        assert_eq!(h.push(u32::MAX - 1, b"abcdef", 100), 0); // a repeat, longer
+        assert_eq!(h.push(SeqNumber(u32::MAX - 1), b"abcd", 100), 0); // across the wrap
+        assert_eq!(h.push(SeqNumber(u32::MAX - 1), b"abcdef", 100), 0); // a repeat, longer
         assert_eq!(h.len(), 6);
-        assert_eq!(h.push(4, b"g", 100), 0);
-        assert_eq!(h.push(10, b"xyz", 100), 7, "a hole: the run starts again");
+        assert_eq!(h.push(SeqNumber(4), b"g", 100), 0);
         assert_eq!(
-            h.push(13, b"12345", 4),
+            h.push(SeqNumber(10), b"xyz", 100),
+            7,
+            "a hole: the run starts again"
+        );
+        assert_eq!(
+            h.push(SeqNumber(13), b"12345", 4),
             8,
             "over the bound: all of it is lost"
         );
@@ -251,12 +264,15 @@ mod tests {
     #[test]
     fn a_continuing_packet_joins_the_run_and_a_later_one_does_not() {
         let mut h = Held::default();
-        h.push(100, b"abc", 100);
+        h.push(SeqNumber(100), b"abc", 100);
         assert_eq!(
-            Held::from_stream(100, b"abc".to_vec()).joined(102, b"cde"),
-            Ok((100, b"abcde".to_vec()))
+            Held::from_stream(SeqNumber(100), b"abc".to_vec()).joined(SeqNumber(102), b"cde"),
+            Ok((SeqNumber(100), b"abcde".to_vec()))
         );
-        assert_eq!(h.joined(104, b"x"), Err(3));
-        assert_eq!(Held::default().joined(7, b"q"), Ok((7, b"q".to_vec())));
+        assert_eq!(h.joined(SeqNumber(104), b"x"), Err(3));
+        assert_eq!(
+            Held::default().joined(SeqNumber(7), b"q"),
+            Ok((SeqNumber(7), b"q".to_vec()))
+        );
     }
 }

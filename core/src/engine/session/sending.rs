@@ -6,10 +6,10 @@
 use super::*;
 
 impl Session {
-    pub(super) fn repr(&self, seq: u32, flags: u8, ip_id: u16, ttl: u8) -> SegmentRepr {
+    pub(super) fn repr(&self, seq: SeqNumber, flags: u8, ip_id: u16, ttl: u8) -> SegmentRepr {
         let mut options = TcpOptions::default();
         let mut flags = flags;
-        let mut ack = 0;
+        let mut ack = SeqNumber(0);
         if self.phase == Phase::SynSent {
             options.mss = Some(self.adv_mss);
             options.window_scale = self.offer_wscale.then_some(OUR_WSCALE);
@@ -39,15 +39,20 @@ impl Session {
     }
 
     /// Length and FIN of the segment starting at `start` that fits before `limit`.
-    pub(super) fn plan_data(&self, start: u32, limit: u32, max_payload: usize) -> (u32, bool) {
+    pub(super) fn plan_data(
+        &self,
+        start: SeqNumber,
+        limit: SeqNumber,
+        max_payload: usize,
+    ) -> (u32, bool) {
         let data_end = self.data_end();
-        let avail = if seq::lt(start, data_end) {
-            data_end.wrapping_sub(start)
+        let avail = if start < data_end {
+            data_end.bytes_since(start) as u32
         } else {
             0
         };
-        let room = if seq::lt(start, limit) {
-            limit.wrapping_sub(start)
+        let room = if start < limit {
+            limit.bytes_since(start) as u32
         } else {
             0
         };
@@ -56,7 +61,7 @@ impl Session {
             .min(self.send_mss)
             .min(u32::try_from(max_payload).unwrap_or(u32::MAX));
         // The FIN takes one sequence number and, like data, must fit the window.
-        let fin = self.fin_queued && start.wrapping_add(len) == data_end && room > len;
+        let fin = self.fin_queued && start + len == data_end && room > len;
         (len, fin)
     }
 
@@ -80,11 +85,11 @@ impl Session {
                 let n = emit(&repr, &[], buf, stats)?;
                 self.syn_pending = false;
                 if self.snd_max == self.iss {
-                    self.rtt_probe = Some((self.iss.wrapping_add(1), now));
+                    self.rtt_probe = Some((self.iss + 1u32, now));
                 } else {
                     stats.segments_resent += 1;
                 }
-                self.snd_nxt = self.iss.wrapping_add(1);
+                self.snd_nxt = self.iss + 1u32;
                 self.snd_max = self.snd_nxt;
                 self.rto_at.get_or_insert(now + self.current_rto(cfg));
                 Some(n)
@@ -103,7 +108,7 @@ impl Session {
         buf: &mut [u8],
         ip_id: u16,
     ) -> Option<usize> {
-        let header = self.repr(0, 0, 0, 0).header_len();
+        let header = self.repr(SeqNumber(0), 0, 0, 0).header_len();
         let Some(max_payload) = buf.len().checked_sub(header) else {
             stats.transmit_buffer_too_small += 1;
             return None;
@@ -112,36 +117,37 @@ impl Session {
         let (start, limit) = if fast {
             (self.snd_una, self.snd_max)
         } else if self.rto_retx_pending && self.snd_nxt == self.snd_una {
-            let head = self
-                .snd_una
-                .wrapping_add(self.send_mss.min(self.snd_max.wrapping_sub(self.snd_una)));
-            (self.snd_nxt, seq::max(self.send_limit(), head))
+            let head = self.snd_una
+                + self
+                    .send_mss
+                    .min(self.snd_max.bytes_since(self.snd_una) as u32);
+            (self.snd_nxt, self.send_limit().max(head))
         } else {
             (self.snd_nxt, self.send_limit())
         };
-        let (len, fin) = if fast || seq::lt(self.snd_nxt, self.stream_end()) {
+        let (len, fin) = if fast || self.snd_nxt < self.stream_end() {
             self.plan_data(start, limit, max_payload)
         } else {
             (0, false)
         };
         if len > 0 || fin {
             let n = self.emit_data(start, len, fin, scratch, buf, ip_id, cfg, stats)?;
-            let end = start.wrapping_add(len + u32::from(fin));
-            if seq::lt(start, self.snd_max) {
+            let end = start + (len + u32::from(fin));
+            if start < self.snd_max {
                 stats.segments_resent += 1;
-                let resent_end = if seq::lt(end, self.snd_max) {
+                let resent_end = if end < self.snd_max {
                     end
                 } else {
                     self.snd_max
                 };
-                stats.bytes_resent += u64::from(resent_end.wrapping_sub(start).min(len));
+                stats.bytes_resent += u64::from((resent_end.bytes_since(start) as u32).min(len));
                 self.rtt_probe = None;
             } else if self.rtt_probe.is_none() {
                 self.rtt_probe = Some((end, now));
             }
-            if seq::gt(end, self.snd_max) {
-                let from = seq::max(start, self.snd_max);
-                stats.bytes_sent += u64::from(end.wrapping_sub(from) - u32::from(fin));
+            if end > self.snd_max {
+                let from = start.max(self.snd_max);
+                stats.bytes_sent += u64::from(end.bytes_since(from) as u32 - u32::from(fin));
                 self.snd_max = end;
             }
             if fast {
@@ -162,7 +168,7 @@ impl Session {
         if self.probe_pending {
             // Linux-style window probe: an already-acknowledged sequence number with no data
             // is always answered with an ACK carrying the current window.
-            let repr = self.repr(self.snd_una.wrapping_sub(1), 0, ip_id, cfg.ttl);
+            let repr = self.repr(self.snd_una - 1u32, 0, ip_id, cfg.ttl);
             let n = emit(&repr, &[], buf, stats)?;
             self.probe_pending = false;
             self.acked_all();
@@ -190,9 +196,10 @@ impl Session {
     /// it in `TCPBeyondWindow`). Every ACK of ours would then be ignored while the test server
     /// waits for them with its window shut: a deadlock, seen after intercept stalls, when the
     /// test server's replies to a backlog fill its send buffer.
-    pub(super) fn acceptable_seq(&self) -> u32 {
-        let edge = self.snd_una.wrapping_add(self.snd_wnd);
-        if seq::gt(self.snd_nxt, edge) {
+    pub(super) fn acceptable_seq(&self) -> SeqNumber {
+        let edge = self.snd_una + self.snd_wnd;
+        // The window is at most 2^30 (65535 << 14): `edge` is never 2^31 from `snd_nxt`.
+        if self.snd_nxt > edge {
             edge
         } else {
             self.snd_nxt
@@ -209,7 +216,7 @@ impl Session {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn emit_data(
         &self,
-        start: u32,
+        start: SeqNumber,
         len: u32,
         fin: bool,
         scratch: &mut [u8],
@@ -218,7 +225,7 @@ impl Session {
         cfg: &EngineConfig,
         stats: &mut EngineStats,
     ) -> Option<usize> {
-        let off = start.wrapping_sub(self.buf_seq) as usize;
+        let off = start.bytes_since(self.buf_seq);
         let len = len as usize;
         let (a, b) = self.send_buf.as_slices();
         let payload: &[u8] = if off + len <= a.len() {
@@ -237,7 +244,7 @@ impl Session {
         if fin {
             flags |= TcpFlags::FIN;
         }
-        if len > 0 && start.wrapping_add(len as u32) == self.data_end() {
+        if len > 0 && start + len == self.data_end() {
             flags |= TcpFlags::PSH;
         }
         let repr = self.repr(start, flags, ip_id, cfg.ttl);

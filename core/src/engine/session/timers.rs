@@ -111,7 +111,7 @@ impl Session {
                         // Go back: everything unacknowledged is sent again, starting with
                         // the oldest, from one segment and slow start (the loss may be the
                         // test server drowning).
-                        let flight = self.snd_max.wrapping_sub(self.snd_una);
+                        let flight = self.snd_max.bytes_since(self.snd_una) as u32;
                         self.ssthresh = (flight / 2).max(2 * self.send_mss);
                         self.cwnd = self.send_mss;
                         self.snd_nxt = self.snd_una;
@@ -191,8 +191,9 @@ impl Session {
             self.rto_at = Some(now + self.current_rto(cfg));
         }
         let window_shut = self.snd_una == self.snd_max
-            && seq::lt(self.snd_nxt, self.stream_end())
-            && !seq::lt(self.snd_nxt, self.send_limit());
+            && self.snd_nxt < self.stream_end()
+            // Ours, and the limit at most a window (2^30) past `snd_una`: ordered.
+            && self.snd_nxt >= self.send_limit();
         if window_shut && !self.probe_pending {
             if self.persist_at.is_none() {
                 self.persist_at = Some(now + self.current_rto(cfg));
@@ -211,8 +212,7 @@ impl Session {
                     || self.fast_retx_pending
                     || self.rto_retx_pending
                     || self.probe_pending
-                    || (seq::lt(self.snd_nxt, self.stream_end())
-                        && seq::lt(self.snd_nxt, self.send_limit()))
+                    || (self.snd_nxt < self.stream_end() && self.snd_nxt < self.send_limit())
             }
             Phase::Lingering { .. } => false,
         }
