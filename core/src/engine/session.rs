@@ -98,6 +98,21 @@ pub(crate) enum Phase {
     Lingering { clean: bool, until: Instant },
 }
 
+/// Our direction's close, toward the test server. The states only move forward, in this
+/// order: the client's FIN is reached in order (its whole stream is in our hands), then our
+/// FIN is queued once the transform withholds nothing more (a login waiting for the greeting
+/// keeps it back). The test server's direction closes on its own (`test_fin_at`); the session
+/// is complete when both are closed and acknowledged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Closing {
+    /// The client's stream goes on.
+    Open,
+    /// The client's FIN (or a reset taken as one) was reached; our FIN waits for the transform.
+    ClientFinished,
+    /// Our FIN follows the last byte of our stream.
+    FinQueued,
+}
+
 /// A captured client segment as the reassembly takes it: where it starts in the client's
 /// sequence space (after the SYN), its bytes, and whether it ends the stream (a FIN, or a RST
 /// taken as one).
@@ -140,8 +155,9 @@ pub(crate) struct Session {
     client_established: bool,
     /// Highest ACK production sent the client: bytes production holds.
     prod_ack: Option<SeqNumber>,
-    /// The client's FIN was reached in order (and the transform told).
-    client_fin_reached: bool,
+    /// How far our direction has closed: the client's FIN reached in order (and the transform
+    /// told), then our FIN queued. One value, so "our FIN without the client's" cannot be.
+    closing: Closing,
     /// After a capture gap: client bytes are given up until a segment starts a command
     /// (`StreamTransform::starts_command`); see [`Session::settle_gaps`].
     resync_client: bool,
@@ -174,8 +190,6 @@ pub(crate) struct Session {
     /// Unacknowledged and unsent bytes; `send_buf[0]` has seq `buf_seq`.
     send_buf: VecDeque<u8>,
     buf_seq: SeqNumber,
-    /// The client's FIN was reached: our FIN goes right after the last byte of `send_buf`.
-    fin_queued: bool,
     syn_pending: bool,
     /// An older connection on our 4-tuple that the test server still holds, drained before
     /// our SYN can get through (see `recovery.rs`). Rare: boxed, to keep every session small.
@@ -292,7 +306,7 @@ impl Session {
             floating_start: picked_up && pkt.payload.is_empty(),
             client_established: picked_up,
             prod_ack: None,
-            client_fin_reached: false,
+            closing: Closing::Open,
             resync_client: false,
             transform: transform.map(transform::Slot),
             prod_reasm: None,
@@ -307,7 +321,6 @@ impl Session {
             snd_max: iss,
             send_buf: VecDeque::new(),
             buf_seq: iss + 1u32,
-            fin_queued: false,
             syn_pending: true,
             stale: None,
             snd_wnd: 0,
@@ -389,7 +402,7 @@ impl Session {
 
     /// Sequence number just past everything we have to send, FIN included.
     fn stream_end(&self) -> SeqNumber {
-        self.data_end() + u32::from(self.fin_queued)
+        self.data_end() + u32::from(self.fin_queued())
     }
 
     fn test_fin_received(&self) -> bool {
@@ -399,12 +412,17 @@ impl Session {
     }
 
     fn our_fin_acked(&self) -> bool {
-        self.fin_queued && self.snd_una == self.stream_end()
+        self.fin_queued() && self.snd_una == self.stream_end()
     }
 
     /// The client's whole stream is in and ends here (its FIN, or a reset taken as one).
     pub(crate) fn client_closed(&self) -> bool {
-        self.client_fin_reached
+        self.closing >= Closing::ClientFinished
+    }
+
+    /// Our FIN goes right after the last byte of `send_buf`.
+    fn fin_queued(&self) -> bool {
+        self.closing == Closing::FinQueued
     }
 
     /// Both directions closed and acknowledged, and our last ACK is out.

@@ -23,7 +23,7 @@ impl Session {
         if f.rst() {
             // Production would ignore a RST behind the stream; so do we.
             if pkt.seq.bytes_since(self.reasm.next()) < 1 << 30 {
-                if self.client_fin_reached {
+                if self.client_closed() {
                     // Closing already, with our FIN after the client's whole stream: a reset
                     // after the FIN (a socket closed with unread data) changes nothing there.
                     stats.client_rsts_ignored += 1;
@@ -108,8 +108,8 @@ impl Session {
         if let Some(reason) = self.settle_gaps(now, captured, cfg, stats) {
             return Outcome::Finished(reason);
         }
-        if self.reasm.fin_done() && !self.client_fin_reached {
-            self.client_fin_reached = true;
+        if self.reasm.fin_done() && self.closing == Closing::Open {
+            self.closing = Closing::ClientFinished;
             // Also bounds a transform that never stops withholding.
             self.close_started.get_or_insert(now);
             self.call_transform(captured, cfg, stats, |t, out| t.on_client_fin(now, out));
@@ -166,7 +166,7 @@ impl Session {
             reasm,
             send_buf,
             transform,
-            fin_queued,
+            closing,
             ..
         } = self;
         let mut delivered = 0usize;
@@ -182,8 +182,12 @@ impl Session {
                 }
             }
             Some(t) => {
-                let mut out =
-                    TransformOutput::bound(send_buf, &mut stats.transform, *fin_queued, room);
+                let mut out = TransformOutput::bound(
+                    send_buf,
+                    &mut stats.transform,
+                    *closing == Closing::FinQueued,
+                    room,
+                );
                 out.set_captured(captured);
                 op(reasm, &mut |bytes| {
                     delivered += bytes.len();
@@ -215,13 +219,18 @@ impl Session {
         let Session {
             transform,
             send_buf,
-            fin_queued,
+            closing,
             ..
         } = self;
         let Some(t) = transform else {
             return;
         };
-        let mut out = TransformOutput::bound(send_buf, &mut stats.transform, *fin_queued, room);
+        let mut out = TransformOutput::bound(
+            send_buf,
+            &mut stats.transform,
+            *closing == Closing::FinQueued,
+            room,
+        );
         out.set_captured(captured);
         call(t.0.as_mut(), &mut out);
         let result = out.result();
@@ -247,11 +256,10 @@ impl Session {
         if self.overflowed || self.queued_bytes() > cfg.max_session_buffer {
             return Some(CloseReason::BufferOverflow);
         }
-        if self.client_fin_reached
-            && !self.fin_queued
+        if self.closing == Closing::ClientFinished
             && !self.transform.as_ref().is_some_and(|t| t.0.pending())
         {
-            self.fin_queued = true;
+            self.closing = Closing::FinQueued;
         }
         None
     }
@@ -386,14 +394,19 @@ impl Session {
             prod_reasm: Some(reasm),
             transform: Some(t),
             send_buf,
-            fin_queued,
+            closing,
             ..
         } = self
         else {
             return;
         };
         let mut delivered = 0usize;
-        let mut out = TransformOutput::bound(send_buf, &mut stats.transform, *fin_queued, room);
+        let mut out = TransformOutput::bound(
+            send_buf,
+            &mut stats.transform,
+            *closing == Closing::FinQueued,
+            room,
+        );
         out.set_captured(captured);
         op(reasm, &mut |bytes| {
             delivered += bytes.len();

@@ -289,7 +289,7 @@ impl Session {
             // or we are closing ourselves (the last ACKs must not hang on a timer).
             let plain = !fin
                 && self.test_ooo.is_empty()
-                && !self.fin_queued
+                && !self.fin_queued()
                 && self.close_started.is_none();
             if plain && !cfg.delayed_ack.is_zero() && self.unacked_segs == 0 {
                 self.ack_pending = owed;

@@ -32,7 +32,7 @@ impl Session {
     /// Whether this session, ending for `reason` (a test-side loss), leaves a client still
     /// talking to production: it completed its own handshake and has not closed.
     fn client_still_connected(&self, reason: CloseReason) -> bool {
-        if !self.client_established || self.client_fin_reached {
+        if !self.client_established || self.client_closed() {
             return false;
         }
         // A handshake timeout is a test-side loss only when the test server never answered;

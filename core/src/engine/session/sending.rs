@@ -61,7 +61,7 @@ impl Session {
             .min(self.send_mss)
             .min(u32::try_from(max_payload).unwrap_or(u32::MAX));
         // The FIN takes one sequence number and, like data, must fit the window.
-        let fin = self.fin_queued && start + len == data_end && room > len;
+        let fin = self.fin_queued() && start + len == data_end && room > len;
         (len, fin)
     }
 
