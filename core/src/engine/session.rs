@@ -103,14 +103,26 @@ pub(crate) enum Phase {
 /// FIN is queued once the transform withholds nothing more (a login waiting for the greeting
 /// keeps it back). The test server's direction closes on its own (`test_fin_at`); the session
 /// is complete when both are closed and acknowledged.
+///
+/// The values are chosen so that the FIN's place in our sequence space is the low bit
+/// (`fin_len`): `stream_end` is asked several times per packet sent, and a comparison there
+/// cost the engine 2% of its instructions per packet (callgrind, tcp:1000).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[repr(u8)]
 pub(crate) enum Closing {
     /// The client's stream goes on.
-    Open,
+    Open = 0,
     /// The client's FIN (or a reset taken as one) was reached; our FIN waits for the transform.
-    ClientFinished,
+    ClientFinished = 2,
     /// Our FIN follows the last byte of our stream.
-    FinQueued,
+    FinQueued = 3,
+}
+
+impl Closing {
+    /// Sequence numbers our FIN takes: 1 once queued, else 0.
+    fn fin_len(self) -> u32 {
+        u32::from(self as u8 & 1)
+    }
 }
 
 /// A captured client segment as the reassembly takes it: where it starts in the client's
@@ -155,9 +167,6 @@ pub(crate) struct Session {
     client_established: bool,
     /// Highest ACK production sent the client: bytes production holds.
     prod_ack: Option<SeqNumber>,
-    /// How far our direction has closed: the client's FIN reached in order (and the transform
-    /// told), then our FIN queued. One value, so "our FIN without the client's" cannot be.
-    closing: Closing,
     /// After a capture gap: client bytes are given up until a segment starts a command
     /// (`StreamTransform::starts_command`); see [`Session::settle_gaps`].
     resync_client: bool,
@@ -190,6 +199,9 @@ pub(crate) struct Session {
     /// Unacknowledged and unsent bytes; `send_buf[0]` has seq `buf_seq`.
     send_buf: VecDeque<u8>,
     buf_seq: SeqNumber,
+    /// How far our direction has closed: the client's FIN reached in order (and the transform
+    /// told), then our FIN queued. One value, so "our FIN without the client's" cannot be.
+    closing: Closing,
     syn_pending: bool,
     /// An older connection on our 4-tuple that the test server still holds, drained before
     /// our SYN can get through (see `recovery.rs`). Rare: boxed, to keep every session small.
@@ -402,7 +414,7 @@ impl Session {
 
     /// Sequence number just past everything we have to send, FIN included.
     fn stream_end(&self) -> SeqNumber {
-        self.data_end() + u32::from(self.fin_queued())
+        self.data_end() + self.closing.fin_len()
     }
 
     fn test_fin_received(&self) -> bool {
@@ -422,7 +434,7 @@ impl Session {
 
     /// Our FIN goes right after the last byte of `send_buf`.
     fn fin_queued(&self) -> bool {
-        self.closing == Closing::FinQueued
+        self.closing.fin_len() == 1
     }
 
     /// Both directions closed and acknowledged, and our last ACK is out.
