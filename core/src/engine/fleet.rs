@@ -47,7 +47,7 @@ use common::wire::TcpPacket;
 
 use super::pool::AddressPool;
 use super::sample::{Sampler, Verdict};
-use super::{Engine, EngineConfig, EngineEvent, EngineStats, TestEvent};
+use super::{Engine, EngineConfig, EngineEvent, EngineStats, Plaintext, TestEvent};
 
 /// Why a fleet cannot be built; the messages say how to fix the command line.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -331,6 +331,25 @@ impl Fleet {
         }
         if !taken {
             self.captured_ignored += 1;
+        }
+    }
+
+    /// A piece of a TLS session's plaintext: to every engine of its production port that
+    /// mirrors its client (each copy of `--multiply` has its own session of it).
+    pub fn on_plaintext(&mut self, now: Instant, p: &Plaintext<'_>) {
+        let port = p.server.port();
+        for r in &self.routes {
+            if r.prod_port != port {
+                continue;
+            }
+            if let Some((pos, size)) = r.spread {
+                if placement(p.client, size) != pos {
+                    continue;
+                }
+            }
+            for e in &mut self.engines[r.first..r.first + self.copies] {
+                e.on_plaintext(now, p);
+            }
         }
     }
 

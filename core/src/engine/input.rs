@@ -163,6 +163,37 @@ impl Engine {
         self.settle(id, now, out);
     }
 
+    /// A piece of a TLS session's plaintext (see [`Plaintext`]). Plaintext of no session this
+    /// engine mirrors is counted (`tls_plain_bytes_unmatched`) and dropped.
+    pub fn on_plaintext(&mut self, now: Instant, p: &Plaintext<'_>) {
+        let key = FlowKey {
+            client: p.client,
+            prod_ip: *p.server.ip(),
+        };
+        let unmatched = |st: &mut EngineStats| st.tls_plain_bytes_unmatched += p.data.len() as u64;
+        if p.server.port() != self.cfg.prod_port {
+            unmatched(&mut self.stats);
+            return;
+        }
+        let Some(id) = self.by_flow.get(&key).copied() else {
+            unmatched(&mut self.stats);
+            return;
+        };
+        let Some(s) = slot_session(&mut self.slots, id) else {
+            return;
+        };
+        if s.is_lingering() {
+            unmatched(&mut self.stats);
+            return;
+        }
+        let at = PlainAt {
+            from_client: p.from_client,
+            offset: p.offset,
+        };
+        let out = s.on_plaintext(now, &self.cfg, &mut self.stats, at, p.data);
+        self.settle(id, now, out);
+    }
+
     /// A test-server segment relayed by intercept.
     pub fn on_feedback(&mut self, now: Instant, fb: &TestFeedback) {
         self.stats.feedback_received += 1;

@@ -116,6 +116,8 @@ mod sim_tests;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
+mod tls_tests;
+#[cfg(test)]
 mod transform_tests;
 
 use std::cmp::Reverse;
@@ -135,8 +137,22 @@ use pool::AddressPool;
 pub use recovery::lost_test_answers;
 pub use sample::Sample;
 use sample::{Sampler, Verdict};
-use session::{Held, Outcome, Session, Start};
+use session::{Held, Outcome, PlainAt, Session, Start};
 pub use stats::EngineStats;
+
+/// A piece of a TLS session's plaintext, as production's TLS library read it (the client's
+/// direction) or wrote it (production's), numbered by the probe that saw it.
+#[derive(Clone, Copy, Debug)]
+pub struct Plaintext<'a> {
+    /// The client's address, as production sees it.
+    pub client: SocketAddrV4,
+    /// Production's address and port.
+    pub server: SocketAddrV4,
+    pub from_client: bool,
+    /// Bytes of this direction of the session before `data` (those the probe lost included).
+    pub offset: u64,
+    pub data: &'a [u8],
+}
 pub use transform::{
     Identity, IdentityFactory, SessionInfo, StreamTransform, TestEvent, TestSegment,
     TransformFactory, TransformOutput, TransformStats, TRANSFORM_COUNTERS,
@@ -800,6 +816,7 @@ impl Engine {
         {
             self.gate.failed(now);
         }
+        self.stats.tls_plain_bytes_unused += s.tls_unused_bytes() as u64;
         s.end_transform();
         self.collect_observations(id);
         let Some(s) = slot_session(&mut self.slots, id) else {

@@ -71,6 +71,8 @@ const PROD_HOLD_LIMIT: usize = 1 << 20;
 const TRANSFORM_RETRY: Duration = Duration::from_millis(1);
 
 mod captured;
+mod plaintext;
+pub(crate) use plaintext::PlainAt;
 mod feedback;
 mod gaps;
 mod recovery;
@@ -268,6 +270,8 @@ pub(crate) struct Session {
     last_activity: Instant,
     close_started: Option<Instant>,
     gap_since: Option<Instant>,
+    /// A TLS session mirrored from its plaintext (`plaintext.rs`).
+    tls: Option<Box<plaintext::TlsPlain>>,
 }
 
 /// How a session starts.
@@ -373,6 +377,7 @@ impl Session {
             last_activity: now,
             close_started: None,
             gap_since: None,
+            tls: None,
         }
     }
 
@@ -395,6 +400,7 @@ impl Session {
             + self.reasm.heap_bytes()
             + self.prod_reasm.as_ref().map_or(0, Reassembly::heap_bytes)
             + self.transform.as_ref().map_or(0, |t| t.0.memory_len())
+            + self.tls_heap_bytes()
     }
 
     fn transform_buffered(&self) -> usize {

@@ -106,6 +106,23 @@ pub struct EngineStats {
     /// Production segments dropped: too far ahead of the stream, or too many holes at once.
     pub prod_segments_dropped: u64,
 
+    // --- TLS sessions, mirrored from their plaintext (`Engine::on_plaintext`) ---
+    /// Plaintext bytes taken into sessions, client -> production.
+    pub tls_plain_client_bytes: u64,
+    /// Plaintext bytes taken into sessions, production -> client.
+    pub tls_plain_prod_bytes: u64,
+    /// Captured ciphertext bytes passed over (the plaintext stands for them).
+    pub tls_ciphertext_bytes: u64,
+    /// Plaintext bytes the probe said it lost inside a session's stream (client side: the
+    /// session ends as `CaptureGap`; production side: its replies are lost to the report).
+    pub tls_plain_bytes_lost: u64,
+    /// Plaintext bytes of no session we mirror: a TLS connection opened before the copier
+    /// (not mirrored yet), one not admitted or already ended, or one never seen start TLS.
+    pub tls_plain_bytes_unmatched: u64,
+    /// Plaintext bytes that arrived before their session's SSLRequest was read, and were
+    /// still waiting when it ended (its TLS never started in our eyes).
+    pub tls_plain_bytes_unused: u64,
+
     // --- toward the test server ---
     /// Bytes queued toward the test server (client bytes, or what transforms pushed).
     pub bytes_queued: u64,
@@ -269,6 +286,12 @@ impl EngineStats {
             client_bytes_reassembled,
             prod_bytes_reassembled,
             prod_segments_dropped,
+            tls_plain_client_bytes,
+            tls_plain_prod_bytes,
+            tls_ciphertext_bytes,
+            tls_plain_bytes_lost,
+            tls_plain_bytes_unmatched,
+            tls_plain_bytes_unused,
             bytes_queued,
             transform_bytes_refused,
             bytes_sent,

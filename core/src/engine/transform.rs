@@ -330,6 +330,7 @@ pub struct TransformOutput<'a> {
     overflowed: bool,
     abandoned: Option<&'static str>,
     captured: Option<Instant>,
+    tls_started: bool,
 }
 
 /// What one call asked for, applied by the session afterwards.
@@ -340,6 +341,8 @@ pub(super) struct TransformResult {
     pub(super) refused: usize,
     pub(super) overflowed: bool,
     pub(super) abandoned: Option<&'static str>,
+    /// The client's stream turned to TLS: see [`TransformOutput::start_tls`].
+    pub(super) tls_started: bool,
 }
 
 impl<'a> TransformOutput<'a> {
@@ -364,6 +367,7 @@ impl<'a> TransformOutput<'a> {
             overflowed: false,
             abandoned: None,
             captured: None,
+            tls_started: false,
         }
     }
 
@@ -408,6 +412,19 @@ impl<'a> TransformOutput<'a> {
         self.abandoned.get_or_insert(why);
     }
 
+    /// The client's stream turns to TLS after the bytes taken so far (an SSLRequest): from
+    /// now on the session's captured bytes, both ways, are ciphertext and never delivered;
+    /// its plaintext comes through [`Engine::on_plaintext`](super::Engine::on_plaintext).
+    /// Bytes of the current delivery after that point must be ignored by the transform.
+    pub fn start_tls(&mut self) {
+        self.tls_started = true;
+    }
+
+    /// Whether this call started TLS ([`Self::start_tls`]).
+    pub fn tls_started(&self) -> bool {
+        self.tls_started
+    }
+
     pub fn count(&mut self, counter: usize) {
         self.counters.add(counter, 1);
     }
@@ -425,8 +442,9 @@ impl<'a> TransformOutput<'a> {
         self.abandoned
     }
 
+    /// Nothing more of the current delivery may reach the transform.
     pub(super) fn is_done(&self) -> bool {
-        self.abandoned.is_some() || self.overflowed
+        self.abandoned.is_some() || self.overflowed || self.tls_started
     }
 
     pub(super) fn result(&self) -> TransformResult {
@@ -435,6 +453,7 @@ impl<'a> TransformOutput<'a> {
             refused: self.refused,
             overflowed: self.overflowed,
             abandoned: self.abandoned,
+            tls_started: self.tls_started,
         }
     }
 }

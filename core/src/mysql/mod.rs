@@ -98,6 +98,11 @@ pub struct MysqlConfig {
     pub allow_calls: bool,
     /// `--report`: every client command and both servers' answers go to this sink.
     pub report: Option<ReportHooks>,
+    /// TLS sessions are mirrored from the plaintext production's TLS library handled
+    /// (`--tls-sessions`, the copier's eBPF probe): a client's SSLRequest is dropped and its
+    /// login and commands arrive through [`Engine::on_plaintext`](crate::engine::Engine::on_plaintext).
+    /// Off: a TLS session is given up at its login and counted (`not_mirrorable_tls`).
+    pub tls_plaintext: bool,
 }
 
 impl Default for MysqlConfig {
@@ -112,6 +117,7 @@ impl Default for MysqlConfig {
             read_only: false,
             allow_calls: false,
             report: None,
+            tls_plaintext: false,
         }
     }
 }
@@ -177,6 +183,8 @@ pub enum Counter {
     AuthFailedOnTest,
     NoCredentials,
     NotMirrorableTls,
+    /// TLS sessions whose SSLRequest was dropped to mirror them from the plaintext capture.
+    TlsSessionsFromPlaintext,
     NotMirrorableCompression,
     ClientAuthPacketsSwallowed,
     CommandsForwarded,
@@ -317,6 +325,7 @@ pub const COUNTER_NAMES: &[&str] = &[
     "auth_failed_on_test",
     "no_credentials",
     "not_mirrorable_tls",
+    "tls_sessions_from_plaintext",
     "not_mirrorable_compression",
     "client_auth_packets_swallowed",
     "commands_forwarded",

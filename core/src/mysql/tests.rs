@@ -14,7 +14,8 @@ use common::mysql::auth::{caching_sha2_password, native_password, Nonce};
 use common::mysql::command::{self, com, ChangeUser, Command, PrepareOk};
 use common::mysql::fold::{Folded, RowFolder};
 use common::mysql::handshake::{
-    AuthSwitchRequest, Capabilities, ErrPacket, Greeting, HandshakeResponse, MariaCapabilities,
+    AuthSwitchRequest, Capabilities, ClientLogin, ErrPacket, Greeting, HandshakeResponse,
+    MariaCapabilities,
 };
 use common::mysql::packet::{write_packet, Oversize, PacketSplitter, MAX_PAYLOAD_LEN};
 use proptest::prelude::*;
@@ -734,6 +735,79 @@ fn tls_and_compression_are_given_up_at_login() {
     assert_eq!(h.abandoned, Some("compression"));
     assert_eq!(h.count(Counter::NotMirrorableCompression), 1);
     assert!(h.received().is_empty());
+}
+
+#[test]
+fn a_tls_session_is_mirrored_from_its_plaintext_login_and_commands() {
+    let config = MysqlConfig {
+        tls_plaintext: true,
+        ..MysqlConfig::default()
+    };
+    let mut h = Harness::new(config, false);
+    h.prod_packet(0, &hex(SB_GREETING));
+    // The SSLRequest, and the TLS ClientHello in the same segment: never framed.
+    let mut seg = framed(1, &hex(SSL_REQUEST));
+    seg.extend_from_slice(&[0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc, 0x03]);
+    let started = h.call(|t, now, out| {
+        t.on_client_data(now, &seg, out);
+        out.tls_started()
+    });
+    assert!(started);
+    assert_eq!(h.abandoned, None);
+    assert_eq!(h.count(Counter::TlsSessionsFromPlaintext), 1);
+    assert_eq!(h.count(Counter::NotMirrorableTls), 0);
+    assert!(h.received().is_empty());
+    // From the plaintext: the login, second packet of the client's stream, still saying SSL.
+    let mut login = hex(CAPI_RESPONSE);
+    login[1] |= (Capabilities::SSL.0 >> 8) as u8;
+    h.client_packet(2, &login);
+    assert!(h.t.pending(), "the login waits for the test greeting");
+    h.test_packet(0, &test_greeting(NATIVE));
+    let got = h.received();
+    assert_eq!(got.len(), 1);
+    assert_eq!(
+        got[0].0, 1,
+        "our plain session's login answers the greeting"
+    );
+    let ClientLogin::Response(r) = ClientLogin::parse(&got[0].1).unwrap() else {
+        panic!("a login");
+    };
+    assert!(!r.capabilities.contains(Capabilities::SSL), "no TLS asked");
+    let ClientLogin::Response(orig) = ClientLogin::parse(&login).unwrap() else {
+        panic!("a login");
+    };
+    assert_eq!(r.username, orig.username);
+    assert_eq!(
+        r.capabilities,
+        Capabilities(orig.capabilities.0 & !Capabilities::SSL.0)
+    );
+    assert_eq!(h.count(Counter::LoginsRewritten), 1);
+    // Production's OK comes third inside TLS.
+    h.prod_packet(3, OK);
+    h.test_packet(2, OK);
+    assert!(!h.t.pending());
+    h.client_packet(0, &query("SELECT 1"));
+    assert_eq!(h.received(), vec![(0, query("SELECT 1"))]);
+    assert_eq!(h.abandoned, None);
+}
+
+#[test]
+fn tls_off_still_gives_up_an_ssl_request_and_a_login_saying_ssl() {
+    let mut h = Harness::new(MysqlConfig::default(), false);
+    h.prod_packet(0, &hex(SB_GREETING));
+    let mut login = hex(CAPI_RESPONSE);
+    login[1] |= (Capabilities::SSL.0 >> 8) as u8;
+    h.client_packet(1, &login);
+    assert_eq!(h.abandoned, Some("tls"));
+    // On, a login that says SSL without an SSLRequest before it is no TLS session we know.
+    let config = MysqlConfig {
+        tls_plaintext: true,
+        ..MysqlConfig::default()
+    };
+    let mut h = Harness::new(config, false);
+    h.prod_packet(0, &hex(SB_GREETING));
+    h.client_packet(1, &login);
+    assert_eq!(h.abandoned, Some("tls"));
 }
 
 #[test]
@@ -2043,4 +2117,68 @@ fn a_test_server_far_behind_holds_commands_instead_of_losing_the_session() {
     assert_eq!(h.count(Counter::ProtocolErrors), 0);
     assert_eq!(h.count(Counter::RepliesUnmatched), 0);
     assert!(!h.t.pending());
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    /// Issue 21: inside TLS, whatever ciphertext shares the SSLRequest's segment and however
+    /// the plaintext is cut, the test server gets one plain login (numbered 1, no SSL) and
+    /// then the client's commands, and the session is never given up.
+    #[test]
+    fn a_tls_sessions_login_is_rewritten_whatever_the_cuts(
+        tail in proptest::collection::vec(any::<u8>(), 0..300),
+        cuts in proptest::collection::vec(1usize..64, 1..40),
+        greeting_first in any::<bool>(),
+        queries in proptest::collection::vec("[a-z ]{1,40}", 0..8),
+    ) {
+        let config = MysqlConfig {
+            tls_plaintext: true,
+            ..MysqlConfig::default()
+        };
+        let mut h = Harness::new(config, false);
+        h.prod_packet(0, &hex(SB_GREETING));
+        let mut seg = framed(1, &hex(SSL_REQUEST));
+        seg.extend_from_slice(&tail);
+        let started = h.call(|t, now, out| {
+            t.on_client_data(now, &seg, out);
+            out.tls_started()
+        });
+        prop_assert!(started);
+        if greeting_first {
+            h.test_packet(0, &test_greeting(NATIVE));
+        }
+        let mut login = hex(CAPI_RESPONSE);
+        login[1] |= (Capabilities::SSL.0 >> 8) as u8;
+        let mut plain = framed(2, &login);
+        for q in &queries {
+            plain.extend_from_slice(&framed(0, &query(q)));
+        }
+        let mut at = 0;
+        for &c in cuts.iter().cycle() {
+            if at >= plain.len() {
+                break;
+            }
+            let end = (at + c).min(plain.len());
+            h.client(&plain[at..end]);
+            at = end;
+        }
+        if !greeting_first {
+            h.test_packet(0, &test_greeting(NATIVE));
+        }
+        let got = h.received();
+        prop_assert_eq!(h.abandoned, None);
+        prop_assert!(!got.is_empty());
+        prop_assert_eq!(got[0].0, 1);
+        let Ok(ClientLogin::Response(r)) = ClientLogin::parse(&got[0].1) else {
+            return Err(TestCaseError::fail("not a login"));
+        };
+        prop_assert!(!r.capabilities.contains(Capabilities::SSL));
+        // Commands wait for the test server's OK, then go in order.
+        h.prod_packet(3, OK);
+        h.test_packet(2, OK);
+        let got = h.received();
+        let want: Vec<(u8, Vec<u8>)> = queries.iter().map(|q| (0, query(q))).collect();
+        prop_assert_eq!(got, want);
+    }
 }

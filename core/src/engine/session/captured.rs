@@ -18,6 +18,9 @@ impl Session {
     ) -> Outcome {
         self.last_activity = now;
         self.note_ts(&pkt.options);
+        if self.tls_switched() {
+            return self.on_client_tls(now, stats, pkt);
+        }
         let f = pkt.flags;
         let mut fin = f.fin();
         if f.rst() {
@@ -104,6 +107,14 @@ impl Session {
         };
         if delivered > 0 {
             self.floating_start = false;
+        }
+        if self.tls_switched() {
+            // The SSLRequest was in this segment: the rest of the stream is ciphertext.
+            self.flush_early_plaintext(now, cfg, stats);
+            return match self.settle_stream(cfg) {
+                Some(reason) => Outcome::Finished(reason),
+                None => Outcome::Open,
+            };
         }
         if let Some(reason) = self.settle_gaps(now, captured, cfg, stats) {
             return Outcome::Finished(reason);
@@ -244,6 +255,9 @@ impl Session {
         if let Some(why) = r.abandoned {
             self.abandoned.get_or_insert(why);
         }
+        if r.tls_started {
+            self.start_tls();
+        }
     }
 
     /// After anything that may have changed our stream: whether the session must end, and
@@ -321,6 +335,9 @@ impl Session {
             // Production only sends data on an established connection (even if the capture
             // missed the client's ACK of the handshake).
             self.client_established = true;
+        }
+        if self.tls_switched() {
+            return self.on_prod_tls(now, stats, pkt);
         }
         if pkt.flags.ack() {
             let ack = pkt.ack;

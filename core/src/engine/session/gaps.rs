@@ -23,6 +23,12 @@ impl Session {
         cfg: &EngineConfig,
         stats: &mut EngineStats,
     ) -> Option<CloseReason> {
+        if self.tls_switched() {
+            // The captured stream is ciphertext: its holes are not the plaintext's
+            // (`plaintext.rs` sees those by the probe's offsets).
+            self.gap_since = None;
+            return None;
+        }
         if self.gap_since.is_some_and(|t| now >= t + PROVEN_GAP_GRACE) || self.prod_held_too_long()
         {
             // Each skip goes past one hole, and bytes held beyond it may end at another that

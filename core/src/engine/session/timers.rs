@@ -32,6 +32,9 @@ impl Session {
         at = earlier(at, self.stale_deadline());
         at = earlier(at, self.persist_at);
         at = earlier(at, self.ack_at);
+        if self.tls.is_some() {
+            at = earlier(at, self.tls_done_at());
+        }
         if self.transform.is_some() {
             at = earlier(at, self.transform_deadline());
         }
@@ -85,6 +88,11 @@ impl Session {
         }
         if due(self.gap_since.map(|t| t + cfg.capture_gap_timeout)) {
             if let Some(reason) = self.gap_timed_out(now, cfg, stats) {
+                return Outcome::Finished(reason);
+            }
+        }
+        if due(self.tls_done_at()) {
+            if let Outcome::Finished(reason) = self.on_tls_done(now, cfg, stats) {
                 return Outcome::Finished(reason);
             }
         }

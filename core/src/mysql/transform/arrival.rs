@@ -79,6 +79,11 @@ impl Arrival {
         self.scanner.at_boundary()
     }
 
+    /// Nothing of the client's stream has arrived yet.
+    pub(super) fn at_start(&self) -> bool {
+        self.scanner.position() == 0
+    }
+
     /// The serial the next command will have.
     pub(super) fn next_serial(&self) -> u64 {
         self.serial

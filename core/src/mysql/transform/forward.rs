@@ -486,8 +486,16 @@ impl MysqlTransform {
             }
         }
         if self.fwd.stage == ClientStage::Login {
-            self.login
-                .keep_client_login(h, &self.fwd.head[HEADER_LEN..])?;
+            let tls_plaintext = self.shared.config.tls_plaintext;
+            if self
+                .login
+                .keep_client_login(h, &self.fwd.head[HEADER_LEN..], tls_plaintext)?
+            {
+                // An SSLRequest: the login comes next, from the plaintext capture.
+                out.count(Counter::TlsSessionsFromPlaintext as usize);
+                out.start_tls();
+                return Ok(Verdict::Drop);
+            }
             self.fwd.stage = ClientStage::Commands;
             self.fwd.swallow_client_auth = true;
             self.try_login(out)?;

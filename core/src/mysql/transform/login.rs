@@ -143,6 +143,9 @@ pub(super) struct Login {
     session_caps: Capabilities,
     sent: bool,
     change_user_in_flight: bool,
+    /// The client asked for TLS (its SSLRequest was dropped): its real login comes from the
+    /// plaintext capture, numbered 2, with the SSL capability our session must not ask for.
+    tls: bool,
 }
 
 impl Login {
@@ -156,6 +159,7 @@ impl Login {
             session_caps: Capabilities::default(),
             sent: false,
             change_user_in_flight: false,
+            tls: false,
         }
     }
 
@@ -567,16 +571,29 @@ impl MysqlTransform {
 impl Login {
     /// The client's login, collected whole by the forwarding reader: kept for the rewrite
     /// (never forwarded as it is).
+    /// `tls_plaintext`: TLS sessions are mirrored from their plaintext (an SSLRequest is then
+    /// dropped, and `Ok(true)` says the stream turns to ciphertext right after it).
     pub(super) fn keep_client_login(
         &mut self,
         h: PacketHeader,
         payload: &[u8],
-    ) -> Result<(), Abandon> {
-        if h.seq != 1 || payload.len() < h.len as usize {
+        tls_plaintext: bool,
+    ) -> Result<bool, Abandon> {
+        // Inside TLS the login is the client's second packet (the SSLRequest was the first).
+        let login_seq = if self.tls { 2 } else { 1 };
+        if h.seq != login_seq || payload.len() < h.len as usize {
             return Err(protocol("login_unreadable"));
         }
         let login = ClientLogin::parse(payload).map_err(|_| protocol("login_unreadable"))?;
+        if let ClientLogin::SslRequest(_) = login {
+            if tls_plaintext && !self.tls {
+                self.tls = true;
+                return Ok(true);
+            }
+        }
         match login.not_mirrorable() {
+            // The login inside TLS still says SSL: that is what it was sent over.
+            Some(NotMirrorable::Tls) if self.tls && matches!(login, ClientLogin::Response(_)) => {}
             Some(NotMirrorable::Tls) => return Err(abandon(Counter::NotMirrorableTls, "tls")),
             Some(NotMirrorable::Compression) => {
                 return Err(abandon(Counter::NotMirrorableCompression, "compression"))
@@ -586,8 +603,22 @@ impl Login {
         if !matches!(login, ClientLogin::Response(_)) {
             return Err(protocol("login_unreadable"));
         }
-        self.client_login = Some(payload.into());
-        Ok(())
+        let mut kept: Box<[u8]> = payload.into();
+        if self.tls {
+            // Our session with the test server is plain: the login must not ask for TLS (the
+            // server would wait for a TLS handshake). The capabilities are its first 4 bytes.
+            if let Some(caps) = kept.get_mut(..4) {
+                let c = u32::from_le_bytes([caps[0], caps[1], caps[2], caps[3]]);
+                caps.copy_from_slice(&(c & !Capabilities::SSL.0).to_le_bytes());
+            }
+        }
+        self.client_login = Some(kept);
+        Ok(false)
+    }
+
+    /// The session is a TLS one mirrored from its plaintext.
+    pub(super) fn is_tls(&self) -> bool {
+        self.tls
     }
 
     fn auth_switch(

@@ -56,6 +56,7 @@ use std::sync::Arc;
 use common::clock::Instant;
 use common::control::MysqlEvent;
 use common::mysql::command::com;
+use common::mysql::handshake::{Capabilities, SSL_REQUEST_LEN};
 use common::mysql::packet::{write_packet, FrameScanner, PacketHeader, HEADER_LEN};
 use common::mysql::stmt::{PrepareAnswer, StatementMap};
 
@@ -345,6 +346,31 @@ impl MysqlTransform {
     }
 }
 
+impl MysqlTransform {
+    /// The length of the SSLRequest `data` starts with, when TLS sessions are mirrored from
+    /// their plaintext and `data` is the start of a client's stream.
+    fn ssl_request_at_start(&self, data: &[u8]) -> Option<usize> {
+        if !self.shared.config.tls_plaintext
+            || self.picked_up
+            || self.login.is_tls()
+            || self.fwd.stage() != ClientStage::Login
+            || !self.arrival.at_start()
+        {
+            return None;
+        }
+        let h = PacketHeader::parse(data)?;
+        let len = HEADER_LEN + SSL_REQUEST_LEN;
+        let caps = data.get(HEADER_LEN..HEADER_LEN + 4)?;
+        let caps = Capabilities(u32::from_le_bytes([caps[0], caps[1], caps[2], caps[3]]));
+        (data.len() >= len
+            && h.len as usize == SSL_REQUEST_LEN
+            && h.seq == 1
+            && caps.contains(Capabilities::SSL)
+            && caps.contains(Capabilities::PROTOCOL_41))
+        .then_some(len)
+    }
+}
+
 impl StreamTransform for MysqlTransform {
     fn on_client_data(&mut self, now: Instant, data: &[u8], out: &mut TransformOutput<'_>) {
         if self.dead {
@@ -352,6 +378,13 @@ impl StreamTransform for MysqlTransform {
         }
         self.now = now;
         self.captured = out.captured_at().unwrap_or(now);
+        // A TLS session's SSLRequest: the bytes after it are ciphertext (the TLS handshake
+        // may share its segment), never to be framed; the session's stream goes on with the
+        // plaintext of the client's login.
+        let data = match self.ssl_request_at_start(data) {
+            Some(len) => &data[..len],
+            None => data,
+        };
         self.arrive(data, out);
         if self.fwd.blocked() {
             self.hold(data, out);
