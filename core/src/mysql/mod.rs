@@ -183,8 +183,12 @@ pub enum Counter {
     AuthFailedOnTest,
     NoCredentials,
     NotMirrorableTls,
-    /// TLS sessions whose SSLRequest was dropped to mirror them from the plaintext capture.
+    /// TLS sessions mirrored from the plaintext capture: their SSLRequest dropped, or picked
+    /// up midway (their first captured bytes a TLS record).
     TlsSessionsFromPlaintext,
+    /// Plaintext of TLS connections picked up midway, passed over until a command's header
+    /// (the command the probe joined inside is lost: a loss).
+    TlsPickupBytesLost,
     NotMirrorableCompression,
     ClientAuthPacketsSwallowed,
     CommandsForwarded,
@@ -326,6 +330,7 @@ pub const COUNTER_NAMES: &[&str] = &[
     "no_credentials",
     "not_mirrorable_tls",
     "tls_sessions_from_plaintext",
+    "tls_pickup_bytes_lost",
     "not_mirrorable_compression",
     "client_auth_packets_swallowed",
     "commands_forwarded",

@@ -17,7 +17,7 @@ use common::mysql::handshake::{
     AuthSwitchRequest, Capabilities, ClientLogin, ErrPacket, Greeting, HandshakeResponse,
     MariaCapabilities,
 };
-use common::mysql::packet::{write_packet, Oversize, PacketSplitter, MAX_PAYLOAD_LEN};
+use common::mysql::packet::{write_packet, Oversize, PacketSplitter, HEADER_LEN, MAX_PAYLOAD_LEN};
 use proptest::prelude::*;
 
 use super::transform::{expects_reply, MAX_IN_FLIGHT};
@@ -1053,6 +1053,40 @@ fn a_picked_up_connection_logs_in_as_the_default_user_then_replays_its_commands(
     assert_eq!(got, vec![prepare("SELECT ?"), execute(2)]);
     assert_eq!(h.count(Counter::ProdResyncs), 1);
     assert_eq!(h.count(Counter::StatementsMapped), 1);
+    assert_eq!(h.abandoned, None);
+}
+
+#[test]
+fn a_pooled_tls_connection_is_picked_up_from_its_plaintext_at_a_commands_header() {
+    let config = MysqlConfig {
+        tls_plaintext: true,
+        ..pickup_config()
+    };
+    let mut h = Harness::new(config, true);
+    // Captured: a TLS application-data record.
+    let started = h.call(|t, now, out| {
+        t.on_client_data(now, &[0x17, 0x03, 0x03, 0x00, 0x25, 0xaa, 0xbb], out);
+        out.tls_started()
+    });
+    assert!(started);
+    assert_eq!(h.count(Counter::TlsSessionsFromPlaintext), 1);
+    // The probe joined while the server was between a header and its body: the body alone
+    // cannot be framed, and is passed over (counted as lost).
+    let lost = framed(0, &query("SELECT 1"));
+    h.client(&lost[HEADER_LEN..]);
+    assert_eq!(h.abandoned, None);
+    assert_eq!(h.count(Counter::TlsPickupBytesLost), lost.len() as u64 - 4);
+    // The next command's header read alone: framing starts there.
+    let next = framed(0, &query("SELECT 2"));
+    h.client(&next[..HEADER_LEN]);
+    h.client(&next[HEADER_LEN..]);
+    h.test_packet(0, &test_greeting(NATIVE));
+    let got = h.received();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].0, 1, "the synthetic login");
+    h.test_packet(2, OK);
+    let got = h.received();
+    assert_eq!(got, vec![(0, query("SELECT 2"))]);
     assert_eq!(h.abandoned, None);
 }
 

@@ -146,6 +146,10 @@ pub(super) struct Login {
     /// The client asked for TLS (its SSLRequest was dropped): its real login comes from the
     /// plaintext capture, numbered 2, with the SSL capability our session must not ask for.
     tls: bool,
+    /// A TLS connection picked up midway: its plaintext is passed over until a piece that is
+    /// one command's header alone (production's server reads a packet's header, then its
+    /// body; the probe may join between the two).
+    tls_wants_header: bool,
 }
 
 impl Login {
@@ -160,6 +164,7 @@ impl Login {
             sent: false,
             change_user_in_flight: false,
             tls: false,
+            tls_wants_header: false,
         }
     }
 
@@ -619,6 +624,25 @@ impl Login {
     /// The session is a TLS one mirrored from its plaintext.
     pub(super) fn is_tls(&self) -> bool {
         self.tls
+    }
+
+    /// A picked-up connection turned out to be TLS (its first captured bytes are a record).
+    pub(super) fn picked_up_tls(&mut self) {
+        self.tls = true;
+        self.tls_wants_header = true;
+    }
+
+    /// For a picked-up TLS connection: whether this piece of plaintext is to be passed over
+    /// (framing has not been found yet). A piece that is exactly a command's header starts it.
+    pub(super) fn tls_skips(&mut self, piece: &[u8]) -> bool {
+        if !self.tls_wants_header {
+            return false;
+        }
+        if piece.len() == HEADER_LEN && piece[3] == 0 {
+            self.tls_wants_header = false;
+            return false;
+        }
+        true
     }
 
     fn auth_switch(

@@ -133,6 +133,13 @@ fn plausible_command(head: &[u8]) -> bool {
     }
 }
 
+/// Whether captured client bytes start with a TLS record (handshake, alert or application
+/// data, TLS 1.0 to 1.3 record versions): a connection picked up midway that is TLS. A MySQL
+/// command never starts so (that would be a packet of 200 KiB or more numbered 3).
+fn tls_record_start(data: &[u8]) -> bool {
+    matches!(data, [0x15..=0x17, 0x03, 0x01..=0x04, ..])
+}
+
 /// Why a session is given up: the counter to bump and the reason for the close event.
 #[derive(Clone, Copy, Debug)]
 struct Abandon {
@@ -385,6 +392,19 @@ impl StreamTransform for MysqlTransform {
             Some(len) => &data[..len],
             None => data,
         };
+        if self.picked_up && self.shared.config.tls_plaintext {
+            if !self.login.is_tls() && self.arrival.at_start() && tls_record_start(data) {
+                // A pooled TLS connection: its plaintext comes from the probe.
+                self.login.picked_up_tls();
+                out.count(Counter::TlsSessionsFromPlaintext as usize);
+                out.start_tls();
+                return;
+            }
+            if self.login.tls_skips(data) {
+                out.add(Counter::TlsPickupBytesLost as usize, data.len() as u64);
+                return;
+            }
+        }
         self.arrive(data, out);
         if self.fwd.blocked() {
             self.hold(data, out);
