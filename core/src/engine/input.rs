@@ -176,7 +176,13 @@ impl Engine {
             return;
         }
         let Some(id) = self.by_flow.get(&key).copied() else {
-            unmatched(&mut self.stats);
+            // A connection open before us: its session may open at its next captured packet.
+            self.stats.tls_plain_bytes_unmatched += self.orphans.expire(now);
+            if !(self.cfg.pickup_midstream
+                && self.orphans.keep(now, key, p.from_client, p.offset, p.data))
+            {
+                unmatched(&mut self.stats);
+            }
             return;
         };
         let Some(s) = slot_session(&mut self.slots, id) else {
@@ -404,6 +410,9 @@ impl Engine {
 
     /// Runs every timer due at `now`.
     pub fn on_timeout(&mut self, now: Instant) {
+        if !self.orphans.is_empty() {
+            self.stats.tls_plain_bytes_unmatched += self.orphans.expire(now);
+        }
         while let Some(&Reverse((at, idx, gen))) = self.timers.peek() {
             if at > now {
                 break;

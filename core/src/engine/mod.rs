@@ -90,6 +90,7 @@ mod budget;
 mod fleet;
 mod flowhash;
 mod input;
+mod orphans;
 mod pool;
 mod ranges;
 mod reassembly;
@@ -438,6 +439,8 @@ pub struct Engine {
     /// Sessions that may have something to send, round-robin.
     ready: VecDeque<SessionId>,
     control_out: VecDeque<SegmentRepr>,
+    /// TLS plaintext of flows whose session has not opened yet (`orphans.rs`).
+    orphans: orphans::Orphans,
     events: VecDeque<EngineEvent>,
     /// What the transforms observed, collected after each event (see `poll_observation`).
     observations: VecDeque<Observation>,
@@ -493,6 +496,7 @@ impl Engine {
             control_out: VecDeque::with_capacity(64),
             events: VecDeque::with_capacity(256),
             observations: VecDeque::new(),
+            orphans: orphans::Orphans::default(),
             scratch: vec![0; usize::from(cfg.mss)],
             ip_id: 0,
             stats: EngineStats::default(),
@@ -753,6 +757,22 @@ impl Engine {
         };
         self.settle(id, now, out);
         self.note_new_session_charge(id);
+        if !self.orphans.is_empty() {
+            let key = FlowKey {
+                client,
+                prod_ip: pkt.dst,
+            };
+            for o in self.orphans.take(key) {
+                let p = Plaintext {
+                    client,
+                    server: info.prod,
+                    from_client: o.from_client,
+                    offset: o.offset,
+                    data: &o.data,
+                };
+                self.on_plaintext(now, &p);
+            }
+        }
     }
 
     /// After any change to a session: end it, or re-arm its timer and queue it for sending.

@@ -206,3 +206,39 @@ fn plaintext_waiting_for_a_switch_that_never_comes_is_bounded_and_counted() {
     plain(&mut h3, false, 0, &[b'y'; 60]);
     assert_eq!(closed(&mut h3), vec![CloseReason::BufferOverflow]);
 }
+
+#[test]
+fn plaintext_before_a_picked_up_sessions_first_packet_waits_for_it_a_moment() {
+    let mut c = cfg();
+    c.pickup_midstream = true;
+    let f: Box<dyn TransformFactory> = Box::new(move |_: Instant, _: &SessionInfo| {
+        Some(Box::new(StartsTls {
+            prod: Arc::new(Mutex::new(Vec::new())),
+        }) as Box<dyn StreamTransform>)
+    });
+    let mut h = H::with_factory(c, f);
+    // A pooled connection: the probe's plaintext first, then its captured ciphertext.
+    plain(&mut h, true, 0, b"CMD1");
+    plain(&mut h, true, 4, b"CMD2");
+    h.client(5000, ACK | PSH, b"TLS!\x17\x03\x03");
+    let sent = h.drain();
+    assert!(sent.iter().any(|p| p.has(TcpFlags::SYN)), "{sent:?}");
+    let st = h.e.stats();
+    assert_eq!(st.sessions_picked_up, 1);
+    assert_eq!(st.tls_plain_client_bytes, 8);
+    assert_eq!(st.tls_plain_bytes_unmatched, 0);
+    // Too old: counted, not kept for ever.
+    let other = std::net::SocketAddrV4::new(*CLIENT.ip(), CLIENT.port() + 1);
+    h.e.on_plaintext(
+        h.now,
+        &Plaintext {
+            client: other,
+            server: PROD,
+            from_client: true,
+            offset: 0,
+            data: b"late",
+        },
+    );
+    h.advance(super::tests::ms(300));
+    assert_eq!(h.e.stats().tls_plain_bytes_unmatched, 4);
+}
