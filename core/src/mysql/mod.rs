@@ -189,6 +189,9 @@ pub enum Counter {
     /// Plaintext of TLS connections picked up midway, passed over until a command's header
     /// (the command the probe joined inside is lost: a loss).
     TlsPickupBytesLost,
+    /// Picked-up TLS connections whose first command's header was read before the probe
+    /// joined: restored from its body's length (see `transform::login::pickup_piece`).
+    TlsPickupHeadersRestored,
     NotMirrorableCompression,
     ClientAuthPacketsSwallowed,
     CommandsForwarded,
@@ -331,6 +334,7 @@ pub const COUNTER_NAMES: &[&str] = &[
     "not_mirrorable_tls",
     "tls_sessions_from_plaintext",
     "tls_pickup_bytes_lost",
+    "tls_pickup_headers_restored",
     "not_mirrorable_compression",
     "client_auth_packets_swallowed",
     "commands_forwarded",

@@ -146,9 +146,8 @@ pub(super) struct Login {
     /// The client asked for TLS (its SSLRequest was dropped): its real login comes from the
     /// plaintext capture, numbered 2, with the SSL capability our session must not ask for.
     tls: bool,
-    /// A TLS connection picked up midway: its plaintext is passed over until a piece that is
-    /// one command's header alone (production's server reads a packet's header, then its
-    /// body; the probe may join between the two).
+    /// A TLS connection picked up midway whose framing is not known yet (see
+    /// [`pickup_piece`]).
     tls_wants_header: bool,
 }
 
@@ -632,19 +631,15 @@ impl Login {
         self.tls_wants_header = true;
     }
 
-    /// For a picked-up TLS connection: whether this piece of plaintext is to be passed over
-    /// (framing has not been found yet). A piece that is exactly a command's header starts it.
-    pub(super) fn tls_skips(&mut self, piece: &[u8]) -> bool {
-        if !self.tls_wants_header {
-            return false;
-        }
-        if piece.len() == HEADER_LEN && piece[3] == 0 {
-            self.tls_wants_header = false;
-            return false;
-        }
-        true
+    /// A picked-up TLS connection still looks for its framing.
+    pub(super) fn tls_wants_header(&self) -> bool {
+        self.tls_wants_header
     }
 
+    /// Framing found (see [`pickup_piece`]).
+    pub(super) fn tls_framed(&mut self) {
+        self.tls_wants_header = false;
+    }
     fn auth_switch(
         &mut self,
         ex: &mut AuthExchange,
@@ -695,4 +690,44 @@ impl Login {
         let password = ex.password.as_ref().ok_or(NO_CREDENTIALS)?;
         Ok(plugin.scramble(password.as_bytes(), &nonce))
     }
+}
+
+/// What the first pieces of a picked-up TLS connection's plaintext are. Production's server
+/// reads a packet's header, then exactly its body (MariaDB's and MySQL's net layers): the probe
+/// may join between the two, when the header read was already under way (an idle pooled
+/// connection waits inside it), and the first piece it sees is then a body alone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum PickupPiece {
+    /// A command's header alone: framing starts with it.
+    Header,
+    /// A whole command packet.
+    Whole,
+    /// A command's body alone, its header read before the probe: the header it had (its
+    /// length, id 0) goes before it.
+    Body([u8; HEADER_LEN]),
+    /// Nothing a command starts with: passed over (a loss).
+    Unknown,
+}
+
+pub(super) fn pickup_piece(piece: &[u8], plausible: impl Fn(&[u8]) -> bool) -> PickupPiece {
+    if piece.len() == HEADER_LEN && piece[3] == 0 {
+        return PickupPiece::Header;
+    }
+    if let Some(h) = PacketHeader::parse(piece) {
+        if h.seq == 0 && h.len as usize + HEADER_LEN == piece.len() && plausible(piece) {
+            return PickupPiece::Whole;
+        }
+    }
+    let len = piece.len();
+    if len > 0 && len < 1 << 24 {
+        let l = (len as u32).to_le_bytes();
+        let header = [l[0], l[1], l[2], 0];
+        let mut head = [0u8; HEADER_LEN + 1];
+        head[..HEADER_LEN].copy_from_slice(&header);
+        head[HEADER_LEN] = piece[0];
+        if plausible(&head) {
+            return PickupPiece::Body(header);
+        }
+    }
+    PickupPiece::Unknown
 }

@@ -71,7 +71,7 @@ use crate::observation::Observation;
 use arrival::Arrival;
 use forward::{ClientStage, Forwarding};
 use inject::{Injection, Injections};
-use login::{AuthExchange, Login};
+use login::{AuthExchange, Login, PickupPiece};
 use pickup::{Pickup, VARIABLE_PREFIX};
 use prod::{ProdOwed, ProdPacket, ProdSide};
 use read_only::ReadOnly;
@@ -400,9 +400,19 @@ impl StreamTransform for MysqlTransform {
                 out.start_tls();
                 return;
             }
-            if self.login.tls_skips(data) {
-                out.add(Counter::TlsPickupBytesLost as usize, data.len() as u64);
-                return;
+            if self.login.tls_wants_header() {
+                match login::pickup_piece(data, plausible_command) {
+                    PickupPiece::Header | PickupPiece::Whole => self.login.tls_framed(),
+                    PickupPiece::Body(header) => {
+                        self.login.tls_framed();
+                        out.count(Counter::TlsPickupHeadersRestored as usize);
+                        self.on_client_data(now, &header, out);
+                    }
+                    PickupPiece::Unknown => {
+                        out.add(Counter::TlsPickupBytesLost as usize, data.len() as u64);
+                        return;
+                    }
+                }
             }
         }
         self.arrive(data, out);
