@@ -66,7 +66,7 @@ mod bpf {
     }
 }
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::net::SocketAddr;
 use std::os::fd::BorrowedFd;
@@ -152,6 +152,10 @@ pub struct TlsProbeStats {
     /// Chunks (and bytes) whose connection could not be resolved to a 4-tuple: not passed on.
     pub unresolved_chunks: u64,
     pub unresolved_bytes: u64,
+    /// Chunks (and bytes) of sessions that are not TCP (clients on the server's Unix socket):
+    /// the probe sees them, a packet-level mirror has no connection to play them on.
+    pub not_tcp_chunks: u64,
+    pub not_tcp_bytes: u64,
     /// Streams started (`SSL_set_fd` seen), and streams joined midway (begun before the probe).
     pub streams_started: u64,
     pub streams_joined_midway: u64,
@@ -315,7 +319,7 @@ impl TlsProbe {
                 0
             }
             EventKind::Data => match self.resolver.lookup(e.ssl, e.generation, e.fd) {
-                Some((server, client)) => {
+                Resolved::Tcp(server, client) => {
                     s.chunks += 1;
                     s.bytes += e.data.len() as u64;
                     f(TlsChunk {
@@ -334,7 +338,12 @@ impl TlsProbe {
                     });
                     1
                 }
-                None => {
+                Resolved::NotTcp => {
+                    s.not_tcp_chunks += 1;
+                    s.not_tcp_bytes += e.data.len() as u64;
+                    0
+                }
+                Resolved::Unknown => {
                     s.unresolved_chunks += 1;
                     s.unresolved_bytes += e.data.len() as u64;
                     0
@@ -488,22 +497,37 @@ pub fn discover(port: u16) -> Result<ProbeTarget, NotAttached> {
     })
 }
 
+/// What a stream's fd is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Resolved {
+    /// A TCP connection: (production's address, the client's).
+    Tcp(SocketAddr, SocketAddr),
+    /// A socket that is not TCP (a client on the server's Unix socket), or no socket at all:
+    /// there is no 4-tuple to give, and none will come.
+    NotTcp,
+    /// Not known (yet): no fd, or the fd is gone or no longer in the tables.
+    Unknown,
+}
+
+type TcpTable = HashMap<u64, (SocketAddr, SocketAddr)>;
+
 /// fd -> 4-tuple, per stream: resolved when a stream starts (or its fd becomes known) and
 /// kept until the same `SSL*` starts again.
 struct Resolver {
     pid: u32,
     streams: HashMap<u64, Stream>,
     /// The server's TCP sockets by inode, read at most twice per drain round.
-    table: Option<HashMap<u64, (SocketAddr, SocketAddr)>>,
+    table: Option<TcpTable>,
     reloaded: bool,
+    /// The server's Unix sockets' inodes, read at most once per round.
+    unix: Option<HashSet<u64>>,
     round: u64,
 }
 
 struct Stream {
     generation: u64,
     fd: Option<u32>,
-    /// (production's address, client's address)
-    addrs: Option<(SocketAddr, SocketAddr)>,
+    resolved: Resolved,
     /// The round of the last failed attempt: one try per drain, not one per chunk.
     failed_round: Option<u64>,
 }
@@ -515,6 +539,7 @@ impl Resolver {
             streams: HashMap::new(),
             table: None,
             reloaded: false,
+            unix: None,
             round: 0,
         }
     }
@@ -523,71 +548,89 @@ impl Resolver {
         self.round += 1;
         self.table = None;
         self.reloaded = false;
+        self.unix = None;
     }
 
-    fn lookup(
-        &mut self,
-        ssl: u64,
-        generation: u64,
-        fd: Option<u32>,
-    ) -> Option<(SocketAddr, SocketAddr)> {
+    fn lookup(&mut self, ssl: u64, generation: u64, fd: Option<u32>) -> Resolved {
         if self.streams.len() >= MAX_STREAMS && !self.streams.contains_key(&ssl) {
             // Forget them all: each is resolved again on its next chunk.
             self.streams.clear();
         }
-        let s = self.streams.entry(ssl).or_insert(Stream {
+        let fresh = Stream {
             generation,
             fd,
-            addrs: None,
+            resolved: Resolved::Unknown,
             failed_round: None,
-        });
+        };
+        let s = self.streams.entry(ssl).or_insert(fresh);
         if s.generation != generation {
             *s = Stream {
                 generation,
                 fd,
-                addrs: None,
+                resolved: Resolved::Unknown,
                 failed_round: None,
             };
         }
         if fd.is_some() && fd != s.fd {
             // A joined stream whose fd the probe has just learnt.
             s.fd = fd;
-            s.addrs = None;
+            s.resolved = Resolved::Unknown;
             s.failed_round = None;
         }
-        if s.addrs.is_some() {
-            return s.addrs;
+        if s.resolved != Resolved::Unknown {
+            return s.resolved;
         }
-        let fd = s.fd?;
+        let Some(fd) = s.fd else {
+            return Resolved::Unknown;
+        };
         if s.failed_round == Some(self.round) {
-            return None;
+            return Resolved::Unknown;
         }
-        let (pid, round) = (self.pid, self.round);
-        let found = procfs::fd_socket_inode(pid, fd)
-            .ok()
-            .flatten()
-            .and_then(|inode| {
-                let hit = Self::table(&mut self.table, pid)?.get(&inode).copied();
-                if hit.is_some() || self.reloaded {
-                    return hit;
-                }
-                // A connection younger than this round's table.
-                self.reloaded = true;
-                self.table = None;
-                Self::table(&mut self.table, pid)?.get(&inode).copied()
-            });
-        let s = self.streams.get_mut(&ssl)?;
-        s.addrs = found;
-        if found.is_none() {
-            s.failed_round = Some(round);
+        let round = self.round;
+        let found = self.resolve_fd(fd);
+        if let Some(s) = self.streams.get_mut(&ssl) {
+            s.resolved = found;
+            if found == Resolved::Unknown {
+                s.failed_round = Some(round);
+            }
         }
         found
     }
 
-    fn table(
-        table: &mut Option<HashMap<u64, (SocketAddr, SocketAddr)>>,
-        pid: u32,
-    ) -> Option<&HashMap<u64, (SocketAddr, SocketAddr)>> {
+    fn resolve_fd(&mut self, fd: u32) -> Resolved {
+        let pid = self.pid;
+        let inode = match procfs::fd_socket_inode(pid, fd) {
+            Ok(Some(inode)) => inode,
+            Ok(None) => return Resolved::NotTcp,
+            Err(_) => return Resolved::Unknown,
+        };
+        if let Some(&(server, client)) =
+            Self::table(&mut self.table, pid).and_then(|t| t.get(&inode))
+        {
+            return Resolved::Tcp(server, client);
+        }
+        if !self.reloaded {
+            // A connection younger than this round's table.
+            self.reloaded = true;
+            self.table = None;
+            if let Some(&(server, client)) =
+                Self::table(&mut self.table, pid).and_then(|t| t.get(&inode))
+            {
+                return Resolved::Tcp(server, client);
+            }
+        }
+        if self.unix.is_none() {
+            let text = std::fs::read_to_string(format!("/proc/{pid}/net/unix")).unwrap_or_default();
+            self.unix = Some(procfs::parse_unix_inodes(&text));
+        }
+        if self.unix.as_ref().is_some_and(|u| u.contains(&inode)) {
+            Resolved::NotTcp
+        } else {
+            Resolved::Unknown
+        }
+    }
+
+    fn table(table: &mut Option<TcpTable>, pid: u32) -> Option<&TcpTable> {
         if table.is_none() {
             let net = PathBuf::from(format!("/proc/{pid}/net"));
             let lines = procfs::read_tcp_tables(&net).ok()?;
@@ -617,15 +660,26 @@ mod tests {
     }
 
     #[test]
-    fn an_unknown_stream_fd_does_not_resolve() {
+    fn fds_that_are_not_tcp_connections() {
         let mut r = Resolver::new(std::process::id());
         r.next_round();
-        // Our own fd 0..2 are not TCP sockets of ours in /proc/self/net/tcp.
-        assert_eq!(r.lookup(1, 1, Some(0)), None);
-        assert_eq!(r.lookup(1, 1, None), None);
+        // No fd known: nothing to resolve yet.
+        assert_eq!(r.lookup(1, 1, None), Resolved::Unknown);
+        // An fd that is no socket, or no fd at all.
+        let file = std::fs::File::open("/proc/self/status").unwrap();
+        use std::os::fd::AsRawFd;
+        assert_eq!(
+            r.lookup(2, 1, Some(file.as_raw_fd() as u32)),
+            Resolved::NotTcp
+        );
+        assert_eq!(r.lookup(3, 1, Some(999_999)), Resolved::Unknown);
         // A new generation of the same SSL object starts over.
-        assert_eq!(r.lookup(1, 2, Some(1)), None);
-        assert_eq!(r.streams[&1].generation, 2);
+        assert_eq!(r.lookup(3, 2, None), Resolved::Unknown);
+        assert_eq!(r.streams[&3].generation, 2);
+        assert_eq!(r.streams[&3].fd, None);
+        // A Unix socket's session is not TCP.
+        let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
+        assert_eq!(r.lookup(4, 1, Some(a.as_raw_fd() as u32)), Resolved::NotTcp);
     }
 
     #[test]
@@ -637,7 +691,9 @@ mod tests {
         let mut r = Resolver::new(std::process::id());
         r.next_round();
         let fd = server.as_raw_fd() as u32;
-        let (prod, client) = r.lookup(7, 1, Some(fd)).expect("resolved");
+        let Resolved::Tcp(prod, client) = r.lookup(7, 1, Some(fd)) else {
+            panic!("not resolved");
+        };
         assert_eq!(prod, l.local_addr().unwrap());
         assert_eq!(client, c.local_addr().unwrap());
         assert_eq!(client, peer);

@@ -5,7 +5,7 @@
 //! pure and tested apart. What it must never do: write anywhere, or trust what it reads to be
 //! well-formed (a line it cannot parse is skipped, never a panic).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -96,6 +96,14 @@ pub fn read_tcp_tables(net: &Path) -> io::Result<Vec<TcpLine>> {
         }
     }
     Ok(all)
+}
+
+/// The inodes of /proc/net/unix (the 7th column); lines that do not parse are skipped.
+pub fn parse_unix_inodes(text: &str) -> HashSet<u64> {
+    text.lines()
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().nth(6)?.parse().ok())
+        .collect()
 }
 
 /// Sockets by inode: (local, remote) of every TCP socket of a network namespace.
@@ -223,6 +231,10 @@ mod tests {
             assert_eq!(parse_addr(f), None, "{f}");
         }
         assert_eq!(socket_inode("socket:[123]"), Some(123));
+        let unix = "Num RefCount Protocol Flags Type St Inode Path\n\
+                    0000: 00000002 00000000 00010000 0001 01 4242 /run/mysqld/mysqld.sock\n\
+                    junk\n";
+        assert_eq!(parse_unix_inodes(unix), HashSet::from([4242]));
         assert_eq!(socket_inode("pipe:[123]"), None);
         assert_eq!(socket_inode("socket:[x]"), None);
     }
