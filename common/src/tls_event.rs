@@ -14,10 +14,10 @@
 //!
 //! | offset | size | field        | meaning |
 //! |-------:|-----:|--------------|---------|
-//! | 0      | 1    | `kind`       | 1 = data chunk, 2 = stream start |
+//! | 0      | 1    | `kind`       | 1 = data chunk, 2 = stream start, 3 = the stream's fd closed |
 //! | 1      | 1    | `dir`        | 0 = from the client (`SSL_read`), 1 = from the server (`SSL_write`) |
 //! | 2      | 2    | `flags`      | bit 0: joined midway (no `SSL_set_fd` seen); bit 1: `fd` is known |
-//! | 4      | 4    | `len`        | plaintext bytes after the header (0 for a stream start; at most [`CHUNK_MAX`]) |
+//! | 4      | 4    | `len`        | plaintext bytes after the header (0 but for data; at most [`CHUNK_MAX`]) |
 //! | 8      | 4    | `pid`        | the server's tgid (as the kernel's initial pid namespace sees it) |
 //! | 12     | 4    | `tid`        | the thread that made the call |
 //! | 16     | 8    | `ssl`        | the `SSL*` (an address in the server: only an identity) |
@@ -53,6 +53,7 @@ pub const OFF_TIME_NS: usize = 48;
 
 const KIND_DATA: u8 = 1;
 const KIND_STREAM_START: u8 = 2;
+const KIND_FD_CLOSED: u8 = 3;
 const FLAG_JOINED_MIDWAY: u16 = 1;
 const FLAG_FD_KNOWN: u16 = 2;
 const FLAGS_ALL: u16 = FLAG_JOINED_MIDWAY | FLAG_FD_KNOWN;
@@ -74,6 +75,10 @@ pub enum EventKind {
     StreamStart,
     /// Plaintext of one direction.
     Data,
+    /// The server is closing the stream's fd (its `close` syscall): from here on the fd
+    /// number may name another connection. `generation` is 0 when the probe no longer knew
+    /// the stream.
+    FdClosed,
 }
 
 /// One decoded record; `data` borrows from the record.
@@ -109,7 +114,7 @@ pub enum DecodeError {
     Length { declared: u32, carried: usize },
     #[error("record of {0} data bytes is over the {CHUNK_MAX}-byte chunk limit")]
     TooLong(u32),
-    #[error("stream start carries {0} data bytes")]
+    #[error("stream start or fd close carries {0} data bytes")]
     StartWithData(u32),
     #[error("chunk offset {offset} + {len} bytes overflows")]
     OffsetOverflow { offset: u64, len: u32 },
@@ -139,6 +144,7 @@ pub fn decode(record: &[u8]) -> Result<TlsEvent<'_>, DecodeError> {
     let kind = match head[OFF_KIND] {
         KIND_DATA => EventKind::Data,
         KIND_STREAM_START => EventKind::StreamStart,
+        KIND_FD_CLOSED => EventKind::FdClosed,
         k => return Err(DecodeError::Kind(k)),
     };
     let dir = match head[OFF_DIR] {
@@ -160,7 +166,7 @@ pub fn decode(record: &[u8]) -> Result<TlsEvent<'_>, DecodeError> {
             carried: data.len(),
         });
     }
-    if kind == EventKind::StreamStart && len != 0 {
+    if kind != EventKind::Data && len != 0 {
         return Err(DecodeError::StartWithData(len));
     }
     let offset = u64_at(head, OFF_OFFSET);
@@ -191,6 +197,7 @@ pub fn encode(event: &TlsEvent<'_>, out: &mut Vec<u8>) {
     head[OFF_KIND] = match event.kind {
         EventKind::Data => KIND_DATA,
         EventKind::StreamStart => KIND_STREAM_START,
+        EventKind::FdClosed => KIND_FD_CLOSED,
     };
     head[OFF_DIR] = match event.dir {
         PlainDir::FromClient => 0,
@@ -247,6 +254,7 @@ mod tests {
         has(&format!(
             "#define TLS_EVENT_STREAM_START {KIND_STREAM_START}"
         ));
+        has(&format!("#define TLS_EVENT_FD_CLOSED {KIND_FD_CLOSED}"));
         has(&format!(
             "#define TLS_FLAG_JOINED_MIDWAY {FLAG_JOINED_MIDWAY}"
         ));
@@ -325,7 +333,7 @@ mod tests {
 
     fn any_event(data: Vec<u8>) -> impl Strategy<Value = (Vec<u8>, TlsEvent<'static>)> {
         (
-            any::<bool>(),
+            0u8..3,
             any::<bool>(),
             any::<bool>(),
             proptest::option::of(0u32..=i32::MAX as u32),
@@ -335,7 +343,7 @@ mod tests {
         )
             .prop_map(
                 move |(
-                    start,
+                    kind,
                     server,
                     joined,
                     fd,
@@ -344,10 +352,10 @@ mod tests {
                     offset,
                 )| {
                     let e = TlsEvent {
-                        kind: if start {
-                            EventKind::StreamStart
-                        } else {
-                            EventKind::Data
+                        kind: match kind {
+                            0 => EventKind::Data,
+                            1 => EventKind::StreamStart,
+                            _ => EventKind::FdClosed,
                         },
                         dir: if server {
                             PlainDir::FromServer
@@ -364,7 +372,7 @@ mod tests {
                         time_ns,
                         data: &[],
                     };
-                    (if start { Vec::new() } else { data.clone() }, e)
+                    (if kind == 0 { data.clone() } else { Vec::new() }, e)
                 },
             )
     }

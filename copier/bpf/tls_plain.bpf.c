@@ -3,7 +3,9 @@
 // tls_plain: the plaintext of production's TLS sessions, read where the server's own TLS
 // library hands it over (issue 21). Uprobes on SSL_set_fd, SSL_read and SSL_write of the one
 // production process (attached to its pid, and filtered by tgid here as well), and a raw
-// tracepoint on sys_enter that learns the socket of a stream opened before we attached.
+// tracepoint on sys_enter that learns the socket of a stream opened before we attached and
+// tells user space when a stream's fd is closed (user space resolves fds from /proc, and an fd
+// number is reused at once).
 //
 // What it is for: copying, at the return of SSL_read (client -> server) and SSL_write
 // (server -> client), the bytes the call moved into a ring buffer, tagged with the SSL object,
@@ -25,6 +27,7 @@
 
 #define TLS_EVENT_DATA 1
 #define TLS_EVENT_STREAM_START 2
+#define TLS_EVENT_FD_CLOSED 3
 
 #define TLS_DIR_FROM_CLIENT 0
 #define TLS_DIR_FROM_SERVER 1
@@ -42,6 +45,7 @@
 // x86-64 syscall numbers whose first argument is the fd the SSL call reads or writes.
 #define NR_read 0
 #define NR_write 1
+#define NR_close 3
 #define NR_readv 19
 #define NR_writev 20
 #define NR_sendto 44
@@ -121,6 +125,16 @@ struct {
 	__type(value, struct call);
 } calls SEC(".maps");
 
+// fd -> the SSL object whose stream uses it, so that its close can be told to user space:
+// user space resolves fds from /proc, and must know when an fd it has not resolved yet may
+// already be another connection's. LRU: an fd may go away unseen (dup2 over it, close_range).
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u32);
+	__type(value, __u64);
+} fds SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, 1);
@@ -155,10 +169,10 @@ static __always_inline void count_foreign(void)
 		__sync_fetch_and_add(&l->foreign_tgid, 1);
 }
 
-static __always_inline void emit_start(__u64 pid_tgid, __u64 ssl, struct stream *s)
+static __always_inline void emit_head(__u8 kind, __u64 pid_tgid, __u64 ssl, struct stream *s)
 {
 	struct tls_event_hdr h = {};
-	h.kind = TLS_EVENT_STREAM_START;
+	h.kind = kind;
 	h.flags = s->flags;
 	h.pid = pid_tgid >> 32;
 	h.tid = (__u32)pid_tgid;
@@ -171,6 +185,11 @@ static __always_inline void emit_start(__u64 pid_tgid, __u64 ssl, struct stream 
 		if (l)
 			__sync_fetch_and_add(&l->ring_full_records, 1);
 	}
+}
+
+static __always_inline void emit_start(__u64 pid_tgid, __u64 ssl, struct stream *s)
+{
+	emit_head(TLS_EVENT_STREAM_START, pid_tgid, ssl, s);
 }
 
 SEC("uprobe")
@@ -190,6 +209,8 @@ int BPF_KPROBE(ssl_set_fd, void *ssl, int fd)
 	s.fd = fd;
 	s.flags = TLS_FLAG_FD_KNOWN;
 	bpf_map_update_elem(&streams, &key, &s, BPF_ANY);
+	__u32 f = fd;
+	bpf_map_update_elem(&fds, &f, &key, BPF_ANY);
 	emit_start(pid_tgid, key, &s);
 	return 0;
 }
@@ -356,6 +377,41 @@ int ssl_write_leave(struct pt_regs *ctx)
 	return leave(ctx);
 }
 
+// The user registers the syscall was made with; uapi's x86-64 pt_regs has the kernel's
+// layout, so rdi is the first argument.
+static __always_inline int first_arg_fd(struct bpf_raw_tracepoint_args *ctx, __u32 *fd)
+{
+	struct pt_regs *regs = (struct pt_regs *)ctx->args[0];
+	unsigned long v = 0;
+	if (bpf_probe_read_kernel(&v, sizeof(v), &regs->rdi) != 0 || v > 0x7fffffff)
+		return -1;
+	*fd = (__u32)v;
+	return 0;
+}
+
+// A stream's fd is being closed: tell user space (the fd may be reused at once).
+static __always_inline int on_close(struct bpf_raw_tracepoint_args *ctx, __u64 pid_tgid)
+{
+	__u32 fd;
+	if (first_arg_fd(ctx, &fd) != 0)
+		return 0;
+	__u64 *sslp = bpf_map_lookup_elem(&fds, &fd);
+	if (!sslp)
+		return 0;
+	__u64 ssl = *sslp;
+	bpf_map_delete_elem(&fds, &fd);
+	struct stream *s = bpf_map_lookup_elem(&streams, &ssl);
+	struct stream gone = {};
+	if (!s || s->fd != (__s32)fd) {
+		// The object has moved on to another fd (or was evicted): still say which fd closed.
+		gone.fd = fd;
+		gone.flags = TLS_FLAG_FD_KNOWN;
+		s = &gone;
+	}
+	emit_head(TLS_EVENT_FD_CLOSED, pid_tgid, ssl, s);
+	return 0;
+}
+
 // Every syscall of the host passes here: the tgid test comes first and is all most pay.
 SEC("raw_tracepoint/sys_enter")
 int sys_enter(struct bpf_raw_tracepoint_args *ctx)
@@ -364,6 +420,8 @@ int sys_enter(struct bpf_raw_tracepoint_args *ctx)
 	if (!ours(pid_tgid))
 		return 0;
 	long id = (long)ctx->args[1];
+	if (id == NR_close)
+		return on_close(ctx, pid_tgid);
 	switch (id) {
 	case NR_read:
 	case NR_write:
@@ -384,16 +442,13 @@ int sys_enter(struct bpf_raw_tracepoint_args *ctx)
 	struct stream *s = bpf_map_lookup_elem(&streams, &c->ssl);
 	if (!s || (s->flags & TLS_FLAG_FD_KNOWN))
 		return 0;
-	// The user registers the syscall was made with; uapi's x86-64 pt_regs has the kernel's
-	// layout, so rdi is the first argument.
-	struct pt_regs *regs = (struct pt_regs *)ctx->args[0];
-	unsigned long fd = 0;
-	if (bpf_probe_read_kernel(&fd, sizeof(fd), &regs->rdi) != 0)
-		return 0;
-	if (fd > 0x7fffffff)
+	__u32 fd;
+	if (first_arg_fd(ctx, &fd) != 0)
 		return 0;
 	s->fd = (__s32)fd;
 	s->flags |= TLS_FLAG_FD_KNOWN;
+	__u64 ssl = c->ssl;
+	bpf_map_update_elem(&fds, &fd, &ssl, BPF_ANY);
 	return 0;
 }
 

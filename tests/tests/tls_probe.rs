@@ -6,7 +6,8 @@
 //! HandshakeResponse (sequence id 2: the first packet the client sends inside TLS) and carries
 //! its prepared-statement executes, resolved to the connection's own 4-tuple (the client's
 //! address in the lab's client namespace, production's address and port), with no byte lost,
-//! truncated or unresolved. And without CAP_BPF / CAP_PERFMON, attaching fails with a reason
+//! truncated or unresolved; a TLS session opened before the probe is joined midway, from its
+//! next call on. And without CAP_BPF / CAP_PERFMON, attaching fails with a reason
 //! that names them.
 
 use std::time::Duration;
@@ -62,6 +63,28 @@ fn tls_sessions_plaintext_with_their_four_tuples() -> Result<()> {
     // The counters are read outside the probe's window: each read is a short session on the
     // local socket (TLS too, when offered), over before a drain can resolve its fd.
     let before = lab.counters(Host::Prod)?;
+    // A TLS session open before the probe attaches: it is joined midway, at the server's
+    // answer to its first statement (the fd learnt from the write inside SSL_write). It stays
+    // open a second after that, as a pooled connection would: a session whose fd is closed
+    // before a drain has seen it with its fd cannot be resolved from /proc any more (its fd
+    // number may be another connection's by then), and is counted as unresolved instead.
+    let password = format!("-p{}", lab.var("LAB_PASSWORD"));
+    let early = lab.spawn(
+        Host::Client,
+        &[
+            "mariadb",
+            "--ssl",
+            "-h",
+            lab.ip(Host::Prod),
+            "-u",
+            lab.var("LAB_USER"),
+            &password,
+            lab.var("LAB_DB"),
+            "-e",
+            "SELECT SLEEP(4); SELECT 'after the attach'; SELECT SLEEP(1)",
+        ],
+    )?;
+    std::thread::sleep(Duration::from_millis(500));
     let mut dump = lab.spawn(Host::Prod, &[DUMP, "3306", &stop, "120"])?;
     dump.wait_for_output("attached: ", Duration::from_secs(30))?;
     let threads = 2;
@@ -71,6 +94,13 @@ fn tls_sessions_plaintext_with_their_four_tuples() -> Result<()> {
         extra: vec!["--mysql-ssl=on".into()],
         ..Load::default()
     })?;
+    let early = early.finish(Duration::from_secs(20))?;
+    ensure!(
+        early.success() && early.stdout.contains("after the attach"),
+        "the early session failed:\n{}\n{}",
+        early.stdout,
+        early.stderr
+    );
     std::fs::write(&stop, b"")?;
     let run = dump.finish(Duration::from_secs(30))?;
     let after = lab.counters(Host::Prod)?;
@@ -89,10 +119,11 @@ fn tls_sessions_plaintext_with_their_four_tuples() -> Result<()> {
 
     // Every connection to production during the load (the second counters read's own
     // connection, over the local socket, is counted in it too, not seen by the probe).
+    // One of them is the early session, opened before the probe.
     let connections = after.delta(&before, "Connections").saturating_sub(1);
     ensure!(
-        connections >= u64::from(threads),
-        "production saw {connections} connections for {threads} sysbench threads"
+        connections > u64::from(threads),
+        "production saw {connections} connections for {threads} sysbench threads and one more"
     );
     let streams: Vec<Stream> = out.lines().filter_map(Stream::parse).collect();
     let logins: Vec<&Stream> = streams
@@ -100,14 +131,26 @@ fn tls_sessions_plaintext_with_their_four_tuples() -> Result<()> {
         .filter(|s| s.get("first_seq") == "2")
         .collect();
     ensure!(
-        logins.len() as u64 == connections,
-        "{} streams start with a HandshakeResponse, production had {connections} \
-         connections:\n{out}",
-        logins.len()
+        logins.len() as u64 == connections - 1,
+        "{} streams start with a HandshakeResponse, production had {} new connections:\n{out}",
+        logins.len(),
+        connections - 1
     );
+    let joined: Vec<&Stream> = streams.iter().filter(|s| s.get("joined") == "1").collect();
     ensure!(
-        streams.len() == logins.len(),
-        "streams that do not start with a HandshakeResponse:\n{out}"
+        joined.len() == 1 && streams.len() == logins.len() + 1,
+        "one stream joined midway, every other one from its HandshakeResponse:\n{out}"
+    );
+    // The joined session: its next statements (COM_QUERY) and its COM_QUIT, on its 4-tuple.
+    let j = joined[0];
+    ensure!(
+        j.command_count("03") == 2
+            && j.command_count("01") == 1
+            && j.get("gaps") == "0"
+            && j.get("server") == format!("{}:3306", lab.ip(Host::Prod))
+            && j.get("client")
+                .starts_with(&format!("{}:", lab.ip(Host::Client))),
+        "joined stream: {j:?}"
     );
     let client_ip = lab.ip(Host::Client);
     let server = format!("{}:3306", lab.ip(Host::Prod));
@@ -162,8 +205,9 @@ fn tls_sessions_plaintext_with_their_four_tuples() -> Result<()> {
         ensure!(stat(stats, key)? == 0, "{key} is not 0: {stats}");
     }
     ensure!(
-        stat(stats, "streams_started")? == connections,
-        "streams_started != {connections}: {stats}"
+        stat(stats, "streams_started")? == connections - 1 && stat(stats, "streams_joined")? == 1,
+        "streams_started != {} or streams_joined != 1: {stats}",
+        connections - 1
     );
     Ok(())
 }

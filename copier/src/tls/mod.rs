@@ -18,6 +18,14 @@
 //! offsets count every byte the server's calls moved, emitted or not: a chunk whose offset is
 //! past the previous chunk's end follows a loss of exactly that many bytes (ring full, or a
 //! call over 16 MiB), also counted in [`TlsProbeStats`].
+//!
+//! Resolution and fd reuse: a stream's fd is resolved from /proc when `drain` first sees it
+//! (its start, or the first chunk of a joined stream that carries the fd). The probe also
+//! reports each close of a stream's fd; a stream whose fd is closed further on in the ring
+//! than the record being resolved is not looked up in /proc (the number may already name
+//! the next connection), so a session whose whole life after the start fits between two
+//! drains is counted as unresolved, never given another connection's 4-tuple. Drain as soon
+//! as [`TlsProbe::poll_fd`] is readable.
 
 mod procfs;
 
@@ -220,6 +228,8 @@ pub struct TlsProbe {
     target: ProbeTarget,
     resolver: Resolver,
     staging: bpf::Staging,
+    /// fd -> index of its last close in the batch being drained.
+    closes: HashMap<u32, usize>,
     stats: TlsProbeStats,
 }
 
@@ -259,6 +269,7 @@ impl TlsProbe {
             resolver: Resolver::new(target.pid),
             target,
             staging: bpf::Staging::default(),
+            closes: HashMap::new(),
             stats: TlsProbeStats::default(),
         })
     }
@@ -283,11 +294,19 @@ impl TlsProbe {
             let mut staging = std::mem::take(&mut self.staging);
             let n = self.loaded.take(BATCH, &mut staging);
             seen += n;
-            let mut start = 0;
-            for &end in &staging.ends {
-                let record = staging.bytes.get(start..end).unwrap_or_default();
-                start = end;
-                handed += self.on_record(record, f);
+            // Where each fd is last closed in this batch: an fd closed after a record was
+            // written may already be another connection's when /proc is read, so a stream
+            // not resolved before its fd's close is never resolved from /proc.
+            self.closes.clear();
+            for (i, r) in records(&staging).enumerate() {
+                if let Ok(e) = tls_event::decode(r) {
+                    if let (EventKind::FdClosed, Some(fd)) = (e.kind, e.fd) {
+                        self.closes.insert(fd, i);
+                    }
+                }
+            }
+            for (i, record) in records(&staging).enumerate() {
+                handed += self.on_record(i, record, f);
             }
             self.staging = staging;
             if n < BATCH {
@@ -297,7 +316,7 @@ impl TlsProbe {
         handed
     }
 
-    fn on_record(&mut self, record: &[u8], f: &mut dyn FnMut(TlsChunk<'_>)) -> usize {
+    fn on_record(&mut self, index: usize, record: &[u8], f: &mut dyn FnMut(TlsChunk<'_>)) -> usize {
         let s = &mut self.stats;
         let Ok(e) = tls_event::decode(record) else {
             s.bad_records += 1;
@@ -307,7 +326,14 @@ impl TlsProbe {
             s.bad_records += 1;
             return 0;
         }
+        let closed_later =
+            e.fd.and_then(|fd| self.closes.get(&fd))
+                .is_some_and(|&at| at > index);
         match e.kind {
+            EventKind::FdClosed => {
+                self.resolver.closed(e.ssl, e.generation);
+                0
+            }
             EventKind::StreamStart => {
                 if e.joined_midway {
                     s.streams_joined_midway += 1;
@@ -315,10 +341,14 @@ impl TlsProbe {
                     s.streams_started += 1;
                 }
                 // Resolve now: the connection is young and its fd certainly still its own.
-                self.resolver.lookup(e.ssl, e.generation, e.fd);
+                self.resolver
+                    .lookup(e.ssl, e.generation, e.fd, closed_later);
                 0
             }
-            EventKind::Data => match self.resolver.lookup(e.ssl, e.generation, e.fd) {
+            EventKind::Data => match self
+                .resolver
+                .lookup(e.ssl, e.generation, e.fd, closed_later)
+            {
                 Resolved::Tcp(server, client) => {
                     s.chunks += 1;
                     s.bytes += e.data.len() as u64;
@@ -363,6 +393,14 @@ impl TlsProbe {
             ..self.stats
         }
     }
+}
+
+/// The records of a batch, in ring order.
+fn records(st: &bpf::Staging) -> impl Iterator<Item = &[u8]> {
+    let starts = std::iter::once(0).chain(st.ends.iter().copied());
+    starts
+        .zip(st.ends.iter().copied())
+        .map(|(a, b)| st.bytes.get(a..b).unwrap_or_default())
 }
 
 /// The capabilities loading and attaching need, checked first so that their absence is named
@@ -551,7 +589,27 @@ impl Resolver {
         self.unix = None;
     }
 
-    fn lookup(&mut self, ssl: u64, generation: u64, fd: Option<u32>) -> Resolved {
+    /// The stream's fd has been closed: what it has not resolved yet it never will, and the
+    /// entry is not needed after its last chunk, which came before the close.
+    fn closed(&mut self, ssl: u64, generation: u64) {
+        if self
+            .streams
+            .get(&ssl)
+            .is_some_and(|s| s.generation == generation)
+        {
+            self.streams.remove(&ssl);
+        }
+    }
+
+    /// `closed_later`: the fd is closed further on in the ring, so /proc may already show
+    /// another connection under its number.
+    fn lookup(
+        &mut self,
+        ssl: u64,
+        generation: u64,
+        fd: Option<u32>,
+        closed_later: bool,
+    ) -> Resolved {
         if self.streams.len() >= MAX_STREAMS && !self.streams.contains_key(&ssl) {
             // Forget them all: each is resolved again on its next chunk.
             self.streams.clear();
@@ -583,7 +641,7 @@ impl Resolver {
         let Some(fd) = s.fd else {
             return Resolved::Unknown;
         };
-        if s.failed_round == Some(self.round) {
+        if s.failed_round == Some(self.round) || closed_later {
             return Resolved::Unknown;
         }
         let round = self.round;
@@ -664,22 +722,25 @@ mod tests {
         let mut r = Resolver::new(std::process::id());
         r.next_round();
         // No fd known: nothing to resolve yet.
-        assert_eq!(r.lookup(1, 1, None), Resolved::Unknown);
+        assert_eq!(r.lookup(1, 1, None, false), Resolved::Unknown);
         // An fd that is no socket, or no fd at all.
         let file = std::fs::File::open("/proc/self/status").unwrap();
         use std::os::fd::AsRawFd;
         assert_eq!(
-            r.lookup(2, 1, Some(file.as_raw_fd() as u32)),
+            r.lookup(2, 1, Some(file.as_raw_fd() as u32), false),
             Resolved::NotTcp
         );
-        assert_eq!(r.lookup(3, 1, Some(999_999)), Resolved::Unknown);
+        assert_eq!(r.lookup(3, 1, Some(999_999), false), Resolved::Unknown);
         // A new generation of the same SSL object starts over.
-        assert_eq!(r.lookup(3, 2, None), Resolved::Unknown);
+        assert_eq!(r.lookup(3, 2, None, false), Resolved::Unknown);
         assert_eq!(r.streams[&3].generation, 2);
         assert_eq!(r.streams[&3].fd, None);
         // A Unix socket's session is not TCP.
         let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
-        assert_eq!(r.lookup(4, 1, Some(a.as_raw_fd() as u32)), Resolved::NotTcp);
+        assert_eq!(
+            r.lookup(4, 1, Some(a.as_raw_fd() as u32), false),
+            Resolved::NotTcp
+        );
     }
 
     #[test]
@@ -691,9 +752,15 @@ mod tests {
         let mut r = Resolver::new(std::process::id());
         r.next_round();
         let fd = server.as_raw_fd() as u32;
-        let Resolved::Tcp(prod, client) = r.lookup(7, 1, Some(fd)) else {
+        // Closed further on in the ring: /proc is not asked (the number may be reused).
+        assert_eq!(r.lookup(7, 1, Some(fd), true), Resolved::Unknown);
+        let Resolved::Tcp(prod, client) = r.lookup(8, 1, Some(fd), false) else {
             panic!("not resolved");
         };
+        // Resolved once, kept; gone at its close.
+        assert_eq!(r.lookup(8, 1, Some(fd), true), Resolved::Tcp(prod, client));
+        r.closed(8, 1);
+        assert!(!r.streams.contains_key(&8));
         assert_eq!(prod, l.local_addr().unwrap());
         assert_eq!(client, c.local_addr().unwrap());
         assert_eq!(client, peer);
