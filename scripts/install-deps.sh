@@ -7,6 +7,9 @@ export DEBIAN_FRONTEND=noninteractive
 
 PACKAGES=(
     build-essential pkg-config libpcap-dev      # building copier/intercept (libpcap)
+    clang libbpf-dev                            # the TLS plaintext probe: BPF C and its headers
+    libelf-dev zlib1g-dev                       # ... libbpf-rs builds libbpf, which links them
+    openssl                                     # LAB_TLS=1: the lab's certificates
     mariadb-server mariadb-client sysbench      # the lab's servers and load
     libmariadb-dev                              # Connector/C, for the lab's COM_CHANGE_USER client
     iproute2 iptables nftables ethtool tcpdump  # the lab's network and captures

@@ -7,4 +7,5 @@ pub mod clock;
 pub mod control;
 pub mod mysql;
 pub mod seq;
+pub mod tls_event;
 pub mod wire;

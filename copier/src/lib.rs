@@ -29,6 +29,7 @@ pub mod send;
 pub mod settings;
 pub mod signals;
 pub mod status;
+pub mod tls;
 pub mod transit;
 pub mod waker;
 

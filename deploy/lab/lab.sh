@@ -102,6 +102,10 @@ environment for `up` (defaults in brackets):
   LAB_TEST_MYSQLD_ARGS  extra options for test only, e.g. "--skip-grant-tables"
   LAB_OFFLOADS [on]     on: veth offloads at the kernel's defaults (TSO/GSO/GRO on, as real NICs);
                         off: every offload off (one segment per packet; the friendlier variant)
+  LAB_TLS=1             both servers offer TLS (a self-signed CA and server and client certificates,
+                        made with openssl once into LAB_CACHE_DIR, copied to LAB_DIR/tls); `load
+                        --mysql-ssl=on` then runs sysbench over TLS (it reads its client files from
+                        the current directory, so `load` runs it in LAB_DIR/tls). Default: no TLS
   LAB_PROD2=1           also a second production host prod2 (198.18.<i>.5, its own MariaDB with
                         prod's data and options; `load --target prod2`, `counters prod2`): several
                         copiers sharing one intercept and test server (docs/scaling.md); it
@@ -299,7 +303,7 @@ ENV_VARS=(
     LAB_PROD_DATADIR LAB_PROD_SOCKET LAB_PROD_PIDFILE LAB_PROD_ERRLOG
     LAB_TEST_DATADIR LAB_TEST_SOCKET LAB_TEST_PIDFILE LAB_TEST_ERRLOG
     LAB_PROD_SERVER_ARGS LAB_TEST_SERVER_ARGS
-    LAB_MARIADB_VERSION LAB_GOLDEN LAB_PROD2
+    LAB_MARIADB_VERSION LAB_GOLDEN LAB_PROD2 LAB_TLS LAB_TLS_DIR
 )
 
 write_lab_env() {
@@ -538,6 +542,12 @@ server_args() { # server_args HOST -> SARGS
     # Every server: the --prod-dsn lookups read production's, and the executed-work comparison
     # reads each server's statement errors (events_statements_summary_global_by_event_name).
     SARGS+=(--performance-schema=ON)
+    # LAB_TLS=1: the server offers TLS (issue 21's plaintext probe is tested against it). Without
+    # it the servers have no certificate and offer none, as every other test expects.
+    if [[ ${LAB_TLS:-0} == 1 ]]; then
+        SARGS+=("--ssl-ca=$LAB_TLS_DIR/cacert.pem" "--ssl-cert=$LAB_TLS_DIR/server-cert.pem"
+            "--ssl-key=$LAB_TLS_DIR/server-key.pem")
+    fi
     extra=$(var "LAB_$(uc "$h")_SERVER_ARGS")
     local -a words=()
     read -r -a words <<<"$extra" || true
@@ -645,6 +655,40 @@ stop_server() {
     pid=$(server_pid "$h")
     [[ -n $pid ]] || return 0
     stop_pid "$pid" "$h mariadbd"
+}
+
+# LAB_TLS=1: a CA, a server and a client certificate, made once into the cache (openssl, RSA 2048,
+# ten years) and copied into the lab. The file names of the client side are the ones sysbench
+# 1.0 reads from its current directory with --mysql-ssl=on.
+TLS_LAYOUT=1
+ensure_tls() {
+    local cache=$CACHE_DIR/tls-v$TLS_LAYOUT
+    if [[ ! -f $cache/complete ]]; then
+        need_tools openssl
+        mkdir -p "$CACHE_DIR"
+        with_lock "$CACHE_DIR/lock" make_tls "$cache"
+    fi
+    mkdir -p "$LAB_TLS_DIR"
+    cp "$cache"/{cacert,server-cert,server-key,client-cert,client-key}.pem "$LAB_TLS_DIR/"
+}
+
+make_tls() { # make_tls DIR (caller holds the cache lock)
+    local dir=$1 b who
+    [[ -f $dir/complete ]] && return 0
+    b=$(mktemp -d "$CACHE_DIR/.tls.XXXXXX")
+    openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=tcpshadow lab CA" \
+        -keyout "$b/ca-key.pem" -out "$b/cacert.pem" 2>/dev/null || die "openssl: cannot make the lab CA"
+    for who in server client; do
+        if ! openssl req -newkey rsa:2048 -nodes -subj "/CN=tcpshadow-lab-$who" \
+            -keyout "$b/$who-key.pem" -out "$b/$who.csr" 2>/dev/null ||
+            ! openssl x509 -req -in "$b/$who.csr" -CA "$b/cacert.pem" -CAkey "$b/ca-key.pem" \
+                -CAcreateserial -days 3650 -out "$b/$who-cert.pem" 2>/dev/null; then
+            die "openssl: cannot make the lab's $who certificate"
+        fi
+    done
+    touch "$b/complete"
+    rm -rf "$dir"
+    mv "$b" "$dir"
 }
 
 # The golden data directory: installed and prepared once per (MariaDB version, tables, rows), then
@@ -772,6 +816,10 @@ cmd_up() {
     LAB_PROD_SERVER_ARGS=$(join_words "${LAB_MYSQLD_ARGS:-}" "${LAB_PROD_MYSQLD_ARGS:-}")
     LAB_TEST_SERVER_ARGS=$(join_words "${LAB_MYSQLD_ARGS:-}" "${LAB_TEST_MYSQLD_ARGS:-}")
     LAB_PROD2_SERVER_ARGS=$LAB_PROD_SERVER_ARGS
+    LAB_TLS=${LAB_TLS:-0}
+    [[ $LAB_TLS == 0 || $LAB_TLS == 1 ]] || die "LAB_TLS must be 0 or 1, not '$LAB_TLS'"
+    LAB_TLS_DIR=""
+    if [[ $LAB_TLS == 1 ]]; then LAB_TLS_DIR=$LAB_DIR/tls; fi
     [[ $LAB_TABLES =~ ^[1-9][0-9]*$ && $LAB_TABLE_SIZE =~ ^[1-9][0-9]*$ ]] ||
         die "LAB_TABLES and LAB_TABLE_SIZE must be positive integers"
     ensure_golden
@@ -784,6 +832,7 @@ cmd_up() {
 
     local t1
     t1=$(now)
+    if [[ $LAB_TLS == 1 ]]; then ensure_tls; fi
     for h in "${SERVERS[@]}"; do
         mkdir -p "$LAB_DIR/$h/data"
         cp -a "$LAB_GOLDEN/data/." "$LAB_DIR/$h/data/" &
@@ -1034,6 +1083,9 @@ cmd_load() {
         if [[ $target == test ]]; then from="test"; else from=client; fi
     fi
     info "load: sysbench $test, $threads threads, ${time}s, from $from to $target ($ip:$LAB_MYSQL_PORT)"
+    # sysbench 1.0's --mysql-ssl=on reads client-key.pem, client-cert.pem and cacert.pem from
+    # its current directory: with LAB_TLS=1 they are in LAB_TLS_DIR.
+    if [[ ${LAB_TLS:-0} == 1 && -d ${LAB_TLS_DIR:-} ]]; then cd "$LAB_TLS_DIR"; fi
     # setsid: the clients are another machine. In our session, the kernel's per-session
     # scheduling groups (autogroup) would put sysbench's threads in one group with whatever else
     # we started (the copier), which then gets 1/THREADS of a CPU: at 1,000 threads its capture

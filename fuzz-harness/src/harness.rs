@@ -57,6 +57,7 @@ pub const TARGETS: &[(&str, Harness)] = &[
     ("copier_engine", copier_engine),
     ("intercept_sessions", intercept_sessions),
     ("config", config),
+    ("tls_event", tls_event),
 ];
 
 /// Reads the fuzzer's bytes as a stream of small decisions; past the end everything is zero,
@@ -410,6 +411,21 @@ pub fn config(data: &[u8]) {
     if let Ok(file) = ops::config::ConfigFile::parse(text, Path::new("fuzz.toml"), cmd) {
         let _ = file.get("target");
     }
+}
+
+/// The TLS plaintext probe's ring records (`common::tls_event`, issue 21): written by a BPF
+/// program from another process's memory, so untrusted. What decodes must say what it holds
+/// (its data is the record's tail) and decode the same once written again.
+pub fn tls_event(data: &[u8]) {
+    use common::tls_event::{decode, encode, HEADER_LEN};
+    let Ok(e) = decode(data) else {
+        return;
+    };
+    assert_eq!(e.data.len() + HEADER_LEN, data.len());
+    assert!(e.offset.checked_add(e.data.len() as u64).is_some());
+    let mut again = Vec::new();
+    encode(&e, &mut again);
+    assert_eq!(decode(&again), Ok(e));
 }
 
 // ------------------------------------------------------------------------- copier engine

@@ -36,6 +36,7 @@ pub fn all() -> Vec<(&'static str, Vec<Vec<u8>>)> {
         ("copier_engine", copier_engine()),
         ("intercept_sessions", intercept_sessions()),
         ("config", config()),
+        ("tls_event", tls_event()),
     ]
 }
 
@@ -420,6 +421,59 @@ fn config() -> Vec<Vec<u8>> {
         b"target = \"198.18.0.2:3306\"\nport = 3306\n".to_vec(),
         b"client_ip_pool = \"198.19.0.0/24\"\nmax-sessions = 100\n".to_vec(),
     ]
+}
+
+/// Records as the probe writes them: a stream start, a HandshakeResponse chunk, a server
+/// chunk of a joined stream with no fd, an fd close.
+fn tls_event() -> Vec<Vec<u8>> {
+    use common::tls_event::{encode, EventKind, PlainDir, TlsEvent};
+    let base = TlsEvent {
+        kind: EventKind::StreamStart,
+        dir: PlainDir::FromClient,
+        joined_midway: false,
+        fd: Some(47),
+        pid: 22560,
+        tid: 22601,
+        ssl: 0x771c_3c02_0aa0,
+        generation: 52_147_907_799_072,
+        offset: 0,
+        time_ns: 52_147_907_800_000,
+        data: &[],
+    };
+    // sysbench's HandshakeResponse as the first packet inside TLS (sequence id 2).
+    let payload = hex(fx::SB_RESPONSE);
+    let mut login = (payload.len() as u32).to_le_bytes()[..3].to_vec();
+    login.push(2);
+    login.extend_from_slice(&payload);
+    let events = [
+        base,
+        TlsEvent {
+            kind: EventKind::Data,
+            data: &login,
+            ..base
+        },
+        TlsEvent {
+            kind: EventKind::Data,
+            dir: PlainDir::FromServer,
+            joined_midway: true,
+            fd: None,
+            offset: 123,
+            data: b"\x07\x00\x00\x02\x00\x00\x00\x02\x00\x00\x00",
+            ..base
+        },
+        TlsEvent {
+            kind: EventKind::FdClosed,
+            ..base
+        },
+    ];
+    events
+        .iter()
+        .map(|e| {
+            let mut b = Vec::new();
+            encode(e, &mut b);
+            b
+        })
+        .collect()
 }
 
 // ----------------------------------------------------------------- programs for the engines
