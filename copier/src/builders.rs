@@ -155,6 +155,7 @@ fn mysql_factory(
         read_only: args.read_only,
         allow_calls: args.read_only_allow_calls,
         report,
+        tls_plaintext: args.tls_plaintext,
         // Commands held for the test server count toward the session's queue cap anyway.
         max_held_bytes: args.memory_budget().session_buffer(1),
         ..MysqlConfig::default()

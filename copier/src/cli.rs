@@ -100,6 +100,14 @@ pub struct Args {
     #[arg(long, env = "TCPSHADOW_WORKERS", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub workers: u32,
 
+    /// MySQL: mirror TLS sessions from the plaintext production's own TLS library reads and
+    /// writes (eBPF uprobes on SSL_read/SSL_write of the process listening on the production
+    /// port; no keys, no proxy). `on`: when the probe cannot be attached (no BTF, no
+    /// CAP_BPF/CAP_PERFMON, a library it does not know), one line says why and TLS sessions
+    /// are counted and left alone, as with `off`. With --workers N > 1 not yet available.
+    #[arg(long, env = "TCPSHADOW_TLS_SESSIONS", value_enum, default_value_t = TlsSessions::On)]
+    pub tls_sessions: TlsSessions,
+
     /// --config, --print-config, --log.
     #[command(flatten)]
     pub config: ops::config::ConfigArgs,
@@ -362,6 +370,8 @@ impl Args {
             block_ms: self.capture_block_ms(buffer_bytes),
             priority: self.capture_priority,
             workers: self.workers,
+            tls_sessions: self.tls_sessions == TlsSessions::On
+                && self.mirror.protocol == crate::settings::Protocol::Mysql,
         })
     }
 
@@ -796,4 +806,11 @@ mod tests {
         }
         assert!(parse_sample("0").unwrap_err().contains("above 0"));
     }
+}
+
+/// `--tls-sessions`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum TlsSessions {
+    On,
+    Off,
 }

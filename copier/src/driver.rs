@@ -49,7 +49,7 @@
 //! * `fail(now, capture_stats, error)`: the source broke (e.g. the interface went away): reset
 //!   every session so the test server frees it, print the summary, return the error.
 
-use std::net::SocketAddrV4;
+use std::net::{SocketAddr, SocketAddrV4};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 use std::time::Duration;
@@ -139,6 +139,8 @@ pub struct Driver {
     /// A moment on both the standard clock and the engine's (the callers drive the engine with
     /// a `MonotonicClock`): maps when intercept's frames were read onto the engine's clock.
     anchor: (std::time::Instant, Instant),
+    /// The TLS plaintext probe (`--tls-sessions`), when attached.
+    tls: Option<crate::tls::TlsProbe>,
 }
 
 impl Driver {
@@ -254,6 +256,7 @@ impl Driver {
             observations,
             last_now: now,
             anchor,
+            tls: None,
         };
         // A scrape before the first packet sees zeros, not an empty page.
         let snap = driver.snapshot(&CaptureStats::default());
@@ -504,7 +507,43 @@ impl Driver {
             copies: self.fleet.copies(),
             sample_percent: self.sample_percent,
             report: None,
+            tls_probe: self.tls.as_ref().map(|t| tls_figures(&t.stats())),
         }
+    }
+
+    /// From now on TLS sessions' plaintext comes from `probe` (read by [`Driver::drain_tls`]).
+    pub fn attach_tls(&mut self, probe: crate::tls::TlsProbe) {
+        self.tls = Some(probe);
+    }
+
+    /// The probe's ring, to wait on beside the capture.
+    pub fn tls_fd(&self) -> Option<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        self.tls.as_ref().map(|t| t.poll_fd().as_raw_fd())
+    }
+
+    /// Hands the plaintext waiting in the probe's ring to the sessions. Called before each
+    /// capture batch: plaintext production read before a packet was captured is then in the
+    /// sessions before that packet (production's FIN ends a TLS session's client stream).
+    pub fn drain_tls(&mut self, now: Instant) {
+        let Some(probe) = self.tls.as_mut() else {
+            return;
+        };
+        let fleet = &mut self.fleet;
+        probe.drain(&mut |c: crate::tls::TlsChunk<'_>| {
+            let (SocketAddr::V4(client), SocketAddr::V4(server)) = (c.client, c.server) else {
+                // The engine mirrors IPv4 only: like an IPv6 capture, not a session of ours.
+                return;
+            };
+            let p = crate::engine::Plaintext {
+                client,
+                server,
+                from_client: matches!(c.dir, crate::tls::PlainDir::FromClient),
+                offset: c.offset,
+                data: c.data,
+            };
+            fleet.on_plaintext(now, &p);
+        });
     }
 
     /// Relayed feedback for another worker's addresses (`--workers`; intercept broadcasts
@@ -820,6 +859,20 @@ fn wait_for_intercept(control: &ControlHandle, addr: std::net::SocketAddr) -> Re
         );
     }
     Ok(())
+}
+
+fn tls_figures(t: &crate::tls::TlsProbeStats) -> crate::status::TlsProbeFigures {
+    crate::status::TlsProbeFigures {
+        chunks: t.chunks,
+        bytes: t.bytes,
+        ring_full_bytes: t.lost_bytes,
+        truncated_bytes: t.truncated_bytes,
+        unresolved_chunks: t.unresolved_chunks,
+        unresolved_bytes: t.unresolved_bytes,
+        not_tcp_bytes: t.not_tcp_bytes,
+        streams_started: t.streams_started,
+        streams_joined_midway: t.streams_joined_midway,
+    }
 }
 
 #[cfg(test)]

@@ -471,6 +471,23 @@ fn losses(s: &Snapshot) -> Vec<(&'static str, &'static str, u64)> {
             en.transform_bytes_refused,
         ),
         (
+            "tls",
+            "probe_lost_bytes",
+            s.tls_probe.map_or(0, |t| t.lost_bytes()),
+        ),
+        (
+            "tls",
+            "probe_unresolved_bytes",
+            s.tls_probe.map_or(0, |t| t.unresolved_bytes),
+        ),
+        ("tls", "plaintext_missing_bytes", en.tls_plain_bytes_lost),
+        (
+            "tls",
+            "plaintext_unmatched_bytes",
+            en.tls_plain_bytes_unmatched,
+        ),
+        ("tls", "plaintext_unused_bytes", en.tls_plain_bytes_unused),
+        (
             "prod_dsn",
             "pooled_connections_not_recovered",
             s.lookup.map_or(0, |l| l.not_recovered()),

@@ -24,7 +24,7 @@ use common::clock::{Instant, MonotonicClock};
 
 use crate::capture::LiveCapture;
 use crate::driver::{Driver, Pump};
-use crate::settings::{CaptureSettings, LiveSettings, CAPTURE_BLOCK_BYTES};
+use crate::settings::{CaptureSettings, LiveSettings, Plan, CAPTURE_BLOCK_BYTES};
 use crate::status::Snapshot;
 
 /// Packets read from the capture before the loop looks at the control channel again.
@@ -73,8 +73,16 @@ pub fn run(live: &LiveSettings, settings: &CaptureSettings) -> Result<Snapshot> 
         .map(|r| format!("port {} to {}", r.prod_port, r.target))
         .collect::<Vec<_>>()
         .join(", ");
-    let driver = Driver::start(mirror, plan, clock.now())?;
-    drop_privileges(settings)?;
+    // Before the capabilities go (attaching needs CAP_BPF and CAP_PERFMON).
+    let probe = attach_tls(settings, &plan);
+    let mut mirror = mirror.clone();
+    mirror.tls_plaintext = probe.is_some();
+    let mut driver = Driver::start(&mirror, plan, clock.now())?;
+    let tls = probe.is_some();
+    if let Some(p) = probe {
+        driver.attach_tls(p);
+    }
+    drop_privileges(settings, tls)?;
     tracing::info!(
         "mirroring {routes} on {} (intercept {}), filter: {filter}",
         settings.interface,
@@ -84,6 +92,41 @@ pub fn run(live: &LiveSettings, settings: &CaptureSettings) -> Result<Snapshot> 
     let driver = capture_loop(driver, &mut capture, &clock, on_demand, None)?;
     capture.refresh_kernel_stats();
     Ok(driver.finish(&capture.stats))
+}
+
+/// `--tls-sessions on`: the TLS plaintext probe on the process listening on the production
+/// port, or one line saying why TLS sessions will not be mirrored.
+fn attach_tls(settings: &CaptureSettings, plan: &Plan) -> Option<crate::tls::TlsProbe> {
+    if !settings.tls_sessions {
+        return None;
+    }
+    let mut ports: Vec<u16> = plan.routes.iter().map(|r| r.prod_port).collect();
+    ports.dedup();
+    let [port] = ports[..] else {
+        tracing::warn!(
+            "TLS sessions are not mirrored: --tls-sessions covers one production port, not {}",
+            ports.len()
+        );
+        return None;
+    };
+    match crate::tls::TlsProbe::attach(port) {
+        Ok(p) => {
+            let t = p.target();
+            tracing::info!(
+                "TLS sessions on port {port} are mirrored from their plaintext: probe on pid {} \
+                 ({})",
+                t.pid,
+                t.library.display()
+            );
+            Some(p)
+        }
+        Err(e) => {
+            tracing::warn!(
+                "TLS sessions on port {port} are not mirrored (counted as not_mirrorable_tls): {e}"
+            );
+            None
+        }
+    }
 }
 
 /// The capture loop, the same for a copier of one capture and for each worker of
@@ -112,6 +155,8 @@ fn capture_loop(
         }
         // Once stopping, nothing new is captured; what is queued still goes out.
         if !driver.poll_stop(now) {
+            // The probe first: see `Driver::drain_tls`.
+            driver.drain_tls(now);
             let mut lag = Duration::ZERO;
             let mut seen = slot.as_deref_mut();
             let drained = capture.drain(CAPTURE_BUDGET, |at, pkt| {
@@ -150,10 +195,13 @@ fn capture_loop(
         if let Some(cap) = wake_cap {
             wake = wake.min(cap);
         }
-        match capture.bridge_fd() {
-            Some(bridge) => driver.wait(&[capture.as_raw_fd(), bridge], wake),
-            None => driver.wait(&[capture.as_raw_fd()], wake),
+        let mut fds = [capture.as_raw_fd(); 3];
+        let mut n = 1;
+        for fd in [capture.bridge_fd(), driver.tls_fd()].into_iter().flatten() {
+            fds[n] = fd;
+            n += 1;
         }
+        driver.wait(&fds[..n], wake);
     }
     Ok(driver)
 }
@@ -195,15 +243,18 @@ fn on_demand(capture: &CaptureSettings, capture_fd: RawFd) -> Option<ops::sched:
 /// capability at all: reconnecting to intercept, --prod-dsn, reports and SIGHUP reloads are
 /// plain sockets and files. Dropped in every thread, with no_new_privs. The one exception:
 /// `--capture-priority auto` where RLIMIT_NICE could not be raised keeps CAP_SYS_NICE, to
-/// raise the capture when it falls behind.
-fn drop_privileges(capture: &CaptureSettings) -> Result<()> {
-    let keep: &[u32] =
-        if capture.priority == ops::sched::Priority::Auto && ops::sched::raise_needs_capability() {
-            &[ops::privs::CAP_SYS_NICE]
-        } else {
-            &[]
-        };
-    let dropped = ops::privs::drop_all_but(keep).map_err(|e| {
+/// raise the capture when it falls behind. And with the TLS plaintext probe attached
+/// (`tls`), CAP_SYS_PTRACE: each new TLS stream's socket is told from the server's
+/// `/proc/PID/fd`, which another process (mariadbd is not dumpable) may only read with it.
+fn drop_privileges(capture: &CaptureSettings, tls: bool) -> Result<()> {
+    let mut keep = Vec::new();
+    if capture.priority == ops::sched::Priority::Auto && ops::sched::raise_needs_capability() {
+        keep.push(ops::privs::CAP_SYS_NICE);
+    }
+    if tls {
+        keep.push(ops::privs::CAP_SYS_PTRACE);
+    }
+    let dropped = ops::privs::drop_all_but(&keep).map_err(|e| {
         anyhow::anyhow!(
             "cannot drop capabilities after opening the capture (refusing to run with more than \
              needed): {e}"
@@ -291,6 +342,12 @@ mod workers {
     pub(super) fn run(live: &LiveSettings, settings: &CaptureSettings) -> Result<Snapshot> {
         let n = settings.workers;
         let (mirror, plan) = (&live.mirror, live.plan.clone());
+        if settings.tls_sessions {
+            tracing::warn!(
+                "TLS sessions are not mirrored with --workers {n} yet (counted as \
+                 not_mirrorable_tls): run one worker to mirror them"
+            );
+        }
         let clock = MonotonicClock::new();
         let filter = &settings.filter;
         let group = fanout::group_for_process(0);

@@ -195,6 +195,11 @@ pub struct MirrorSettings {
     /// (IDENTIFIED BY, PASSWORD(), SET PASSWORD, MASTER_PASSWORD, AES_ENCRYPT, ...) stay masked.
     #[arg(long, env = "TCPSHADOW_REPORT_LITERALS")]
     pub report_literals: bool,
+
+    /// Not a flag: set by the live copier once its TLS plaintext probe is attached
+    /// (`--tls-sessions`); TLS sessions are then mirrored from their plaintext.
+    #[arg(skip)]
+    pub tls_plaintext: bool,
 }
 
 /// What to mirror, beyond [`MirrorSettings`]: the parts a live capture and a replay decide
@@ -237,6 +242,8 @@ pub struct CaptureSettings {
     pub priority: ops::sched::Priority,
     /// `--workers`: capture threads sharing the traffic by flow hash (1: no fan-out).
     pub workers: u32,
+    /// `--tls-sessions on` in MySQL mode: attach the TLS plaintext probe.
+    pub tls_sessions: bool,
 }
 
 /// A libpcap TPACKET_V3 block (libpcap 1.10 sizes them by its largest snap length, 256 KiB).

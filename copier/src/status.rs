@@ -32,6 +32,33 @@ pub struct Snapshot {
     pub sample_percent: Option<f64>,
     /// `--report` (or `--metrics` in MySQL mode): the comparison so far.
     pub report: Option<ReportFigures>,
+    /// The TLS plaintext probe, when attached (`--tls-sessions`).
+    pub tls_probe: Option<TlsProbeFigures>,
+}
+
+/// What the TLS plaintext probe counted (its own losses; the sessions' are the engine's).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TlsProbeFigures {
+    /// Pieces of plaintext handed on, and their bytes.
+    pub chunks: u64,
+    pub bytes: u64,
+    /// Bytes not copied: the ring was full, or a call was larger than the probe copies.
+    pub ring_full_bytes: u64,
+    pub truncated_bytes: u64,
+    /// Pieces whose connection could not be told (no 4-tuple for their socket): dropped.
+    pub unresolved_chunks: u64,
+    pub unresolved_bytes: u64,
+    /// Bytes of TLS sessions on a Unix socket (no packet to mirror them as).
+    pub not_tcp_bytes: u64,
+    /// TLS streams seen start, and streams first seen midway (open before the probe).
+    pub streams_started: u64,
+    pub streams_joined_midway: u64,
+}
+
+impl TlsProbeFigures {
+    pub fn lost_bytes(&self) -> u64 {
+        self.ring_full_bytes + self.truncated_bytes
+    }
 }
 
 impl Snapshot {
@@ -105,6 +132,27 @@ impl Snapshot {
                 // before the copier started are then dropped (counted by the protocol layer).
                 "pooled connections not recovered (--prod-dsn)",
                 self.lookup.map_or(0, |l| l.not_recovered()),
+            ),
+            (
+                "TLS plaintext bytes the probe lost (ring full, or a call larger than it copies)",
+                self.tls_probe.map_or(0, |t| t.lost_bytes()),
+            ),
+            (
+                "TLS plaintext bytes of connections the probe could not tell (no 4-tuple)",
+                self.tls_probe.map_or(0, |t| t.unresolved_bytes),
+            ),
+            (
+                "TLS plaintext bytes missing inside mirrored sessions",
+                e.tls_plain_bytes_lost,
+            ),
+            (
+                "TLS plaintext bytes of connections not mirrored (open before the copier, or \
+                 not admitted)",
+                e.tls_plain_bytes_unmatched,
+            ),
+            (
+                "TLS plaintext bytes whose session never started TLS in the capture",
+                e.tls_plain_bytes_unused,
             ),
             (
                 "report: observations dropped (queue full)",
@@ -280,11 +328,43 @@ fn protocol_loss_fix(name: &str) -> Option<&'static str> {
              or --prod-dsn"
         }
         "no_credentials" => "logins of users missing from --mysql-credentials",
-        "not_mirrorable_tls" | "not_mirrorable_compression" => {
+        "not_mirrorable_tls" => {
+            "TLS sessions: mirrored from production's plaintext when the eBPF probe is attached \
+             (--tls-sessions on); the log said why it is not"
+        }
+        "not_mirrorable_compression" => {
             "cannot be rewritten at packet level; the log names each client once"
         }
         _ => return None,
     })
+}
+
+/// TLS sessions mirrored from their plaintext, and what the probe saw; `None` when the
+/// probe is not attached and no TLS session was mirrored.
+fn tls_line(s: &Snapshot) -> Option<String> {
+    let e = &s.engine;
+    let from_plaintext = e
+        .transform
+        .named(s.transform_names)
+        .find(|(n, _)| *n == "tls_sessions_from_plaintext")
+        .map_or(0, |(_, v)| v);
+    let p = s.tls_probe?;
+    Some(format!(
+        "  tls: {from_plaintext} sessions mirrored from their plaintext ({} bytes from clients, \
+         {} from production; {} bytes of ciphertext passed over); probe: {} streams started, {} \
+         joined midway, {} pieces ({} bytes), {} lost bytes, {} pieces of unknown connections; \
+         {} bytes of sessions on a Unix socket (never captured, like any)",
+        e.tls_plain_client_bytes,
+        e.tls_plain_prod_bytes,
+        e.tls_ciphertext_bytes,
+        p.streams_started,
+        p.streams_joined_midway,
+        p.chunks,
+        p.bytes,
+        p.lost_bytes(),
+        p.unresolved_chunks,
+        p.not_tcp_bytes,
+    ))
 }
 
 /// The end-of-run summary, several lines, for a person.
@@ -349,6 +429,9 @@ pub fn summary(s: &Snapshot, elapsed: Duration) -> String {
             e.held_bytes_replayed,
             e.held_bytes_lost,
         );
+    }
+    if let Some(line) = tls_line(s) {
+        let _ = writeln!(out, "{line}");
     }
     let bridged = if s.capture.bridged > 0 {
         format!(

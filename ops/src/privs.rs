@@ -21,6 +21,7 @@ pub const CAP_SETPCAP: u32 = 8;
 pub const CAP_NET_BIND_SERVICE: u32 = 10;
 pub const CAP_NET_ADMIN: u32 = 12;
 pub const CAP_NET_RAW: u32 = 13;
+pub const CAP_SYS_PTRACE: u32 = 19;
 pub const CAP_SYS_NICE: u32 = 23;
 
 /// What [`drop_all_but`] left.

@@ -136,13 +136,23 @@ fn rows(lab: &Lab, host: Host) -> Result<Vec<String>> {
 /// paused and both servers quiet, so what production runs from then on is exactly what is due
 /// on the test server.
 fn pool_is_mirrored(lab: &Lab, connector: &str) -> Result<()> {
+    pool_is_mirrored_with(lab, connector, None).map(drop)
+}
+
+/// [`pool_is_mirrored`], with `jdbc_extra` appended to Connector/J's URL (`java` only).
+/// Returns the copier's summary.
+fn pool_is_mirrored_with(lab: &Lab, connector: &str, jdbc_extra: Option<&str>) -> Result<String> {
     let size: u32 = env_or("TCPSHADOW_POOL_SIZE", 8);
     let secs: u64 = env_or("TCPSHADOW_POOL_SECS", 30);
     let dir = PathBuf::from(lab.var("LAB_DIR"));
     fresh_tables(lab)?;
     let stop = dir.join(format!("pool-{connector}-stop"));
     let _ = std::fs::remove_file(&stop);
-    let mut args = client_command(connector, &dir)?;
+    let mut args = Vec::new();
+    if let Some(extra) = jdbc_extra {
+        args.extend(["env".to_string(), format!("TSD_JDBC_EXTRA={extra}")]);
+    }
+    args.extend(client_command(connector, &dir)?);
     args.extend([
         lab.ip(Host::Prod).to_string(),
         lab.var("LAB_USER").to_string(),
@@ -293,7 +303,7 @@ fn pool_is_mirrored(lab: &Lab, connector: &str) -> Result<()> {
         "{connector}: the test server wrote {} rows, production {due} after the window opened",
         on_test.len()
     );
-    Ok(())
+    Ok(copier.stderr)
 }
 
 /// The count of the copier summary's `losses:` line that says `what` (0: no such line).
@@ -342,6 +352,38 @@ fn connector_pools_opened_before_the_copier_are_mirrored() -> Result<()> {
         failed.is_empty(),
         "pools not mirrored: {}",
         failed.join(", ")
+    );
+    Ok(())
+}
+
+/// Issue 21: a Connector/J pool over TLS, open and busy before the copier starts, is picked
+/// up from production's plaintext (the eBPF probe) with `--prod-dsn`, as a plain pool is.
+#[test]
+fn a_tls_connector_j_pool_opened_before_the_copier_is_mirrored() -> Result<()> {
+    tcpshadow_tests::mirror::build()?;
+    let lab = Lab::up_with("tlspool", &[("LAB_TLS", "1")])?;
+    lab.keep_statement_history(Host::Test)?;
+    // Connector/J 2.7 (Debian's): TLS without checking the lab's self-signed certificate.
+    let size: u32 = env_or("TCPSHADOW_POOL_SIZE", 8);
+    let summary = pool_is_mirrored_with(
+        &lab,
+        "java",
+        Some("&useSsl=true&trustServerCertificate=true"),
+    )?;
+    // Every pooled connection was TLS, and mirrored from its plaintext.
+    let line = summary
+        .lines()
+        .find(|l| l.trim_start().starts_with("tls:"))
+        .with_context(|| format!("no tls line in the summary:\n{summary}"))?;
+    let mirrored: u64 = line
+        .trim_start()
+        .strip_prefix("tls: ")
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    ensure!(
+        mirrored >= u64::from(size),
+        "{mirrored} TLS sessions mirrored from their plaintext, the pool has {size}:\n{summary}"
     );
     Ok(())
 }

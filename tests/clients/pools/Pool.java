@@ -27,8 +27,10 @@ public class Pool {
         int size = Integer.parseInt(args[3]);
         Path stop = Path.of(args[4]);
         HikariConfig cfg = new HikariConfig();
+        // TSD_JDBC_EXTRA: more URL options, e.g. TLS for issue 21's test.
+        String extra = System.getenv().getOrDefault("TSD_JDBC_EXTRA", "");
         cfg.setJdbcUrl("jdbc:mariadb://" + args[0] + ":3306/sbtest"
-                + "?useServerPrepStmts=true&cachePrepStmts=true&prepStmtCacheSize=250");
+                + "?useServerPrepStmts=true&cachePrepStmts=true&prepStmtCacheSize=250" + extra);
         cfg.setUsername(args[1]);
         cfg.setPassword(args[2]);
         cfg.setMinimumIdle(size);
