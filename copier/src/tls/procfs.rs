@@ -168,10 +168,16 @@ pub fn fd_socket_inode(pid: u32, fd: u32) -> io::Result<Option<u64>> {
     Ok(link.to_str().and_then(socket_inode))
 }
 
-/// A path of the process's file as the process sees it, reachable from our mount namespace
-/// (through /proc/PID/root when the server runs in a container).
+/// A path of the process's file as the process sees it, reachable from our mount namespace:
+/// as it is when the process has our root, else through /proc/PID/root (a server in a
+/// container).
 pub fn in_root(pid: u32, path: &str) -> PathBuf {
-    PathBuf::from(format!("/proc/{pid}/root{path}"))
+    use std::os::unix::fs::MetadataExt;
+    let same = |a: &fs::Metadata, b: &fs::Metadata| a.dev() == b.dev() && a.ino() == b.ino();
+    match (fs::metadata(format!("/proc/{pid}/root")), fs::metadata("/")) {
+        (Ok(theirs), Ok(ours)) if same(&theirs, &ours) => PathBuf::from(path),
+        _ => PathBuf::from(format!("/proc/{pid}/root{path}")),
+    }
 }
 
 /// The process's short name (/proc/PID/comm).
