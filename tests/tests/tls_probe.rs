@@ -7,8 +7,8 @@
 //! its prepared-statement executes, resolved to the connection's own 4-tuple (the client's
 //! address in the lab's client namespace, production's address and port), with no byte lost,
 //! truncated or unresolved; a TLS session opened before the probe is joined midway, from its
-//! next call on. And without CAP_BPF / CAP_PERFMON, attaching fails with a reason
-//! that names them.
+//! next call on. And without CAP_BPF / CAP_PERFMON, or without CAP_SYS_ADMIN, attaching fails
+//! with a reason that names them.
 
 use std::time::Duration;
 
@@ -85,7 +85,8 @@ fn tls_sessions_plaintext_with_their_four_tuples() -> Result<()> {
         ],
     )?;
     std::thread::sleep(Duration::from_millis(500));
-    let mut dump = lab.spawn(Host::Prod, &[DUMP, "3306", &stop, "120"])?;
+    // Once attached it keeps only the capabilities resolving fds needs, as a daemon would.
+    let mut dump = lab.spawn(Host::Prod, &[DUMP, "3306", &stop, "120", "--drop-caps"])?;
     dump.wait_for_output("attached: ", Duration::from_secs(30))?;
     let threads = 2;
     let report = lab.load(&Load {
@@ -235,6 +236,42 @@ fn without_cap_bpf_attaching_fails_with_the_reason() -> Result<()> {
             && run.stdout.contains("CAP_PERFMON")
             && run.stdout.contains("fix:"),
         "the reason does not name the capabilities and the fix:\n{}\n{}",
+        run.stdout,
+        run.stderr
+    );
+
+    // An unprivileged user with CAP_BPF and CAP_PERFMON (and what reading /proc needs) but
+    // not CAP_SYS_ADMIN: this kernel refuses the uprobe on one process, and the reason says
+    // to add CAP_SYS_ADMIN. (The tool is copied where that user can run it.)
+    let dir = std::env::temp_dir().join(format!("tcpshadow-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let dump = dir.join("tls-probe-dump");
+    std::fs::copy(DUMP, &dump)?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))?;
+    let caps = "+bpf,+perfmon,+sys_ptrace,+dac_read_search";
+    let run = lab.exec(
+        Host::Prod,
+        &[
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            &format!("--inh-caps=-all,{caps}"),
+            &format!("--ambient-caps=-all,{caps}"),
+            &format!("--bounding-set=-all,{caps}"),
+            "--no-new-privs",
+            dump.to_str().context("path")?,
+            "3306",
+            &stop,
+            "1",
+        ],
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    let run = run?;
+    ensure!(
+        !run.success() && run.stdout.contains("CAP_SYS_ADMIN"),
+        "without CAP_SYS_ADMIN: {}\n{}",
         run.stdout,
         run.stderr
     );

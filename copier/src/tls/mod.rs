@@ -214,10 +214,28 @@ impl fmt::Display for NotAttached {
 impl std::error::Error for NotAttached {}
 
 /// Capability numbers (linux/capability.h).
-const CAP_SYS_PTRACE: u32 = 19;
-const CAP_SYS_ADMIN: u32 = 21;
-const CAP_PERFMON: u32 = 38;
-const CAP_BPF: u32 = 39;
+pub const CAP_DAC_READ_SEARCH: u32 = 2;
+pub const CAP_SYS_PTRACE: u32 = 19;
+pub const CAP_SYS_ADMIN: u32 = 21;
+pub const CAP_PERFMON: u32 = 38;
+pub const CAP_BPF: u32 = 39;
+
+/// What attaching needs (checked by [`TlsProbe::attach`] before it tries, named in its error):
+/// CAP_BPF (load), CAP_PERFMON (tracing programs), CAP_SYS_ADMIN (a pid-scoped uprobe's
+/// perf_event_open: kernel 6.18 refuses it with EACCES under CAP_PERFMON alone), and the two
+/// of [`RESOLVE_CAPS`]. CAP_SYS_ADMIN implies the first two.
+pub const ATTACH_CAPS: &[u32] = &[
+    CAP_BPF,
+    CAP_PERFMON,
+    CAP_SYS_ADMIN,
+    CAP_SYS_PTRACE,
+    CAP_DAC_READ_SEARCH,
+];
+
+/// What an attached probe needs for as long as it runs, to resolve fds of a server of another
+/// user: CAP_DAC_READ_SEARCH to enter its /proc/PID/fd, CAP_SYS_PTRACE to read the links
+/// there (and its maps at attach). Reading the ring and the loss map needs none.
+pub const RESOLVE_CAPS: &[u32] = &[CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH];
 
 /// The TLS plaintext probe, attached to production's server.
 ///
@@ -421,6 +439,9 @@ fn check_capabilities() -> Result<(), NotAttached> {
     if !has(CAP_SYS_PTRACE) {
         missing.push("CAP_SYS_PTRACE");
     }
+    if !has(CAP_DAC_READ_SEARCH) {
+        missing.push("CAP_DAC_READ_SEARCH");
+    }
     if missing.is_empty() {
         return Ok(());
     }
@@ -428,8 +449,9 @@ fn check_capabilities() -> Result<(), NotAttached> {
         NotAttachedKind::Privilege,
         format!(
             "TLS sessions cannot be mirrored: the copier lacks {} (eBPF uprobes on the server's \
-             TLS library need CAP_BPF and CAP_PERFMON; reading the server's /proc/PID/fd and \
-             maps needs CAP_SYS_PTRACE); fix: run as root, or add them to AmbientCapabilities= \
+             TLS library need CAP_BPF, CAP_PERFMON and, for a uprobe on one process, \
+             CAP_SYS_ADMIN; reading the server's /proc/PID/fd and maps needs CAP_SYS_PTRACE \
+             and CAP_DAC_READ_SEARCH); fix: run as root, or add them to AmbientCapabilities= \
              (deploy/systemd/tcpshadow-copier.service)",
             missing.join(", ")
         ),
@@ -438,14 +460,24 @@ fn check_capabilities() -> Result<(), NotAttached> {
 
 fn load_error(target: &ProbeTarget, e: bpf::LoadError) -> NotAttached {
     match e {
-        bpf::LoadError::Permission(m) => NotAttached::new(
-            NotAttachedKind::Privilege,
-            format!(
-                "TLS sessions cannot be mirrored: the kernel refused the probe ({m}); fix: \
-                 run as root or with CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE, and check \
-                 kernel.unprivileged_bpf_disabled / a lockdown that forbids BPF"
-            ),
-        ),
+        bpf::LoadError::Permission(m) => {
+            let admin =
+                ops::host::effective_caps().is_none_or(|c| ops::host::has_cap(c, CAP_SYS_ADMIN));
+            let why = if admin {
+                "check kernel.perf_event_paranoid, kernel.unprivileged_bpf_disabled and a \
+                 lockdown that forbids BPF"
+            } else {
+                "this kernel wants CAP_SYS_ADMIN for a uprobe on one process (CAP_PERFMON is \
+                 not enough); add it to AmbientCapabilities="
+            };
+            NotAttached::new(
+                NotAttachedKind::Privilege,
+                format!(
+                    "TLS sessions cannot be mirrored: the kernel refused the probe ({m}); fix: \
+                     run as root, or {why}"
+                ),
+            )
+        }
         bpf::LoadError::NoSymbol(m) => NotAttached::new(
             NotAttachedKind::NoTlsLibrary,
             format!(

@@ -1,4 +1,4 @@
-//! `tls-probe-dump PORT STOP_FILE [MAX_SECONDS]`: attaches the copier's TLS plaintext probe
+//! `tls-probe-dump PORT STOP_FILE [MAX_SECONDS] [--drop-caps]`: attaches the copier's TLS plaintext probe
 //! (`copier::tls::TlsProbe`, issue 21) to the server listening on PORT in this network
 //! namespace, drains it until STOP_FILE exists (or MAX_SECONDS, 60, have passed), and prints
 //! what it saw per stream, for the lab test `tests/tls_probe.rs`.
@@ -8,7 +8,8 @@
 //! `stream PID:SSL:GEN client=IP:PORT server=IP:PORT joined=0|1 c2s=BYTES s2c=BYTES gaps=N
 //! first_seq=N user=NAME commands=HEX:COUNT,...` (`first_seq` and `user`: the first client
 //! packet's sequence id and, read as a HandshakeResponse, its user name), then `stats ...` (TlsProbeStats). On a failed attach it
-//! prints `not attached: REASON` and exits with status 3.
+//! prints `not attached: REASON` and exits with status 3. With `--drop-caps` it keeps only
+//! `copier::tls::RESOLVE_CAPS` once attached, as a daemon that drops its privileges would.
 //!
 //! A test tool: it never changes the server, and it reads nothing but the probe's chunks.
 
@@ -101,6 +102,7 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     };
     let max = Duration::from_secs(args.get(3).and_then(|s| s.parse().ok()).unwrap_or(60));
+    let drop_caps = args.iter().any(|a| a == "--drop-caps");
     let mut probe = match TlsProbe::attach(port) {
         Ok(p) => p,
         Err(e) => {
@@ -108,6 +110,13 @@ fn main() -> ExitCode {
             return ExitCode::from(3);
         }
     };
+    if drop_caps {
+        // What a daemon does once attached: keep only what resolving fds needs.
+        if let Err(e) = ops::privs::drop_all_but(copier::tls::RESOLVE_CAPS) {
+            println!("cannot drop capabilities: {e}");
+            return ExitCode::from(4);
+        }
+    }
     println!("attached: {}", probe.target());
     let mut streams: HashMap<StreamId, Stream> = HashMap::new();
     let start = Instant::now();
