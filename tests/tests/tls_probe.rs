@@ -277,3 +277,52 @@ fn without_cap_bpf_attaching_fails_with_the_reason() -> Result<()> {
     );
     Ok(())
 }
+
+/// A ring too small for the load: records are lost, counted by the probe, and each lost byte
+/// that a later chunk follows shows as a jump of that stream's offsets, never as bytes moved
+/// or run together.
+#[test]
+fn a_full_ring_loses_bytes_where_the_offsets_say() -> Result<()> {
+    let lab = Lab::up_with("tlsrng", &[("LAB_TLS", "1")])?;
+    let stop = format!("{}/tls-probe-stop", lab.var("LAB_DIR"));
+    // One page: no 16 KiB record fits, and a few small ones fill it between two drains.
+    let mut dump = lab.spawn(Host::Prod, &[DUMP, "3306", &stop, "120", "--ring=4096"])?;
+    dump.wait_for_output("attached: ", Duration::from_secs(30))?;
+    let report = lab.load(&Load {
+        threads: 2,
+        time_secs: 2,
+        extra: vec!["--mysql-ssl=on".into()],
+        ..Load::default()
+    })?;
+    std::fs::write(&stop, b"")?;
+    let run = dump.finish(Duration::from_secs(30))?;
+    ensure!(
+        run.success(),
+        "tls-probe-dump failed:\n{}\n{}",
+        run.stdout,
+        run.stderr
+    );
+    ensure!(report.errors == 0, "sysbench: {}", report.output);
+    let out = &run.stdout;
+    let stats = out
+        .lines()
+        .find(|l| l.starts_with("stats "))
+        .context("no stats line")?;
+    let lost = stat(stats, "lost_bytes")? + stat(stats, "truncated_bytes")?;
+    let gaps: u64 = out
+        .lines()
+        .filter_map(Stream::parse)
+        .map(|s| s.get("gap_bytes").parse::<u64>().unwrap_or(0))
+        .sum();
+    ensure!(
+        stat(stats, "lost_records")? > 0 && gaps > 0,
+        "a one-page ring lost nothing:\n{out}"
+    );
+    // A loss at the very end of a stream has no later chunk to show it: gaps <= lost.
+    ensure!(
+        gaps <= lost,
+        "offsets jump over {gaps} bytes, the probe lost {lost}:\n{out}"
+    );
+    ensure!(stat(stats, "bad_records")? == 0, "{stats}");
+    Ok(())
+}

@@ -1,4 +1,4 @@
-//! `tls-probe-dump PORT STOP_FILE [MAX_SECONDS] [--drop-caps]`: attaches the copier's TLS plaintext probe
+//! `tls-probe-dump PORT STOP_FILE [MAX_SECONDS] [--drop-caps] [--ring=BYTES]`: attaches the copier's TLS plaintext probe
 //! (`copier::tls::TlsProbe`, issue 21) to the server listening on PORT in this network
 //! namespace, drains it until STOP_FILE exists (or MAX_SECONDS, 60, have passed), and prints
 //! what it saw per stream, for the lab test `tests/tls_probe.rs`.
@@ -6,7 +6,7 @@
 //! It reads the MySQL packets of the client direction of each stream (4-byte headers, the
 //! first byte of each command) and prints one line per stream:
 //! `stream PID:SSL:GEN client=IP:PORT server=IP:PORT joined=0|1 c2s=BYTES s2c=BYTES gaps=N
-//! first_seq=N user=NAME commands=HEX:COUNT,...` (`first_seq` and `user`: the first client
+//! gap_bytes=N first_seq=N user=NAME commands=HEX:COUNT,...` (`first_seq` and `user`: the first client
 //! packet's sequence id and, read as a HandshakeResponse, its user name), then `stats ...` (TlsProbeStats). On a failed attach it
 //! prints `not attached: REASON` and exits with status 3. With `--drop-caps` it keeps only
 //! `copier::tls::RESOLVE_CAPS` once attached, as a daemon that drops its privileges would.
@@ -29,6 +29,7 @@ struct Stream {
     /// Next expected offset per direction, and holes seen.
     next: [u64; 2],
     gaps: u64,
+    gap_bytes: u64,
     bytes: [u64; 2],
     /// Client bytes not yet framed into whole packet headers.
     pending: Vec<u8>,
@@ -103,7 +104,11 @@ fn main() -> ExitCode {
     };
     let max = Duration::from_secs(args.get(3).and_then(|s| s.parse().ok()).unwrap_or(60));
     let drop_caps = args.iter().any(|a| a == "--drop-caps");
-    let mut probe = match TlsProbe::attach(port) {
+    let ring = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--ring=")?.parse().ok())
+        .unwrap_or(copier::tls::RING_BYTES);
+    let mut probe = match TlsProbe::attach_with_ring(port, ring) {
         Ok(p) => p,
         Err(e) => {
             println!("not attached: {e}");
@@ -133,6 +138,7 @@ fn main() -> ExitCode {
             };
             if c.offset != s.next[d] {
                 s.gaps += 1;
+                s.gap_bytes += c.offset.saturating_sub(s.next[d]);
             }
             s.next[d] = c.offset + c.data.len() as u64;
             s.bytes[d] += c.data.len() as u64;
@@ -161,7 +167,7 @@ fn main() -> ExitCode {
             .map(|(c, n)| format!("{c:02x}:{n}"))
             .collect();
         println!(
-            "stream {}:{:x}:{} client={} server={} joined={} c2s={} s2c={} gaps={} first_seq={} \
+            "stream {}:{:x}:{} client={} server={} joined={} c2s={} s2c={} gaps={} gap_bytes={} first_seq={} \
              user={} commands={}",
             id.pid,
             id.ssl,
@@ -172,6 +178,7 @@ fn main() -> ExitCode {
             s.bytes[0],
             s.bytes[1],
             s.gaps,
+            s.gap_bytes,
             s.first_seq.map_or(-1, i32::from),
             login_user(&s.first_payload),
             cmds.join(",")
