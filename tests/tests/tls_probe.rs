@@ -112,6 +112,7 @@ fn tls_sessions_plaintext_with_their_four_tuples() -> Result<()> {
         run.stderr
     );
     let out = &run.stdout;
+    ensure!(!out.contains("target gone"), "{out}");
     ensure!(
         report.queries > 0 && report.errors == 0,
         "sysbench: {}",
@@ -280,7 +281,7 @@ fn without_cap_bpf_attaching_fails_with_the_reason() -> Result<()> {
 
 /// A ring too small for the load: records are lost, counted by the probe, and each lost byte
 /// that a later chunk follows shows as a jump of that stream's offsets, never as bytes moved
-/// or run together.
+/// or run together. Then the server restarts: `target_alive` says the probe's target is gone.
 #[test]
 fn a_full_ring_loses_bytes_where_the_offsets_say() -> Result<()> {
     let lab = Lab::up_with("tlsrng", &[("LAB_TLS", "1")])?;
@@ -294,6 +295,10 @@ fn a_full_ring_loses_bytes_where_the_offsets_say() -> Result<()> {
         extra: vec!["--mysql-ssl=on".into()],
         ..Load::default()
     })?;
+    // A restarted server is another process: the probe says its target is gone.
+    lab.command(&["restart", "prod"])
+        .status()
+        .context("lab.sh restart prod")?;
     std::fs::write(&stop, b"")?;
     let run = dump.finish(Duration::from_secs(30))?;
     ensure!(
@@ -303,6 +308,11 @@ fn a_full_ring_loses_bytes_where_the_offsets_say() -> Result<()> {
         run.stderr
     );
     ensure!(report.errors == 0, "sysbench: {}", report.output);
+    ensure!(
+        run.stdout.contains("target gone"),
+        "the probe did not see its server restart:\n{}",
+        run.stdout
+    );
     let out = &run.stdout;
     let stats = out
         .lines()

@@ -245,6 +245,8 @@ pub struct TlsProbe {
     loaded: bpf::Loaded,
     target: ProbeTarget,
     resolver: Resolver,
+    /// The target's start time (/proc/PID/stat), to tell it from a later process of its pid.
+    started: u64,
     staging: bpf::Staging,
     /// fd -> index of its last close in the batch being drained.
     closes: HashMap<u32, usize>,
@@ -280,11 +282,13 @@ impl TlsProbe {
         }
         check_capabilities()?;
         let target = discover(port)?;
+        let started = procfs::start_time(target.pid).unwrap_or(0);
         let loaded = bpf::Loaded::attach(target.pid, target.pid, &target.library, ring_bytes)
             .map_err(|e| load_error(&target, e))?;
         Ok(TlsProbe {
             loaded,
             resolver: Resolver::new(target.pid),
+            started,
             target,
             staging: bpf::Staging::default(),
             closes: HashMap::new(),
@@ -295,6 +299,12 @@ impl TlsProbe {
     /// What the probe is attached to (for the log line and the doctor).
     pub fn target(&self) -> &ProbeTarget {
         &self.target
+    }
+
+    /// Whether the process the probe is attached to still runs. A restarted server is a new
+    /// process that the probe does not see: drop this probe and attach again.
+    pub fn target_alive(&self) -> bool {
+        procfs::start_time(self.target.pid).is_some_and(|t| t == self.started)
     }
 
     /// Readable (epoll) when records wait in the ring.

@@ -180,6 +180,18 @@ pub fn in_root(pid: u32, path: &str) -> PathBuf {
     }
 }
 
+/// When the process started (field 22 of /proc/PID/stat, in clock ticks since boot): with the
+/// pid, it tells a process from a later one that got the same pid.
+pub fn start_time(pid: u32) -> Option<u64> {
+    parse_start_time(&fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+fn parse_start_time(stat: &str) -> Option<u64> {
+    // The name (field 2) is in parentheses and may hold spaces and parentheses itself.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
 /// The process's short name (/proc/PID/comm).
 pub fn comm(pid: u32) -> String {
     fs::read_to_string(format!("/proc/{pid}/comm"))
@@ -243,6 +255,15 @@ mod tests {
         assert_eq!(parse_unix_inodes(unix), HashSet::from([4242]));
         assert_eq!(socket_inode("pipe:[123]"), None);
         assert_eq!(socket_inode("socket:[x]"), None);
+    }
+
+    #[test]
+    fn start_time_is_field_22() {
+        let stat = "22560 (my (odd) d) S 1 22559 22559 0 -1 4194560 6386 0 0 0 28 17 0 0 20 0 \
+                    40 0 5205731 2489434112 40113 18446744073709551615";
+        assert_eq!(parse_start_time(stat), Some(5205731));
+        assert_eq!(parse_start_time("1 (x) S"), None);
+        assert!(start_time(std::process::id()).is_some());
     }
 
     #[test]

@@ -184,6 +184,9 @@ fn main() -> ExitCode {
             cmds.join(",")
         );
     }
+    if !probe.target_alive() {
+        println!("target gone");
+    }
     let st = probe.stats();
     println!(
         "stats chunks={} bytes={} lost_records={} lost_bytes={} truncated_bytes={} \
