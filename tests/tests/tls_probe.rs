@@ -113,6 +113,8 @@ fn tls_sessions_plaintext_with_their_four_tuples() -> Result<()> {
     );
     let out = &run.stdout;
     ensure!(!out.contains("target gone"), "{out}");
+    // The early session was open at attach: the probe watches syscalls for its fd.
+    ensure!(out.contains("(learning fds: yes)"), "{out}");
     ensure!(
         report.queries > 0 && report.errors == 0,
         "sysbench: {}",
@@ -206,6 +208,12 @@ fn tls_sessions_plaintext_with_their_four_tuples() -> Result<()> {
     ] {
         ensure!(stat(stats, key)? == 0, "{key} is not 0: {stats}");
     }
+    // Every session closed before the tool stopped: each close came through the server's
+    // libc close() probe.
+    ensure!(
+        stat(stats, "fds_closed")? == connections,
+        "fds_closed != {connections}: {stats}"
+    );
     ensure!(
         stat(stats, "streams_started")? == connections - 1 && stat(stats, "streams_joined")? == 1,
         "streams_started != {} or streams_joined != 1: {stats}",
@@ -288,7 +296,8 @@ fn a_full_ring_loses_bytes_where_the_offsets_say() -> Result<()> {
     let stop = format!("{}/tls-probe-stop", lab.var("LAB_DIR"));
     // One page: no 16 KiB record fits, and a few small ones fill it between two drains.
     let mut dump = lab.spawn(Host::Prod, &[DUMP, "3306", &stop, "120", "--ring=4096"])?;
-    dump.wait_for_output("attached: ", Duration::from_secs(30))?;
+    // No connection at attach: no stream can join midway, so no syscall tracepoint.
+    dump.wait_for_output("(learning fds: no)", Duration::from_secs(30))?;
     let report = lab.load(&Load {
         threads: 2,
         time_secs: 2,

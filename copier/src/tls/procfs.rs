@@ -75,13 +75,26 @@ pub fn socket_inode(link: &str) -> Option<u64> {
         .ok()
 }
 
-/// The TLS library a process maps (/proc/PID/maps): the first mapped file named `libssl.so*`.
-pub fn tls_library_in_maps(maps: &str) -> Option<String> {
+/// A library a process maps (/proc/PID/maps): the first mapped file whose name starts with
+/// `prefix` (`libssl.so`, `libc.so`).
+pub fn library_in_maps(maps: &str, prefix: &str) -> Option<String> {
     maps.lines().find_map(|line| {
         let path = line.split_whitespace().nth(5)?;
         let name = path.rsplit('/').next()?;
-        (path.starts_with('/') && name.starts_with("libssl.so")).then(|| path.to_string())
+        (path.starts_with('/') && name.starts_with(prefix)).then(|| path.to_string())
     })
+}
+
+/// Whether the process's network namespace has TCP connections (not listeners) on local port
+/// `port` that a process holds (inode 0: TIME-WAIT and other orphans, which no SSL object can
+/// use); true when that cannot be read (the cautious answer).
+pub fn has_connections_on(pid: u32, port: u16) -> bool {
+    match read_tcp_tables(Path::new(&format!("/proc/{pid}/net"))) {
+        Ok(lines) => lines
+            .iter()
+            .any(|l| l.state != TCP_LISTEN && l.inode != 0 && l.local.port() == port),
+        Err(_) => true,
+    }
 }
 
 /// Reads /proc/net/tcp and tcp6 under `net` (`/proc/net` or `/proc/PID/net`); a missing
@@ -274,12 +287,13 @@ mod tests {
 7f1a00200000-7f1a00300000 rw-p 00000000 00:00 0 [heap]
 ";
         assert_eq!(
-            tls_library_in_maps(maps).as_deref(),
+            library_in_maps(maps, "libssl.so").as_deref(),
             Some("/usr/lib/x86_64-linux-gnu/libssl.so.3")
         );
         assert_eq!(
-            tls_library_in_maps("7f-8f r-xp 0 08:01 1 /lib/libcrypto.so.3\n"),
+            library_in_maps("7f-8f r-xp 0 08:01 1 /lib/libcrypto.so.3\n", "libssl.so"),
             None
         );
+        assert_eq!(library_in_maps(maps, "libc.so"), None);
     }
 }

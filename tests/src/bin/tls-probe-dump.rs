@@ -122,7 +122,11 @@ fn main() -> ExitCode {
             return ExitCode::from(4);
         }
     }
-    println!("attached: {}", probe.target());
+    println!(
+        "attached: {} (learning fds: {})",
+        probe.target(),
+        if probe.learning_fds() { "yes" } else { "no" }
+    );
     let mut streams: HashMap<StreamId, Stream> = HashMap::new();
     let start = Instant::now();
     let mut last = false;
@@ -190,7 +194,7 @@ fn main() -> ExitCode {
     let st = probe.stats();
     println!(
         "stats chunks={} bytes={} lost_records={} lost_bytes={} truncated_bytes={} \
-         unresolved_chunks={} unresolved_bytes={} not_tcp_chunks={} streams_started={} \
+         unresolved_chunks={} unresolved_bytes={} not_tcp_chunks={} fds_closed={} streams_started={} \
          streams_joined={} \
          bad_records={} foreign_calls={}",
         st.chunks,
@@ -201,6 +205,7 @@ fn main() -> ExitCode {
         st.unresolved_chunks,
         st.unresolved_bytes,
         st.not_tcp_chunks,
+        st.fds_closed,
         st.streams_started,
         st.streams_joined_midway,
         st.bad_records,
