@@ -2,10 +2,13 @@
 //
 // tls_plain: the plaintext of production's TLS sessions, read where the server's own TLS
 // library hands it over (issue 21). Uprobes on SSL_set_fd, SSL_read and SSL_write of the one
-// production process (attached to its pid, and filtered by tgid here as well), and a raw
-// tracepoint on sys_enter that learns the socket of a stream opened before we attached and
-// tells user space when a stream's fd is closed (user space resolves fds from /proc, and an fd
-// number is reused at once).
+// production process (attached to its pid, and filtered by tgid here as well), a uprobe on
+// its libc's close() that tells user space when a stream's fd is closed (user space resolves
+// fds from /proc, and an fd number is reused at once), and, while streams opened before we
+// attached may still show up, a raw tracepoint on sys_enter that learns their socket from the
+// syscall their SSL call makes. That tracepoint sends every syscall of the host down the slow
+// path while it is attached, so user space attaches it only when such streams can exist and
+// drops it when told; without a libc to probe, it also watches close() there.
 //
 // What it is for: copying, at the return of SSL_read (client -> server) and SSL_write
 // (server -> client), the bytes the call moved into a ring buffer, tagged with the SSL object,
@@ -73,10 +76,13 @@ struct tls_event {
 	__u8 data[TLS_CHUNK_MAX];
 };
 
+#define TLS_CONFIG_CLOSE_IN_SYS_ENTER 1
+
 // What user space sets before loading (.rodata, frozen at load).
 struct tls_config {
 	__u32 target_tgid;
-	__u32 reserved;
+	// TLS_CONFIG_CLOSE_IN_SYS_ENTER: no libc close() to probe; sys_enter watches close.
+	__u32 flags;
 };
 
 const volatile struct tls_config cfg = {};
@@ -390,11 +396,8 @@ static __always_inline int first_arg_fd(struct bpf_raw_tracepoint_args *ctx, __u
 }
 
 // A stream's fd is being closed: tell user space (the fd may be reused at once).
-static __always_inline int on_close(struct bpf_raw_tracepoint_args *ctx, __u64 pid_tgid)
+static __always_inline int on_close(__u32 fd, __u64 pid_tgid)
 {
-	__u32 fd;
-	if (first_arg_fd(ctx, &fd) != 0)
-		return 0;
 	__u64 *sslp = bpf_map_lookup_elem(&fds, &fd);
 	if (!sslp)
 		return 0;
@@ -412,6 +415,16 @@ static __always_inline int on_close(struct bpf_raw_tracepoint_args *ctx, __u64 p
 	return 0;
 }
 
+// The server's libc close(): a stream's fd, before the kernel frees its number.
+SEC("uprobe")
+int BPF_KPROBE(libc_close, int fd)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	if (!ours(pid_tgid) || fd < 0)
+		return 0;
+	return on_close((__u32)fd, pid_tgid);
+}
+
 // Every syscall of the host passes here: the tgid test comes first and is all most pay.
 SEC("raw_tracepoint/sys_enter")
 int sys_enter(struct bpf_raw_tracepoint_args *ctx)
@@ -420,8 +433,12 @@ int sys_enter(struct bpf_raw_tracepoint_args *ctx)
 	if (!ours(pid_tgid))
 		return 0;
 	long id = (long)ctx->args[1];
-	if (id == NR_close)
-		return on_close(ctx, pid_tgid);
+	if (id == NR_close) {
+		__u32 fd;
+		if ((cfg.flags & TLS_CONFIG_CLOSE_IN_SYS_ENTER) && first_arg_fd(ctx, &fd) == 0)
+			return on_close(fd, pid_tgid);
+		return 0;
+	}
 	switch (id) {
 	case NR_read:
 	case NR_write:

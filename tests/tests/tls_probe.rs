@@ -7,8 +7,8 @@
 //! its prepared-statement executes, resolved to the connection's own 4-tuple (the client's
 //! address in the lab's client namespace, production's address and port), with no byte lost,
 //! truncated or unresolved; a TLS session opened before the probe is joined midway, from its
-//! next call on. And without CAP_BPF / CAP_PERFMON, attaching fails with a reason
-//! that names them.
+//! next call on. And without CAP_BPF / CAP_PERFMON, or without CAP_SYS_ADMIN, attaching fails
+//! with a reason that names them.
 
 use std::time::Duration;
 
@@ -85,7 +85,8 @@ fn tls_sessions_plaintext_with_their_four_tuples() -> Result<()> {
         ],
     )?;
     std::thread::sleep(Duration::from_millis(500));
-    let mut dump = lab.spawn(Host::Prod, &[DUMP, "3306", &stop, "120"])?;
+    // Once attached it keeps only the capabilities resolving fds needs, as a daemon would.
+    let mut dump = lab.spawn(Host::Prod, &[DUMP, "3306", &stop, "120", "--drop-caps"])?;
     dump.wait_for_output("attached: ", Duration::from_secs(30))?;
     let threads = 2;
     let report = lab.load(&Load {
@@ -111,6 +112,9 @@ fn tls_sessions_plaintext_with_their_four_tuples() -> Result<()> {
         run.stderr
     );
     let out = &run.stdout;
+    ensure!(!out.contains("target gone"), "{out}");
+    // The early session was open at attach: the probe watches syscalls for its fd.
+    ensure!(out.contains("(learning fds: yes)"), "{out}");
     ensure!(
         report.queries > 0 && report.errors == 0,
         "sysbench: {}",
@@ -204,6 +208,12 @@ fn tls_sessions_plaintext_with_their_four_tuples() -> Result<()> {
     ] {
         ensure!(stat(stats, key)? == 0, "{key} is not 0: {stats}");
     }
+    // Every session closed before the tool stopped: each close came through the server's
+    // libc close() probe.
+    ensure!(
+        stat(stats, "fds_closed")? == connections,
+        "fds_closed != {connections}: {stats}"
+    );
     ensure!(
         stat(stats, "streams_started")? == connections - 1 && stat(stats, "streams_joined")? == 1,
         "streams_started != {} or streams_joined != 1: {stats}",
@@ -238,5 +248,100 @@ fn without_cap_bpf_attaching_fails_with_the_reason() -> Result<()> {
         run.stdout,
         run.stderr
     );
+
+    // An unprivileged user with CAP_BPF and CAP_PERFMON (and what reading /proc needs) but
+    // not CAP_SYS_ADMIN: this kernel refuses the uprobe on one process, and the reason says
+    // to add CAP_SYS_ADMIN. (The tool is copied where that user can run it.)
+    let dir = std::env::temp_dir().join(format!("tcpshadow-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let dump = dir.join("tls-probe-dump");
+    std::fs::copy(DUMP, &dump)?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))?;
+    let caps = "+bpf,+perfmon,+sys_ptrace,+dac_read_search";
+    let run = lab.exec(
+        Host::Prod,
+        &[
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            &format!("--inh-caps=-all,{caps}"),
+            &format!("--ambient-caps=-all,{caps}"),
+            &format!("--bounding-set=-all,{caps}"),
+            "--no-new-privs",
+            dump.to_str().context("path")?,
+            "3306",
+            &stop,
+            "1",
+        ],
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    let run = run?;
+    ensure!(
+        !run.success() && run.stdout.contains("CAP_SYS_ADMIN"),
+        "without CAP_SYS_ADMIN: {}\n{}",
+        run.stdout,
+        run.stderr
+    );
+    Ok(())
+}
+
+/// A ring too small for the load: records are lost, counted by the probe, and each lost byte
+/// that a later chunk follows shows as a jump of that stream's offsets, never as bytes moved
+/// or run together. Then the server restarts: `target_alive` says the probe's target is gone.
+#[test]
+fn a_full_ring_loses_bytes_where_the_offsets_say() -> Result<()> {
+    let lab = Lab::up_with("tlsrng", &[("LAB_TLS", "1")])?;
+    let stop = format!("{}/tls-probe-stop", lab.var("LAB_DIR"));
+    // One page: no 16 KiB record fits, and a few small ones fill it between two drains.
+    let mut dump = lab.spawn(Host::Prod, &[DUMP, "3306", &stop, "120", "--ring=4096"])?;
+    // No connection at attach: no stream can join midway, so no syscall tracepoint.
+    dump.wait_for_output("(learning fds: no)", Duration::from_secs(30))?;
+    let report = lab.load(&Load {
+        threads: 2,
+        time_secs: 2,
+        extra: vec!["--mysql-ssl=on".into()],
+        ..Load::default()
+    })?;
+    // A restarted server is another process: the probe says its target is gone.
+    lab.command(&["restart", "prod"])
+        .status()
+        .context("lab.sh restart prod")?;
+    std::fs::write(&stop, b"")?;
+    let run = dump.finish(Duration::from_secs(30))?;
+    ensure!(
+        run.success(),
+        "tls-probe-dump failed:\n{}\n{}",
+        run.stdout,
+        run.stderr
+    );
+    ensure!(report.errors == 0, "sysbench: {}", report.output);
+    ensure!(
+        run.stdout.contains("target gone"),
+        "the probe did not see its server restart:\n{}",
+        run.stdout
+    );
+    let out = &run.stdout;
+    let stats = out
+        .lines()
+        .find(|l| l.starts_with("stats "))
+        .context("no stats line")?;
+    let lost = stat(stats, "lost_bytes")? + stat(stats, "truncated_bytes")?;
+    let gaps: u64 = out
+        .lines()
+        .filter_map(Stream::parse)
+        .map(|s| s.get("gap_bytes").parse::<u64>().unwrap_or(0))
+        .sum();
+    ensure!(
+        stat(stats, "lost_records")? > 0 && gaps > 0,
+        "a one-page ring lost nothing:\n{out}"
+    );
+    // A loss at the very end of a stream has no later chunk to show it: gaps <= lost.
+    ensure!(
+        gaps <= lost,
+        "offsets jump over {gaps} bytes, the probe lost {lost}:\n{out}"
+    );
+    ensure!(stat(stats, "bad_records")? == 0, "{stats}");
     Ok(())
 }

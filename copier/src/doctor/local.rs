@@ -1,7 +1,9 @@
 //! The doctor's local checks: what the production host alone can tell (capabilities, the
-//! route MTU toward each target, rp_filter, conntrack, the clock), before anything is sent.
+//! route MTU toward each target, rp_filter, conntrack, the clock, whether the TLS plaintext
+//! probe attaches), before anything is sent.
 //!
-//! Must never send a packet or open a connection: each check reads the host's own state.
+//! Must never send a packet or open a connection: each check reads the host's own state (the
+//! TLS check attaches the probe's read-only uprobes for a moment, and detaches them).
 
 use std::time::Instant;
 
@@ -9,6 +11,7 @@ use ops::check::{Check, Report};
 use ops::host;
 
 use crate::settings::Route;
+use crate::tls::{NotAttachedKind, TlsProbe};
 
 /// Whether raw sockets can be opened.
 pub(super) fn capabilities(r: &mut Report) -> bool {
@@ -157,5 +160,34 @@ pub(super) fn clock(r: &mut Report) {
              client (chrony or systemd-timesyncd)",
         )),
         None => r.add(Check::warn("clock", "adjtimex(2) failed")),
+    }
+}
+
+/// Whether TLS sessions of each production port could be mirrored: the plaintext probe
+/// (issue 21) is attached to the server listening on the port, then detached. Never a FAIL:
+/// without it, plain sessions mirror as before and TLS sessions are only counted.
+pub(super) fn tls_plaintext(r: &mut Report, ports: &[u16]) {
+    for &port in ports {
+        match TlsProbe::attach(port) {
+            Ok(probe) => r.add(Check::ok(
+                "tls-plaintext",
+                format!(
+                    "port {port}: TLS sessions can be mirrored (probe attached to {})",
+                    probe.target()
+                ),
+            )),
+            Err(e) => {
+                let note = match e.kind {
+                    NotAttachedKind::NoServer => {
+                        " (run the doctor on the server's host, in its network namespace)"
+                    }
+                    _ => "",
+                };
+                r.add(Check::warn(
+                    "tls-plaintext",
+                    format!("port {port}: {e}{note}; plain sessions are mirrored all the same"),
+                ))
+            }
+        }
     }
 }

@@ -2,7 +2,8 @@
 //! failure with its likely cause and fix.
 //!
 //! It takes the live copier's flags and config file, so it checks exactly what the daemon
-//! would run with. Local checks (capabilities, target, route MTU, rp_filter, conntrack, clock)
+//! would run with. Local checks (capabilities, target, route MTU, rp_filter, conntrack, clock,
+//! whether the TLS plaintext probe attaches to the server on each production port)
 //! need nothing else. Then it watches the production ports for a moment to see which clients
 //! query them ([`clients`]). Then it talks to intercept over the control channel as a copier
 //! would: the Hello checks reachability, token and protocol version; a Doctor query has
@@ -29,7 +30,7 @@ mod tests;
 
 use clients::{live_clients, Live};
 use link::{assistant_checks, intercept_link};
-use local::{capabilities, clock, conntrack, path_mtu, rp_filter};
+use local::{capabilities, clock, conntrack, path_mtu, rp_filter, tls_plaintext};
 use probes::{judge_probes, plan_probes, probe_address, send_probes, ArpAsker};
 
 use std::net::{Ipv4Addr, Shutdown};
@@ -131,6 +132,10 @@ pub fn run(args: &DoctorArgs) -> Report {
     }
     conntrack(&mut r);
     clock(&mut r);
+    let mut ports: Vec<u16> = routes.iter().map(|r| r.prod_port).collect();
+    ports.sort_unstable();
+    ports.dedup();
+    tls_plaintext(&mut r, &ports);
     let live = live_clients(&mut r, args, &good_routes, raw_ok);
 
     let secret = match m.secret() {

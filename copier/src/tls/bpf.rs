@@ -17,6 +17,9 @@ use libbpf_rs::{
 /// The program, compiled by build.rs.
 static OBJECT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/tls_plain.bpf.o"));
 
+/// `TLS_CONFIG_CLOSE_IN_SYS_ENTER` of the C file.
+const CONFIG_CLOSE_IN_SYS_ENTER: u32 = 1;
+
 /// Sum over CPUs of the program's `struct losses` (4 x u64, asserted in the C file).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Losses {
@@ -40,6 +43,10 @@ pub struct Loaded {
     ring: RingBuffer<'static>,
     staging: Arc<Mutex<Staging>>,
     _links: Vec<Link>,
+    /// The sys_enter raw tracepoint, while it is attached (see `attach`).
+    sys: Option<Link>,
+    /// No libc close() is probed: sys_enter watches close() and must stay.
+    close_in_sys: bool,
     loss: MapHandle,
     _object: libbpf_rs::Object,
 }
@@ -72,13 +79,16 @@ fn classify(what: &str, e: libbpf_rs::Error) -> LoadError {
 
 impl Loaded {
     /// Loads the program for process `pid` (`tgid`: the same process as the kernel's initial
-    /// pid namespace numbers it) and attaches its uprobes to `library`, its raw tracepoint to
-    /// sys_enter.
+    /// pid namespace numbers it) and attaches its uprobes to `library` and to `libc`'s close().
+    /// Then, if `learn_fds()` says streams begun before the probe may exist, or there is no
+    /// libc to probe, its raw tracepoint on sys_enter.
     pub fn attach(
         pid: u32,
         tgid: u32,
         library: &Path,
+        libc: Option<&Path>,
         ring_bytes: u32,
+        learn_fds: &mut dyn FnMut() -> bool,
     ) -> Result<Loaded, LoadError> {
         // libbpf prints to stderr by default; ours goes through the log, at debug: the
         // attach error we return says what matters.
@@ -89,10 +99,16 @@ impl Loaded {
         for mut map in open.maps_mut() {
             let name = map.name().to_string_lossy().into_owned();
             if name.ends_with(".rodata") {
-                // struct tls_config { u32 target_tgid; u32 reserved; }, the only .rodata.
+                // struct tls_config { u32 target_tgid; u32 flags; }, the only .rodata.
+                let flags: u32 = if libc.is_none() {
+                    CONFIG_CLOSE_IN_SYS_ENTER
+                } else {
+                    0
+                };
                 match map.initial_value_mut() {
                     Some(v) if v.len() == 8 => {
                         v[..4].copy_from_slice(&tgid.to_ne_bytes());
+                        v[4..].copy_from_slice(&flags.to_ne_bytes());
                     }
                     _ => {
                         return Err(LoadError::Other(
@@ -118,7 +134,12 @@ impl Loaded {
             ("ssl_write_enter", "SSL_write", false),
             ("ssl_write_leave", "SSL_write", true),
         ];
-        for (prog_name, func, retprobe) in probes {
+        let close = [("libc_close", "close", false)];
+        let targets = probes.iter().map(|p| (p, library)).chain(
+            libc.into_iter()
+                .flat_map(|l| close.iter().map(move |p| (p, l))),
+        );
+        for (&(prog_name, func, retprobe), file) in targets {
             let prog = object
                 .progs_mut()
                 .find(|p| p.name() == prog_name)
@@ -129,26 +150,33 @@ impl Loaded {
                 ..Default::default()
             };
             let link = prog
-                .attach_uprobe_with_opts(pid_i, library, 0, opts)
+                .attach_uprobe_with_opts(pid_i, file, 0, opts)
                 .map_err(|e| {
                     classify(
                         &format!(
                             "attaching a uprobe to {func} in {} of pid {pid}",
-                            library.display()
+                            file.display()
                         ),
                         e,
                     )
                 })?;
             links.push(link);
         }
-        let sys = object
-            .progs_mut()
-            .find(|p| p.name() == "sys_enter")
-            .ok_or_else(|| LoadError::Other("program sys_enter missing".into()))?;
-        links.push(
-            sys.attach_raw_tracepoint("sys_enter")
-                .map_err(|e| classify("attaching the raw tracepoint sys_enter", e))?,
-        );
+        // Asked only now: a stream begun before the uprobes were attached has a connection
+        // that exists now.
+        let close_in_sys = libc.is_none();
+        let sys = if close_in_sys || learn_fds() {
+            let prog = object
+                .progs_mut()
+                .find(|p| p.name() == "sys_enter")
+                .ok_or_else(|| LoadError::Other("program sys_enter missing".into()))?;
+            Some(
+                prog.attach_raw_tracepoint("sys_enter")
+                    .map_err(|e| classify("attaching the raw tracepoint sys_enter", e))?,
+            )
+        } else {
+            None
+        };
 
         let loss_map = object
             .maps()
@@ -176,9 +204,23 @@ impl Loaded {
             ring,
             staging,
             _links: links,
+            sys,
+            close_in_sys,
             loss,
             _object: object,
         })
+    }
+
+    /// Whether the sys_enter tracepoint (joined streams' fds) is attached.
+    pub fn learning_fds(&self) -> bool {
+        self.sys.is_some()
+    }
+
+    /// Detaches the sys_enter tracepoint, unless it also watches close() (no libc probed).
+    pub fn stop_learning_fds(&mut self) {
+        if !self.close_in_sys {
+            self.sys = None;
+        }
     }
 
     /// The ring's epoll fd: readable when records wait.

@@ -59,8 +59,21 @@ mod bpf {
         Other(String),
     }
     impl Loaded {
-        pub fn attach(_: u32, _: u32, _: &Path, _: u32) -> Result<Loaded, LoadError> {
+        pub fn attach(
+            _: u32,
+            _: u32,
+            _: &Path,
+            _: Option<&Path>,
+            _: u32,
+            _: &mut dyn FnMut() -> bool,
+        ) -> Result<Loaded, LoadError> {
             Err(LoadError::Other("built without the probe".into()))
+        }
+        pub fn learning_fds(&self) -> bool {
+            match *self {}
+        }
+        pub fn stop_learning_fds(&mut self) {
+            match *self {}
         }
         pub fn poll_fd(&self) -> BorrowedFd<'_> {
             match *self {}
@@ -134,6 +147,9 @@ pub struct ProbeTarget {
     pub library_in_server: String,
     /// The server's listening port (our argument).
     pub port: u16,
+    /// The server's libc (as it names it), whose close() tells the probe a stream's fd is
+    /// going; None when it maps none (then the syscall tracepoint watches close()).
+    pub libc: Option<String>,
 }
 
 impl fmt::Display for ProbeTarget {
@@ -164,6 +180,8 @@ pub struct TlsProbeStats {
     /// the probe sees them, a packet-level mirror has no connection to play them on.
     pub not_tcp_chunks: u64,
     pub not_tcp_bytes: u64,
+    /// Closes of a stream's fd the probe reported.
+    pub fds_closed: u64,
     /// Streams started (`SSL_set_fd` seen), and streams joined midway (begun before the probe).
     pub streams_started: u64,
     pub streams_joined_midway: u64,
@@ -214,10 +232,28 @@ impl fmt::Display for NotAttached {
 impl std::error::Error for NotAttached {}
 
 /// Capability numbers (linux/capability.h).
-const CAP_SYS_PTRACE: u32 = 19;
-const CAP_SYS_ADMIN: u32 = 21;
-const CAP_PERFMON: u32 = 38;
-const CAP_BPF: u32 = 39;
+pub const CAP_DAC_READ_SEARCH: u32 = 2;
+pub const CAP_SYS_PTRACE: u32 = 19;
+pub const CAP_SYS_ADMIN: u32 = 21;
+pub const CAP_PERFMON: u32 = 38;
+pub const CAP_BPF: u32 = 39;
+
+/// What attaching needs (checked by [`TlsProbe::attach`] before it tries, named in its error):
+/// CAP_BPF (load), CAP_PERFMON (tracing programs), CAP_SYS_ADMIN (a pid-scoped uprobe's
+/// perf_event_open: kernel 6.18 refuses it with EACCES under CAP_PERFMON alone), and the two
+/// of [`RESOLVE_CAPS`]. CAP_SYS_ADMIN implies the first two.
+pub const ATTACH_CAPS: &[u32] = &[
+    CAP_BPF,
+    CAP_PERFMON,
+    CAP_SYS_ADMIN,
+    CAP_SYS_PTRACE,
+    CAP_DAC_READ_SEARCH,
+];
+
+/// What an attached probe needs for as long as it runs, to resolve fds of a server of another
+/// user: CAP_DAC_READ_SEARCH to enter its /proc/PID/fd, CAP_SYS_PTRACE to read the links
+/// there (and its maps at attach). Reading the ring and the loss map needs none.
+pub const RESOLVE_CAPS: &[u32] = &[CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH];
 
 /// The TLS plaintext probe, attached to production's server.
 ///
@@ -227,6 +263,8 @@ pub struct TlsProbe {
     loaded: bpf::Loaded,
     target: ProbeTarget,
     resolver: Resolver,
+    /// The target's start time (/proc/PID/stat), to tell it from a later process of its pid.
+    started: u64,
     staging: bpf::Staging,
     /// fd -> index of its last close in the batch being drained.
     closes: HashMap<u32, usize>,
@@ -262,11 +300,25 @@ impl TlsProbe {
         }
         check_capabilities()?;
         let target = discover(port)?;
-        let loaded = bpf::Loaded::attach(target.pid, target.pid, &target.library, ring_bytes)
-            .map_err(|e| load_error(&target, e))?;
+        let started = procfs::start_time(target.pid).unwrap_or(0);
+        let libc = target
+            .libc
+            .as_deref()
+            .map(|l| procfs::in_root(target.pid, l));
+        let (pid, port) = (target.pid, target.port);
+        let loaded = bpf::Loaded::attach(
+            pid,
+            pid,
+            &target.library,
+            libc.as_deref(),
+            ring_bytes,
+            &mut || procfs::has_connections_on(pid, port),
+        )
+        .map_err(|e| load_error(&target, e))?;
         Ok(TlsProbe {
             loaded,
             resolver: Resolver::new(target.pid),
+            started,
             target,
             staging: bpf::Staging::default(),
             closes: HashMap::new(),
@@ -277,6 +329,28 @@ impl TlsProbe {
     /// What the probe is attached to (for the log line and the doctor).
     pub fn target(&self) -> &ProbeTarget {
         &self.target
+    }
+
+    /// Whether the probe watches the server's syscalls to learn the fd of streams that began
+    /// before it (`joined_midway`). It does from `attach` when the port had connections then
+    /// (or always, when the server's libc could not be probed for close()); it costs every
+    /// process of the host the syscall slow path (about 9% of production's queries per second
+    /// in the lab, sysbench over TLS at 8 threads).
+    pub fn learning_fds(&self) -> bool {
+        self.loaded.learning_fds()
+    }
+
+    /// Stops learning joined streams' fds (see [`TlsProbe::learning_fds`]): once every
+    /// connection open at attach time has been seen or has closed. A stream that joins
+    /// afterwards has no fd, so its chunks are counted as unresolved.
+    pub fn stop_learning_fds(&mut self) {
+        self.loaded.stop_learning_fds();
+    }
+
+    /// Whether the process the probe is attached to still runs. A restarted server is a new
+    /// process that the probe does not see: drop this probe and attach again.
+    pub fn target_alive(&self) -> bool {
+        procfs::start_time(self.target.pid).is_some_and(|t| t == self.started)
     }
 
     /// Readable (epoll) when records wait in the ring.
@@ -331,6 +405,7 @@ impl TlsProbe {
                 .is_some_and(|&at| at > index);
         match e.kind {
             EventKind::FdClosed => {
+                s.fds_closed += 1;
                 self.resolver.closed(e.ssl, e.generation);
                 0
             }
@@ -421,6 +496,9 @@ fn check_capabilities() -> Result<(), NotAttached> {
     if !has(CAP_SYS_PTRACE) {
         missing.push("CAP_SYS_PTRACE");
     }
+    if !has(CAP_DAC_READ_SEARCH) {
+        missing.push("CAP_DAC_READ_SEARCH");
+    }
     if missing.is_empty() {
         return Ok(());
     }
@@ -428,8 +506,9 @@ fn check_capabilities() -> Result<(), NotAttached> {
         NotAttachedKind::Privilege,
         format!(
             "TLS sessions cannot be mirrored: the copier lacks {} (eBPF uprobes on the server's \
-             TLS library need CAP_BPF and CAP_PERFMON; reading the server's /proc/PID/fd and \
-             maps needs CAP_SYS_PTRACE); fix: run as root, or add them to AmbientCapabilities= \
+             TLS library need CAP_BPF, CAP_PERFMON and, for a uprobe on one process, \
+             CAP_SYS_ADMIN; reading the server's /proc/PID/fd and maps needs CAP_SYS_PTRACE \
+             and CAP_DAC_READ_SEARCH); fix: run as root, or add them to AmbientCapabilities= \
              (deploy/systemd/tcpshadow-copier.service)",
             missing.join(", ")
         ),
@@ -438,14 +517,24 @@ fn check_capabilities() -> Result<(), NotAttached> {
 
 fn load_error(target: &ProbeTarget, e: bpf::LoadError) -> NotAttached {
     match e {
-        bpf::LoadError::Permission(m) => NotAttached::new(
-            NotAttachedKind::Privilege,
-            format!(
-                "TLS sessions cannot be mirrored: the kernel refused the probe ({m}); fix: \
-                 run as root or with CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE, and check \
-                 kernel.unprivileged_bpf_disabled / a lockdown that forbids BPF"
-            ),
-        ),
+        bpf::LoadError::Permission(m) => {
+            let admin =
+                ops::host::effective_caps().is_none_or(|c| ops::host::has_cap(c, CAP_SYS_ADMIN));
+            let why = if admin {
+                "check kernel.perf_event_paranoid, kernel.unprivileged_bpf_disabled and a \
+                 lockdown that forbids BPF"
+            } else {
+                "this kernel wants CAP_SYS_ADMIN for a uprobe on one process (CAP_PERFMON is \
+                 not enough); add it to AmbientCapabilities="
+            };
+            NotAttached::new(
+                NotAttachedKind::Privilege,
+                format!(
+                    "TLS sessions cannot be mirrored: the kernel refused the probe ({m}); fix: \
+                     run as root, or {why}"
+                ),
+            )
+        }
         bpf::LoadError::NoSymbol(m) => NotAttached::new(
             NotAttachedKind::NoTlsLibrary,
             format!(
@@ -514,7 +603,8 @@ pub fn discover(port: u16) -> Result<ProbeTarget, NotAttached> {
     })?;
     // A shared libssl, else the server binary itself (TLS linked in statically): libbpf
     // then finds SSL_read among its symbols, or the attach says it is not there.
-    let in_server = match procfs::tls_library_in_maps(&maps) {
+    let libc = procfs::library_in_maps(&maps, "libc.so");
+    let in_server = match procfs::library_in_maps(&maps, "libssl.so") {
         Some(lib) => lib,
         None => std::fs::read_link(format!("/proc/{pid}/exe"))
             .ok()
@@ -532,6 +622,7 @@ pub fn discover(port: u16) -> Result<ProbeTarget, NotAttached> {
         library_in_server: in_server,
         comm,
         port,
+        libc,
     })
 }
 

@@ -75,13 +75,26 @@ pub fn socket_inode(link: &str) -> Option<u64> {
         .ok()
 }
 
-/// The TLS library a process maps (/proc/PID/maps): the first mapped file named `libssl.so*`.
-pub fn tls_library_in_maps(maps: &str) -> Option<String> {
+/// A library a process maps (/proc/PID/maps): the first mapped file whose name starts with
+/// `prefix` (`libssl.so`, `libc.so`).
+pub fn library_in_maps(maps: &str, prefix: &str) -> Option<String> {
     maps.lines().find_map(|line| {
         let path = line.split_whitespace().nth(5)?;
         let name = path.rsplit('/').next()?;
-        (path.starts_with('/') && name.starts_with("libssl.so")).then(|| path.to_string())
+        (path.starts_with('/') && name.starts_with(prefix)).then(|| path.to_string())
     })
+}
+
+/// Whether the process's network namespace has TCP connections (not listeners) on local port
+/// `port` that a process holds (inode 0: TIME-WAIT and other orphans, which no SSL object can
+/// use); true when that cannot be read (the cautious answer).
+pub fn has_connections_on(pid: u32, port: u16) -> bool {
+    match read_tcp_tables(Path::new(&format!("/proc/{pid}/net"))) {
+        Ok(lines) => lines
+            .iter()
+            .any(|l| l.state != TCP_LISTEN && l.inode != 0 && l.local.port() == port),
+        Err(_) => true,
+    }
 }
 
 /// Reads /proc/net/tcp and tcp6 under `net` (`/proc/net` or `/proc/PID/net`); a missing
@@ -168,10 +181,28 @@ pub fn fd_socket_inode(pid: u32, fd: u32) -> io::Result<Option<u64>> {
     Ok(link.to_str().and_then(socket_inode))
 }
 
-/// A path of the process's file as the process sees it, reachable from our mount namespace
-/// (through /proc/PID/root when the server runs in a container).
+/// A path of the process's file as the process sees it, reachable from our mount namespace:
+/// as it is when the process has our root, else through /proc/PID/root (a server in a
+/// container).
 pub fn in_root(pid: u32, path: &str) -> PathBuf {
-    PathBuf::from(format!("/proc/{pid}/root{path}"))
+    use std::os::unix::fs::MetadataExt;
+    let same = |a: &fs::Metadata, b: &fs::Metadata| a.dev() == b.dev() && a.ino() == b.ino();
+    match (fs::metadata(format!("/proc/{pid}/root")), fs::metadata("/")) {
+        (Ok(theirs), Ok(ours)) if same(&theirs, &ours) => PathBuf::from(path),
+        _ => PathBuf::from(format!("/proc/{pid}/root{path}")),
+    }
+}
+
+/// When the process started (field 22 of /proc/PID/stat, in clock ticks since boot): with the
+/// pid, it tells a process from a later one that got the same pid.
+pub fn start_time(pid: u32) -> Option<u64> {
+    parse_start_time(&fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+fn parse_start_time(stat: &str) -> Option<u64> {
+    // The name (field 2) is in parentheses and may hold spaces and parentheses itself.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
 }
 
 /// The process's short name (/proc/PID/comm).
@@ -240,6 +271,15 @@ mod tests {
     }
 
     #[test]
+    fn start_time_is_field_22() {
+        let stat = "22560 (my (odd) d) S 1 22559 22559 0 -1 4194560 6386 0 0 0 28 17 0 0 20 0 \
+                    40 0 5205731 2489434112 40113 18446744073709551615";
+        assert_eq!(parse_start_time(stat), Some(5205731));
+        assert_eq!(parse_start_time("1 (x) S"), None);
+        assert!(start_time(std::process::id()).is_some());
+    }
+
+    #[test]
     fn the_tls_library_is_found_in_maps() {
         let maps = "\
 55d0c0a00000-55d0c0b00000 r--p 00000000 08:01 123 /usr/sbin/mariadbd
@@ -247,12 +287,13 @@ mod tests {
 7f1a00200000-7f1a00300000 rw-p 00000000 00:00 0 [heap]
 ";
         assert_eq!(
-            tls_library_in_maps(maps).as_deref(),
+            library_in_maps(maps, "libssl.so").as_deref(),
             Some("/usr/lib/x86_64-linux-gnu/libssl.so.3")
         );
         assert_eq!(
-            tls_library_in_maps("7f-8f r-xp 0 08:01 1 /lib/libcrypto.so.3\n"),
+            library_in_maps("7f-8f r-xp 0 08:01 1 /lib/libcrypto.so.3\n", "libssl.so"),
             None
         );
+        assert_eq!(library_in_maps(maps, "libc.so"), None);
     }
 }

@@ -1,4 +1,4 @@
-//! `tls-probe-dump PORT STOP_FILE [MAX_SECONDS]`: attaches the copier's TLS plaintext probe
+//! `tls-probe-dump PORT STOP_FILE [MAX_SECONDS] [--drop-caps] [--ring=BYTES]`: attaches the copier's TLS plaintext probe
 //! (`copier::tls::TlsProbe`, issue 21) to the server listening on PORT in this network
 //! namespace, drains it until STOP_FILE exists (or MAX_SECONDS, 60, have passed), and prints
 //! what it saw per stream, for the lab test `tests/tls_probe.rs`.
@@ -6,9 +6,10 @@
 //! It reads the MySQL packets of the client direction of each stream (4-byte headers, the
 //! first byte of each command) and prints one line per stream:
 //! `stream PID:SSL:GEN client=IP:PORT server=IP:PORT joined=0|1 c2s=BYTES s2c=BYTES gaps=N
-//! first_seq=N user=NAME commands=HEX:COUNT,...` (`first_seq` and `user`: the first client
+//! gap_bytes=N first_seq=N user=NAME commands=HEX:COUNT,...` (`first_seq` and `user`: the first client
 //! packet's sequence id and, read as a HandshakeResponse, its user name), then `stats ...` (TlsProbeStats). On a failed attach it
-//! prints `not attached: REASON` and exits with status 3.
+//! prints `not attached: REASON` and exits with status 3. With `--drop-caps` it keeps only
+//! `copier::tls::RESOLVE_CAPS` once attached, as a daemon that drops its privileges would.
 //!
 //! A test tool: it never changes the server, and it reads nothing but the probe's chunks.
 
@@ -28,6 +29,7 @@ struct Stream {
     /// Next expected offset per direction, and holes seen.
     next: [u64; 2],
     gaps: u64,
+    gap_bytes: u64,
     bytes: [u64; 2],
     /// Client bytes not yet framed into whole packet headers.
     pending: Vec<u8>,
@@ -101,14 +103,30 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     };
     let max = Duration::from_secs(args.get(3).and_then(|s| s.parse().ok()).unwrap_or(60));
-    let mut probe = match TlsProbe::attach(port) {
+    let drop_caps = args.iter().any(|a| a == "--drop-caps");
+    let ring = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--ring=")?.parse().ok())
+        .unwrap_or(copier::tls::RING_BYTES);
+    let mut probe = match TlsProbe::attach_with_ring(port, ring) {
         Ok(p) => p,
         Err(e) => {
             println!("not attached: {e}");
             return ExitCode::from(3);
         }
     };
-    println!("attached: {}", probe.target());
+    if drop_caps {
+        // What a daemon does once attached: keep only what resolving fds needs.
+        if let Err(e) = ops::privs::drop_all_but(copier::tls::RESOLVE_CAPS) {
+            println!("cannot drop capabilities: {e}");
+            return ExitCode::from(4);
+        }
+    }
+    println!(
+        "attached: {} (learning fds: {})",
+        probe.target(),
+        if probe.learning_fds() { "yes" } else { "no" }
+    );
     let mut streams: HashMap<StreamId, Stream> = HashMap::new();
     let start = Instant::now();
     let mut last = false;
@@ -124,6 +142,7 @@ fn main() -> ExitCode {
             };
             if c.offset != s.next[d] {
                 s.gaps += 1;
+                s.gap_bytes += c.offset.saturating_sub(s.next[d]);
             }
             s.next[d] = c.offset + c.data.len() as u64;
             s.bytes[d] += c.data.len() as u64;
@@ -152,7 +171,7 @@ fn main() -> ExitCode {
             .map(|(c, n)| format!("{c:02x}:{n}"))
             .collect();
         println!(
-            "stream {}:{:x}:{} client={} server={} joined={} c2s={} s2c={} gaps={} first_seq={} \
+            "stream {}:{:x}:{} client={} server={} joined={} c2s={} s2c={} gaps={} gap_bytes={} first_seq={} \
              user={} commands={}",
             id.pid,
             id.ssl,
@@ -163,15 +182,19 @@ fn main() -> ExitCode {
             s.bytes[0],
             s.bytes[1],
             s.gaps,
+            s.gap_bytes,
             s.first_seq.map_or(-1, i32::from),
             login_user(&s.first_payload),
             cmds.join(",")
         );
     }
+    if !probe.target_alive() {
+        println!("target gone");
+    }
     let st = probe.stats();
     println!(
         "stats chunks={} bytes={} lost_records={} lost_bytes={} truncated_bytes={} \
-         unresolved_chunks={} unresolved_bytes={} not_tcp_chunks={} streams_started={} \
+         unresolved_chunks={} unresolved_bytes={} not_tcp_chunks={} fds_closed={} streams_started={} \
          streams_joined={} \
          bad_records={} foreign_calls={}",
         st.chunks,
@@ -182,6 +205,7 @@ fn main() -> ExitCode {
         st.unresolved_chunks,
         st.unresolved_bytes,
         st.not_tcp_chunks,
+        st.fds_closed,
         st.streams_started,
         st.streams_joined_midway,
         st.bad_records,
