@@ -244,15 +244,16 @@ fn on_demand(capture: &CaptureSettings, capture_fd: RawFd) -> Option<ops::sched:
 /// plain sockets and files. Dropped in every thread, with no_new_privs. The one exception:
 /// `--capture-priority auto` where RLIMIT_NICE could not be raised keeps CAP_SYS_NICE, to
 /// raise the capture when it falls behind. And with the TLS plaintext probe attached
-/// (`tls`), CAP_SYS_PTRACE: each new TLS stream's socket is told from the server's
-/// `/proc/PID/fd`, which another process (mariadbd is not dumpable) may only read with it.
+/// (`tls`), CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH: each new TLS stream's socket is told
+/// from the server's `/proc/PID/fd`, which another process (mariadbd is not dumpable, and may
+/// run as another user) may only read with them.
 fn drop_privileges(capture: &CaptureSettings, tls: bool) -> Result<()> {
     let mut keep = Vec::new();
     if capture.priority == ops::sched::Priority::Auto && ops::sched::raise_needs_capability() {
         keep.push(ops::privs::CAP_SYS_NICE);
     }
     if tls {
-        keep.push(ops::privs::CAP_SYS_PTRACE);
+        keep.extend([ops::privs::CAP_SYS_PTRACE, ops::privs::CAP_DAC_READ_SEARCH]);
     }
     let dropped = ops::privs::drop_all_but(&keep).map_err(|e| {
         anyhow::anyhow!(
