@@ -82,6 +82,8 @@ pub struct MirrorOptions {
     pub copier_args: Vec<String>,
     /// More intercept arguments.
     pub intercept_args: Vec<String>,
+    /// A command the copier runs under (e.g. `setpriv` with fewer capabilities).
+    pub copier_wrapper: Vec<String>,
 }
 
 impl Default for MirrorOptions {
@@ -92,6 +94,7 @@ impl Default for MirrorOptions {
             client_ip_pool: None,
             copier_args: Vec::new(),
             intercept_args: Vec::new(),
+            copier_wrapper: Vec::new(),
         }
     }
 }
@@ -141,7 +144,8 @@ impl Mirror {
         let mut intercept = lab.spawn(intercept_host, &intercept_args)?;
         intercept.wait_for_output("waiting for copiers", Duration::from_secs(30))?;
         let target = format!("{}:{}", lab.ip(Host::Test), opts.port);
-        let mut args: Vec<String> = vec![
+        let mut args: Vec<String> = opts.copier_wrapper.clone();
+        args.extend([
             copier_bin.to_str().context("path")?.into(),
             "--port".into(),
             port.clone(),
@@ -153,7 +157,7 @@ impl Mirror {
             listen,
             "--status-interval".into(),
             "5".into(),
-        ];
+        ]);
         if let Some(pool) = &opts.client_ip_pool {
             args.push("--client-ip-pool".into());
             args.push(pool.clone());

@@ -361,7 +361,7 @@ fn connector_pools_opened_before_the_copier_are_mirrored() -> Result<()> {
 #[test]
 fn a_tls_connector_j_pool_opened_before_the_copier_is_mirrored() -> Result<()> {
     tcpshadow_tests::mirror::build()?;
-    let lab = Lab::up_with("tlspool", &[("LAB_TLS", "1")])?;
+    let lab = Lab::up_with("tlspl", &[("LAB_TLS", "1")])?;
     lab.keep_statement_history(Host::Test)?;
     // Connector/J 2.7 (Debian's): TLS without checking the lab's self-signed certificate.
     let size: u32 = env_or("TCPSHADOW_POOL_SIZE", 8);

@@ -275,6 +275,7 @@ fn map_mirrors_two_ports_to_two_targets() -> Result<()> {
             format!("{}={}:{}", ports[1], lab.ip(Host::Test), ports[1]),
         ],
         intercept_args: vec!["--port".into(), ports[1].to_string()],
+        ..Default::default()
     };
     let mirror = Mirror::start(&lab, &opts)?;
     for (i, port) in ports.iter().enumerate() {

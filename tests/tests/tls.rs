@@ -118,3 +118,74 @@ fn tls_sessions_are_mirrored_from_their_plaintext() -> Result<()> {
     ensure!(summary.contains("losses: none"), "losses:\n{summary}");
     Ok(())
 }
+
+/// Without the capabilities the probe needs, the copier starts, says why TLS sessions are not
+/// mirrored, counts them, and mirrors plain sessions as before.
+#[test]
+fn without_the_probes_capabilities_tls_sessions_are_counted_and_plain_ones_mirrored() -> Result<()>
+{
+    let lab = Lab::up_with("tlsno", &[("LAB_TLS", "1")])?;
+    let creds = lab.credentials_file()?;
+    let opts = MirrorOptions {
+        copier_args: vec!["--mysql-credentials".into(), creds],
+        copier_wrapper: vec![
+            "setpriv".into(),
+            "--bounding-set=-bpf,-perfmon,-sys_admin".into(),
+            "--inh-caps=-bpf,-perfmon,-sys_admin".into(),
+            "--".into(),
+        ],
+        ..Default::default()
+    };
+    let mirror = Mirror::start(&lab, &opts)?;
+    // A plain session (TLS refused by the client) beside TLS ones.
+    let before = lab.work_both()?;
+    let out = lab.exec_ok(
+        Host::Client,
+        &[
+            "mariadb",
+            "--no-defaults",
+            "--skip-ssl",
+            "-h",
+            lab.ip(Host::Prod),
+            "-u",
+            lab.var("LAB_USER"),
+            &format!("-p{}", lab.var("LAB_PASSWORD")),
+            "-N",
+            "-e",
+            "USE sbtest; SELECT COUNT(*) FROM sbtest1; SELECT 42",
+        ],
+    )?;
+    ensure!(out.contains("42"), "mariadb CLI output: {out}");
+    std::thread::sleep(Duration::from_millis(500));
+    let plain = lab
+        .work_window(before, Duration::from_secs(5))?
+        .whole(&OwnStatements::default())?;
+    for c in tcpshadow_tests::work::KINDS {
+        ensure!(
+            plain.test.get(c) == plain.prod.get(c),
+            "plain session: {c} on test {} vs prod {}\n{plain}",
+            plain.test.get(c),
+            plain.prod.get(c)
+        );
+    }
+    let load = Load {
+        test: "oltp_read_only".into(),
+        threads: 4,
+        time_secs: 3,
+        extra: vec!["--mysql-ssl=on".into()],
+        ..Load::default()
+    };
+    lab.load(&load)?;
+    let (copier, _) = mirror.stop()?;
+    println!("{}", copier.stderr);
+    let summary = &copier.stderr;
+    ensure!(
+        summary.contains("are not mirrored (counted as not_mirrorable_tls)"),
+        "no line saying why TLS sessions are not mirrored:\n{summary}"
+    );
+    ensure!(
+        summary.contains("not_mirrorable_tls=4"),
+        "the 4 TLS sessions not counted:\n{summary}"
+    );
+    Ok(())
+}
