@@ -20,6 +20,9 @@
 // loop without a bound, or keep state that can grow without limit (every map is bounded; the
 // maps keyed by objects that may die unseen are LRU).
 //
+// The uprobes are uprobe.multi programs, attached as uprobe_multi links (kernel 6.6+): created
+// with CAP_BPF + CAP_PERFMON, where a uprobe perf event scoped to one pid wants CAP_SYS_ADMIN.
+//
 // The event layout is written down once, in common/src/tls_event.rs; the _Static_asserts at
 // the end of this file hold the C struct to the offsets that module tests.
 
@@ -198,7 +201,7 @@ static __always_inline void emit_start(__u64 pid_tgid, __u64 ssl, struct stream 
 	emit_head(TLS_EVENT_STREAM_START, pid_tgid, ssl, s);
 }
 
-SEC("uprobe")
+SEC("uprobe.multi")
 int BPF_KPROBE(ssl_set_fd, void *ssl, int fd)
 {
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
@@ -359,25 +362,25 @@ static __always_inline int leave(struct pt_regs *ctx)
 	return 0;
 }
 
-SEC("uprobe")
+SEC("uprobe.multi")
 int BPF_KPROBE(ssl_read_enter, void *ssl, void *buf, int num)
 {
 	return enter(ssl, buf, TLS_DIR_FROM_CLIENT);
 }
 
-SEC("uretprobe")
+SEC("uretprobe.multi")
 int ssl_read_leave(struct pt_regs *ctx)
 {
 	return leave(ctx);
 }
 
-SEC("uprobe")
+SEC("uprobe.multi")
 int BPF_KPROBE(ssl_write_enter, void *ssl, const void *buf, int num)
 {
 	return enter(ssl, (void *)buf, TLS_DIR_FROM_SERVER);
 }
 
-SEC("uretprobe")
+SEC("uretprobe.multi")
 int ssl_write_leave(struct pt_regs *ctx)
 {
 	return leave(ctx);
@@ -416,7 +419,7 @@ static __always_inline int on_close(__u32 fd, __u64 pid_tgid)
 }
 
 // The server's libc close(): a stream's fd, before the kernel frees its number.
-SEC("uprobe")
+SEC("uprobe.multi")
 int BPF_KPROBE(libc_close, int fd)
 {
 	__u64 pid_tgid = bpf_get_current_pid_tgid();

@@ -83,7 +83,7 @@ fn units_are_sound_and_verify() -> Result<()> {
         // which capability is for what).
         let caps = match d {
             "copier" => {
-                "CAP_NET_RAW CAP_NET_ADMIN CAP_BPF CAP_PERFMON CAP_SYS_ADMIN CAP_SYS_PTRACE \
+                "CAP_NET_RAW CAP_NET_ADMIN CAP_BPF CAP_PERFMON CAP_SYS_PTRACE \
                  CAP_DAC_READ_SEARCH"
             }
             _ => "CAP_NET_RAW CAP_NET_ADMIN",

@@ -11,7 +11,6 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use libbpf_rs::{
     Link, MapCore, MapFlags, MapHandle, ObjectBuilder, PrintLevel, RingBuffer, RingBufferBuilder,
-    UprobeOpts,
 };
 
 /// The program, compiled by build.rs.
@@ -134,6 +133,9 @@ impl Loaded {
             ("ssl_write_enter", "SSL_write", false),
             ("ssl_write_leave", "SSL_write", true),
         ];
+        // uprobe_multi links (kernel 6.6+), not uprobe perf events: the kernel creates them
+        // under CAP_BPF + CAP_PERFMON, where a perf event scoped to one pid wants
+        // CAP_SYS_ADMIN (6.18, measured); no tracefs either way.
         let close = [("libc_close", "close", false)];
         let targets = probes.iter().map(|p| (p, library)).chain(
             libc.into_iter()
@@ -144,13 +146,8 @@ impl Loaded {
                 .progs_mut()
                 .find(|p| p.name() == prog_name)
                 .ok_or_else(|| LoadError::Other(format!("program {prog_name} missing")))?;
-            let opts = UprobeOpts {
-                retprobe,
-                func_name: Some(func.into()),
-                ..Default::default()
-            };
             let link = prog
-                .attach_uprobe_with_opts(pid_i, file, 0, opts)
+                .attach_uprobe_multi(pid_i, file, func, retprobe, false)
                 .map_err(|e| {
                     classify(
                         &format!(

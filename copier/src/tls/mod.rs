@@ -239,16 +239,11 @@ pub const CAP_PERFMON: u32 = 38;
 pub const CAP_BPF: u32 = 39;
 
 /// What attaching needs (checked by [`TlsProbe::attach`] before it tries, named in its error):
-/// CAP_BPF (load), CAP_PERFMON (tracing programs), CAP_SYS_ADMIN (a pid-scoped uprobe's
-/// perf_event_open: kernel 6.18 refuses it with EACCES under CAP_PERFMON alone), and the two
-/// of [`RESOLVE_CAPS`]. CAP_SYS_ADMIN implies the first two.
-pub const ATTACH_CAPS: &[u32] = &[
-    CAP_BPF,
-    CAP_PERFMON,
-    CAP_SYS_ADMIN,
-    CAP_SYS_PTRACE,
-    CAP_DAC_READ_SEARCH,
-];
+/// CAP_BPF (load the program, create its links), CAP_PERFMON (tracing programs: uprobes, the
+/// raw tracepoint), and the two of [`RESOLVE_CAPS`]. CAP_SYS_ADMIN would stand for the first
+/// two, and is not needed: the uprobes are uprobe_multi links, not perf events (a pid-scoped
+/// uprobe perf event is refused under CAP_PERFMON on kernel 6.18).
+pub const ATTACH_CAPS: &[u32] = &[CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH];
 
 /// What an attached probe needs for as long as it runs, to resolve fds of a server of another
 /// user: CAP_DAC_READ_SEARCH to enter its /proc/PID/fd, CAP_SYS_PTRACE to read the links
@@ -506,9 +501,8 @@ fn check_capabilities() -> Result<(), NotAttached> {
         NotAttachedKind::Privilege,
         format!(
             "TLS sessions cannot be mirrored: the copier lacks {} (eBPF uprobes on the server's \
-             TLS library need CAP_BPF, CAP_PERFMON and, for a uprobe on one process, \
-             CAP_SYS_ADMIN; reading the server's /proc/PID/fd and maps needs CAP_SYS_PTRACE \
-             and CAP_DAC_READ_SEARCH); fix: run as root, or add them to AmbientCapabilities= \
+             TLS library need CAP_BPF and CAP_PERFMON; reading the server's /proc/PID/fd and \
+             maps needs CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH); fix: run as root, or add them to AmbientCapabilities= \
              (deploy/systemd/tcpshadow-copier.service)",
             missing.join(", ")
         ),
@@ -517,24 +511,15 @@ fn check_capabilities() -> Result<(), NotAttached> {
 
 fn load_error(target: &ProbeTarget, e: bpf::LoadError) -> NotAttached {
     match e {
-        bpf::LoadError::Permission(m) => {
-            let admin =
-                ops::host::effective_caps().is_none_or(|c| ops::host::has_cap(c, CAP_SYS_ADMIN));
-            let why = if admin {
-                "check kernel.perf_event_paranoid, kernel.unprivileged_bpf_disabled and a \
+        bpf::LoadError::Permission(m) => NotAttached::new(
+            NotAttachedKind::Privilege,
+            format!(
+                "TLS sessions cannot be mirrored: the kernel refused the probe ({m}); fix: run \
+                 as root or with CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH, \
+                 and check kernel.unprivileged_bpf_disabled, kernel.perf_event_paranoid and a \
                  lockdown that forbids BPF"
-            } else {
-                "this kernel wants CAP_SYS_ADMIN for a uprobe on one process (CAP_PERFMON is \
-                 not enough); add it to AmbientCapabilities="
-            };
-            NotAttached::new(
-                NotAttachedKind::Privilege,
-                format!(
-                    "TLS sessions cannot be mirrored: the kernel refused the probe ({m}); fix: \
-                     run as root, or {why}"
-                ),
-            )
-        }
+            ),
+        ),
         bpf::LoadError::NoSymbol(m) => NotAttached::new(
             NotAttachedKind::NoTlsLibrary,
             format!(
@@ -547,7 +532,7 @@ fn load_error(target: &ProbeTarget, e: bpf::LoadError) -> NotAttached {
             NotAttachedKind::Failed,
             format!(
                 "TLS sessions cannot be mirrored: {m} (target {target}); the probe needs a \
-                 kernel of 5.17 or later with BPF ring buffers, bpf_loop and the uprobe PMU"
+                 kernel of 6.6 or later (uprobe_multi links, BPF ring buffers, bpf_loop)"
             ),
         ),
     }
