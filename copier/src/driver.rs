@@ -139,9 +139,16 @@ pub struct Driver {
     /// A moment on both the standard clock and the engine's (the callers drive the engine with
     /// a `MonotonicClock`): maps when intercept's frames were read onto the engine's clock.
     anchor: (std::time::Instant, Instant),
-    /// The TLS plaintext probe (`--tls-sessions`), when attached.
+    /// The TLS plaintext probe (`--tls-sessions`), when attached, and when.
     tls: Option<crate::tls::TlsProbe>,
+    tls_since: Instant,
 }
+
+/// How long the TLS probe watches the host's syscalls for the sockets of TLS connections open
+/// before it (`TlsProbe::learning_fds`): that costs every process of the host the syscall slow
+/// path (about 9% of production's QPS in the lab), so it ends after this. A pooled connection
+/// that made no TLS call by then is not mirrored (its plaintext counted as unresolved).
+const TLS_JOIN_WINDOW: Duration = Duration::from_secs(60);
 
 impl Driver {
     /// Opens the raw sender, starts the control client and waits up to 5 s for intercept, then
@@ -257,6 +264,7 @@ impl Driver {
             last_now: now,
             anchor,
             tls: None,
+            tls_since: now,
         };
         // A scrape before the first packet sees zeros, not an empty page.
         let snap = driver.snapshot(&CaptureStats::default());
@@ -512,8 +520,9 @@ impl Driver {
     }
 
     /// From now on TLS sessions' plaintext comes from `probe` (read by [`Driver::drain_tls`]).
-    pub fn attach_tls(&mut self, probe: crate::tls::TlsProbe) {
+    pub fn attach_tls(&mut self, probe: crate::tls::TlsProbe, now: Instant) {
         self.tls = Some(probe);
+        self.tls_since = now;
     }
 
     /// The probe's ring, to wait on beside the capture.
@@ -529,6 +538,14 @@ impl Driver {
         let Some(probe) = self.tls.as_mut() else {
             return;
         };
+        if probe.learning_fds() && now.saturating_since(self.tls_since) >= TLS_JOIN_WINDOW {
+            probe.stop_learning_fds();
+            tracing::info!(
+                "TLS: stopped watching for connections open before the copier ({} s after \
+                 start); one that makes its first TLS call from now on is not mirrored",
+                TLS_JOIN_WINDOW.as_secs()
+            );
+        }
         let fleet = &mut self.fleet;
         probe.drain(&mut |c: crate::tls::TlsChunk<'_>| {
             let (SocketAddr::V4(client), SocketAddr::V4(server)) = (c.client, c.server) else {

@@ -80,7 +80,7 @@ pub fn run(live: &LiveSettings, settings: &CaptureSettings) -> Result<Snapshot> 
     let mut driver = Driver::start(&mirror, plan, clock.now())?;
     let tls = probe.is_some();
     if let Some(p) = probe {
-        driver.attach_tls(p);
+        driver.attach_tls(p, clock.now());
     }
     drop_privileges(settings, tls)?;
     tracing::info!(
