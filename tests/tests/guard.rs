@@ -95,16 +95,33 @@ fn check_caps(what: &str, b: &Background, allowed: u64) -> Result<()> {
     Ok(())
 }
 
-/// What the copier may keep: nothing, or CAP_SYS_NICE if its log says why.
+const CAP_DAC_READ_SEARCH: u64 = 1 << 2;
+const CAP_SYS_PTRACE: u64 = 1 << 19;
+
+/// What the copier may keep: nothing, or what its log says it kept and why: CAP_SYS_NICE to
+/// raise the capture, CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH to tell TLS streams' sockets
+/// from the server's /proc (issue 21's probe, when attached).
 fn copier_allowed_caps(copier: &Background) -> u64 {
     let log = copier.output().1;
-    if log.contains("capabilities dropped: kept cap_sys_nice")
-        && log.contains("raised to nice -20 while the capture is over")
+    let kept = log
+        .lines()
+        .find_map(|l| l.split("capabilities dropped: kept ").nth(1))
+        .and_then(|rest| rest.split(';').next())
+        .unwrap_or("");
+    let mut allowed = 0;
+    if kept.contains("cap_sys_nice") && log.contains("raised to nice -20 while the capture is over")
     {
-        CAP_SYS_NICE
-    } else {
-        0
+        allowed |= CAP_SYS_NICE;
     }
+    if log.contains("are mirrored from their plaintext") {
+        if kept.contains("cap_sys_ptrace") {
+            allowed |= CAP_SYS_PTRACE;
+        }
+        if kept.contains("cap_dac_read_search") {
+            allowed |= CAP_DAC_READ_SEARCH;
+        }
+    }
+    allowed
 }
 
 /// A copier that must be refused at start: it exits with an error naming `expect`.
