@@ -25,12 +25,11 @@
 //! stream carries it, so a stream is resolved however short its life. Only a record that says
 //! "not told" (the kernel walk failed, or a joined stream whose fd is not learnt yet) falls
 //! back to /proc, when `drain` first sees the fd, which needs the capabilities of
-//! [`RESOLVE_CAPS`] ([`TlsProbe::needs_proc`]). The probe also
-//! reports each close of a stream's fd; a stream whose fd is closed further on in the ring
-//! than the record being resolved is not looked up in /proc (the number may already name
-//! the next connection), so a session whose whole life after the start fits between two
-//! drains is counted as unresolved, never given another connection's 4-tuple. Drain as soon
-//! as [`TlsProbe::poll_fd`] is readable.
+//! [`RESOLVE_CAPS`] ([`TlsProbe::needs_proc`]). For that fallback the probe also reports each
+//! close of a stream's fd; a stream whose fd is closed further on in the ring than the record
+//! being resolved is not looked up in /proc (the number may already name the next
+//! connection), so such a stream is counted as unresolved, never given another connection's
+//! 4-tuple. Drain as soon as [`TlsProbe::poll_fd`] is readable.
 
 mod procfs;
 
