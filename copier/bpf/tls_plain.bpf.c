@@ -30,6 +30,8 @@
 #include <linux/ptrace.h>
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
+#include <bpf/bpf_core_read.h>
+#include <bpf/bpf_endian.h>
 
 #define TLS_EVENT_DATA 1
 #define TLS_EVENT_STREAM_START 2
@@ -40,6 +42,24 @@
 
 #define TLS_FLAG_JOINED_MIDWAY 1
 #define TLS_FLAG_FD_KNOWN 2
+
+// What the kernel says the stream's fd is (struct tls_sock.kind), told from the server's own
+// fd table when the probe learns the fd: a short session may close before user space could
+// ever ask /proc.
+#define TLS_SOCK_UNKNOWN 0
+#define TLS_SOCK_TCP4 1
+#define TLS_SOCK_TCP6 2
+#define TLS_SOCK_UNIX 3
+#define TLS_SOCK_OTHER 4
+
+// include/linux/socket.h, include/uapi/linux/in.h, include/uapi/linux/stat.h: the uapi
+// headers here do not all define them for the BPF target.
+#define TLS_AF_UNIX 1
+#define TLS_AF_INET 2
+#define TLS_AF_INET6 10
+#define TLS_IPPROTO_TCP 6
+#define TLS_S_IFMT 00170000
+#define TLS_S_IFSOCK 0140000
 
 // One ring record carries at most this much plaintext: a TLS record's maximum, so that the
 // usual SSL_read (one record) is one ring record.
@@ -59,6 +79,18 @@
 #define NR_sendmsg 46
 #define NR_recvmsg 47
 
+// The stream's socket as the kernel knows it. Ports in host order; addresses as the kernel
+// keeps them (network order), an IPv4 address in the first 4 bytes.
+struct tls_sock {
+	__u8 kind;
+	__u8 reserved;
+	__u16 family;
+	__u16 local_port;
+	__u16 remote_port;
+	__u8 local_addr[16];
+	__u8 remote_addr[16];
+};
+
 struct tls_event_hdr {
 	__u8 kind;
 	__u8 dir;
@@ -72,6 +104,7 @@ struct tls_event_hdr {
 	__u64 generation;
 	__u64 offset;
 	__u64 time_ns;
+	struct tls_sock sock;
 };
 
 struct tls_event {
@@ -90,12 +123,66 @@ struct tls_config {
 
 const volatile struct tls_config cfg = {};
 
+// The few kernel fields the socket walk reads, declared by hand rather than from a generated
+// vmlinux.h: preserve_access_index makes every access a CO-RE relocation, which libbpf
+// resolves against the running kernel's BTF at load, so the offsets here are only names
+// (libbpf ignores the ___tls suffix, and finds fields inside the kernel's anonymous unions).
+struct files_struct___tls;
+struct task_struct___tls {
+	struct files_struct___tls *files;
+} __attribute__((preserve_access_index));
+
+struct fdtable___tls;
+struct files_struct___tls {
+	struct fdtable___tls *fdt;
+} __attribute__((preserve_access_index));
+
+struct file___tls;
+struct fdtable___tls {
+	unsigned int max_fds;
+	struct file___tls **fd;
+} __attribute__((preserve_access_index));
+
+struct inode___tls {
+	unsigned short i_mode;
+} __attribute__((preserve_access_index));
+
+struct file___tls {
+	void *private_data;
+	struct inode___tls *f_inode;
+} __attribute__((preserve_access_index));
+
+struct sock___tls;
+struct socket___tls {
+	struct sock___tls *sk;
+} __attribute__((preserve_access_index));
+
+struct in6_addr___tls {
+	__u8 s6_addr[16];
+} __attribute__((preserve_access_index));
+
+struct sock_common___tls {
+	__u32 skc_daddr;
+	__u32 skc_rcv_saddr;
+	__u16 skc_dport;
+	__u16 skc_num;
+	unsigned short skc_family;
+	struct in6_addr___tls skc_v6_daddr;
+	struct in6_addr___tls skc_v6_rcv_saddr;
+} __attribute__((preserve_access_index));
+
+struct sock___tls {
+	struct sock_common___tls __sk_common;
+	__u16 sk_protocol;
+} __attribute__((preserve_access_index));
+
 struct stream {
 	__u64 generation;
 	__u64 off[2];
 	__s32 fd;
 	__u16 flags;
 	__u16 reserved;
+	struct tls_sock sock;
 };
 
 struct call {
@@ -178,6 +265,76 @@ static __always_inline void count_foreign(void)
 		__sync_fetch_and_add(&l->foreign_tgid, 1);
 }
 
+// What fd `fd` of the current process is: current task -> files -> fdt -> fd[fd] -> file ->
+// private_data (struct socket) -> sk -> __sk_common. Told here, when the probe learns the fd,
+// because the fd is certainly the stream's own at that moment; by the time user space could
+// read /proc a short session may be gone, or its number another connection's. Every read is
+// a probe read that zeroes on failure, so a torn or odd walk says UNKNOWN (user space then
+// falls back to /proc), never a wrong socket: fd[fd] is read only below max_fds, and a file
+// is taken as a socket only when its inode says S_IFSOCK.
+static __always_inline void tell_socket(__u32 fd, struct tls_sock *out)
+{
+	struct tls_sock t = {};
+	struct task_struct___tls *task = (struct task_struct___tls *)bpf_get_current_task();
+	struct fdtable___tls *fdt = BPF_CORE_READ(task, files, fdt);
+	if (!fdt)
+		goto done;
+	unsigned int max = BPF_CORE_READ(fdt, max_fds);
+	struct file___tls **table = BPF_CORE_READ(fdt, fd);
+	if (fd >= max || !table)
+		goto done;
+	struct file___tls *file = 0;
+	if (bpf_probe_read_kernel(&file, sizeof(file), &table[fd]) != 0 || !file)
+		goto done;
+	unsigned short mode = BPF_CORE_READ(file, f_inode, i_mode);
+	if (mode == 0)
+		goto done;
+	if ((mode & TLS_S_IFMT) != TLS_S_IFSOCK) {
+		// An SSL object over a pipe or a file: nothing a packet mirror could play.
+		t.kind = TLS_SOCK_OTHER;
+		goto done;
+	}
+	struct socket___tls *sock = (struct socket___tls *)BPF_CORE_READ(file, private_data);
+	if (!sock)
+		goto done;
+	struct sock___tls *sk = BPF_CORE_READ(sock, sk);
+	if (!sk)
+		goto done;
+	__u16 family = BPF_CORE_READ(sk, __sk_common.skc_family);
+	t.family = family;
+	if (family == TLS_AF_UNIX) {
+		t.kind = TLS_SOCK_UNIX;
+		goto done;
+	}
+	if (family != TLS_AF_INET && family != TLS_AF_INET6) {
+		// AF_UNSPEC (0) is what a failed read gives too: leave it unknown.
+		if (family != 0)
+			t.kind = TLS_SOCK_OTHER;
+		goto done;
+	}
+	if (BPF_CORE_READ(sk, sk_protocol) != TLS_IPPROTO_TCP) {
+		t.kind = TLS_SOCK_OTHER;
+		goto done;
+	}
+	t.local_port = BPF_CORE_READ(sk, __sk_common.skc_num);
+	t.remote_port = bpf_ntohs(BPF_CORE_READ(sk, __sk_common.skc_dport));
+	if (family == TLS_AF_INET) {
+		__u32 local = BPF_CORE_READ(sk, __sk_common.skc_rcv_saddr);
+		__u32 remote = BPF_CORE_READ(sk, __sk_common.skc_daddr);
+		__builtin_memcpy(t.local_addr, &local, 4);
+		__builtin_memcpy(t.remote_addr, &remote, 4);
+		t.kind = TLS_SOCK_TCP4;
+	} else if (bpf_core_field_exists(sk->__sk_common.skc_v6_daddr)) {
+		// A kernel without IPv6 has no such fields, and no such sockets either: the guard
+		// lets the program load there (the branch is removed at load).
+		BPF_CORE_READ_INTO(&t.local_addr, sk, __sk_common.skc_v6_rcv_saddr);
+		BPF_CORE_READ_INTO(&t.remote_addr, sk, __sk_common.skc_v6_daddr);
+		t.kind = TLS_SOCK_TCP6;
+	}
+done:
+	*out = t;
+}
+
 static __always_inline void emit_head(__u8 kind, __u64 pid_tgid, __u64 ssl, struct stream *s)
 {
 	struct tls_event_hdr h = {};
@@ -189,6 +346,7 @@ static __always_inline void emit_head(__u8 kind, __u64 pid_tgid, __u64 ssl, stru
 	h.fd = s->fd;
 	h.generation = s->generation;
 	h.time_ns = bpf_ktime_get_ns();
+	h.sock = s->sock;
 	if (bpf_ringbuf_output(&events, &h, sizeof(h), 0) != 0) {
 		struct losses *l = loss_slot();
 		if (l)
@@ -217,6 +375,8 @@ int BPF_KPROBE(ssl_set_fd, void *ssl, int fd)
 	s.generation = bpf_ktime_get_ns();
 	s.fd = fd;
 	s.flags = TLS_FLAG_FD_KNOWN;
+	if (fd >= 0)
+		tell_socket((__u32)fd, &s.sock);
 	bpf_map_update_elem(&streams, &key, &s, BPF_ANY);
 	__u32 f = fd;
 	bpf_map_update_elem(&fds, &f, &key, BPF_ANY);
@@ -264,6 +424,7 @@ struct piece_ctx {
 	__s32 fd;
 	__u16 flags;
 	__u8 dir;
+	struct tls_sock sock;
 };
 
 static int emit_piece(__u32 index, struct piece_ctx *p)
@@ -296,6 +457,7 @@ static int emit_piece(__u32 index, struct piece_ctx *p)
 	e->hdr.generation = p->generation;
 	e->hdr.offset = at;
 	e->hdr.time_ns = p->time_ns;
+	e->hdr.sock = p->sock;
 	// n <= TLS_CHUNK_MAX, said again in a form the verifier keeps through the copy.
 	n &= (TLS_CHUNK_MAX * 2 - 1);
 	if (n > TLS_CHUNK_MAX)
@@ -350,6 +512,7 @@ static __always_inline int leave(struct pt_regs *ctx)
 	p.fd = s->fd;
 	p.flags = s->flags;
 	p.dir = dir;
+	p.sock = s->sock;
 	__u64 pieces = ((__u64)moved + TLS_CHUNK_MAX - 1) / TLS_CHUNK_MAX;
 	if (pieces > TLS_MAX_PIECES)
 		pieces = TLS_MAX_PIECES;
@@ -467,13 +630,15 @@ int sys_enter(struct bpf_raw_tracepoint_args *ctx)
 		return 0;
 	s->fd = (__s32)fd;
 	s->flags |= TLS_FLAG_FD_KNOWN;
+	// Inside the stream's own read or write: the fd is certainly its socket now.
+	tell_socket(fd, &s->sock);
 	__u64 ssl = c->ssl;
 	bpf_map_update_elem(&fds, &fd, &ssl, BPF_ANY);
 	return 0;
 }
 
 // The layout common/src/tls_event.rs decodes (TLS_EVENT_HEADER_LEN and the field offsets there).
-_Static_assert(sizeof(struct tls_event_hdr) == 56, "tls_event header size");
+_Static_assert(sizeof(struct tls_event_hdr) == 96, "tls_event header size");
 _Static_assert(__builtin_offsetof(struct tls_event_hdr, len) == 4, "len offset");
 _Static_assert(__builtin_offsetof(struct tls_event_hdr, pid) == 8, "pid offset");
 _Static_assert(__builtin_offsetof(struct tls_event_hdr, ssl) == 16, "ssl offset");
@@ -481,6 +646,13 @@ _Static_assert(__builtin_offsetof(struct tls_event_hdr, fd) == 24, "fd offset");
 _Static_assert(__builtin_offsetof(struct tls_event_hdr, generation) == 32, "generation offset");
 _Static_assert(__builtin_offsetof(struct tls_event_hdr, offset) == 40, "offset offset");
 _Static_assert(__builtin_offsetof(struct tls_event_hdr, time_ns) == 48, "time offset");
+_Static_assert(__builtin_offsetof(struct tls_event_hdr, sock) == 56, "sock offset");
+_Static_assert(sizeof(struct tls_sock) == 40, "tls_sock size");
+_Static_assert(__builtin_offsetof(struct tls_sock, family) == 2, "sock family offset");
+_Static_assert(__builtin_offsetof(struct tls_sock, local_port) == 4, "sock local_port offset");
+_Static_assert(__builtin_offsetof(struct tls_sock, remote_port) == 6, "sock remote_port offset");
+_Static_assert(__builtin_offsetof(struct tls_sock, local_addr) == 8, "sock local_addr offset");
+_Static_assert(__builtin_offsetof(struct tls_sock, remote_addr) == 24, "sock remote_addr offset");
 _Static_assert(sizeof(struct losses) == 32, "losses layout (copier/src/tls/probe.rs)");
 _Static_assert(sizeof(struct tls_config) == 8, "config layout (copier/src/tls/probe.rs)");
 

@@ -78,11 +78,13 @@ pub fn run(live: &LiveSettings, settings: &CaptureSettings) -> Result<Snapshot> 
     let mut mirror = mirror.clone();
     mirror.tls_plaintext = probe.is_some();
     let mut driver = Driver::start(&mirror, plan, clock.now())?;
-    let tls = probe.is_some();
+    // The probe tells its streams' sockets in the kernel: /proc (and the capabilities to
+    // read another user's) is wanted after the start only by a probe that cannot.
+    let tls_needs_proc = probe.as_ref().is_some_and(|p| p.needs_proc());
     if let Some(p) = probe {
         driver.attach_tls(p, clock.now());
     }
-    drop_privileges(settings, tls)?;
+    drop_privileges(settings, tls_needs_proc)?;
     tracing::info!(
         "mirroring {routes} on {} (intercept {}), filter: {filter}",
         settings.interface,
@@ -243,16 +245,17 @@ fn on_demand(capture: &CaptureSettings, capture_fd: RawFd) -> Option<ops::sched:
 /// capability at all: reconnecting to intercept, --prod-dsn, reports and SIGHUP reloads are
 /// plain sockets and files. Dropped in every thread, with no_new_privs. The one exception:
 /// `--capture-priority auto` where RLIMIT_NICE could not be raised keeps CAP_SYS_NICE, to
-/// raise the capture when it falls behind. And with the TLS plaintext probe attached
-/// (`tls`), CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH: each new TLS stream's socket is told
-/// from the server's `/proc/PID/fd`, which another process (mariadbd is not dumpable, and may
-/// run as another user) may only read with them.
-fn drop_privileges(capture: &CaptureSettings, tls: bool) -> Result<()> {
+/// raise the capture when it falls behind. And with a TLS plaintext probe that tells its
+/// streams' sockets from the server's `/proc/PID/fd` (`tls_needs_proc`, see
+/// `TlsProbe::needs_proc`), CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH, which reading another
+/// process's fds needs (mariadbd is not dumpable, and may run as another user). This build's
+/// probe tells them in the kernel, so it keeps neither: they served discovery at attach.
+fn drop_privileges(capture: &CaptureSettings, tls_needs_proc: bool) -> Result<()> {
     let mut keep = Vec::new();
     if capture.priority == ops::sched::Priority::Auto && ops::sched::raise_needs_capability() {
         keep.push(ops::privs::CAP_SYS_NICE);
     }
-    if tls {
+    if tls_needs_proc {
         keep.extend([ops::privs::CAP_SYS_PTRACE, ops::privs::CAP_DAC_READ_SEARCH]);
     }
     let dropped = ops::privs::drop_all_but(&keep).map_err(|e| {

@@ -423,10 +423,11 @@ fn config() -> Vec<Vec<u8>> {
     ]
 }
 
-/// Records as the probe writes them: a stream start, a HandshakeResponse chunk, a server
-/// chunk of a joined stream with no fd, an fd close.
+/// Records as the probe writes them: a stream start over TCP/IPv4, a HandshakeResponse chunk,
+/// a server chunk of a joined stream with no fd (its socket not told), an fd close, a chunk
+/// of a Unix-socket stream and one of a TCP/IPv6 stream.
 fn tls_event() -> Vec<Vec<u8>> {
-    use common::tls_event::{encode, EventKind, PlainDir, TlsEvent};
+    use common::tls_event::{encode, EventKind, PlainDir, SockInfo, TlsEvent};
     let base = TlsEvent {
         kind: EventKind::StreamStart,
         dir: PlainDir::FromClient,
@@ -438,6 +439,10 @@ fn tls_event() -> Vec<Vec<u8>> {
         generation: 52_147_907_799_072,
         offset: 0,
         time_ns: 52_147_907_800_000,
+        sock: SockInfo::Tcp {
+            local: "198.18.0.1:3306".parse().expect("literal address"),
+            remote: "198.18.1.2:40001".parse().expect("literal address"),
+        },
         data: &[],
     };
     // sysbench's HandshakeResponse as the first packet inside TLS (sequence id 2).
@@ -458,11 +463,30 @@ fn tls_event() -> Vec<Vec<u8>> {
             joined_midway: true,
             fd: None,
             offset: 123,
+            sock: SockInfo::Unknown,
             data: b"\x07\x00\x00\x02\x00\x00\x00\x02\x00\x00\x00",
             ..base
         },
         TlsEvent {
             kind: EventKind::FdClosed,
+            ..base
+        },
+        TlsEvent {
+            kind: EventKind::Data,
+            sock: SockInfo::Unix,
+            data: &login,
+            ..base
+        },
+        TlsEvent {
+            kind: EventKind::Data,
+            dir: PlainDir::FromServer,
+            sock: SockInfo::Tcp {
+                local: "[2001:db8::1]:3306".parse().expect("literal address"),
+                remote: "[::ffff:198.18.1.2]:40001"
+                    .parse()
+                    .expect("literal address"),
+            },
+            data: b"\x07\x00\x00\x02\x00\x00\x00\x02\x00\x00\x00",
             ..base
         },
     ];

@@ -7,8 +7,10 @@
 //! its prepared-statement executes, resolved to the connection's own 4-tuple (the client's
 //! address in the lab's client namespace, production's address and port), with no byte lost,
 //! truncated or unresolved; a TLS session opened before the probe is joined midway, from its
-//! next call on. Without CAP_BPF / CAP_PERFMON attaching fails with a reason that names them;
-//! an unprivileged user with exactly the copier unit's four probe capabilities attaches.
+//! next call on. Short sessions (over TCP, and over the server's Unix socket) are told in the
+//! kernel, never unresolved. Without CAP_BPF / CAP_PERFMON attaching fails with a reason that
+//! names them; an unprivileged user with exactly the copier unit's four probe capabilities
+//! attaches.
 
 use std::time::Duration;
 
@@ -349,5 +351,107 @@ fn a_full_ring_loses_bytes_where_the_offsets_say() -> Result<()> {
         "offsets jump over {gaps} bytes, the probe lost {lost}:\n{out}"
     );
     ensure!(stat(stats, "bad_records")? == 0, "{stats}");
+    Ok(())
+}
+
+/// Short TLS sessions, each over before the tool's next drain could read /proc: several
+/// `mariadb --ssl -e ...` in a row from the client host, and the lab's own session over the
+/// server's Unix socket (a counters read). The probe tells each one's socket in the kernel at
+/// `SSL_set_fd`, so every TCP one is a stream on its own 4-tuple (the one the server gives it
+/// in the processlist) and the Unix one is counted as not TCP; none is unresolved, and none
+/// goes to /proc, which the tool cannot read any more: it dropped every capability once
+/// attached, as the copier does.
+#[test]
+fn short_sessions_are_told_in_the_kernel() -> Result<()> {
+    let lab = Lab::up_with("tlsshr", &[("LAB_TLS", "1")])?;
+    let stop = format!("{}/tls-probe-stop", lab.var("LAB_DIR"));
+    let mut dump = lab.spawn(Host::Prod, &[DUMP, "3306", &stop, "120", "--drop-caps"])?;
+    dump.wait_for_output("attached: ", Duration::from_secs(30))?;
+    let password = format!("-p{}", lab.var("LAB_PASSWORD"));
+    let sessions = 6;
+    let mut peers = std::collections::BTreeSet::new();
+    for _ in 0..sessions {
+        // The server's own view of the client's address and port: its processlist.
+        let run = lab.exec(
+            Host::Client,
+            &[
+                "mariadb",
+                "--ssl",
+                "--batch",
+                "--skip-column-names",
+                "-h",
+                lab.ip(Host::Prod),
+                "-u",
+                lab.var("LAB_USER"),
+                &password,
+                lab.var("LAB_DB"),
+                "-e",
+                "SELECT HOST FROM information_schema.PROCESSLIST WHERE ID = CONNECTION_ID()",
+            ],
+        )?;
+        ensure!(
+            run.success(),
+            "a short session failed:\n{}\n{}",
+            run.stdout,
+            run.stderr
+        );
+        peers.insert(run.stdout.trim().to_string());
+    }
+    // Over the server's Unix socket, as root: TLS too (the server offers it), no TCP at all.
+    lab.counters(Host::Prod)?;
+    std::fs::write(&stop, b"")?;
+    let run = dump.finish(Duration::from_secs(30))?;
+    ensure!(
+        run.success(),
+        "tls-probe-dump failed:\n{}\n{}",
+        run.stdout,
+        run.stderr
+    );
+    let out = &run.stdout;
+    ensure!(
+        out.contains("(needs /proc: no)"),
+        "the probe should tell sockets in the kernel:\n{out}"
+    );
+    let server = format!("{}:3306", lab.ip(Host::Prod));
+    let streams: Vec<Stream> = out.lines().filter_map(Stream::parse).collect();
+    let clients: std::collections::BTreeSet<String> = streams
+        .iter()
+        .map(|s| s.get("client").to_string())
+        .collect();
+    ensure!(
+        streams.len() == sessions && clients == peers,
+        "{sessions} short sessions from {peers:?}, the probe has streams of {clients:?}:\n{out}"
+    );
+    for s in &streams {
+        ensure!(
+            s.get("server") == server
+                && s.get("first_seq") == "2"
+                && s.get("joined") == "0"
+                && s.get("gaps") == "0"
+                && s.command_count("03") >= 1
+                && s.command_count("01") == 1,
+            "stream: {s:?}\n{out}"
+        );
+    }
+    let stats = out
+        .lines()
+        .find(|l| l.starts_with("stats "))
+        .context("no stats line")?;
+    for key in [
+        "unresolved_chunks",
+        "unresolved_bytes",
+        "from_proc",
+        "lost_bytes",
+        "bad_records",
+    ] {
+        ensure!(stat(stats, key)? == 0, "{key} is not 0: {stats}");
+    }
+    ensure!(
+        stat(stats, "not_tcp_chunks")? > 0 && stat(stats, "told_by_kernel")? == sessions as u64 + 1,
+        "the Unix-socket session is not counted as not TCP, or not every stream was told in \
+         the kernel: {stats}"
+    );
+    // The figures, for a person reading the run (--nocapture).
+    eprintln!("short sessions: {stats}");
     Ok(())
 }

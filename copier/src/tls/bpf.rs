@@ -208,6 +208,13 @@ impl Loaded {
         })
     }
 
+    /// Whether the program tells each stream's socket in the kernel (its fd-table walk, CO-RE
+    /// relocated at load: a program that loaded has it), so that user space reads /proc only
+    /// as a fallback.
+    pub fn tells_sockets(&self) -> bool {
+        true
+    }
+
     /// Whether the sys_enter tracepoint (joined streams' fds) is attached.
     pub fn learning_fds(&self) -> bool {
         self.sys.is_some()

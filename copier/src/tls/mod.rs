@@ -5,8 +5,9 @@
 //! What this room is for: finding that process and its TLS library ([`procfs`]), loading and
 //! attaching the probe ([`bpf`]), and turning its ring records into [`TlsChunk`]s: plaintext of
 //! one direction of one stream, at a known offset, with the connection's 4-tuple as production
-//! sees it (resolved here from /proc/PID/fd and /proc/PID/net/tcp{,6}). The engine side (what
-//! a chunk becomes) is not here.
+//! sees it (told by the probe inside the kernel, from the server's fd table, when it learns the
+//! stream's fd; from /proc/PID/fd and /proc/PID/net/tcp{,6} only when a record says the kernel
+//! could not tell). The engine side (what a chunk becomes) is not here.
 //!
 //! What it must never do: change anything in the production process (the probe only reads), pass
 //! on a chunk whose connection it could not resolve (counted as unresolved instead), or trust a
@@ -19,13 +20,16 @@
 //! past the previous chunk's end follows a loss of exactly that many bytes (ring full, or a
 //! call over 16 MiB), also counted in [`TlsProbeStats`].
 //!
-//! Resolution and fd reuse: a stream's fd is resolved from /proc when `drain` first sees it
-//! (its start, or the first chunk of a joined stream that carries the fd). The probe also
-//! reports each close of a stream's fd; a stream whose fd is closed further on in the ring
-//! than the record being resolved is not looked up in /proc (the number may already name
-//! the next connection), so a session whose whole life after the start fits between two
-//! drains is counted as unresolved, never given another connection's 4-tuple. Drain as soon
-//! as [`TlsProbe::poll_fd`] is readable.
+//! Resolution and fd reuse: the probe tells each stream's socket (family, and for TCP both
+//! addresses) in the kernel at the moment it learns the fd, and every later record of the
+//! stream carries it, so a stream is resolved however short its life. Only a record that says
+//! "not told" (the kernel walk failed, or a joined stream whose fd is not learnt yet) falls
+//! back to /proc, when `drain` first sees the fd, which needs the capabilities of
+//! [`RESOLVE_CAPS`] ([`TlsProbe::needs_proc`]). For that fallback the probe also reports each
+//! close of a stream's fd; a stream whose fd is closed further on in the ring than the record
+//! being resolved is not looked up in /proc (the number may already name the next
+//! connection), so such a stream is counted as unresolved, never given another connection's
+//! 4-tuple. Drain as soon as [`TlsProbe::poll_fd`] is readable.
 
 mod procfs;
 
@@ -84,6 +88,9 @@ mod bpf {
         pub fn losses(&self) -> Losses {
             match *self {}
         }
+        pub fn tells_sockets(&self) -> bool {
+            match *self {}
+        }
     }
 }
 
@@ -94,7 +101,7 @@ use std::os::fd::BorrowedFd;
 use std::path::PathBuf;
 
 pub use common::tls_event::PlainDir;
-use common::tls_event::{self, EventKind};
+use common::tls_event::{self, EventKind, SockInfo};
 
 /// The ring buffer's size: 16 MiB, a second of plaintext at 16 MB/s, so a consumer that drains
 /// every few milliseconds never lets it fill.
@@ -182,6 +189,10 @@ pub struct TlsProbeStats {
     pub not_tcp_bytes: u64,
     /// Closes of a stream's fd the probe reported.
     pub fds_closed: u64,
+    /// Streams whose socket the probe told in the kernel, and streams resolved from /proc
+    /// instead (the record said the kernel could not tell).
+    pub streams_told_by_kernel: u64,
+    pub streams_resolved_from_proc: u64,
     /// Streams started (`SSL_set_fd` seen), and streams joined midway (begun before the probe).
     pub streams_started: u64,
     pub streams_joined_midway: u64,
@@ -240,14 +251,16 @@ pub const CAP_BPF: u32 = 39;
 
 /// What attaching needs (checked by [`TlsProbe::attach`] before it tries, named in its error):
 /// CAP_BPF (load the program, create its links), CAP_PERFMON (tracing programs: uprobes, the
-/// raw tracepoint), and the two of [`RESOLVE_CAPS`]. CAP_SYS_ADMIN would stand for the first
+/// raw tracepoint), and the two of [`RESOLVE_CAPS`] (discovery: which process holds the
+/// listening socket, its /proc/PID/maps). CAP_SYS_ADMIN would stand for the first
 /// two, and is not needed: the uprobes are uprobe_multi links, not perf events (a pid-scoped
 /// uprobe perf event is refused under CAP_PERFMON on kernel 6.18).
 pub const ATTACH_CAPS: &[u32] = &[CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH];
 
-/// What an attached probe needs for as long as it runs, to resolve fds of a server of another
-/// user: CAP_DAC_READ_SEARCH to enter its /proc/PID/fd, CAP_SYS_PTRACE to read the links
-/// there (and its maps at attach). Reading the ring and the loss map needs none.
+/// What an attached probe needs for as long as it runs only when it resolves fds from /proc
+/// ([`TlsProbe::needs_proc`]), for a server of another user: CAP_DAC_READ_SEARCH to enter its
+/// /proc/PID/fd, CAP_SYS_PTRACE to read the links there. Reading the ring and the loss map
+/// needs none.
 pub const RESOLVE_CAPS: &[u32] = &[CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH];
 
 /// The TLS plaintext probe, attached to production's server.
@@ -319,6 +332,15 @@ impl TlsProbe {
             closes: HashMap::new(),
             stats: TlsProbeStats::default(),
         })
+    }
+
+    /// Whether the probe relies on the server's /proc to tell its streams' connections, and so
+    /// needs [`RESOLVE_CAPS`] for as long as it runs. False when the loaded program tells each
+    /// stream's socket in the kernel (this build's does): then /proc is only a fallback for a
+    /// record whose socket the kernel walk could not tell, tried with whatever capabilities
+    /// are left (a copier that dropped them counts such a record's plaintext as unresolved).
+    pub fn needs_proc(&self) -> bool {
+        !self.loaded.tells_sockets()
     }
 
     /// What the probe is attached to (for the log line and the doctor).
@@ -412,43 +434,45 @@ impl TlsProbe {
                 }
                 // Resolve now: the connection is young and its fd certainly still its own.
                 self.resolver
-                    .lookup(e.ssl, e.generation, e.fd, closed_later);
+                    .lookup(e.ssl, e.generation, e.fd, e.sock, closed_later);
                 0
             }
-            EventKind::Data => match self
-                .resolver
-                .lookup(e.ssl, e.generation, e.fd, closed_later)
-            {
-                Resolved::Tcp(server, client) => {
-                    s.chunks += 1;
-                    s.bytes += e.data.len() as u64;
-                    f(TlsChunk {
-                        client,
-                        server,
-                        stream: StreamId {
-                            pid: e.pid,
-                            ssl: e.ssl,
-                            generation: e.generation,
-                        },
-                        dir: e.dir,
-                        offset: e.offset,
-                        data: e.data,
-                        joined_midway: e.joined_midway,
-                        monotonic_ns: e.time_ns,
-                    });
-                    1
+            EventKind::Data => {
+                match self
+                    .resolver
+                    .lookup(e.ssl, e.generation, e.fd, e.sock, closed_later)
+                {
+                    Resolved::Tcp(server, client) => {
+                        s.chunks += 1;
+                        s.bytes += e.data.len() as u64;
+                        f(TlsChunk {
+                            client,
+                            server,
+                            stream: StreamId {
+                                pid: e.pid,
+                                ssl: e.ssl,
+                                generation: e.generation,
+                            },
+                            dir: e.dir,
+                            offset: e.offset,
+                            data: e.data,
+                            joined_midway: e.joined_midway,
+                            monotonic_ns: e.time_ns,
+                        });
+                        1
+                    }
+                    Resolved::NotTcp => {
+                        s.not_tcp_chunks += 1;
+                        s.not_tcp_bytes += e.data.len() as u64;
+                        0
+                    }
+                    Resolved::Unknown => {
+                        s.unresolved_chunks += 1;
+                        s.unresolved_bytes += e.data.len() as u64;
+                        0
+                    }
                 }
-                Resolved::NotTcp => {
-                    s.not_tcp_chunks += 1;
-                    s.not_tcp_bytes += e.data.len() as u64;
-                    0
-                }
-                Resolved::Unknown => {
-                    s.unresolved_chunks += 1;
-                    s.unresolved_bytes += e.data.len() as u64;
-                    0
-                }
-            },
+            }
         }
     }
 
@@ -460,6 +484,8 @@ impl TlsProbe {
             lost_bytes: l.ring_full_bytes,
             truncated_bytes: l.truncated_bytes,
             foreign_calls: l.foreign_tgid,
+            streams_told_by_kernel: self.resolver.told_by_kernel,
+            streams_resolved_from_proc: self.resolver.from_proc,
             ..self.stats
         }
     }
@@ -625,6 +651,24 @@ enum Resolved {
 
 type TcpTable = HashMap<u64, (SocketAddr, SocketAddr)>;
 
+/// What a record's kernel-told socket means here; None when the kernel could not tell.
+/// An IPv4-mapped IPv6 address (a dual-stack server's IPv4 client) becomes IPv4, as
+/// /proc/net/tcp6 is read in [`procfs::parse_addr`]: the engine speaks IPv4.
+fn from_kernel(sock: SockInfo) -> Option<Resolved> {
+    let unmap = |a: SocketAddr| match a.ip() {
+        std::net::IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => SocketAddr::new(v4.into(), a.port()),
+            None => a,
+        },
+        std::net::IpAddr::V4(_) => a,
+    };
+    match sock {
+        SockInfo::Unknown => None,
+        SockInfo::Tcp { local, remote } => Some(Resolved::Tcp(unmap(local), unmap(remote))),
+        SockInfo::Unix | SockInfo::Other { .. } => Some(Resolved::NotTcp),
+    }
+}
+
 /// fd -> 4-tuple, per stream: resolved when a stream starts (or its fd becomes known) and
 /// kept until the same `SSL*` starts again.
 struct Resolver {
@@ -636,6 +680,9 @@ struct Resolver {
     /// The server's Unix sockets' inodes, read at most once per round.
     unix: Option<HashSet<u64>>,
     round: u64,
+    /// Streams resolved from what the kernel told, and from /proc.
+    told_by_kernel: u64,
+    from_proc: u64,
 }
 
 struct Stream {
@@ -655,6 +702,8 @@ impl Resolver {
             reloaded: false,
             unix: None,
             round: 0,
+            told_by_kernel: 0,
+            from_proc: 0,
         }
     }
 
@@ -677,6 +726,7 @@ impl Resolver {
         }
     }
 
+    /// `sock`: what the probe told in the kernel (taken as it is, whenever it is known).
     /// `closed_later`: the fd is closed further on in the ring, so /proc may already show
     /// another connection under its number.
     fn lookup(
@@ -684,6 +734,7 @@ impl Resolver {
         ssl: u64,
         generation: u64,
         fd: Option<u32>,
+        sock: SockInfo,
         closed_later: bool,
     ) -> Resolved {
         if self.streams.len() >= MAX_STREAMS && !self.streams.contains_key(&ssl) {
@@ -714,6 +765,13 @@ impl Resolver {
         if s.resolved != Resolved::Unknown {
             return s.resolved;
         }
+        if let Some(told) = from_kernel(sock) {
+            // Told when the fd was learnt, inside the stream's own call: right whatever has
+            // happened to the fd number since.
+            s.resolved = told;
+            self.told_by_kernel += 1;
+            return told;
+        }
         let Some(fd) = s.fd else {
             return Resolved::Unknown;
         };
@@ -727,6 +785,9 @@ impl Resolver {
             if found == Resolved::Unknown {
                 s.failed_round = Some(round);
             }
+        }
+        if found != Resolved::Unknown {
+            self.from_proc += 1;
         }
         found
     }
@@ -798,25 +859,72 @@ mod tests {
         let mut r = Resolver::new(std::process::id());
         r.next_round();
         // No fd known: nothing to resolve yet.
-        assert_eq!(r.lookup(1, 1, None, false), Resolved::Unknown);
+        assert_eq!(
+            r.lookup(1, 1, None, SockInfo::Unknown, false),
+            Resolved::Unknown
+        );
         // An fd that is no socket, or no fd at all.
         let file = std::fs::File::open("/proc/self/status").unwrap();
         use std::os::fd::AsRawFd;
         assert_eq!(
-            r.lookup(2, 1, Some(file.as_raw_fd() as u32), false),
+            r.lookup(
+                2,
+                1,
+                Some(file.as_raw_fd() as u32),
+                SockInfo::Unknown,
+                false
+            ),
             Resolved::NotTcp
         );
-        assert_eq!(r.lookup(3, 1, Some(999_999), false), Resolved::Unknown);
+        assert_eq!(
+            r.lookup(3, 1, Some(999_999), SockInfo::Unknown, false),
+            Resolved::Unknown
+        );
         // A new generation of the same SSL object starts over.
-        assert_eq!(r.lookup(3, 2, None, false), Resolved::Unknown);
+        assert_eq!(
+            r.lookup(3, 2, None, SockInfo::Unknown, false),
+            Resolved::Unknown
+        );
         assert_eq!(r.streams[&3].generation, 2);
         assert_eq!(r.streams[&3].fd, None);
         // A Unix socket's session is not TCP.
         let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
         assert_eq!(
-            r.lookup(4, 1, Some(a.as_raw_fd() as u32), false),
+            r.lookup(4, 1, Some(a.as_raw_fd() as u32), SockInfo::Unknown, false),
             Resolved::NotTcp
         );
+    }
+
+    #[test]
+    fn what_the_kernel_told_wins_over_proc() {
+        let mut r = Resolver::new(std::process::id());
+        r.next_round();
+        let local: SocketAddr = "198.18.0.1:3306".parse().unwrap();
+        let remote: SocketAddr = "[::ffff:198.18.1.2]:40001".parse().unwrap();
+        let told = SockInfo::Tcp { local, remote };
+        // Even with the fd closed later in the ring, and with an fd /proc knows nothing of.
+        assert_eq!(
+            r.lookup(1, 1, Some(999_999), told, true),
+            Resolved::Tcp(local, "198.18.1.2:40001".parse().unwrap())
+        );
+        assert_eq!(
+            r.lookup(2, 1, Some(999_999), SockInfo::Unix, true),
+            Resolved::NotTcp
+        );
+        assert_eq!(
+            r.lookup(3, 1, None, SockInfo::Other { family: 16 }, false),
+            Resolved::NotTcp
+        );
+        // A joined stream's start says nothing; its later chunk carries the socket.
+        assert_eq!(
+            r.lookup(4, 1, None, SockInfo::Unknown, false),
+            Resolved::Unknown
+        );
+        assert_eq!(
+            r.lookup(4, 1, Some(999_999), told, false),
+            Resolved::Tcp(local, "198.18.1.2:40001".parse().unwrap())
+        );
+        assert_eq!((r.told_by_kernel, r.from_proc), (4, 0));
     }
 
     #[test]
@@ -829,12 +937,18 @@ mod tests {
         r.next_round();
         let fd = server.as_raw_fd() as u32;
         // Closed further on in the ring: /proc is not asked (the number may be reused).
-        assert_eq!(r.lookup(7, 1, Some(fd), true), Resolved::Unknown);
-        let Resolved::Tcp(prod, client) = r.lookup(8, 1, Some(fd), false) else {
+        assert_eq!(
+            r.lookup(7, 1, Some(fd), SockInfo::Unknown, true),
+            Resolved::Unknown
+        );
+        let Resolved::Tcp(prod, client) = r.lookup(8, 1, Some(fd), SockInfo::Unknown, false) else {
             panic!("not resolved");
         };
         // Resolved once, kept; gone at its close.
-        assert_eq!(r.lookup(8, 1, Some(fd), true), Resolved::Tcp(prod, client));
+        assert_eq!(
+            r.lookup(8, 1, Some(fd), SockInfo::Unknown, true),
+            Resolved::Tcp(prod, client)
+        );
         r.closed(8, 1);
         assert!(!r.streams.contains_key(&8));
         assert_eq!(prod, l.local_addr().unwrap());

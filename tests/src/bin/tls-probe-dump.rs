@@ -8,8 +8,9 @@
 //! `stream PID:SSL:GEN client=IP:PORT server=IP:PORT joined=0|1 c2s=BYTES s2c=BYTES gaps=N
 //! gap_bytes=N first_seq=N user=NAME commands=HEX:COUNT,...` (`first_seq` and `user`: the first client
 //! packet's sequence id and, read as a HandshakeResponse, its user name), then `stats ...` (TlsProbeStats). On a failed attach it
-//! prints `not attached: REASON` and exits with status 3. With `--drop-caps` it keeps only
-//! `copier::tls::RESOLVE_CAPS` once attached, as a daemon that drops its privileges would.
+//! prints `not attached: REASON` and exits with status 3. With `--drop-caps` it drops its
+//! capabilities once attached, as the copier does: all of them, or all but
+//! `copier::tls::RESOLVE_CAPS` when the probe says it needs /proc (`TlsProbe::needs_proc`).
 //!
 //! A test tool: it never changes the server, and it reads nothing but the probe's chunks.
 
@@ -116,16 +117,23 @@ fn main() -> ExitCode {
         }
     };
     if drop_caps {
-        // What a daemon does once attached: keep only what resolving fds needs.
-        if let Err(e) = ops::privs::drop_all_but(copier::tls::RESOLVE_CAPS) {
+        // What the copier does once attached: keep only what resolving fds from /proc needs,
+        // and only if the probe cannot tell sockets in the kernel.
+        let keep: &[u32] = if probe.needs_proc() {
+            copier::tls::RESOLVE_CAPS
+        } else {
+            &[]
+        };
+        if let Err(e) = ops::privs::drop_all_but(keep) {
             println!("cannot drop capabilities: {e}");
             return ExitCode::from(4);
         }
     }
     println!(
-        "attached: {} (learning fds: {})",
+        "attached: {} (learning fds: {}) (needs /proc: {})",
         probe.target(),
-        if probe.learning_fds() { "yes" } else { "no" }
+        if probe.learning_fds() { "yes" } else { "no" },
+        if probe.needs_proc() { "yes" } else { "no" }
     );
     let mut streams: HashMap<StreamId, Stream> = HashMap::new();
     let start = Instant::now();
@@ -196,7 +204,7 @@ fn main() -> ExitCode {
         "stats chunks={} bytes={} lost_records={} lost_bytes={} truncated_bytes={} \
          unresolved_chunks={} unresolved_bytes={} not_tcp_chunks={} fds_closed={} streams_started={} \
          streams_joined={} \
-         bad_records={} foreign_calls={}",
+         bad_records={} foreign_calls={} not_tcp_bytes={} told_by_kernel={} from_proc={}",
         st.chunks,
         st.bytes,
         st.lost_records,
@@ -209,7 +217,10 @@ fn main() -> ExitCode {
         st.streams_started,
         st.streams_joined_midway,
         st.bad_records,
-        st.foreign_calls
+        st.foreign_calls,
+        st.not_tcp_bytes,
+        st.streams_told_by_kernel,
+        st.streams_resolved_from_proc
     );
     ExitCode::SUCCESS
 }
