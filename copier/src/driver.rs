@@ -525,12 +525,6 @@ impl Driver {
         self.tls_since = now;
     }
 
-    /// The probe's ring, to wait on beside the capture.
-    pub fn tls_fd(&self) -> Option<std::os::fd::RawFd> {
-        use std::os::fd::AsRawFd;
-        self.tls.as_ref().map(|t| t.poll_fd().as_raw_fd())
-    }
-
     /// Hands the plaintext waiting in the probe's ring to the sessions. Called before each
     /// capture batch: plaintext production read before a packet was captured is then in the
     /// sessions before that packet (production's FIN ends a TLS session's client stream).

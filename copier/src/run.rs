@@ -197,13 +197,14 @@ fn capture_loop(
         if let Some(cap) = wake_cap {
             wake = wake.min(cap);
         }
-        let mut fds = [capture.as_raw_fd(); 3];
-        let mut n = 1;
-        for fd in [capture.bridge_fd(), driver.tls_fd()].into_iter().flatten() {
-            fds[n] = fd;
-            n += 1;
+        // Not the TLS probe's ring: it is read at every turn (`drain_tls`), and every piece of
+        // plaintext has captured packets that wake the loop within a block timeout. Waiting on
+        // it (level-triggered) turned the loop once per record: 1.7 wakeups per mirrored query
+        // against 0.04 without TLS, a third of the copier's CPU in the scheduler.
+        match capture.bridge_fd() {
+            Some(bridge) => driver.wait(&[capture.as_raw_fd(), bridge], wake),
+            None => driver.wait(&[capture.as_raw_fd()], wake),
         }
-        driver.wait(&fds[..n], wake);
     }
     Ok(driver)
 }
