@@ -242,3 +242,14 @@ fn plaintext_before_a_picked_up_sessions_first_packet_waits_for_it_a_moment() {
     h.advance(super::tests::ms(300));
     assert_eq!(h.e.stats().tls_plain_bytes_unmatched, 4);
 }
+
+#[test]
+fn hostile_offsets_never_overflow() {
+    let (mut h, _) = harness();
+    h.client(C.wrapping_add(1), ACK | PSH, b"TLS!");
+    plain(&mut h, false, u64::MAX - 1, b"abcdef");
+    plain(&mut h, false, u64::MAX, b"ghi");
+    plain(&mut h, false, 0, b"old");
+    plain(&mut h, true, u64::MAX, b"xyz");
+    assert_eq!(closed(&mut h), vec![CloseReason::CaptureGap]);
+}

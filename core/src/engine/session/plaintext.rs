@@ -106,8 +106,9 @@ impl Session {
             }
             data = &data[had..];
         } else if at.offset > next {
+            // Offsets are the probe's (untrusted): a hostile one near 2^64 must not overflow.
             let lost = at.offset - next;
-            stats.tls_plain_bytes_lost += lost;
+            stats.tls_plain_bytes_lost = stats.tls_plain_bytes_lost.saturating_add(lost);
             tls.next[dir] = at.offset;
             if dir == FROM_CLIENT || !tls.switched {
                 // Commands (or the login) are missing: nothing after can be framed.
@@ -121,7 +122,7 @@ impl Session {
         let Some(tls) = self.tls.as_mut() else {
             return Outcome::Open;
         };
-        tls.next[dir] += data.len() as u64;
+        tls.next[dir] = tls.next[dir].saturating_add(data.len() as u64);
         if dir == FROM_CLIENT {
             stats.tls_plain_client_bytes += data.len() as u64;
         } else {
