@@ -111,14 +111,15 @@ fn attach_tls(settings: &CaptureSettings, plan: &Plan) -> Option<crate::tls::Tls
         );
         return None;
     };
-    match crate::tls::TlsProbe::attach(port) {
+    match crate::tls::TlsProbe::attach_with_ring(port, settings.tls_ring_bytes) {
         Ok(p) => {
             let t = p.target();
             tracing::info!(
                 "TLS sessions on port {port} are mirrored from their plaintext: probe on pid {} \
-                 ({})",
+                 ({}), ring {} KiB",
                 t.pid,
-                t.library.display()
+                t.library.display(),
+                settings.tls_ring_bytes >> 10
             );
             Some(p)
         }

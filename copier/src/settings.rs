@@ -244,6 +244,8 @@ pub struct CaptureSettings {
     pub workers: u32,
     /// `--tls-sessions on` in MySQL mode: attach the TLS plaintext probe.
     pub tls_sessions: bool,
+    /// Its ring, out of the capture's part of `--max-memory` (`cli::Args::tls_ring_bytes`).
+    pub tls_ring_bytes: u32,
 }
 
 /// A libpcap TPACKET_V3 block (libpcap 1.10 sizes them by its largest snap length, 256 KiB).
