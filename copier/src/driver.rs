@@ -142,6 +142,8 @@ pub struct Driver {
     /// The TLS plaintext probe (`--tls-sessions`), when attached, and when.
     tls: Option<crate::tls::TlsProbe>,
     tls_since: Instant,
+    /// Plaintext bytes of IPv6 connections: the engine mirrors IPv4 only.
+    tls_ipv6_bytes: u64,
 }
 
 /// How long the TLS probe watches the host's syscalls for the sockets of TLS connections open
@@ -265,6 +267,7 @@ impl Driver {
             anchor,
             tls: None,
             tls_since: now,
+            tls_ipv6_bytes: 0,
         };
         // A scrape before the first packet sees zeros, not an empty page.
         let snap = driver.snapshot(&CaptureStats::default());
@@ -515,7 +518,10 @@ impl Driver {
             copies: self.fleet.copies(),
             sample_percent: self.sample_percent,
             report: None,
-            tls_probe: self.tls.as_ref().map(|t| tls_figures(&t.stats())),
+            tls_probe: self.tls.as_ref().map(|t| crate::status::TlsProbeFigures {
+                ipv6_bytes: self.tls_ipv6_bytes,
+                ..tls_figures(&t.stats())
+            }),
         }
     }
 
@@ -541,9 +547,11 @@ impl Driver {
             );
         }
         let fleet = &mut self.fleet;
+        let ipv6 = &mut self.tls_ipv6_bytes;
         probe.drain(&mut |c: crate::tls::TlsChunk<'_>| {
             let (SocketAddr::V4(client), SocketAddr::V4(server)) = (c.client, c.server) else {
-                // The engine mirrors IPv4 only: like an IPv6 capture, not a session of ours.
+                // The engine mirrors IPv4 only: counted, as IPv6 frames are by the capture.
+                *ipv6 += c.data.len() as u64;
                 return;
             };
             let p = crate::engine::Plaintext {
@@ -881,6 +889,7 @@ fn tls_figures(t: &crate::tls::TlsProbeStats) -> crate::status::TlsProbeFigures 
         unresolved_chunks: t.unresolved_chunks,
         unresolved_bytes: t.unresolved_bytes,
         not_tcp_bytes: t.not_tcp_bytes,
+        ipv6_bytes: 0,
         streams_started: t.streams_started,
         streams_joined_midway: t.streams_joined_midway,
     }

@@ -480,6 +480,7 @@ fn losses(s: &Snapshot) -> Vec<(&'static str, &'static str, u64)> {
             "probe_unresolved_bytes",
             s.tls_probe.map_or(0, |t| t.unresolved_bytes),
         ),
+        ("tls", "ipv6_bytes", s.tls_probe.map_or(0, |t| t.ipv6_bytes)),
         ("tls", "plaintext_missing_bytes", en.tls_plain_bytes_lost),
         (
             "tls",

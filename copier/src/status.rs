@@ -50,6 +50,8 @@ pub struct TlsProbeFigures {
     pub unresolved_bytes: u64,
     /// Bytes of TLS sessions on a Unix socket (no packet to mirror them as).
     pub not_tcp_bytes: u64,
+    /// Bytes of TLS sessions over IPv6 (the mirror is IPv4 only).
+    pub ipv6_bytes: u64,
     /// TLS streams seen start, and streams first seen midway (open before the probe).
     pub streams_started: u64,
     pub streams_joined_midway: u64,
@@ -140,6 +142,10 @@ impl Snapshot {
             (
                 "TLS plaintext bytes of connections the probe could not tell (no 4-tuple)",
                 self.tls_probe.map_or(0, |t| t.unresolved_bytes),
+            ),
+            (
+                "TLS plaintext bytes of IPv6 connections (the mirror is IPv4 only)",
+                self.tls_probe.map_or(0, |t| t.ipv6_bytes),
             ),
             (
                 "TLS plaintext bytes missing inside mirrored sessions",
