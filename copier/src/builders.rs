@@ -76,13 +76,25 @@ pub fn build_fleet_for(
             // Engines are route by route, the copies of a route next to each other.
             Some(f) => {
                 let copy = cfg.pool_slice.0 % copies;
-                Engine::with_transform(cfg, Box::new(f.clone().for_copy(copy)))
+                // --tee: observations name their target, so the report keeps A and B apart
+                // (and counts production's side once, from the first).
+                let target = match args.tee {
+                    true => args
+                        .target
+                        .iter()
+                        .position(|t| *t == cfg.target)
+                        .unwrap_or(0),
+                    false => 0,
+                };
+                let f = f.clone().for_copy(copy).for_target(target as u32);
+                Engine::with_transform(cfg, Box::new(f))
             }
             None => Engine::new(cfg),
         },
     )?;
     if args.target.len() > 1 {
-        // Several --target: each connection of their port goes to one of them (placement).
+        // Several --target: each connection of their port goes to one of them (placement), or
+        // with --tee to each of them.
         let mut ports: Vec<u16> = plan
             .routes
             .iter()
@@ -91,7 +103,10 @@ pub fn build_fleet_for(
             .collect();
         ports.dedup();
         for port in ports {
-            fleet.spread(port, &args.target);
+            match args.tee {
+                true => fleet.tee(port, &args.target),
+                false => fleet.spread(port, &args.target),
+            }
         }
     }
     Ok(fleet)

@@ -185,6 +185,12 @@ impl MirrorArgs {
                 "a --target is given twice; to mirror each connection several times use --multiply"
             );
         }
+        if self.tee && self.target.len() < 2 {
+            bail!(
+                "--tee mirrors every connection to each of several test servers: give at least two \
+                 --target (e.g. --target A:3306 --target B:3306)"
+            );
+        }
         if self.intercept.len() > 1 && self.intercept.len() != self.target.len() {
             bail!(
                 "{} --intercept for {} --target: give one --intercept for all targets, or one \
@@ -208,6 +214,9 @@ impl MirrorArgs {
             bail!(
                 "--compare-results and --report-literals only apply with --report (or --metrics)"
             );
+        }
+        if self.ab_calibration.is_some() && !(self.tee && settings.collects()) {
+            bail!("--ab-calibration only applies with --tee and --report (or --metrics)");
         }
         if self.report_interval > 0 && self.report.is_none() {
             bail!("--report-interval only applies with --report");

@@ -56,6 +56,18 @@ impl Outputs {
                 first.target.to_string(),
             );
         }
+        if let (Some(r), true) = (&mut report, args.tee) {
+            let calibration = args
+                .ab_calibration
+                .as_deref()
+                .map(crate::report::ab::Calibration::read)
+                .transpose()
+                .map_err(|e| anyhow::anyhow!("--ab-calibration: {e}"))?;
+            r.set_tee(
+                args.target.iter().map(|t| t.to_string()).collect(),
+                calibration,
+            );
+        }
         let metrics = args
             .metrics
             .map(|addr| MetricsPublisher::start(addr, args.metrics_top_digests, now))

@@ -51,9 +51,17 @@ pub struct MirrorSettings {
     /// Test server to mirror to, IP:PORT. Must not be this host's own production server.
     /// Repeatable (or comma-separated): the connections are spread over the test servers, each
     /// connection to one, chosen by a fixed hash of the client's address and port (a restarted
-    /// copier places a connection where it was); needs --client-ip-pool.
+    /// copier places a connection where it was); needs --client-ip-pool. With --tee, each
+    /// connection goes to every one of them.
     #[arg(long, env = "TCPSHADOW_TARGET", value_delimiter = ',')]
     pub target: Vec<SocketAddrV4>,
+
+    /// Mirror every connection to every --target (A/B experiments: test servers that differ in
+    /// one setting get the same traffic), instead of spreading the connections over them. Each
+    /// target's copy sends from its own slice of --client-ip-pool; the report compares each
+    /// test server with production and the targets with each other (docs/ab.md).
+    #[arg(long, env = "TCPSHADOW_TEE")]
+    pub tee: bool,
 
     /// Intercept daemon's control address, HOST:PORT (it relays the test server's replies).
     /// With several --target: one --intercept for all, or one per --target in the same order.
@@ -195,6 +203,12 @@ pub struct MirrorSettings {
     /// (IDENTIFIED BY, PASSWORD(), SET PASSWORD, MASTER_PASSWORD, AES_ENCRYPT, ...) stay masked.
     #[arg(long, env = "TCPSHADOW_REPORT_LITERALS")]
     pub report_literals: bool,
+
+    /// With --tee and --report: the report.json of an earlier --tee run onto two identical
+    /// test servers (an A/A run). Each digest's A/B difference is then flagged only beyond the
+    /// difference that run measured for it (docs/ab.md); without it, beyond a fixed 25 %.
+    #[arg(long, env = "TCPSHADOW_AB_CALIBRATION", value_name = "REPORT.json")]
+    pub ab_calibration: Option<PathBuf>,
 
     /// Not a flag: set by the live copier once its TLS plaintext probe is attached
     /// (`--tls-sessions`); TLS sessions are then mirrored from their plaintext.

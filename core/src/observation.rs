@@ -82,13 +82,25 @@ pub enum TestOutcome {
     Unseen,
 }
 
+/// Which mirrored copy of a client command a transform plays: the `--tee` target (index in
+/// `--target`) and the `--multiply` copy toward it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Replica {
+    pub target: u32,
+    pub copy: u32,
+}
+
 /// One client command and both servers' answers.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Observation {
     pub statement: Arc<Statement>,
     /// The `--multiply` copy that observed it (0 for the first). Every copy sees production's
-    /// answer; the collector counts production's side from copy 0 only.
+    /// answer; the collector counts production's side from copy 0 of target 0 only.
     pub copy: u32,
+    /// The `--tee` target whose test server answered (its place in `--target`, 0 for the first
+    /// and without `--tee`). Each target's side is reported apart, so test A and test B can be
+    /// compared on the same commands.
+    pub target: u32,
     /// Production's answer; `None` if it was not seen (capture gap, session ended first).
     pub prod: Option<Answer>,
     pub test: TestOutcome,

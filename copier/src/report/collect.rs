@@ -34,7 +34,7 @@ use common::clock::Instant;
 use common::mysql::digest::digest_hex;
 
 use super::divergence::Divergence;
-use super::model::{DigestReport, Latency, Mismatch, QpsPoint, Report, Totals, SCHEMA};
+use super::model::{DigestReport, Latency, Mismatch, QpsPoint, Report, TargetSide, Totals, SCHEMA};
 use super::observe::{Answer, AnswerKind, Observation, Statement, TestOutcome};
 
 /// Bounds of a collector.
@@ -68,7 +68,12 @@ pub struct ReportMeta {
     pub target: String,
     pub compare_results: bool,
     pub literals: bool,
+    /// `--tee`: every target, in `--target` order.
+    pub tee_targets: Vec<String>,
 }
+
+/// The most `--tee` targets kept apart (the command line allows no more targets anyway).
+const MAX_TEE: usize = 16;
 
 /// Sub-buckets per power of two.
 const SUB: u32 = 8;
@@ -194,6 +199,34 @@ struct Digest {
     result_mismatches: u64,
     nondeterministic: bool,
     mismatch_examples: Vec<Mismatch>,
+    /// `--tee`: each target's side (index = `Observation::target`); empty without.
+    targets: Vec<Side>,
+}
+
+/// One `--tee` target's side of a digest.
+#[derive(Clone, Debug, Default)]
+struct Side {
+    latency: Histogram,
+    answered: u64,
+    errors: BTreeMap<u16, u64>,
+    rows: u64,
+    bytes: u64,
+    row_mismatches: u64,
+    result_mismatches: u64,
+}
+
+impl Side {
+    fn report(&self) -> TargetSide {
+        TargetSide {
+            answered: self.answered,
+            latency: self.latency.latency(),
+            errors: self.errors.clone(),
+            rows: self.rows,
+            bytes: self.bytes,
+            row_mismatches: self.row_mismatches,
+            result_mismatches: self.result_mismatches,
+        }
+    }
 }
 
 impl Digest {
@@ -213,6 +246,7 @@ impl Digest {
             result_mismatches: 0,
             nondeterministic: false,
             mismatch_examples: Vec::new(),
+            targets: Vec::new(),
         }
     }
 
@@ -236,6 +270,7 @@ impl Digest {
             nondeterministic: self.nondeterministic,
             example: s.example.to_string(),
             mismatch_examples: self.mismatch_examples.clone(),
+            per_target: self.targets.iter().map(Side::report).collect(),
         }
     }
 }
@@ -265,6 +300,8 @@ pub struct Collector {
     points: Vec<(u64, u64)>,
     width_s: u64,
     window: (Histogram, Histogram, Instant),
+    /// `--tee` targets whose sides are kept apart (0: none).
+    tee: usize,
 }
 
 impl Collector {
@@ -280,6 +317,18 @@ impl Collector {
             points: Vec::new(),
             width_s: 1,
             window: (Histogram::default(), Histogram::default(), start),
+            tee: 0,
+        }
+    }
+
+    /// Keeps each of `targets` `--tee` targets' sides apart in every digest, besides their sum.
+    /// Each side is one more histogram per digest: the digest bound shrinks to keep the
+    /// collector within the memory it was sized for.
+    pub fn set_tee(&mut self, targets: usize) {
+        let targets = targets.min(MAX_TEE);
+        self.tee = targets;
+        if targets > 0 {
+            self.config.max_digests = (self.config.max_digests * 2 / (2 + targets)).max(64);
         }
     }
 
@@ -339,7 +388,8 @@ impl Collector {
 
     pub fn observe(&mut self, o: &Observation) {
         self.divergence.observe(o);
-        let counts_prod = o.copy == 0;
+        // Production ran the command once, whatever the copies and targets it went to.
+        let counts_prod = o.copy == 0 && o.target == 0;
         let (test, timed) = match o.test {
             TestOutcome::Answered(a) => (Some(a), true),
             // The test server refused the statement: its answer is that error, untimed.
@@ -414,7 +464,33 @@ impl Collector {
         compared: Option<(Answer, Answer, Verdict, bool)>,
     ) {
         let max_examples = self.config.max_mismatch_examples;
+        let tee = self.tee;
         let d = self.digest(&o.statement);
+        let target = o.target as usize;
+        if target < tee {
+            if d.targets.len() < tee {
+                d.targets.resize_with(tee, Side::default);
+            }
+            let side = &mut d.targets[target];
+            if let Some(t) = test {
+                side.answered += 1;
+                if timed {
+                    side.latency.record(t.latency);
+                }
+                side.rows += t.rows;
+                side.bytes += t.bytes;
+                if let AnswerKind::Err(code) = t.kind {
+                    *side.errors.entry(code).or_default() += 1;
+                }
+            }
+            if let Some((_, _, verdict, false)) = compared {
+                match verdict {
+                    Verdict::Rows => side.row_mismatches += 1,
+                    Verdict::Result => side.result_mismatches += 1,
+                    Verdict::Same | Verdict::Error => {}
+                }
+            }
+        }
         if counts_prod {
             d.count += 1;
             if let Some(p) = o.prod {
@@ -516,6 +592,8 @@ impl Collector {
             totals: self.totals.clone(),
             qps,
             digests,
+            tee_targets: meta.tee_targets.clone(),
+            ab: None,
         }
     }
 }
@@ -598,6 +676,7 @@ mod tests {
         Observation {
             statement: Arc::clone(s),
             copy,
+            target: 0,
             prod,
             test,
         }
@@ -747,6 +826,34 @@ mod tests {
         assert_eq!((r.totals.commands, r.totals.compared), (1, 3));
         assert_eq!(r.qps[0].prod, 1);
         assert_eq!(r.qps[0].test, 3);
+    }
+
+    #[test]
+    fn tee_targets_are_kept_apart_and_production_counted_once() {
+        let mut c = Collector::new(CollectorConfig::default(), t(0));
+        c.set_tee(2);
+        let a = stmt(1, false);
+        for target in 0..2 {
+            let mut o = obs(
+                &a,
+                0,
+                Some(rows(2, 100, 10, None)),
+                TestOutcome::Answered(rows(2 + target as u64, 200 * (1 + target as u64), 20, None)),
+            );
+            o.target = target;
+            c.observe(&o);
+        }
+        let r = c.report(t(1000), &ReportMeta::default());
+        let d = &r.digests[0];
+        assert_eq!((d.count, d.prod.count, d.test.count), (1, 1, 2));
+        assert_eq!(r.totals.commands, 1);
+        let sides: Vec<_> = d
+            .per_target
+            .iter()
+            .map(|s| (s.answered, s.rows, s.latency.count, s.row_mismatches))
+            .collect();
+        assert_eq!(sides, [(1, 2, 1, 0), (1, 3, 1, 1)]);
+        assert!(d.per_target[1].latency.p50_us > d.per_target[0].latency.p50_us);
     }
 
     #[test]

@@ -27,6 +27,24 @@ pub enum ReportCommand {
     /// Compare two runs' report.json digest by digest (by digest id): test-server latency
     /// A vs B, errors and mismatches, digests found in one run only.
     Diff(DiffArgs),
+    /// A --tee run's test A vs test B, digest by digest, flagged beyond the noise of an A/A
+    /// calibration run when one is given (else beyond a fixed band).
+    Ab(AbArgs),
+}
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct AbArgs {
+    /// The --tee run's report.json.
+    pub report: PathBuf,
+    /// The report.json of a --tee run onto two identical test servers: each digest's noise.
+    #[arg(long, value_name = "AA-REPORT.json")]
+    pub calibration: Option<PathBuf>,
+    /// Which two --target to compare, by position (0 is the first): A and B.
+    #[arg(long, num_args = 2, value_names = ["A", "B"], default_values_t = [0, 1])]
+    pub targets: Vec<usize>,
+    /// Show only the first N digests.
+    #[arg(long, value_name = "N")]
+    pub top: Option<usize>,
 }
 
 #[derive(clap::Args, Debug, Clone)]
@@ -44,7 +62,33 @@ pub struct DiffArgs {
 pub fn run(args: &ReportArgs) -> Result<String, ReportError> {
     match &args.command {
         ReportCommand::Diff(d) => diff_files(&d.a, &d.b, d.top),
+        ReportCommand::Ab(a) => ab_file(a),
     }
+}
+
+/// `copier report ab`: the comparison recomputed from the file (with this calibration).
+pub fn ab_file(args: &AbArgs) -> Result<String, ReportError> {
+    let report = read_report(&args.report)?;
+    let calibration = args
+        .calibration
+        .as_deref()
+        .map(super::ab::Calibration::read)
+        .transpose()?;
+    let (a, b) = (args.targets[0], args.targets[1]);
+    let Some(ab) = super::ab::compare(&report, a, b, calibration.as_ref()) else {
+        return Err(ReportError::NotAReport(format!(
+            "{} has no --tee targets {a} and {b} to compare (its targets: {})",
+            args.report.display(),
+            if report.tee_targets.is_empty() {
+                "none: it is not a --tee run".to_string()
+            } else {
+                report.tee_targets.join(", ")
+            }
+        )));
+    };
+    let mut out = String::new();
+    super::text::ab_section(&mut out, &ab, args.top);
+    Ok(out)
 }
 
 /// Reads both files (refusing anything but a report of our schema) and renders the diff.

@@ -246,6 +246,7 @@ mod tests {
         Observation {
             statement: Arc::clone(s),
             copy: 0,
+            target: 0,
             prod: prod.map(answer),
             test,
         }

@@ -80,6 +80,9 @@ pub fn render_html(r: &Report) -> String {
         if r.literals { "shown" } else { "hidden" }
     );
     totals(&mut o, r);
+    if let Some(ab) = &r.ab {
+        ab_table(&mut o, ab);
+    }
     o.push_str("<h2>Queries per second</h2>\n");
     qps_chart(&mut o, r);
     o.push_str("<h2>Latency distributions of the largest slowdowns</h2>\n");
@@ -609,6 +612,77 @@ fn mismatches_table(o: &mut String, ranked: &[&DigestReport]) {
     }
     if !any {
         o.push_str("<tr><td colspan=\"5\" class=\"none\">no mismatches</td></tr>\n");
+    }
+    o.push_str("</tbody></table>\n");
+}
+
+/// `--tee`: test A against test B, flagged digests first (see [`super::ab`]).
+fn ab_table(o: &mut String, ab: &super::ab::AbComparison) {
+    let noise = match &ab.calibration {
+        Some(c) => format!(
+            "noise bands from the A/A calibration <code>{}</code>",
+            esc(c)
+        ),
+        None => format!(
+            "no A/A calibration: noise band ±{:.0} %",
+            super::ab::DEFAULT_NOISE * 100.0
+        ),
+    };
+    let _ = writeln!(
+        o,
+        "<h2>Test A vs test B</h2><p class=\"meta\">A <b>{}</b> vs B <b>{}</b> · {noise} · \
+         <b>{}</b> of {} digests flagged (the 99 % interval of B/A p50 outside the band; at \
+         least {} commands a side) · impact = n B × (B p50 − A p50)</p>\
+         <table id=\"ab\"><thead><tr><th>verdict</th><th>digest</th><th>command</th>\
+         <th>n A</th><th>n B</th><th>A p50</th><th>B p50</th><th>B/A p50</th>\
+         <th>99 % interval</th><th>noise band</th><th>A p99</th><th>B p99</th><th>impact</th>\
+         <th>new errors A/B</th><th>mismatches A/B</th><th>statement</th></tr></thead><tbody>",
+        esc(&ab.a),
+        esc(&ab.b),
+        ab.flagged,
+        ab.digests.len(),
+        super::ab::MIN_COUNT
+    );
+    for d in &ab.digests {
+        let ms = |n: u64, us: u64| if n == 0 { "-".to_string() } else { fmt_us(us) };
+        let impact = if d.impact_us < 0.0 {
+            format!("−{}", fmt_us(d.impact_us.abs() as u64))
+        } else {
+            format!("+{}", fmt_us(d.impact_us as u64))
+        };
+        let _ = writeln!(
+            o,
+            "<tr><td class=\"{}\">{}</td><td><code class=\"id\">{}</code></td><td>{}</td>\
+             <td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td>\
+             <td class=\"n\">{:.2}</td><td class=\"n\">{:.2}–{:.2}</td><td class=\"n\">{:.2}–{:.2}{}</td>\
+             <td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td>\
+             <td class=\"n\">{}/{}</td><td class=\"n\">{}/{}</td><td><code>{}</code></td></tr>",
+            if d.flagged() { "worse" } else { "n" },
+            esc_max(&d.verdict, 16),
+            esc(&d.id),
+            esc(&d.command),
+            d.n_a,
+            d.n_b,
+            ms(d.n_a, d.p50_a_us),
+            ms(d.n_b, d.p50_b_us),
+            d.ratio_p50,
+            d.ratio_low,
+            d.ratio_high,
+            d.noise_low,
+            d.noise_high,
+            if d.calibrated { "" } else { " (default)" },
+            ms(d.n_a, d.p99_a_us),
+            ms(d.n_b, d.p99_b_us),
+            impact,
+            d.new_errors_a,
+            d.new_errors_b,
+            d.mismatches_a,
+            d.mismatches_b,
+            esc_max(&d.fingerprint, CELL_CHARS)
+        );
+    }
+    if ab.digests.is_empty() {
+        o.push_str("<tr><td colspan=\"16\" class=\"none\">no commands observed</td></tr>\n");
     }
     o.push_str("</tbody></table>\n");
 }

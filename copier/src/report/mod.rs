@@ -18,6 +18,7 @@
 //!   every renderer escapes them for its medium (terminal control characters, HTML).
 //! * Panic on a report it did not write: counts may be huge, latencies zero, vectors empty.
 
+pub mod ab;
 pub mod collect;
 pub mod diff;
 pub mod divergence;

@@ -51,6 +51,12 @@ pub struct Report {
     /// One entry per (digest, command type). Order is not significant in the file;
     /// renderers sort with [`cmp_regression`].
     pub digests: Vec<DigestReport>,
+    /// `--tee`: every test server mirrored to, in `--target` order (`target` is the first);
+    /// empty without `--tee`. `DigestReport::per_target` follows this order.
+    pub tee_targets: Vec<String>,
+    /// `--tee`: the first two targets compared with each other (test A vs test B), digest by
+    /// digest, against an A/A calibration's noise when one was given (see `super::ab`).
+    pub ab: Option<super::ab::AbComparison>,
 }
 
 impl Default for Report {
@@ -70,6 +76,8 @@ impl Default for Report {
             totals: Totals::default(),
             qps: Vec::new(),
             digests: Vec::new(),
+            tee_targets: Vec::new(),
+            ab: None,
         }
     }
 }
@@ -188,6 +196,39 @@ pub struct DigestReport {
     pub example: String,
     /// A few (bounded by the collector) concrete mismatches, first seen first.
     pub mismatch_examples: Vec<Mismatch>,
+    /// `--tee`: each test server's side alone, in [`Report::tee_targets`] order; empty without
+    /// `--tee` (the `test` fields above then hold every target's answers together).
+    pub per_target: Vec<TargetSide>,
+}
+
+/// One `--tee` target's answers to one digest's commands.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(default)]
+pub struct TargetSide {
+    /// Commands this target answered (errors included; refused ones untimed).
+    pub answered: u64,
+    /// Its latency, as [`DigestReport::test`].
+    pub latency: Latency,
+    /// ERR replies by code.
+    pub errors: BTreeMap<u16, u64>,
+    /// Rows returned, summed.
+    pub rows: u64,
+    /// Reply bytes, summed.
+    pub bytes: u64,
+    /// Its answers whose row counts differed from production's.
+    pub row_mismatches: u64,
+    /// Its answers that differed from production's otherwise (checksums, reply kinds).
+    pub result_mismatches: u64,
+}
+
+impl TargetSide {
+    /// Errors this target returned that production did not, per code, summed.
+    pub fn new_errors(&self, prod: &BTreeMap<u16, u64>) -> u64 {
+        self.errors
+            .iter()
+            .map(|(code, n)| n.saturating_sub(prod.get(code).copied().unwrap_or(0)))
+            .fold(0u64, u64::saturating_add)
+    }
 }
 
 impl DigestReport {

@@ -11,6 +11,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::clock::Instant;
 
+use super::ab::Calibration;
 use super::collect::{Collector, CollectorConfig, LiveFigures, ReportMeta};
 use super::divergence::Divergent;
 use super::model::{Report, Totals};
@@ -75,6 +76,8 @@ pub struct Reporting {
     scratch: Vec<Observation>,
     live: LiveFigures,
     writes: u64,
+    /// `--ab-calibration`: the noise bands test A vs test B is judged against.
+    calibration: Option<Calibration>,
 }
 
 impl Reporting {
@@ -107,6 +110,7 @@ impl Reporting {
                 target: String::new(),
                 compare_results,
                 literals,
+                tee_targets: Vec::new(),
             },
             next_write: interval.filter(|_| dir.is_some()).map(|i| now + i),
             dir,
@@ -114,6 +118,7 @@ impl Reporting {
             scratch: Vec::new(),
             live: LiveFigures::default(),
             writes: 0,
+            calibration: None,
         }
     }
 
@@ -129,6 +134,14 @@ impl Reporting {
     pub fn set_endpoints(&mut self, prod: String, target: String) {
         self.meta.prod = prod;
         self.meta.target = target;
+    }
+
+    /// `--tee`: keeps each target's answers apart and compares the first two, against
+    /// `calibration`'s noise bands if given.
+    pub fn set_tee(&mut self, targets: Vec<String>, calibration: Option<Calibration>) {
+        self.collector.set_tee(targets.len());
+        self.meta.tee_targets = targets;
+        self.calibration = calibration;
     }
 
     /// Result checksums cannot be compared after all (intercept did not grant payload hashes).
@@ -197,7 +210,9 @@ impl Reporting {
     pub fn report(&self, now: Instant) -> Report {
         let mut meta = self.meta.clone();
         meta.generated_unix_ms = unix_ms();
-        self.collector.report(now, &meta)
+        let mut report = self.collector.report(now, &meta);
+        report.ab = super::ab::compare(&report, 0, 1, self.calibration.as_ref());
+        report
     }
 
     /// Figures for the status line; `live` covers the time since the previous call.

@@ -83,6 +83,7 @@ mod tests {
                 traits: Traits::default(),
             }),
             copy: 0,
+            target: 0,
             prod: None,
             test: TestOutcome::Lost,
         }

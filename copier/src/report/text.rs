@@ -6,6 +6,7 @@
 
 use std::fmt::Write as _;
 
+use super::ab::AbComparison;
 use super::{fmt_errors, fmt_ratio, fmt_unix_ms, fmt_us, one_line, DigestReport, Report};
 
 /// Characters of the example shown per digest line.
@@ -77,7 +78,103 @@ pub fn render_text(r: &Report, top: Option<usize>) -> String {
     }
     errors_section(&mut out, &ranked[..shown]);
     mismatches_section(&mut out, &ranked[..shown]);
+    if let Some(ab) = &r.ab {
+        ab_section(&mut out, ab, top);
+    }
     out
+}
+
+/// `--tee`: test A against test B, flagged digests first (see [`super::ab`]).
+pub fn ab_section(out: &mut String, ab: &AbComparison, top: Option<usize>) {
+    let noise = match &ab.calibration {
+        Some(c) => format!("noise from the A/A calibration {}", one_line(c, 80)),
+        None => format!(
+            "no A/A calibration: noise band +-{:.0} %",
+            super::ab::DEFAULT_NOISE * 100.0
+        ),
+    };
+    let _ = writeln!(
+        out,
+        "\nA/B: test A {} vs test B {} ({noise}); {} of {} digests flagged",
+        one_line(&ab.a, 64),
+        one_line(&ab.b, 64),
+        ab.flagged,
+        ab.digests.len()
+    );
+    if ab.digests.is_empty() {
+        let _ = writeln!(out, "  (no commands observed)");
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "{:>4} {:<8} {:<16} {:<12} {:>8} {:>8} {:>9} {:>9} {:>7} {:>15} {:>13} {:>9} {:>9} {:>10} {:>9} {:>9}  example",
+        "#",
+        "verdict",
+        "digest",
+        "command",
+        "n A",
+        "n B",
+        "A p50",
+        "B p50",
+        "B/A",
+        "99% interval",
+        "noise band",
+        "A p99",
+        "B p99",
+        "impact",
+        "new err",
+        "mism",
+    );
+    for (i, d) in ab
+        .digests
+        .iter()
+        .take(top.unwrap_or(usize::MAX))
+        .enumerate()
+    {
+        let _ = writeln!(
+            out,
+            "{:>4} {:<8} {:<16} {:<12} {:>8} {:>8} {:>9} {:>9} {:>7} {:>15} {:>13} {:>9} {:>9} {:>10} {:>9} {:>9}  {}",
+            i + 1,
+            one_line(&d.verdict, 8),
+            one_line(&d.id, 16),
+            one_line(&d.command, 12),
+            d.n_a,
+            d.n_b,
+            lat(d.n_a, d.p50_a_us),
+            lat(d.n_b, d.p50_b_us),
+            fmt_ratio((d.ratio_p50 > 0.0).then_some(d.ratio_p50)),
+            format!("{:.2}-{:.2}", d.ratio_low, d.ratio_high),
+            format!(
+                "{:.2}-{:.2}{}",
+                d.noise_low,
+                d.noise_high,
+                if d.calibrated { "" } else { "*" }
+            ),
+            lat(d.n_a, d.p99_a_us),
+            lat(d.n_b, d.p99_b_us),
+            fmt_impact(d.impact_us),
+            format!("{}/{}", d.new_errors_a, d.new_errors_b),
+            format!("{}/{}", d.mismatches_a, d.mismatches_b),
+            one_line(&d.fingerprint, EXAMPLE_CHARS)
+        );
+    }
+    let _ = writeln!(
+        out,
+        "  impact: n B x (B p50 - A p50), the time B spent more on the digest; * default band \
+         (the digest was not in the calibration)"
+    );
+}
+
+/// A signed amount of time: `+1.25s`, `-850µs`.
+fn fmt_impact(us: f64) -> String {
+    let sign = if us < 0.0 { "-" } else { "+" };
+    let abs = us.abs();
+    let abs = if abs.is_finite() && abs < u64::MAX as f64 {
+        abs as u64
+    } else {
+        u64::MAX
+    };
+    format!("{sign}{}", fmt_us(abs))
 }
 
 fn lat(count: u64, us: u64) -> String {

@@ -30,6 +30,9 @@
 //! chosen by a fixed hash of the client's address and port ([`placement`]), the same in every
 //! copier run, so a restarted copier (or a connection picked up mid-stream) lands where it was.
 //!
+//! `--tee` ([`Fleet::tee`]): those routes each mirror every connection of the port (test A and
+//! test B get the same traffic), the first route's `--sample` deciding for all of them.
+//!
 //! `max_sessions` applies per engine; `max_memory` is shared: each engine of each worker gets
 //! an equal part (its per-session cap no more than a sixteenth of it, see `budget.rs`). `sample` is decided once per route, by one [`Sampler`]
 //! that the route's copies share: its decisions depend on what it has seen (the share so far,
@@ -84,6 +87,9 @@ struct Route {
     /// `(position, size)` in its placement group ([`Fleet::spread`]): the route takes only the
     /// connections whose [`placement`] hash picks `position`.
     spread: Option<(u32, u32)>,
+    /// `--tee`: an earlier route of the same port whose `--sample` verdict this one takes, so
+    /// every target mirrors the same connections ([`Fleet::tee`]).
+    decided_by: Option<usize>,
 }
 
 /// See the module documentation.
@@ -93,6 +99,8 @@ pub struct Fleet {
     routes: Vec<Route>,
     /// `--sample`'s decisions, per route (index as `routes`).
     samplers: Vec<Option<Sampler>>,
+    /// Each route's verdict on the packet being dispatched (read by the routes it decides for).
+    verdicts: Vec<Verdict>,
     copies: usize,
     /// The whole pool, to find which engine's slice holds a mirrored address.
     pool: Option<AddressPool>,
@@ -152,6 +160,7 @@ impl Fleet {
                 first: engines.len(),
                 port_seen_before: routes[..r].iter().any(|(p, _)| *p == prod_port),
                 spread: None,
+                decided_by: None,
             });
             for _ in 0..copies {
                 let mut cfg = template.clone();
@@ -174,6 +183,7 @@ impl Fleet {
         }
         Ok(Self {
             engines,
+            verdicts: vec![Verdict::IN; table.len()],
             routes: table,
             samplers,
             copies,
@@ -278,6 +288,27 @@ impl Fleet {
         }
     }
 
+    /// Mirrors every connection of `prod_port` to each of the routes to `targets` (`--tee`),
+    /// as routes do by default, and makes the first of them decide `--sample` for all: test A
+    /// and test B must get the same connections, or their comparison compares different work.
+    pub fn tee(&mut self, prod_port: u16, targets: &[SocketAddrV4]) {
+        let mut first = None;
+        for i in 0..self.routes.len() {
+            let r = self.routes[i];
+            let target = self.engines[r.first].config().target;
+            if r.prod_port != prod_port || !targets.contains(&target) {
+                continue;
+            }
+            match first {
+                None => first = Some(i),
+                Some(f) => {
+                    self.routes[i].decided_by = Some(f);
+                    self.samplers[i] = None;
+                }
+            }
+        }
+    }
+
     /// The target of the engine owning `mirrored`, if any (to find its intercept).
     pub fn target_of(&self, mirrored: SocketAddrV4) -> Option<SocketAddrV4> {
         self.owner(mirrored)
@@ -307,7 +338,8 @@ impl Fleet {
 
     fn dispatch(&mut self, now: Instant, captured: Option<Instant>, pkt: &TcpPacket<'_>) {
         let mut taken = false;
-        for (r, sampler) in self.routes.iter().zip(&mut self.samplers) {
+        for i in 0..self.routes.len() {
+            let r = &self.routes[i];
             if r.prod_port == pkt.dst_port || r.prod_port == pkt.src_port {
                 taken = true;
                 if let Some((pos, size)) = r.spread {
@@ -320,10 +352,12 @@ impl Fleet {
                         continue;
                     }
                 }
-                let verdict = match sampler {
-                    Some(s) => s.judge(now, pkt),
-                    None => Verdict::IN,
+                let verdict = match (r.decided_by, &mut self.samplers[i]) {
+                    (Some(j), _) => self.verdicts[j],
+                    (None, Some(s)) => s.judge(now, pkt),
+                    (None, None) => Verdict::IN,
                 };
+                self.verdicts[i] = verdict;
                 for e in &mut self.engines[r.first..r.first + self.copies] {
                     e.on_judged(now, captured, pkt, verdict);
                 }
@@ -745,6 +779,34 @@ mod tests {
         let c = SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 10), 51234);
         assert_eq!(placement(c, 2), placement(c, 2));
         assert_eq!(placement(c, 1), 0);
+    }
+
+    #[test]
+    fn tee_targets_each_mirror_every_connection_and_sample_the_same_ones() {
+        let mut t = template();
+        t.sample = Sample::from_percent(50.0);
+        let routes = [(3306, TARGET), (3306, TARGET2)];
+        let mut f = Fleet::new(&t, &routes, 1, Engine::new).unwrap();
+        f.tee(3306, &[TARGET, TARGET2]);
+        let mut opened = 0;
+        for port in 40000..40200u16 {
+            let c = SocketAddrV4::new(*CLIENT.ip(), port);
+            capture(&mut f, &packet(c, PROD, C, 0, SYN, b"", Default::default()));
+            let sent = drain(&mut f);
+            // Both targets or neither: a connection sampled for A but not B would make their
+            // comparison one of different work.
+            let to: Vec<SocketAddrV4> = sent.iter().map(|(s, _)| s.dst).collect();
+            assert!(to.is_empty() || to == [TARGET, TARGET2], "{c}: {to:?}");
+            opened += usize::from(!to.is_empty());
+        }
+        assert!((80..=120).contains(&opened), "{opened}");
+        let st = f.stats();
+        assert_eq!(st.sessions_opened, 2 * opened as u64);
+        assert_eq!(st.captured_client_to_prod, 200, "each packet counted once");
+        assert!(
+            f.samplers[0].is_some() && f.samplers[1].is_none(),
+            "one decides"
+        );
     }
 
     #[test]

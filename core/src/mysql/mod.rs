@@ -61,6 +61,7 @@ use common::mysql::classify::WriteKind;
 
 use crate::credentials::Credentials;
 use crate::engine::{SessionInfo, StreamTransform, TransformFactory};
+use crate::observation::Replica;
 
 pub use observe::ReportHooks;
 pub use transform::MysqlTransform;
@@ -476,8 +477,9 @@ pub(crate) struct Shared {
 #[derive(Clone)]
 pub struct MysqlFactory {
     shared: Arc<Shared>,
-    /// The `--multiply` copy this factory's engine plays (reported with each observation).
-    copy: u32,
+    /// The `--tee` target and `--multiply` copy this factory's engine plays (reported with
+    /// each observation).
+    replica: Replica,
 }
 
 impl fmt::Debug for MysqlFactory {
@@ -485,7 +487,7 @@ impl fmt::Debug for MysqlFactory {
         f.debug_struct("MysqlFactory")
             .field("config", &self.shared.config)
             .field("credentials", &self.shared.credentials)
-            .field("copy", &self.copy)
+            .field("replica", &self.replica)
             .finish_non_exhaustive()
     }
 }
@@ -501,20 +503,26 @@ impl MysqlFactory {
                 random,
                 learnt: param_types::LearntTypes::new(),
             }),
-            copy: 0,
+            replica: Replica::default(),
         }
     }
 
     /// The same factory for `--multiply` copy `copy` (0 is the first).
     pub fn for_copy(mut self, copy: u32) -> Self {
-        self.copy = copy;
+        self.replica.copy = copy;
+        self
+    }
+
+    /// The same factory for `--tee` target `target` (its index in `--target`, 0 is the first).
+    pub fn for_target(mut self, target: u32) -> Self {
+        self.replica.target = target;
         self
     }
 
     /// The transform for one session, for callers that need its MySQL-specific methods
     /// ([`MysqlTransform::on_test_packet`], [`MysqlTransform::recover`]) without the engine.
     pub fn make(&self, now: Instant, session: &SessionInfo) -> MysqlTransform {
-        MysqlTransform::new(now, session, Arc::clone(&self.shared), self.copy)
+        MysqlTransform::new(now, session, Arc::clone(&self.shared), self.replica)
     }
 }
 

@@ -32,7 +32,7 @@ use common::mysql::digest::{self, RowChecksum, Traits};
 use common::mysql::stmt::{ByStatementId, LAST_PREPARED};
 
 use super::replies::{Role, Seen};
-use crate::observation::{Answer, AnswerKind, Observation, Statement, TestOutcome};
+use crate::observation::{Answer, AnswerKind, Observation, Replica, Statement, TestOutcome};
 
 /// Commands waiting for their answers; beyond, the oldest leaves unanswered.
 pub(super) const MAX_PENDING: usize = 4096;
@@ -206,7 +206,7 @@ impl Acc {
 /// See the module documentation.
 pub(super) struct Observer {
     hooks: ReportHooks,
-    copy: u32,
+    replica: Replica,
     max_statements: usize,
     pending: VecDeque<Pending>,
     /// Serial of `pending[0]`.
@@ -264,10 +264,10 @@ impl std::fmt::Debug for Observer {
 }
 
 impl Observer {
-    pub(super) fn new(hooks: ReportHooks, copy: u32, max_statements: usize) -> Self {
+    pub(super) fn new(hooks: ReportHooks, replica: Replica, max_statements: usize) -> Self {
         Self {
             hooks,
-            copy,
+            replica,
             max_statements,
             pending: VecDeque::new(),
             base: 0,
@@ -695,7 +695,8 @@ impl Observer {
         };
         self.outbox.push_back(Observation {
             statement: p.statement,
-            copy: self.copy,
+            copy: self.replica.copy,
+            target: self.replica.target,
             prod,
             test,
         });

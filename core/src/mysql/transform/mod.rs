@@ -66,7 +66,7 @@ use super::replies::{ReplyTracker, Seen};
 use super::txn_gate::{Cause, Gates};
 use super::{Counter, NotRecovered, RecoveredState, Shared};
 use crate::engine::{SessionInfo, StreamTransform, TestEvent, TransformOutput};
-use crate::observation::Observation;
+use crate::observation::{Observation, Replica};
 
 use arrival::Arrival;
 use forward::{ClientStage, Forwarding};
@@ -290,12 +290,17 @@ impl fmt::Debug for MysqlTransform {
 }
 
 impl MysqlTransform {
-    pub(super) fn new(now: Instant, session: &SessionInfo, shared: Arc<Shared>, copy: u32) -> Self {
+    pub(super) fn new(
+        now: Instant,
+        session: &SessionInfo,
+        shared: Arc<Shared>,
+        replica: Replica,
+    ) -> Self {
         let picked_up = session.picked_up;
         let observer = shared
             .config
             .report
-            .map(|h| Box::new(Observer::new(h, copy, shared.config.max_statements)));
+            .map(|h| Box::new(Observer::new(h, replica, shared.config.max_statements)));
         // The report fingerprints each command's SQL: the arrival reader then keeps that much
         // of each packet (only packets split across segments are copied).
         // A picked-up session tells `USE` from other queries as they arrive (see
