@@ -150,6 +150,32 @@ fn test2_is_a_second_test_server_with_its_own_options_and_node_exporters() -> Re
     let status = lab.status()?.check()?.stdout;
     assert!(status.contains("test2 server preload: "), "{status}");
 
+    // One server restarted with other options and no preload (the next variant of an
+    // experiment), the other left alone.
+    let restart = lab
+        .command(&["restart", "test2"])
+        .env("LAB_TEST2_MYSQLD_ARGS", "--default-time-zone=+01:00")
+        .env("LAB_TEST2_PRELOAD", "")
+        .output()?;
+    ensure!(
+        restart.status.success(),
+        "lab.sh restart test2: {}",
+        String::from_utf8_lossy(&restart.stderr)
+    );
+    assert_eq!(lab.sql(Host::Test2, "select @@time_zone")?, "+01:00");
+    assert_eq!(lab.sql(Host::Test, "select @@time_zone")?, "SYSTEM");
+    let test2_pid = pid_in(lab.var("LAB_TEST2_PIDFILE"))?;
+    assert!(
+        !maps(test2_pid)?.contains("libjemalloc"),
+        "test2's mariadbd ({test2_pid}) restarted without a preload still has libjemalloc"
+    );
+    assert_eq!(
+        session_of(test2_pid)?,
+        test2_pid,
+        "restarted test2's own session"
+    );
+    assert_eq!(pid_in(lab.var("LAB_TEST_PIDFILE"))?, test_pid);
+
     // `down` leaves nothing behind: namespaces, servers, exporters, the lab dir.
     let dir = lab.var("LAB_DIR").to_string();
     lab.down()?;
