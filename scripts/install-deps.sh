@@ -19,27 +19,40 @@ PACKAGES=(
     systemd                                     # systemd-analyze verify of deploy/systemd units
     default-jdk-headless libmariadb-java        # the pool test's Connector/J client (javac at test time)
     libhikaricp-java libslf4j-java              # ... and its connection pool
+    libjemalloc2                                # LAB_<HOST>_PRELOAD: a test server on jemalloc...
+    libtcmalloc-minimal4                        # ... or on tcmalloc (A/B experiments, issue 22)
+)
+# Installed without their recommendations: prometheus-node-exporter recommends
+# prometheus-node-exporter-collectors (systemd timers running smartctl, ipmitool, apt scripts for
+# the textfile collector), which the lab, with its own small collector set, does not use.
+PACKAGES_NO_RECOMMENDS=(
+    prometheus-node-exporter                    # lab.sh node-exporter: per-host CPU figures (issue 22)
 )
 # Node.js and pip may come from elsewhere (nodesource, pyenv): Debian's only where none is there.
 command -v node >/dev/null 2>&1 || PACKAGES+=(nodejs)
 command -v npm >/dev/null 2>&1 || PACKAGES+=(npm)
 python3 -m pip --version >/dev/null 2>&1 || PACKAGES+=(python3-pip)
 
-missing=()
+installed() { [[ $(dpkg-query -W -f='${db:Status-Status}' "$1" 2>/dev/null || true) == installed ]]; }
+missing=() missing_bare=()
 for p in "${PACKAGES[@]}"; do
-    if [[ $(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null || true) != installed ]]; then
-        missing+=("$p")
-    fi
+    installed "$p" || missing+=("$p")
+done
+for p in "${PACKAGES_NO_RECOMMENDS[@]}"; do
+    installed "$p" || missing_bare+=("$p")
 done
 
-if ((${#missing[@]} > 0)); then
+if ((${#missing[@]} + ${#missing_bare[@]} > 0)); then
     if [[ $EUID -ne 0 ]]; then
-        echo "install-deps: missing packages: ${missing[*]}; run as root: sudo $0" >&2
+        echo "install-deps: missing packages: ${missing[*]} ${missing_bare[*]}; run as root: sudo $0" >&2
         exit 1
     fi
-    echo "install-deps: installing ${missing[*]}" >&2
-    # Package installs must not start the distribution's own MariaDB service: the lab runs its
-    # own servers. policy-rc.d (exit 101 = "action forbidden") does that, for this install only.
+    echo "install-deps: installing ${missing[*]} ${missing_bare[*]}" >&2
+    # Package installs must not start the distribution's own services: the lab runs its own
+    # MariaDB servers, and its own node_exporters inside its hosts (the distribution's would
+    # listen on :9100 of the machine itself). policy-rc.d (exit 101 = "action forbidden") does
+    # that, for this install only: invoke-rc.d and deb-systemd-invoke, which the packages'
+    # maintainer scripts start their services with, both ask it first.
     policy=/usr/sbin/policy-rc.d
     if [[ ! -e $policy ]]; then
         printf '#!/bin/sh\nexit 101\n' >"$policy"
@@ -47,9 +60,10 @@ if ((${#missing[@]} > 0)); then
         trap 'rm -f "$policy"' EXIT
     fi
     apt-get update -q
-    apt-get install -y -q "${missing[@]}"
+    if ((${#missing[@]} > 0)); then apt-get install -y -q "${missing[@]}"; fi
+    if ((${#missing_bare[@]} > 0)); then apt-get install -y -q --no-install-recommends "${missing_bare[@]}"; fi
 else
-    echo "install-deps: all ${#PACKAGES[@]} packages present" >&2
+    echo "install-deps: all $((${#PACKAGES[@]} + ${#PACKAGES_NO_RECOMMENDS[@]})) packages present" >&2
 fi
 
 # Rust comes from rustup, not apt (Debian 12's cargo is far older than the workspace needs).

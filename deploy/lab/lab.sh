@@ -9,6 +9,8 @@
 #   <name>-test    MariaDB "test"; routes the clients via assist  198.18.<i>.3
 #   <name>-assist  intercept later; ip_forward=0 (replies die)    198.18.<i>.4
 #   <name>-prod2   optional (LAB_PROD2=1 at `up`): a second "production" MariaDB, same data  198.18.<i>.5
+#   <name>-test2   optional (LAB_TEST2=1 at `up`): a second "test" MariaDB, same data, routed
+#                  as test is (A/B experiments: two test servers with different options)  198.18.<i>.6
 #   <name>-br      the bridge br0, one port per host
 #
 # <i> is the lab index, allocated per lab name (lowest free, 0..255), so several labs can run at once;
@@ -40,6 +42,8 @@ TCPDUMP=${LAB_TCPDUMP:-tcpdump}
 IP=${LAB_IP:-ip}
 SS=${LAB_SS:-ss}
 ETHTOOL=${LAB_ETHTOOL:-ethtool}
+NODE_EXPORTER=${LAB_NODE_EXPORTER:-prometheus-node-exporter}
+NODE_EXPORTER_PORT=${LAB_NODE_EXPORTER_PORT:-9100}
 
 START_TIMEOUT=${LAB_START_TIMEOUT:-120}
 STOP_TIMEOUT=${LAB_STOP_TIMEOUT:-60}
@@ -74,32 +78,56 @@ commands:
   list                  all labs known on this machine
   env                   print KEY='value' lines describing the lab (eval "$(lab.sh env)")
   exec HOST [CMD...]    run CMD (default: a shell) in HOST's namespace, with the env variables set;
-                        HOST is client, prod, test, assist, br (or prod2 with LAB_PROD2=1)
+                        HOST is client, prod, test, assist, br (prod2, test2: see LAB_PROD2, LAB_TEST2)
   service HOST CMD...   like exec, in a session of its own, as a daemon of that machine runs (the
                         kernel shares the CPU between sessions, so one in ours would compete
                         with this shell's other children, not with the machine's services)
   load [OPTIONS] [SYSBENCH ARGS...]
                         run sysbench; options: --test oltp_read_only|oltp_read_write|... (default
-                        oltp_read_only), --threads N (8), --time S (10), --target prod|prod2|test (prod),
-                        --from HOST (client for prod, test itself for test: the client cannot
-                        reach test directly); other args go to sysbench (e.g. --report-interval=1)
-  counters HOST [--all] SHOW GLOBAL STATUS counters of HOST (prod|test) as `name value` lines
+                        oltp_read_only), --threads N (8), --time S (10), --target
+                        prod|prod2|test|test2 (prod), --from HOST (client for prod, the test
+                        server itself for test and test2: the client cannot reach them directly);
+                        other args go to sysbench (e.g. --report-interval=1)
+  counters HOST [--all] SHOW GLOBAL STATUS counters of HOST (a server: prod test prod2 test2) as
+                        `name value` lines
   work HOST             what HOST's server executed: `counter NAME VALUE`, `errors EVENT N` (statement
                         errors by kind, performance_schema) and `reads N` lines, for
                         `work-compare` (tests/src/bin/work-compare.rs)
   sql HOST [SQL...]     run SQL (or stdin) as root over HOST's local socket; tab-separated output
   start|stop|restart HOST
-                        start/stop the MariaDB server of HOST (prod|test); restart applies
-                        $LAB_TEST_MYSQLD_ARGS / $LAB_PROD_MYSQLD_ARGS if set
+                        start/stop the MariaDB server of HOST; start and restart apply the
+                        server options of the environment if set ($LAB_MYSQLD_ARGS,
+                        $LAB_<HOST>_MYSQLD_ARGS, $LAB_<HOST>_PRELOAD, as at `up`; recorded for
+                        later starts), e.g. LAB_TEST2_PRELOAD= lab.sh restart test2 (no preload)
   logs HOST [N]         last N (50) lines of HOST's MariaDB error log
+  node-exporter HOST [start|stop]
+                        Debian's prometheus-node-exporter in HOST's namespace, in a session of its
+                        own, on <HOST's address>:9100 (LAB_NODE_EXPORTER_PORT), collectors cpu,
+                        stat, loadavg, meminfo, pressure, schedstat; log and pid in
+                        LAB_DIR/HOST/node-exporter.*; `down` stops it. The figures are the whole
+                        machine's, not the host's: every namespace shares one kernel, and
+                        node_exporter reads its /proc and /sys, so each host's exporter reports
+                        the same CPU, load and memory (a server's own CPU: /proc/PID/stat of its
+                        mariadbd). test and test2 answer prod and assist, not the client (their
+                        replies to the client's addresses go to assist)
 
 environment for `up` (defaults in brackets):
   LAB_NAME [tsd]  LAB_TABLES [4]  LAB_TABLE_SIZE [20000]  LAB_MYSQL_PORT [3306]
   LAB_MAX_CONNECTIONS [2000]  LAB_START_TIMEOUT [120]  LAB_BASE_DIR [/tmp]
   LAB_CACHE_DIR [/var/cache/tcpshadow-lab]  (golden data directories, reused by every `up`)
-  LAB_MYSQLD_ARGS       extra mariadbd options for both servers (whitespace-separated)
+  LAB_MYSQLD_ARGS       extra mariadbd options for every server (whitespace-separated)
   LAB_PROD_MYSQLD_ARGS  extra options for prod only
   LAB_TEST_MYSQLD_ARGS  extra options for test only, e.g. "--skip-grant-tables"
+  LAB_PROD2_MYSQLD_ARGS, LAB_TEST2_MYSQLD_ARGS
+                        extra options for prod2, test2; when unset they take prod's, test's (set
+                        one empty for none), so a pair differs only where told, e.g.
+                        LAB_TEST_MYSQLD_ARGS=--default-time-zone=SYSTEM
+                        LAB_TEST2_MYSQLD_ARGS=--default-time-zone=+00:00
+  LAB_<HOST>_PRELOAD    libraries to preload into that server only (LD_PRELOAD in its environment;
+                        absolute paths, ':' or space separated): for malloc variants
+                        /usr/lib/x86_64-linux-gnu/libjemalloc.so.2 (Debian libjemalloc2) or
+                        /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 (libtcmalloc-minimal4);
+                        prod2 and test2 take prod's, test's when unset, as with the options
   LAB_OFFLOADS [on]     on: veth offloads at the kernel's defaults (TSO/GSO/GRO on, as real NICs);
                         off: every offload off (one segment per packet; the friendlier variant)
   LAB_TLS=1             both servers offer TLS (a self-signed CA and server and client certificates,
@@ -110,6 +138,10 @@ environment for `up` (defaults in brackets):
                         prod's data and options; `load --target prod2`, `counters prod2`): several
                         copiers sharing one intercept and test server (docs/scaling.md); it
                         routes the client pool via assist, so it can also be a second target
+  LAB_TEST2=1           also a second test host test2 (198.18.<i>.6, its own MariaDB with test's
+                        data and options unless LAB_TEST2_* say otherwise; routed exactly as test:
+                        the clients and the pool via assist): A/B experiments, a copier with
+                        --target test and test2 mirroring the same traffic to both
   LAB_MARIADBD, LAB_MARIADB, LAB_SYSBENCH, ...  paths of the tools
 EOF
 }
@@ -126,6 +158,7 @@ tool_path() {
     ip) echo "$IP" ;;
     ss) echo "$SS" ;;
     ethtool) echo "$ETHTOOL" ;;
+    prometheus-node-exporter) echo "$NODE_EXPORTER" ;;
     *) echo "$1" ;;
     esac
 }
@@ -138,6 +171,7 @@ package_of() {
     tcpdump) echo tcpdump ;;
     ip | ss) echo iproute2 ;;
     ethtool) echo ethtool ;;
+    prometheus-node-exporter) echo prometheus-node-exporter ;;
     sysctl) echo procps ;;
     flock | setsid) echo util-linux ;;
     *) echo "the package providing $1" ;;
@@ -182,6 +216,7 @@ set_names() {
     LAB_ASSIST_NS=$LAB_NAME-assist
     LAB_BR_NS=$LAB_NAME-br
     LAB_PROD2_NS=$LAB_NAME-prod2
+    LAB_TEST2_NS=$LAB_NAME-test2
     LAB_IFACE=eth0
     LAB_BRIDGE=br0
     # Accounts created in the golden data directory (part of its layout: bump GOLDEN_LAYOUT).
@@ -204,44 +239,76 @@ join_words() {
     printf '%s' "${w[*]}"
 }
 
+# Optional hosts, each with a MariaDB server of its own from the same golden data, enabled by
+# LAB_<HOST>=1 at `up`:
+#   prod2  a second production host (several copiers sharing one intercept and test server);
+#   test2  a second test server (A/B experiments: the same mirrored traffic, other options).
+# Decided once, before anything reads HOSTS or SERVERS: from the environment at `up`, afterwards
+# from what the lab has (its recorded env or its namespace), so `down` removes them whatever the
+# caller's environment says.
+OPTIONAL_HOSTS=(prod2 test2)
+LAB_PROD2=${LAB_PROD2:-0}
+LAB_TEST2=${LAB_TEST2:-0}
+
+is_optional() { [[ " ${OPTIONAL_HOSTS[*]} " == *" $1 "* ]]; }
+has_optional() { # has_optional HOST: this lab has the optional HOST
+    local flag
+    flag=LAB_$(uc "$1")
+    [[ ${!flag:-0} == 1 ]]
+}
+need_optional() {
+    has_optional "$1" || die "this lab has no $1 (bring the lab up with LAB_$(uc "$1")=1 $PROG up)"
+}
+
+enable_optional_hosts() {
+    local h flag
+    for h in "${OPTIONAL_HOSTS[@]}"; do
+        flag=LAB_$(uc "$h")
+        [[ ${!flag} == 0 || ${!flag} == 1 ]] || die "$flag must be 0 or 1, not '${!flag}'"
+        if [[ ${!flag} != 1 ]] && { grep -qs "^$flag='1'" "$LAB_ENV_FILE" || ns_exists "$LAB_NAME-$h"; }; then
+            printf -v "$flag" 1
+        fi
+        [[ ${!flag} == 1 ]] || continue
+        HOSTS+=("$h")
+        SERVERS+=("$h")
+        ENV_VARS+=("${flag}_IP" "${flag}_NS" "${flag}_IF" "${flag}_MAC" "${flag}_DATADIR" "${flag}_SOCKET"
+            "${flag}_PIDFILE" "${flag}_ERRLOG" "${flag}_SERVER_ARGS" "${flag}_SERVER_PRELOAD")
+    done
+}
+
+# The host an optional one copies its server options from when the environment says nothing.
+twin_of() { printf '%s' "${1%2}"; }
+
 ns_of() {
     case $1 in
-    client | prod | test | assist | br) printf '%s-%s' "$LAB_NAME" "$1" ;;
-    prod2) [[ $LAB_PROD2 == 1 ]] || die "this lab has no prod2 (bring it up with LAB_PROD2=1)"
-        printf '%s-%s' "$LAB_NAME" "$1" ;;
-    *) die "unknown host '$1' (hosts: client prod test assist br, prod2 with LAB_PROD2=1)" ;;
+    client | prod | test | assist | br) ;;
+    *)
+        is_optional "$1" ||
+            die "unknown host '$1' (hosts: client prod test assist br; ${OPTIONAL_HOSTS[*]} when brought up with LAB_<HOST>=1)"
+        need_optional "$1"
+        ;;
     esac
+    printf '%s-%s' "$LAB_NAME" "$1"
 }
 
 server_host() {
     case $1 in
     prod | test) ;;
-    prod2) [[ $LAB_PROD2 == 1 ]] || die "this lab has no prod2 (bring it up with LAB_PROD2=1)" ;;
-    *) die "'$1' runs no MariaDB server (servers: prod test)" ;;
+    *)
+        is_optional "$1" ||
+            die "'$1' runs no MariaDB server (servers: prod test; ${OPTIONAL_HOSTS[*]} when brought up with LAB_<HOST>=1)"
+        need_optional "$1"
+        ;;
     esac
 }
 
 ns_exists() { [[ -e /run/netns/$1 ]]; }
 all_ns() {
+    local h
     printf '%s\n' "$LAB_CLIENT_NS" "$LAB_PROD_NS" "$LAB_TEST_NS" "$LAB_ASSIST_NS" "$LAB_BR_NS"
-    if [[ $LAB_PROD2 == 1 ]]; then printf '%s\n' "$LAB_PROD2_NS"; fi
-}
-
-# prod2 (LAB_PROD2=1 at `up`): one more host and server. Decided once, before anything reads
-# HOSTS or SERVERS: from the environment at `up`, afterwards from what the lab has (its recorded
-# env or its namespace), so `down` removes it whatever the caller's environment says.
-LAB_PROD2=${LAB_PROD2:-0}
-enable_prod2() {
-    if [[ $LAB_PROD2 != 1 ]]; then
-        if grep -qs "^LAB_PROD2='1'" "$LAB_ENV_FILE" || ns_exists "$LAB_PROD2_NS"; then
-            LAB_PROD2=1
-        fi
-    fi
-    [[ $LAB_PROD2 == 1 ]] || return 0
-    HOSTS+=(prod2)
-    SERVERS+=(prod2)
-    ENV_VARS+=(LAB_PROD2_IP LAB_PROD2_NS LAB_PROD2_IF LAB_PROD2_MAC
-        LAB_PROD2_DATADIR LAB_PROD2_SOCKET LAB_PROD2_PIDFILE LAB_PROD2_ERRLOG LAB_PROD2_SERVER_ARGS)
+    for h in "${OPTIONAL_HOSTS[@]}"; do
+        if has_optional "$h"; then printf '%s-%s\n' "$LAB_NAME" "$h"; fi
+    done
 }
 
 # Upper-case host name, for variable names: prod -> PROD.
@@ -276,6 +343,8 @@ set_plan() {
     LAB_ASSIST_IP=198.18.$i.4
     LAB_PROD2_IP=198.18.$i.5
     LAB_PROD2_MAC=$(mac_of "$i" 5)
+    LAB_TEST2_IP=198.18.$i.6
+    LAB_TEST2_MAC=$(mac_of "$i" 6)
     LAB_CLIENT_MAC=$(mac_of "$i" 10)
     LAB_PROD_MAC=$(mac_of "$i" 2)
     LAB_TEST_MAC=$(mac_of "$i" 3)
@@ -302,8 +371,8 @@ ENV_VARS=(
     LAB_TABLES LAB_TABLE_SIZE LAB_MAX_CONNECTIONS
     LAB_PROD_DATADIR LAB_PROD_SOCKET LAB_PROD_PIDFILE LAB_PROD_ERRLOG
     LAB_TEST_DATADIR LAB_TEST_SOCKET LAB_TEST_PIDFILE LAB_TEST_ERRLOG
-    LAB_PROD_SERVER_ARGS LAB_TEST_SERVER_ARGS
-    LAB_MARIADB_VERSION LAB_GOLDEN LAB_PROD2 LAB_TLS LAB_TLS_DIR
+    LAB_PROD_SERVER_ARGS LAB_TEST_SERVER_ARGS LAB_PROD_SERVER_PRELOAD LAB_TEST_SERVER_PRELOAD
+    LAB_MARIADB_VERSION LAB_GOLDEN LAB_PROD2 LAB_TEST2 LAB_TLS LAB_TLS_DIR
 )
 
 write_lab_env() {
@@ -381,7 +450,9 @@ nsx() { # nsx NS CMD... : run CMD inside namespace NS
 # request) over test's (busy working through the mirrored backlog), so test lags for a reason no
 # real deployment has. So each host gets its own CPUs where there are enough: with 2-3 cores,
 # client and prod share one and test and assist the other (prod also pays for the copier, as it
-# would in production); with 4+, one each. LAB_PIN=0 turns this off, LAB_CPUS_<HOST> overrides.
+# would in production); with 4+, one each. test2 runs on test's CPUs (a fifth of its own with 5+):
+# an A/B pair then competes for the same cores on equal terms, neither gets a CPU the other lacks.
+# LAB_PIN=0 turns this off, LAB_CPUS_<HOST> overrides.
 host_cpus() { # host_cpus HOST: prints a taskset CPU list, or nothing for "no pinning"
     local h=$1 n var
     var="LAB_CPUS_${h^^}"
@@ -391,10 +462,12 @@ host_cpus() { # host_cpus HOST: prints a taskset CPU list, or nothing for "no pi
     fi
     [[ ${LAB_PIN:-1} != 0 ]] || return 0
     n=$(nproc)
-    if ((n >= 4)); then
-        case $h in client) echo 0 ;; prod | prod2) echo 1 ;; test) echo 2 ;; assist) echo 3 ;; esac
+    if ((n >= 5)) && [[ $h == test2 ]]; then
+        echo 4
+    elif ((n >= 4)); then
+        case $h in client) echo 0 ;; prod | prod2) echo 1 ;; test | test2) echo 2 ;; assist) echo 3 ;; esac
     elif ((n >= 2)); then
-        case $h in client | prod | prod2) echo 0 ;; test | assist) echo 1 ;; esac
+        case $h in client | prod | prod2) echo 0 ;; test | test2 | assist) echo 1 ;; esac
     fi
 }
 
@@ -477,17 +550,20 @@ net_up() {
     # assist: never forwards, so the test server's replies that are routed to it die here.
     ns_sysctl "$LAB_ASSIST_NS" net.ipv4.ip_forward=0 net.ipv4.conf.all.forwarding=0
 
-    # test: the clients (one /32 each, so prod and assist stay on-link) and the client pool go via
-    # assist. The SYN-ACKs and replies for mirrored connections thus reach assist, not the client.
-    for extra in $LAB_CLIENT_IPS; do
-        "$IP" -n "$LAB_TEST_NS" route add "$extra/32" via "$LAB_ASSIST_IP" dev "$LAB_IFACE"
+    # test and test2: the clients (one /32 each, so prod and assist stay on-link) and the client
+    # pool go via assist. The SYN-ACKs and replies for mirrored connections thus reach assist, not
+    # the client. prod2 routes the pool via assist too, so it can also stand in as a second test
+    # server (a copier with two --target); as a production host it never talks to pool addresses.
+    for h in "${SERVERS[@]}"; do
+        [[ $h == prod ]] && continue
+        ns=$(var "LAB_$(uc "$h")_NS")
+        if [[ $h == test || $h == test2 ]]; then
+            for extra in $LAB_CLIENT_IPS; do
+                "$IP" -n "$ns" route add "$extra/32" via "$LAB_ASSIST_IP" dev "$LAB_IFACE"
+            done
+        fi
+        "$IP" -n "$ns" route add "$LAB_POOL" via "$LAB_ASSIST_IP" dev "$LAB_IFACE"
     done
-    "$IP" -n "$LAB_TEST_NS" route add "$LAB_POOL" via "$LAB_ASSIST_IP" dev "$LAB_IFACE"
-    # prod2 routes the pool via assist too, so it can also stand in as a second test server
-    # (a copier with two --target); as a production host it never talks to pool addresses.
-    if [[ $LAB_PROD2 == 1 ]]; then
-        "$IP" -n "$LAB_PROD2_NS" route add "$LAB_POOL" via "$LAB_ASSIST_IP" dev "$LAB_IFACE"
-    fi
 }
 
 # Kill every process still inside the lab's namespaces (tcpdump, sysbench, copier... started with
@@ -554,6 +630,41 @@ server_args() { # server_args HOST -> SARGS
     SARGS+=(${words[@]+"${words[@]}"})
 }
 
+# Value of variable NAME if set (even empty), else of FALLBACK (an optional host's twin's).
+set_or() {
+    if [[ -n ${!1+x} ]]; then printf '%s' "${!1}"; else printf '%s' "${!2-}"; fi
+}
+
+# HOST's extra mariadbd options from the caller's environment into LAB_<HOST>_SERVER_ARGS:
+# LAB_MYSQLD_ARGS (every server), then LAB_<HOST>_MYSQLD_ARGS. prod2 and test2 take their twin's
+# (prod's, test's) when theirs is unset, so an A/B pair differs only where the experiment says.
+server_args_from_env() {
+    local h=$1 hv tv
+    hv=$(uc "$h")
+    tv=$(uc "$(twin_of "$h")")
+    printf -v "LAB_${hv}_SERVER_ARGS" '%s' \
+        "$(join_words "${LAB_MYSQLD_ARGS:-}" "$(set_or "LAB_${hv}_MYSQLD_ARGS" "LAB_${tv}_MYSQLD_ARGS")")"
+}
+
+# HOST's preload (LAB_<HOST>_PRELOAD, its twin's when unset) into LAB_<HOST>_SERVER_PRELOAD, as
+# LD_PRELOAD wants it (':'-separated). Checked here: the dynamic linker only warns about a
+# missing library and starts the server without it, and the experiment would measure nothing.
+server_preload_from_env() {
+    local h=$1 hv tv list lib out=""
+    hv=$(uc "$h")
+    tv=$(uc "$(twin_of "$h")")
+    list=$(set_or "LAB_${hv}_PRELOAD" "LAB_${tv}_PRELOAD")
+    local -a libs=()
+    read -r -a libs <<<"${list//:/ }" || true
+    for lib in ${libs[@]+"${libs[@]}"}; do
+        [[ $lib == /* ]] || die "LAB_${hv}_PRELOAD: '$lib' is not an absolute path (LD_PRELOAD of a server needs one, e.g. /usr/lib/x86_64-linux-gnu/libjemalloc.so.2)"
+        [[ -f $lib && -r $lib ]] ||
+            die "LAB_${hv}_PRELOAD: no library $lib (jemalloc: apt-get install libjemalloc2; tcmalloc: apt-get install libtcmalloc-minimal4; or scripts/install-deps.sh)"
+        out+="${out:+:}$lib"
+    done
+    printf -v "LAB_${hv}_SERVER_PRELOAD" '%s' "$out"
+}
+
 server_pid() { # pid of HOST's mariadbd if it is running, else nothing
     local h=$1 f p
     for f in "$LAB_DIR/$h/mysqld.pid" "$LAB_DIR/$h/launch.pid"; do
@@ -584,7 +695,7 @@ server_log_tail() {
 }
 
 start_server() { # start_server HOST (does not wait)
-    local h=$1 ns dir listening cpus
+    local h=$1 ns dir listening cpus preload
     ns=$(ns_of "$h")
     dir=$LAB_DIR/$h
     listening=$(nsx "$ns" "$SS" -Hltnp "sport = :$LAB_MYSQL_PORT" 2>/dev/null || true)
@@ -593,16 +704,20 @@ start_server() { # start_server HOST (does not wait)
     fi
     server_args "$h"
     rm -f "$dir/mysqld.pid" "$dir/launch.pid"
-    local pin=()
+    local pin=() pre=()
     cpus=$(host_cpus "$h")
     [[ -z $cpus ]] || pin=(taskset -c "$cpus")
+    # The preload goes into the server's environment only (env(1), exec'd last), not into ip,
+    # setsid and taskset on the way. A lab recorded before preloads existed has no variable.
+    preload=LAB_$(uc "$h")_SERVER_PRELOAD
+    [[ -z ${!preload-} ]] || pre=(env "LD_PRELOAD=${!preload}")
     # setsid: the server must not share our session (Ctrl-C on lab.sh, test harness pipes).
     # A plain command, not a function: bash execs it in the forked child (no subshell carrying our
-    # traps), ip netns exec and setsid exec too, so $! ends up being mariadbd's pid.
+    # traps), ip netns exec, setsid, taskset and env exec too, so $! ends up being mariadbd's pid.
     if [[ -n $LAB_LOCK_FD ]]; then
-        "$IP" netns exec "$ns" setsid "${pin[@]}" "$MARIADBD" "${SARGS[@]}" </dev/null >>"$dir/mariadbd.out" 2>&1 {LAB_LOCK_FD}>&- &
+        "$IP" netns exec "$ns" setsid "${pin[@]}" "${pre[@]}" "$MARIADBD" "${SARGS[@]}" </dev/null >>"$dir/mariadbd.out" 2>&1 {LAB_LOCK_FD}>&- &
     else
-        "$IP" netns exec "$ns" setsid "${pin[@]}" "$MARIADBD" "${SARGS[@]}" </dev/null >>"$dir/mariadbd.out" 2>&1 &
+        "$IP" netns exec "$ns" setsid "${pin[@]}" "${pre[@]}" "$MARIADBD" "${SARGS[@]}" </dev/null >>"$dir/mariadbd.out" 2>&1 &
     fi
     echo "$!" >"$dir/launch.pid"
 }
@@ -813,9 +928,10 @@ cmd_up() {
     fi
     local t0 h
     t0=$(now)
-    LAB_PROD_SERVER_ARGS=$(join_words "${LAB_MYSQLD_ARGS:-}" "${LAB_PROD_MYSQLD_ARGS:-}")
-    LAB_TEST_SERVER_ARGS=$(join_words "${LAB_MYSQLD_ARGS:-}" "${LAB_TEST_MYSQLD_ARGS:-}")
-    LAB_PROD2_SERVER_ARGS=$LAB_PROD_SERVER_ARGS
+    for h in "${SERVERS[@]}"; do
+        server_args_from_env "$h"
+        server_preload_from_env "$h"
+    done
     LAB_TLS=${LAB_TLS:-0}
     [[ $LAB_TLS == 0 || $LAB_TLS == 1 ]] || die "LAB_TLS must be 0 or 1, not '$LAB_TLS'"
     LAB_TLS_DIR=""
@@ -842,7 +958,9 @@ cmd_up() {
     for h in "${SERVERS[@]}"; do wait_server "$h" "$t1"; done
     UP_DONE=1
     trap - EXIT INT TERM
-    info "lab '$LAB_NAME' is up in $(since "$t0") s: client $LAB_CLIENT_IP, prod $LAB_PROD_IP, test $LAB_TEST_IP, assist $LAB_ASSIST_IP (MariaDB $LAB_MARIADB_VERSION on port $LAB_MYSQL_PORT)"
+    local where=""
+    for h in "${HOSTS[@]}"; do where+="${where:+, }$h $(var "LAB_$(uc "$h")_IP")"; done
+    info "lab '$LAB_NAME' is up in $(since "$t0") s: $where (MariaDB $LAB_MARIADB_VERSION on port $LAB_MYSQL_PORT)"
     info "  eval \"\$($LAB_SCRIPT --name $LAB_NAME env)\"  to get the lab's variables"
 }
 
@@ -947,10 +1065,12 @@ cmd_status() {
         addr=$("$IP" -n "$ns" -4 -o addr show dev "$LAB_IFACE" 2>/dev/null | awk '{ sub(/\/.*/, "", $4); print $4 }' | paste -sd' ')
         state=""
         case $h in
-        test) state="routes: $("$IP" -n "$ns" route show | awk '/via/ { print $1 }' | paste -sd' ') via $LAB_ASSIST_IP" ;;
+        test | test2 | prod2) state="routes: $("$IP" -n "$ns" route show | awk '/via/ { print $1 }' | paste -sd' ') via $LAB_ASSIST_IP" ;;
         assist) state="ip_forward=$(nsx "$ns" sysctl -n net.ipv4.ip_forward)" ;;
         esac
-        if [[ $h == prod || $h == prod2 || $h == test ]]; then
+        pid=$(node_exporter_pid "$h")
+        [[ -z $pid ]] || state+="${state:+; }node_exporter (pid $pid)"
+        if [[ " ${SERVERS[*]} " == *" $h "* ]]; then
             pid=$(server_pid "$h")
             if [[ -n $pid ]] && admin_ping "$LAB_DIR/$h/mysqld.sock"; then
                 state="mariadbd up (pid $pid)${state:+; $state}"
@@ -968,8 +1088,11 @@ cmd_status() {
         printf '%-7s %-18s %s\n' br "$LAB_BR_NS" MISSING
         healthy=0
     fi
+    local pv
     for h in "${SERVERS[@]}"; do
         [[ -n $(var "LAB_$(uc "$h")_SERVER_ARGS") ]] && echo "$h server extra args: $(var "LAB_$(uc "$h")_SERVER_ARGS")"
+        pv=LAB_$(uc "$h")_SERVER_PRELOAD
+        [[ -n ${!pv-} ]] && echo "$h server preload: ${!pv}"
     done
     if ((healthy)); then
         echo "state: up"
@@ -1075,12 +1198,16 @@ cmd_load() {
         ip=$LAB_PROD2_IP
         ;;
     test) ip=$LAB_TEST_IP ;;
-    *) die "load: --target is prod, prod2 or test" ;;
+    test2)
+        server_host test2
+        ip=$LAB_TEST2_IP
+        ;;
+    *) die "load: --target is prod, prod2, test or test2" ;;
     esac
-    # The client cannot talk to test directly (test routes the clients via assist), so a load on
-    # test runs inside test itself unless --from says otherwise.
+    # The client cannot talk to test or test2 directly (they route the clients via assist), so a
+    # load on them runs inside the server's host itself unless --from says otherwise.
     if [[ -z $from ]]; then
-        if [[ $target == test ]]; then from="test"; else from=client; fi
+        if [[ $target == test || $target == test2 ]]; then from=$target; else from=client; fi
     fi
     info "load: sysbench $test, $threads threads, ${time}s, from $from to $target ($ip:$LAB_MYSQL_PORT)"
     # sysbench 1.0's --mysql-ssl=on reads client-key.pem, client-cert.pem and cacert.pem from
@@ -1122,7 +1249,7 @@ cmd_work() {
     need_root
     load_lab_env
     need_tools mariadb flock
-    [[ $# -eq 1 ]] || die "usage: $PROG work prod|test"
+    [[ $# -eq 1 ]] || die "usage: $PROG work prod|test|prod2|test2"
     local h=$1 list name value n f mine
     server_host "$h"
     f="$LAB_DIR/$h/work-reads"
@@ -1153,7 +1280,7 @@ cmd_counters() {
     need_root
     load_lab_env
     need_tools mariadb
-    [[ $# -ge 1 ]] || die "usage: $PROG counters prod|test [--all]"
+    [[ $# -ge 1 ]] || die "usage: $PROG counters prod|test|prod2|test2 [--all]"
     local h=$1
     server_host "$h"
     if [[ ${2:-} == --all ]]; then
@@ -1177,7 +1304,7 @@ cmd_sql() {
     need_root
     load_lab_env
     need_tools mariadb
-    [[ $# -ge 1 ]] || die "usage: $PROG sql prod|test [SQL...]  (SQL from stdin when not given)"
+    [[ $# -ge 1 ]] || die "usage: $PROG sql prod|test|prod2|test2 [SQL...]  (SQL from stdin when not given)"
     local h=$1
     shift
     server_host "$h"
@@ -1192,19 +1319,24 @@ cmd_server() { # start|stop|restart HOST
     local op=$1
     need_root
     load_lab_env
-    [[ $# -ge 2 ]] || die "usage: $PROG $op prod|test"
+    [[ $# -ge 2 ]] || die "usage: $PROG $op prod|test|prod2|test2"
     local h=$2 t0
     server_host "$h"
     lock_lab
     # New server options from the environment, if given (otherwise those recorded by `up`).
     if [[ $op != stop ]]; then
-        local hv
+        local hv changed=0
         hv=$(uc "$h")
-        local hostvar="LAB_${hv}_MYSQLD_ARGS"
-        if [[ -n ${LAB_MYSQLD_ARGS+x} || -n ${!hostvar+x} ]]; then
-            printf -v "LAB_${hv}_SERVER_ARGS" '%s' "$(join_words "${LAB_MYSQLD_ARGS:-}" "${!hostvar:-}")"
-            write_lab_env
+        local argsvar="LAB_${hv}_MYSQLD_ARGS" preloadvar="LAB_${hv}_PRELOAD"
+        if [[ -n ${LAB_MYSQLD_ARGS+x} || -n ${!argsvar+x} ]]; then
+            server_args_from_env "$h"
+            changed=1
         fi
+        if [[ -n ${!preloadvar+x} ]]; then
+            server_preload_from_env "$h"
+            changed=1
+        fi
+        if ((changed)); then write_lab_env; fi
     fi
     if [[ $op == stop || $op == restart ]]; then
         stop_server "$h"
@@ -1224,9 +1356,91 @@ cmd_server() { # start|stop|restart HOST
 cmd_logs() {
     need_root
     load_lab_env
-    [[ $# -ge 1 ]] || die "usage: $PROG logs prod|test [N]"
+    [[ $# -ge 1 ]] || die "usage: $PROG logs prod|test|prod2|test2 [N]"
     server_host "$1"
     tail -n "${2:-50}" "$LAB_DIR/$1/error.log"
+}
+
+# node_exporter per host. What it reports is the machine's: the namespaces share one kernel and
+# it reads /proc and /sys, so every host's exporter gives the same CPU, load and memory figures.
+# One per host still makes sense: a scrape reaches each host at its own address, as it would in
+# a real deployment, and the exporter's own CPU is spent on that host's cores.
+# Collectors: cpu (node_cpu_seconds_total), stat (context switches, forks, procs_running and
+# procs_blocked), loadavg, meminfo, and pressure (PSI: how long tasks waited for a CPU) and
+# schedstat (per-CPU run-queue waits), which show CPU contention between two servers. The
+# defaults' others (filesystems, disks, network, hwmon, textfile...) cost scrape time and say
+# nothing a lab host's CPU experiment needs.
+NODE_EXPORTER_COLLECTORS=(cpu stat loadavg meminfo pressure schedstat)
+
+node_exporter_pid() { # pid of HOST's node_exporter if it is running, else nothing
+    local h=$1 f=$LAB_DIR/$1/node-exporter.pid ip p
+    [[ -s $f ]] || return 0
+    p=$(<"$f")
+    [[ $p =~ ^[0-9]+$ ]] || return 0
+    ip=$(var "LAB_$(uc "$h")_IP")
+    # Ours, not a reused pid: its listen address is this host's.
+    if tr '\0' '\n' <"/proc/$p/cmdline" 2>/dev/null | grep -qxF -- "--web.listen-address=$ip:$NODE_EXPORTER_PORT"; then
+        printf '%s' "$p"
+    fi
+    return 0
+}
+
+cmd_node_exporter() { # node-exporter HOST [start|stop]
+    need_root
+    load_lab_env
+    (($# == 1 || $# == 2)) || die "usage: $PROG node-exporter HOST [start|stop]  (HOST: ${HOSTS[*]})"
+    local h=$1 op=${2:-start} ns ip dir pid listening c
+    [[ $op == start || $op == stop ]] || die "node-exporter: '$op' is neither start nor stop"
+    [[ $h != br ]] || die "node-exporter: br has no address to listen on; use one of: ${HOSTS[*]}"
+    ns=$(ns_of "$h")
+    ns_exists "$ns" || die "namespace $ns does not exist (is lab '$LAB_NAME' up?)"
+    [[ $NODE_EXPORTER_PORT =~ ^[1-9][0-9]{0,4}$ ]] ||
+        die "LAB_NODE_EXPORTER_PORT must be a port number, not '$NODE_EXPORTER_PORT'"
+    ip=$(var "LAB_$(uc "$h")_IP")
+    dir=$LAB_DIR/$h
+    lock_lab
+    pid=$(node_exporter_pid "$h")
+    if [[ $op == stop ]]; then
+        if [[ -n $pid ]]; then stop_pid "$pid" "$h node_exporter"; fi
+        rm -f "$dir/node-exporter.pid"
+        info "$h: node_exporter stopped"
+        return 0
+    fi
+    if [[ -n $pid ]]; then
+        info "$h: node_exporter is already running (pid $pid)"
+        echo "http://$ip:$NODE_EXPORTER_PORT/metrics"
+        return 0
+    fi
+    need_tools prometheus-node-exporter setsid ss
+    listening=$(nsx "$ns" "$SS" -Hltnp "sport = :$NODE_EXPORTER_PORT" 2>/dev/null || true)
+    [[ -z $listening ]] ||
+        die "port $NODE_EXPORTER_PORT is already taken in namespace $ns (host $h): $listening (another port: LAB_NODE_EXPORTER_PORT)"
+    mkdir -p "$dir"
+    local args=("--web.listen-address=$ip:$NODE_EXPORTER_PORT" --collector.disable-defaults)
+    for c in "${NODE_EXPORTER_COLLECTORS[@]}"; do args+=("--collector.$c"); done
+    local pin=() cpus
+    cpus=$(host_cpus "$h")
+    [[ -z $cpus ]] || pin=(taskset -c "$cpus")
+    # In a session of its own, as a daemon of that host (as `service` starts them), and without
+    # our lock descriptor (it would hold the lab's lock for as long as it runs). Every command
+    # on the way execs, so $! is node_exporter's pid.
+    "$IP" netns exec "$ns" setsid "${pin[@]}" "$NODE_EXPORTER" "${args[@]}" \
+        </dev/null >>"$dir/node-exporter.log" 2>&1 {LAB_LOCK_FD}>&- &
+    pid=$!
+    echo "$pid" >"$dir/node-exporter.pid"
+    local deadline=$((SECONDS + 10))
+    while [[ -z $(nsx "$ns" "$SS" -Hltn "sport = :$NODE_EXPORTER_PORT" 2>/dev/null) ]]; do
+        if [[ ! -e /proc/$pid ]]; then
+            die "$h: node_exporter exited during start-up
+$(tail -n 10 "$dir/node-exporter.log" 2>/dev/null)"
+        fi
+        if ((SECONDS >= deadline)); then
+            die "$h: node_exporter (pid $pid) did not listen on $ip:$NODE_EXPORTER_PORT within 10 s; its log: $dir/node-exporter.log"
+        fi
+        sleep 0.1
+    done
+    info "$h: node_exporter (pid $pid) on $ip:$NODE_EXPORTER_PORT; log $dir/node-exporter.log"
+    echo "http://$ip:$NODE_EXPORTER_PORT/metrics"
 }
 
 # ---------------------------------------------------------------------------------------------------
@@ -1287,7 +1501,7 @@ esac
     exit 0
 }
 set_names
-enable_prod2
+enable_optional_hosts
 
 case $CMD in
 up) cmd_up ;;
@@ -1303,5 +1517,6 @@ work) cmd_work "$@" ;;
 sql) cmd_sql "$@" ;;
 start | stop | restart) cmd_server "$CMD" "$@" ;;
 logs) cmd_logs "$@" ;;
+node-exporter) cmd_node_exporter "$@" ;;
 *) die "unknown command '$CMD' (see: $PROG help)" ;;
 esac

@@ -1,7 +1,8 @@
 //! Lab helpers for integration tests.
 //!
 //! [`Lab`] drives `deploy/lab/lab.sh`: [`Lab::up`] builds a lab under a unique name (network
-//! namespaces `<name>-client|prod|test|assist|br`, two MariaDB servers with identical data), the
+//! namespaces `<name>-client|prod|test|assist|br`, two MariaDB servers with identical data; prod2
+//! and test2 too with `LAB_PROD2=1`, `LAB_TEST2=1` given to [`Lab::up_with`]), the
 //! methods run commands in its hosts, and dropping the `Lab` tears it down, also when the test
 //! panics. Labs need root; without it [`Lab::up`] fails with a message saying so.
 //!
@@ -69,6 +70,9 @@ pub enum Host {
     Bridge,
     /// The optional second production host (`LAB_PROD2=1` at `up`).
     Prod2,
+    /// The optional second test host (`LAB_TEST2=1` at `up`), routed as [`Host::Test`] is:
+    /// A/B experiments with two test servers (`LAB_TEST2_MYSQLD_ARGS`, `LAB_TEST2_PRELOAD`).
+    Test2,
 }
 
 impl Host {
@@ -80,6 +84,7 @@ impl Host {
             Host::Assist => "assist",
             Host::Bridge => "br",
             Host::Prod2 => "prod2",
+            Host::Test2 => "test2",
         }
     }
 
@@ -91,6 +96,7 @@ impl Host {
             Host::Assist => "LAB_ASSIST",
             Host::Bridge => "LAB_BR",
             Host::Prod2 => "LAB_PROD2",
+            Host::Test2 => "LAB_TEST2",
         }
     }
 }
@@ -841,6 +847,40 @@ impl Lab {
             bail!("curl {url} in {host}: {}", run.stderr.trim());
         }
         tcpshadow_metrics::parse(&run.stdout).map_err(|e| anyhow!("{url}: {e}"))
+    }
+
+    /// Starts Debian's node_exporter in `host` (`lab.sh node-exporter`: a session of its own,
+    /// the lab's small collector set, stopped by `down`); returns its address, `ip:port`.
+    /// Its figures are the whole machine's, as every host's are: the namespaces share a kernel.
+    pub fn node_exporter(&self, host: Host) -> Result<String> {
+        let run = run(
+            &mut self.command(&["node-exporter", host.as_str()]),
+            format!("lab.sh --name {} node-exporter {host}", self.name),
+        )?
+        .check()?;
+        let url = run.stdout.trim();
+        url.strip_prefix("http://")
+            .and_then(|rest| rest.strip_suffix("/metrics"))
+            .map(str::to_string)
+            .ok_or_else(|| anyhow!("lab.sh node-exporter {host} printed {url:?}, not its URL"))
+    }
+
+    /// The text of a scrape of `host`'s node_exporter (see [`Lab::node_exporter`]), by `curl`
+    /// from the client host, as a monitoring machine would. test and test2 are scraped from
+    /// prod instead: they route the client's addresses via assist, so their answers to the
+    /// client would die there.
+    pub fn node_metrics(&self, host: Host) -> Result<String> {
+        let from = match host {
+            Host::Test | Host::Test2 => Host::Prod,
+            _ => Host::Client,
+        };
+        let port = std::env::var("LAB_NODE_EXPORTER_PORT").unwrap_or_else(|_| "9100".into());
+        let url = format!("http://{}:{port}/metrics", self.ip(host));
+        let run = self.exec(from, &["curl", "-sS", "--fail", "--max-time", "5", &url])?;
+        if !run.success() {
+            bail!("curl {url} in {from}: {}", run.stderr.trim());
+        }
+        Ok(run.stdout)
     }
 
     /// Runs SQL as root over the server's local socket; returns the tab-separated rows.
