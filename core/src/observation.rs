@@ -55,6 +55,12 @@ pub struct Answer {
     pub latency: Duration,
     /// When the answer completed (the copier's clock): the report's per-second series.
     pub done: Instant,
+    /// Test server: how long the command waited there behind the previous reply (sent before
+    /// that reply ended). `latency` leaves it out, the server's time on the command alone;
+    /// `latency + waited` is what a client of that server would have waited, the measure of
+    /// test A against test B (a server that falls behind is slower for its clients). Zero for
+    /// production, whose clients wait for each reply.
+    pub waited: Duration,
     /// The rows' checksum, when every row's payload hash was known (`--compare-results`).
     pub checksum: Option<RowChecksum>,
 }

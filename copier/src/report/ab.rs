@@ -6,8 +6,10 @@
 //! Pure arithmetic over a [`Report`] whose digests carry each target's side
 //! ([`DigestReport::per_target`]). For every digest it takes the p50 latency of A and B with a
 //! distribution-free confidence interval (order statistics: the ranks `nq +- z sqrt(nq(1-q))`
-//! read from the histogram, the lower end taken at its bucket's lower edge), and the interval
-//! of the ratio B/A that follows from both (`[lo_B / hi_A, hi_B / lo_A]`, conservative).
+//! read from the histogram), and the interval of the ratio B/A that follows from both
+//! (`[lo_B / hi_A, hi_B / lo_A]`, conservative). Both sides are read at their buckets' upper
+//! bounds: the same quantisation on both, so equal distributions give equal figures; what it
+//! hides (a bucket is up to 12.5 % wide) is below [`MIN_EFFECT`].
 //!
 //! A difference is *flagged* only when that whole interval lies outside the digest's noise
 //! band. Without a calibration the band is `1 +- DEFAULT_NOISE`; with an **A/A calibration**
@@ -35,9 +37,9 @@ use super::ReportError;
 
 /// Commands on each side below which a digest is never flagged.
 pub const MIN_COUNT: u64 = 30;
-/// The least relative p50 difference ever flagged, calibrated or not (histogram buckets are
-/// up to 12.5 % wide; below 10 % scheduling on either host decides).
-pub const MIN_EFFECT: f64 = 0.10;
+/// The least relative p50 difference ever flagged, calibrated or not: histogram buckets are
+/// up to 12.5 % wide, so a smaller difference may be one bucket's.
+pub const MIN_EFFECT: f64 = 0.15;
 /// The noise band without a calibration of the digest: `[1 / 1.25, 1.25]`.
 pub const DEFAULT_NOISE: f64 = 0.25;
 /// z of the two-sided 99 % interval: with a few dozen digests a 95 % one would flag one of
@@ -262,9 +264,8 @@ pub fn ratio_interval(a: &Latency, b: &Latency) -> Option<(f64, f64, f64)> {
 }
 
 /// The `[low, high]` interval (µs) of quantile `q` of `l` at confidence [`Z`], from its
-/// histogram: the values at ranks `nq -+ z sqrt(nq(1-q))`, the low one at its bucket's lower
-/// edge (buckets are at most 1/8 of their bound wide), the high one at its upper bound.
-/// `None` without samples.
+/// histogram: the values (bucket upper bounds) at ranks `nq -+ z sqrt(nq(1-q))`. `None`
+/// without samples.
 pub fn quantile_interval(l: &Latency, q: f64) -> Option<(u64, u64)> {
     let n: u64 = l.buckets.iter().map(|b| b.1).fold(0, u64::saturating_add);
     if n == 0 {
@@ -284,8 +285,7 @@ pub fn quantile_interval(l: &Latency, q: f64) -> Option<(u64, u64)> {
         }
         l.buckets.last().map_or(0, |b| b.0)
     };
-    let low = at(low_rank);
-    Some((low - low / 9, at(high_rank)))
+    Some((at(low_rank), at(high_rank)))
 }
 
 #[cfg(test)]

@@ -400,6 +400,7 @@ impl Collector {
                     bytes: 0,
                     latency: Duration::ZERO,
                     done: Instant::ZERO,
+                    waited: Duration::ZERO,
                     checksum: None,
                 }),
                 false,
@@ -475,7 +476,8 @@ impl Collector {
             if let Some(t) = test {
                 side.answered += 1;
                 if timed {
-                    side.latency.record(t.latency);
+                    // Response time: A and B are compared as their clients would see them.
+                    side.latency.record(t.latency.saturating_add(t.waited));
                 }
                 side.rows += t.rows;
                 side.bytes += t.bytes;
@@ -664,6 +666,7 @@ mod tests {
             bytes: 10 * n,
             latency: Duration::from_micros(latency_us),
             done: t(done_ms),
+            waited: Duration::ZERO,
             checksum: sum.map(|s| RowChecksum {
                 rows: n,
                 ordered: s,

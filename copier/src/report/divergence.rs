@@ -238,6 +238,7 @@ mod tests {
             bytes: 0,
             latency: Duration::ZERO,
             done: Instant::ZERO,
+            waited: Duration::ZERO,
             checksum: None,
         }
     }

@@ -207,7 +207,11 @@ pub struct DigestReport {
 pub struct TargetSide {
     /// Commands this target answered (errors included; refused ones untimed).
     pub answered: u64,
-    /// Its latency, as [`DigestReport::test`].
+    /// Its response time: as [`DigestReport::test`], plus the time a command waited on that
+    /// server behind the reply before it. `test` leaves the wait out (the server's time on the
+    /// command alone); between two test servers the wait is part of the difference: a server
+    /// that falls behind is slower for its clients, and leaving it out would make the commands
+    /// queued behind a slow one look fast.
     pub latency: Latency,
     /// ERR replies by code.
     pub errors: BTreeMap<u16, u64>,

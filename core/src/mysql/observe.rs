@@ -192,12 +192,27 @@ impl Acc {
     }
 
     fn answer(&self, latency_from: Option<Instant>, now: Instant, compare: bool) -> Answer {
+        self.answer_after(latency_from, latency_from, now, compare)
+    }
+
+    /// The answer of a command sent at `sent` whose latency counts from `from` (the end of
+    /// the reply before it, when later).
+    fn answer_after(
+        &self,
+        sent: Option<Instant>,
+        from: Option<Instant>,
+        now: Instant,
+        compare: bool,
+    ) -> Answer {
+        let since = |t: Option<Instant>| t.map_or(std::time::Duration::ZERO, |t| now.saturating_since(t));
+        let latency = since(from);
         Answer {
             kind: self.kind.unwrap_or(AnswerKind::Other),
             rows: self.rows,
             bytes: self.bytes,
-            latency: latency_from.map_or(std::time::Duration::ZERO, |t| now.saturating_since(t)),
+            latency,
             done: now,
+            waited: since(sent).saturating_sub(latency),
             checksum: (compare && self.hashed).then_some(self.sum),
         }
     }
@@ -648,7 +663,8 @@ impl Observer {
         };
         if let TestSide::Awaiting(sent) = p.test {
             let from = later(Some(sent), last);
-            p.test = TestSide::Done(TestOutcome::Answered(acc.answer(from, now, compare)));
+            let answer = acc.answer_after(Some(sent), from, now, compare);
+            p.test = TestSide::Done(TestOutcome::Answered(answer));
         }
         self.emit_ready();
     }
