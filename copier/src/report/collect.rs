@@ -516,6 +516,8 @@ impl Collector {
             totals: self.totals.clone(),
             qps,
             digests,
+            // Filled by `reporting` from the resource sampler, not collected here.
+            resources: Vec::new(),
         }
     }
 }

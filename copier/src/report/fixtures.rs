@@ -229,5 +229,6 @@ pub fn sample_report() -> Report {
         totals,
         qps,
         digests,
+        resources: Vec::new(),
     }
 }

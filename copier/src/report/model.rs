@@ -51,6 +51,9 @@ pub struct Report {
     /// One entry per (digest, command type). Order is not significant in the file;
     /// renderers sort with [`cmp_regression`].
     pub digests: Vec<DigestReport>,
+    /// Per test server, what its host and server spent, sampled every second
+    /// (`--target-metrics`, `--target-sql-metrics`); empty when not sampled.
+    pub resources: Vec<super::resources::TargetResources>,
 }
 
 impl Default for Report {
@@ -70,6 +73,7 @@ impl Default for Report {
             totals: Totals::default(),
             qps: Vec::new(),
             digests: Vec::new(),
+            resources: Vec::new(),
         }
     }
 }
