@@ -75,6 +75,8 @@ pub struct Reporting {
     scratch: Vec<Observation>,
     live: LiveFigures,
     writes: u64,
+    /// `--target-metrics`/`--target-sql-metrics`: the thread sampling the test servers.
+    resources: Option<crate::resources::Sampler>,
 }
 
 impl Reporting {
@@ -114,6 +116,7 @@ impl Reporting {
             scratch: Vec::new(),
             live: LiveFigures::default(),
             writes: 0,
+            resources: None,
         }
     }
 
@@ -129,6 +132,15 @@ impl Reporting {
     pub fn set_endpoints(&mut self, prod: String, target: String) {
         self.meta.prod = prod;
         self.meta.target = target;
+    }
+
+    /// Starts sampling the test servers' resources (when asked for) on the report's clock.
+    pub fn start_resources(
+        &mut self,
+        args: &crate::settings::MirrorSettings,
+    ) -> anyhow::Result<()> {
+        self.resources = crate::resources::start(args, self.meta.started_unix_ms)?;
+        Ok(())
     }
 
     /// Result checksums cannot be compared after all (intercept did not grant payload hashes).
@@ -197,7 +209,11 @@ impl Reporting {
     pub fn report(&self, now: Instant) -> Report {
         let mut meta = self.meta.clone();
         meta.generated_unix_ms = unix_ms();
-        self.collector.report(now, &meta)
+        let mut report = self.collector.report(now, &meta);
+        if let Some(s) = &self.resources {
+            report.resources = s.snapshot();
+        }
+        report
     }
 
     /// Figures for the status line; `live` covers the time since the previous call.
