@@ -846,6 +846,22 @@ mod tests {
     }
 
     #[test]
+    fn older_reports_read_without_resources_and_new_ones_round_trip() {
+        let old = r#"{"schema":"tcpshadow.report/1","digests":[]}"#;
+        let mut r = crate::report::from_json(old).unwrap();
+        assert!(r.resources.is_empty());
+        r.resources.push(target("198.18.0.3:3306", 0.2));
+        let back = crate::report::from_json(&crate::report::to_json(&r)).unwrap();
+        assert_eq!(back.resources, r.resources);
+        // A partial entry (a newer writer's subset, or a hand-made file) takes defaults.
+        let partial = r#"{"schema":"tcpshadow.report/1","resources":[{"target":"t",
+            "points":[{"t_s":1,"dt_s":1,"cpu":{"user":0.5}}]}]}"#;
+        let r = crate::report::from_json(partial).unwrap();
+        assert_eq!(r.resources[0].points[0].cpu.unwrap().idle, 0.0);
+        assert_eq!(r.resources[0].scrape_failures, 0);
+    }
+
+    #[test]
     fn html_escapes_everything_it_did_not_write() {
         let mut t = target("<script>x</script>", 0.2);
         t.notes.push("a \"note\" <b>".into());
