@@ -108,9 +108,8 @@ fn the_resource_section_matches_node_exporter_over_the_same_window() -> Result<(
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    let first = up.with_context(|| {
-        format!("node_exporter did not come up: {:?}", exporter.output())
-    })?;
+    let first =
+        up.with_context(|| format!("node_exporter did not come up: {:?}", exporter.output()))?;
     let cpus = f64::from(first.sample.cpus.max(1));
 
     let dir = PathBuf::from(lab.var("LAB_DIR")).join("report-resources");
