@@ -24,6 +24,7 @@ pub mod prod_state;
 pub mod record;
 pub mod replay;
 pub mod report;
+pub mod resources;
 pub mod run;
 pub mod send;
 pub mod settings;

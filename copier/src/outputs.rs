@@ -50,6 +50,9 @@ impl Outputs {
                 args.memory_budget().report(),
             )
         });
+        if let Some(r) = &mut report {
+            r.start_resources(args)?;
+        }
         if let (Some(r), Some(first)) = (&mut report, routes.first()) {
             r.set_endpoints(
                 format!("{}:{}", ops::host::hostname(), first.prod_port),

@@ -210,6 +210,19 @@ pub struct MirrorSettings {
     #[arg(long, env = "TCPSHADOW_AB_CALIBRATION", value_name = "REPORT.json")]
     pub ab_calibration: Option<PathBuf>,
 
+    /// Report what each test server's host spent: its node_exporter, read every second
+    /// (http://HOST:PORT/metrics, plain HTTP). Repeatable or comma-separated, in --target
+    /// order: the first URL is the first --target's host; fewer URLs than targets is fine.
+    /// See docs/report.md, "Resources".
+    #[arg(long, env = "TCPSHADOW_TARGET_METRICS", value_name = "URL", value_delimiter = ',', value_parser = crate::resources::parse_metrics_url)]
+    pub target_metrics: Vec<crate::resources::MetricsUrl>,
+
+    /// Read each test server's SHOW GLOBAL STATUS every second for the report, logged in as
+    /// --mysql-default-user (adds one statement per second to each test server's counters).
+    /// Default: on when --target-metrics is given, else off.
+    #[arg(long, env = "TCPSHADOW_TARGET_SQL_METRICS", value_enum)]
+    pub target_sql_metrics: Option<crate::resources::SqlMetrics>,
+
     /// Not a flag: set by the live copier once its TLS plaintext probe is attached
     /// (`--tls-sessions`); TLS sessions are then mirrored from their plaintext.
     #[arg(skip)]

@@ -596,6 +596,8 @@ impl Collector {
             digests,
             tee_targets: meta.tee_targets.clone(),
             ab: None,
+            // Filled by `reporting` from the resource sampler, not collected here.
+            resources: Vec::new(),
         }
     }
 }

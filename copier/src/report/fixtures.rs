@@ -229,6 +229,7 @@ pub fn sample_report() -> Report {
         totals,
         qps,
         digests,
+        resources: Vec::new(),
         ..Default::default()
     }
 }

@@ -85,6 +85,7 @@ pub fn render_html(r: &Report) -> String {
     }
     o.push_str("<h2>Queries per second</h2>\n");
     qps_chart(&mut o, r);
+    super::resources::render_html(&mut o, &r.resources);
     o.push_str("<h2>Latency distributions of the largest slowdowns</h2>\n");
     latency_charts(&mut o, &ranked);
     regressions_table(&mut o, &ranked);

@@ -28,6 +28,7 @@ pub mod json;
 pub mod model;
 pub use tcpshadow_core::observation as observe;
 pub mod reporting;
+pub mod resources;
 pub mod sink;
 pub mod text;
 pub mod write;

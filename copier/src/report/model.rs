@@ -57,6 +57,9 @@ pub struct Report {
     /// `--tee`: the first two targets compared with each other (test A vs test B), digest by
     /// digest, against an A/A calibration's noise when one was given (see `super::ab`).
     pub ab: Option<super::ab::AbComparison>,
+    /// Per test server, what its host and server spent, sampled every second
+    /// (`--target-metrics`, `--target-sql-metrics`); empty when not sampled.
+    pub resources: Vec<super::resources::TargetResources>,
 }
 
 impl Default for Report {
@@ -78,6 +81,7 @@ impl Default for Report {
             digests: Vec::new(),
             tee_targets: Vec::new(),
             ab: None,
+            resources: Vec::new(),
         }
     }
 }

@@ -78,6 +78,8 @@ pub struct Reporting {
     writes: u64,
     /// `--ab-calibration`: the noise bands test A vs test B is judged against.
     calibration: Option<Calibration>,
+    /// `--target-metrics`/`--target-sql-metrics`: the thread sampling the test servers.
+    resources: Option<crate::resources::Sampler>,
 }
 
 impl Reporting {
@@ -119,6 +121,7 @@ impl Reporting {
             live: LiveFigures::default(),
             writes: 0,
             calibration: None,
+            resources: None,
         }
     }
 
@@ -142,6 +145,15 @@ impl Reporting {
         self.collector.set_tee(targets.len());
         self.meta.tee_targets = targets;
         self.calibration = calibration;
+    }
+
+    /// Starts sampling the test servers' resources (when asked for) on the report's clock.
+    pub fn start_resources(
+        &mut self,
+        args: &crate::settings::MirrorSettings,
+    ) -> anyhow::Result<()> {
+        self.resources = crate::resources::start(args, self.meta.started_unix_ms)?;
+        Ok(())
     }
 
     /// Result checksums cannot be compared after all (intercept did not grant payload hashes).
@@ -212,6 +224,9 @@ impl Reporting {
         meta.generated_unix_ms = unix_ms();
         let mut report = self.collector.report(now, &meta);
         report.ab = super::ab::compare(&report, 0, 1, self.calibration.as_ref());
+        if let Some(s) = &self.resources {
+            report.resources = s.snapshot();
+        }
         report
     }
 

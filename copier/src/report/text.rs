@@ -18,6 +18,7 @@ const MISMATCHES_PER_DIGEST: usize = 3;
 pub fn render_text(r: &Report, top: Option<usize>) -> String {
     let mut out = String::new();
     header(&mut out, r);
+    super::resources::render_text(&mut out, &r.resources);
     let ranked = r.ranked();
     let shown = top.unwrap_or(usize::MAX).min(ranked.len());
     let _ = writeln!(

@@ -204,7 +204,8 @@ impl Acc {
         now: Instant,
         compare: bool,
     ) -> Answer {
-        let since = |t: Option<Instant>| t.map_or(std::time::Duration::ZERO, |t| now.saturating_since(t));
+        let since =
+            |t: Option<Instant>| t.map_or(std::time::Duration::ZERO, |t| now.saturating_since(t));
         let latency = since(from);
         Answer {
             kind: self.kind.unwrap_or(AnswerKind::Other),
