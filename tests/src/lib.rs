@@ -36,6 +36,14 @@ pub fn lab_script() -> PathBuf {
     path.canonicalize().unwrap_or(path)
 }
 
+/// The A/B experiments' sysbench script, `deploy/lab/ab.lua` (a [`Load::test`] of its own).
+pub fn ab_load_script() -> String {
+    lab_script()
+        .with_file_name("ab.lua")
+        .to_string_lossy()
+        .into_owned()
+}
+
 /// Effective user id of this process, from `/proc/self/status`.
 pub fn euid() -> Option<u32> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
@@ -881,6 +889,18 @@ impl Lab {
             bail!("curl {url} in {from}: {}", run.stderr.trim());
         }
         Ok(run.stdout)
+    }
+
+    /// Loads the A/B experiments' table (`deploy/lab/ab-schema.sql`: the same 20,000 orders on
+    /// every server) into each of `hosts`' servers.
+    pub fn ab_schema(&self, hosts: &[Host]) -> Result<()> {
+        let path = lab_script().with_file_name("ab-schema.sql");
+        let sql = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        for &h in hosts {
+            self.sql(h, &sql)?;
+        }
+        Ok(())
     }
 
     /// Runs SQL as root over the server's local socket; returns the tab-separated rows.
