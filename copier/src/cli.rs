@@ -221,7 +221,7 @@ impl MirrorArgs {
         if self.report_interval > 0 && self.report.is_none() {
             bail!("--report-interval only applies with --report");
         }
-        crate::resources::validate(&settings)?;
+        crate::sampling::validate(&settings)?;
         Ok(settings)
     }
 

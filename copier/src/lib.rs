@@ -26,6 +26,7 @@ pub mod replay;
 pub mod report;
 pub mod resources;
 pub mod run;
+pub mod sampling;
 pub mod send;
 pub mod settings;
 pub mod signals;

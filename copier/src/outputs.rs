@@ -51,7 +51,9 @@ impl Outputs {
             )
         });
         if let Some(r) = &mut report {
-            r.start_resources(args)?;
+            if let Some(sampler) = crate::sampling::start(args, r.started_unix_ms())? {
+                r.set_resources(Box::new(move || sampler.snapshot()));
+            }
         }
         if let (Some(r), Some(first)) = (&mut report, routes.first()) {
             r.set_endpoints(

@@ -140,7 +140,7 @@ impl Calibration {
         let aa = super::read_report(path)?;
         let shown = path.display().to_string();
         Self::from_report(&aa, shown.clone()).ok_or_else(|| {
-            ReportError::NotAReport(format!(
+            ReportError::Cannot(format!(
                 "{shown} is not the report of a --tee run (it compares no two targets): run the \
                  copier with --tee onto two identical test servers and --report DIR, then give \
                  DIR/report.json"

@@ -76,7 +76,7 @@ pub fn ab_file(args: &AbArgs) -> Result<String, ReportError> {
         .transpose()?;
     let (a, b) = (args.targets[0], args.targets[1]);
     let Some(ab) = super::ab::compare(&report, a, b, calibration.as_ref()) else {
-        return Err(ReportError::NotAReport(format!(
+        return Err(ReportError::Cannot(format!(
             "{} has no --tee targets {a} and {b} to compare (its targets: {})",
             args.report.display(),
             if report.tee_targets.is_empty() {

@@ -52,6 +52,9 @@ pub enum ReportError {
     NotAReport(String),
     #[error("report schema {found:?} is not supported (this copier reads {SCHEMA:?})")]
     Schema { found: String },
+    /// A report that cannot answer the question asked of it (what it lacks, and the fix).
+    #[error("{0}")]
+    Cannot(String),
 }
 
 /// A latency for a person: `850µs`, `12.3ms`, `1.25s`.

@@ -42,6 +42,9 @@ pub fn bounds_for(memory: usize) -> (usize, CollectorConfig) {
 /// at 100k commands/s that is far more than a batch).
 const QUEUE: usize = 1 << 16;
 
+/// The test servers' resource timelines as of now (see [`Reporting::set_resources`]).
+pub type ResourceSource = Box<dyn Fn() -> Vec<super::resources::TargetResources> + Send>;
+
 /// What the status line and the summary show of the report.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ReportFigures {
@@ -78,8 +81,9 @@ pub struct Reporting {
     writes: u64,
     /// `--ab-calibration`: the noise bands test A vs test B is judged against.
     calibration: Option<Calibration>,
-    /// `--target-metrics`/`--target-sql-metrics`: the thread sampling the test servers.
-    resources: Option<crate::resources::Sampler>,
+    /// `--target-metrics`/`--target-sql-metrics`: the latest of the test servers' resource
+    /// timelines (the sampler's thread fills it; this room never knows how).
+    resources: Option<ResourceSource>,
 }
 
 impl Reporting {
@@ -147,13 +151,14 @@ impl Reporting {
         self.calibration = calibration;
     }
 
-    /// Starts sampling the test servers' resources (when asked for) on the report's clock.
-    pub fn start_resources(
-        &mut self,
-        args: &crate::settings::MirrorSettings,
-    ) -> anyhow::Result<()> {
-        self.resources = crate::resources::start(args, self.meta.started_unix_ms)?;
-        Ok(())
+    /// When the run's timeline starts (the resource sampler's zero).
+    pub fn started_unix_ms(&self) -> u64 {
+        self.meta.started_unix_ms
+    }
+
+    /// Where the report takes each test server's resources from, when they are sampled.
+    pub fn set_resources(&mut self, source: ResourceSource) {
+        self.resources = Some(source);
     }
 
     /// Result checksums cannot be compared after all (intercept did not grant payload hashes).
@@ -224,8 +229,8 @@ impl Reporting {
         meta.generated_unix_ms = unix_ms();
         let mut report = self.collector.report(now, &meta);
         report.ab = super::ab::compare(&report, 0, 1, self.calibration.as_ref());
-        if let Some(s) = &self.resources {
-            report.resources = s.snapshot();
+        if let Some(source) = &self.resources {
+            report.resources = source();
         }
         report
     }
