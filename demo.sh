@@ -229,7 +229,7 @@ awk -v secs="$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')" \
     # Two runs of one build on this lab differ by a few per cent: call less than 10 % noise.
     d = (as > 0) ? bs / as : 0; c = (av + an > 0) ? (bv + bn) / (av + an) : 0
     if (d > 1.1 || d < 0.9 || c > 1.1 || c < 0.9)
-        printf "  measured: test B used %.2fx test A'\''s system CPU and %.2fx its context switches\n", d, c
+        printf "  measured: test B used %.2fx test A'\''s system CPU and %.2fx its context switches (one run: identical servers differed by up to 8 %% here; repeat it before trusting less than 20 %%)\n", d, c
     else
         printf "  measured: no difference beyond 10 %% in system CPU or context switches on this machine (B/A %.2f and %.2f)\n", d, c
 }

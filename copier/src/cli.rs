@@ -698,6 +698,31 @@ mod tests {
     }
 
     #[test]
+    fn tee_needs_two_targets_and_calibration_needs_tee_and_a_report() {
+        let err = args(&["--target", "198.18.0.3:3306", "--tee"])
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("at least two --target"), "{err}");
+        let two = ["--target", "198.18.0.3:3306,198.18.0.5:3306"];
+        let pool = ["--client-ip-pool", "198.19.0.0/24"];
+        let tee = [&two[..], &pool[..], &["--tee"]].concat();
+        args(&tee).validate().unwrap();
+        let cal = ["--ab-calibration", "/tmp/aa.json"];
+        let err = args(&[&two[..], &pool[..], &cal[..], &["--report", "/tmp/r"]].concat())
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("only applies with --tee and --report"),
+            "{err}"
+        );
+        args(&[&tee[..], &cal[..], &["--report", "/tmp/r"]].concat())
+            .validate()
+            .unwrap();
+    }
+
+    #[test]
     fn several_targets_pair_with_their_intercepts() {
         let a = args(&[
             "--target",
