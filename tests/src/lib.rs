@@ -903,6 +903,29 @@ impl Lab {
         Ok(())
     }
 
+    /// Runs `sql` with the mariadb client on host `from` against `to`'s server over TCP, as the
+    /// lab's account; returns the rows (tab-separated, no column names).
+    pub fn client_sql(&self, from: Host, to: Host, sql: &str) -> Result<String> {
+        let (user, password) = (self.var("LAB_USER"), self.var("LAB_PASSWORD"));
+        let password = format!("-p{password}");
+        self.exec_ok(
+            from,
+            &[
+                "mariadb",
+                "--no-defaults",
+                "--connect-timeout=5",
+                "-h",
+                self.ip(to),
+                "-u",
+                user,
+                &password,
+                "-N",
+                "-e",
+                sql,
+            ],
+        )
+    }
+
     /// Runs SQL as root over the server's local socket; returns the tab-separated rows.
     pub fn sql(&self, host: Host, sql: &str) -> Result<String> {
         let out = run(

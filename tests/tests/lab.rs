@@ -18,22 +18,7 @@ use tcpshadow_tests::{
 };
 
 fn mariadb_select_1(lab: &Lab, from: Host, to: Host) -> Result<String> {
-    lab.exec_ok(
-        from,
-        &[
-            "mariadb",
-            "--no-defaults",
-            "--connect-timeout=5",
-            "-h",
-            lab.ip(to),
-            "-u",
-            "sbtest",
-            "-psbtest",
-            "-N",
-            "-e",
-            "select 1",
-        ],
-    )
+    lab.client_sql(from, to, "select 1")
 }
 
 /// Processes ids of the lab's servers, to check later that they are gone.

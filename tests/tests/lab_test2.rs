@@ -20,23 +20,8 @@ fn pid_in(file: &str) -> Result<u32> {
 
 /// `select count(*)` of the first sysbench table, over TCP from `from` to `to`'s server.
 fn count_rows(lab: &Lab, from: Host, to: Host) -> Result<String> {
-    let out = lab.exec_ok(
-        from,
-        &[
-            "mariadb",
-            "--no-defaults",
-            "--connect-timeout=5",
-            "-h",
-            lab.ip(to),
-            "-u",
-            "sbtest",
-            "-psbtest",
-            "-N",
-            "-e",
-            "select count(*) from sbtest.sbtest1",
-        ],
-    )?;
-    Ok(out.trim().to_string())
+    let sql = "select count(*) from sbtest.sbtest1";
+    Ok(lab.client_sql(from, to, sql)?.trim().to_string())
 }
 
 /// The session a process leads or belongs to (field 6 of /proc/PID/stat).

@@ -180,7 +180,7 @@ fn legend(o: &mut String) {
 }
 
 /// A "nice" number at or above `v`: 1, 2 or 5 times a power of ten.
-fn nice_max(v: f64) -> f64 {
+pub(super) fn nice_max(v: f64) -> f64 {
     if !(v.is_finite() && v > 0.0) {
         return 1.0;
     }

@@ -673,7 +673,7 @@ fn chart(o: &mut String, m: &Metric, targets: &[TargetResources]) {
         .collect();
     let t_max = lines.iter().flatten().map(|p| p.0).fold(1.0f64, f64::max);
     let v_max = lines.iter().flatten().map(|p| p.1).fold(0.0f64, f64::max);
-    let top = nice_max(v_max);
+    let top = super::html::nice_max(v_max);
     let (pw, ph) = (W - L - R, H - T - B);
     let x = |t: f64| L + (t / t_max).clamp(0.0, 1.0) * pw;
     let y = |v: f64| T + ph - (v / top).clamp(0.0, 1.0) * ph;
@@ -728,20 +728,6 @@ fn chart(o: &mut String, m: &Metric, targets: &[TargetResources]) {
         );
     }
     o.push_str("</svg></figure>\n");
-}
-
-/// 1, 2 or 5 times a power of ten at or above `v` (1 for nothing to show).
-fn nice_max(v: f64) -> f64 {
-    if !(v.is_finite() && v > 0.0) {
-        return 1.0;
-    }
-    let p = 10f64.powf(v.log10().floor());
-    for m in [1.0, 2.0, 5.0, 10.0] {
-        if v <= m * p {
-            return m * p;
-        }
-    }
-    10.0 * p
 }
 
 #[cfg(test)]
