@@ -83,6 +83,16 @@ pub struct ProbeArgs {
     #[arg(long, default_value_t = 2.0, value_parser = parse_ratio)]
     pub max_p99_ratio: f64,
 
+    /// p99s below this many milliseconds count as this in the latency limit: a capacity knee
+    /// is queueing, not 0.3 ms becoming 0.6 ms (0.1 to 10000).
+    #[arg(long, default_value_t = 1.0, value_parser = parse_floor_ms)]
+    pub p99_floor_ms: f64,
+
+    /// Seconds of load at the first step's factor before step 1, not judged: the test server's
+    /// caches, the intercept link and the first logins warm up outside the baseline (0: none).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(0..=600))]
+    pub warmup_secs: u32,
+
     /// Limit: test errors production did not have, percent of the commands.
     #[arg(long, default_value_t = 0.1, value_parser = parse_pct)]
     pub max_new_errors_pct: f64,
@@ -144,6 +154,14 @@ fn parse_ratio(s: &str) -> Result<f64, String> {
     Ok(v)
 }
 
+fn parse_floor_ms(s: &str) -> Result<f64, String> {
+    let v = parse_f64(s)?;
+    if !(0.1..=10_000.0).contains(&v) {
+        return Err(format!("{s} must be between 0.1 and 10000 (milliseconds)"));
+    }
+    Ok(v)
+}
+
 fn parse_pct(s: &str) -> Result<f64, String> {
     let v = parse_f64(s)?;
     if !(0.0..=100.0).contains(&v) {
@@ -166,6 +184,12 @@ impl ProbeArgs {
             bail!(
                 "--report: the probe writes each step's comparison report under --out DIR/steps/ \
                  itself"
+            );
+        }
+        if self.mirror.sample.is_some() {
+            bail!(
+                "--sample: the probe's load factor is a multiple of the whole recording; a sample \
+                 would make every step a fraction of it"
             );
         }
         if self.mirror.tee {
@@ -217,6 +241,7 @@ impl ProbeArgs {
     pub fn thresholds(&self) -> Thresholds {
         Thresholds {
             p99_ratio: self.max_p99_ratio,
+            p99_floor_us: (self.p99_floor_ms * 1000.0).round() as u64,
             new_errors_pct: self.max_new_errors_pct,
             answered_pct: self.min_answered_pct,
             cpu_pct: self.max_cpu_pct,
@@ -255,6 +280,8 @@ mod tests {
             &["--max-p99-ratio", "1"],
             &["--min-answered-pct", "101"],
             &["--step-secs", "1"],
+            &["--p99-floor-ms", "0"],
+            &["--warmup-secs", "601"],
         ] {
             assert!(parse(bad).is_err(), "{bad:?} accepted");
         }

@@ -45,7 +45,7 @@ pub struct StepResult {
     pub speed: f64,
     pub multiply: u32,
     pub measure: StepMeasure,
-    /// The top digests' p99 over step 1's (floored: see `limits::P99_FLOOR_US`).
+    /// The top digests' p99 over step 1's (floored: see `Thresholds::p99_floor_us`).
     pub p99_ratio: f64,
     /// The limits crossed; empty: passed.
     pub crossed: Vec<Crossed>,
@@ -69,6 +69,8 @@ pub struct ProbeResult {
     pub recording_secs: f64,
     pub target: String,
     pub step_secs: u32,
+    /// Seconds at the first step's factor before step 1, not judged.
+    pub warmup_secs: u32,
     pub max_speed: f64,
     pub max_multiply: u32,
     pub thresholds: Thresholds,
@@ -121,7 +123,9 @@ impl ProbeResult {
             .iter()
             .any(|s| s.measure.host_cpu_busy_pct.is_some());
         self.degraded = match (self.steps.first(), self.fail_step()) {
-            (Some(base), Some(fail)) => limits::degraded(&base.measure, &fail.measure),
+            (Some(base), Some(fail)) => {
+                limits::degraded(&base.measure, &fail.measure, self.thresholds.p99_floor_us)
+            }
             _ => Vec::new(),
         };
     }

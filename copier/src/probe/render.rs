@@ -88,7 +88,7 @@ pub fn text(r: &ProbeResult) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "copier probe: {} ({:.1} s of recording) onto {}, {} s per step",
+        "copier probe: {} ({:.1} s of recording) onto {}, {} s per step after {} s of warm-up",
         r.recording
             .iter()
             .map(|p| one_line(&p.display().to_string(), 200))
@@ -96,13 +96,15 @@ pub fn text(r: &ProbeResult) -> String {
             .join(" "),
         r.recording_secs,
         r.target,
-        r.step_secs
+        r.step_secs,
+        r.warmup_secs
     );
     let _ = writeln!(
         out,
-        "limits: p99 of the top digests > {}x step 1, new errors > {} %, answered < {} % of \
-         sent, replay off its schedule, host CPU > {} %",
+        "limits: p99 of the top digests > {}x step 1 (p99s under {} count as that), new errors \
+         > {} %, answered < {} % of sent, replay off its schedule, host CPU > {} %",
         r.thresholds.p99_ratio,
+        fmt_us(r.thresholds.p99_floor_us),
         r.thresholds.new_errors_pct,
         r.thresholds.answered_pct,
         r.thresholds.cpu_pct
@@ -387,6 +389,7 @@ mod tests {
             recording_secs: 8.0,
             target: "198.18.0.3:3306".into(),
             step_secs: 5,
+            warmup_secs: 5,
             max_speed: 8.0,
             max_multiply: 4,
             thresholds: Thresholds::default(),

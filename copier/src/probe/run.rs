@@ -77,6 +77,7 @@ pub fn run(args: &ProbeArgs, mirror: &MirrorSettings) -> Result<ProbeResult> {
             .collect::<Vec<_>>()
             .join(", "),
         step_secs: args.step_secs,
+        warmup_secs: args.warmup_secs,
         max_speed: args.max_speed,
         max_multiply: args.max_multiply,
         thresholds,
@@ -91,11 +92,18 @@ pub fn run(args: &ProbeArgs, mirror: &MirrorSettings) -> Result<ProbeResult> {
     // Step 1's top digests with their counts: the latency figure's weights at every step.
     let mut top: Vec<(String, u64)> = Vec::new();
     let mut failure: Option<anyhow::Error> = None;
+    let warmed = warm_up(args, mirror, span, &mut base);
     let outcome = plan::search(&schedule, |step| {
+        match &warmed {
+            Ok(true) => {}
+            // Interrupted during the warm-up: nothing to judge.
+            Ok(false) => return None,
+            Err(_) => return None,
+        }
         if crate::signals::stop_requested() {
             return None;
         }
-        if step.number > 1 {
+        if step.number > 1 || args.warmup_secs > 0 {
             std::thread::sleep(PAUSE);
         }
         match run_step(args, mirror, span, step, &mut base, &mut top, &result) {
@@ -116,6 +124,9 @@ pub fn run(args: &ProbeArgs, mirror: &MirrorSettings) -> Result<ProbeResult> {
             }
         }
     });
+    if let Err(e) = warmed {
+        failure = Some(e.context("the warm-up"));
+    }
     result.stopped = outcome.stopped;
     result.conclude();
     write_files(&args.out, &result)?;
@@ -130,32 +141,55 @@ pub fn run(args: &ProbeArgs, mirror: &MirrorSettings) -> Result<ProbeResult> {
     Ok(result)
 }
 
-/// One step: a replay at `step`'s factor. `None` when interrupted (not judged).
-fn run_step(
+/// `--warmup-secs` at the first step's factor, not judged; false when interrupted.
+fn warm_up(
     args: &ProbeArgs,
     mirror: &MirrorSettings,
     span: Duration,
-    step: Step,
     base: &mut LoopBase,
-    top: &mut Vec<(String, u64)>,
-    so_far: &ProbeResult,
-) -> Result<Option<StepResult>> {
-    let (speed, multiply) = plan::split(step.factor, args.max_speed, args.max_multiply);
-    let wall = Duration::from_secs(u64::from(args.step_secs));
-    let file_time = wall.mul_f64(speed);
+) -> Result<bool> {
+    if args.warmup_secs == 0 {
+        return Ok(true);
+    }
+    let secs = Duration::from_secs(u64::from(args.warmup_secs));
+    let dir = args.out.join("steps").join("00-warmup");
+    let (speed, multiply) = plan::split(args.start, args.max_speed, args.max_multiply);
+    let r = replay_at(args, mirror, span, (speed, multiply), secs, dir, base)?;
+    if r.replay.interrupted {
+        println!("warm-up: interrupted");
+        return Ok(false);
+    }
+    let commands = r.report.as_ref().map_or(0, |r| r.totals.commands);
+    println!(
+        "warm-up: speed {speed:.2}x multiply {multiply}, {} s, {} commands mirrored (not judged)",
+        args.warmup_secs,
+        render::thousands(commands as f64 * f64::from(multiply))
+    );
+    let _ = std::io::stdout().flush();
+    Ok(true)
+}
+
+/// One replay of `secs` of load at (speed, multiply), its report in `report_dir`; `base`
+/// moves past the loops it used.
+fn replay_at(
+    args: &ProbeArgs,
+    mirror: &MirrorSettings,
+    span: Duration,
+    (speed, multiply): (f64, u32),
+    secs: Duration,
+    report_dir: std::path::PathBuf,
+    base: &mut LoopBase,
+) -> Result<replay::Replayed> {
+    let file_time = secs.mul_f64(speed);
     let loops = (file_time.as_secs_f64() / span.as_secs_f64()).ceil();
     let loops = if loops.is_finite() {
         (loops as u32).clamp(1, MAX_LOOPS)
     } else {
         1
     };
-    let report_dir = args
-        .out
-        .join("steps")
-        .join(format!("{:02}-f{:.2}", step.number, step.factor));
     let mut settings = mirror.clone();
     settings.multiply = multiply;
-    settings.report = Some(report_dir.clone());
+    settings.report = Some(report_dir);
     let replay_args = ReplayArgs {
         files: args.from.clone(),
         port: args.port,
@@ -171,13 +205,41 @@ fn run_step(
         first_loop: Some(*base),
         quiet: true,
     };
-    let started = std::time::SystemTime::now();
     let r = replay::run_with(&replay_args, &settings, &opts)?;
+    *base = base.after(&r.replay);
+    Ok(r)
+}
+
+/// One step: a replay at `step`'s factor. `None` when interrupted (not judged).
+fn run_step(
+    args: &ProbeArgs,
+    mirror: &MirrorSettings,
+    span: Duration,
+    step: Step,
+    base: &mut LoopBase,
+    top: &mut Vec<(String, u64)>,
+    so_far: &ProbeResult,
+) -> Result<Option<StepResult>> {
+    let (speed, multiply) = plan::split(step.factor, args.max_speed, args.max_multiply);
+    let report_dir = args
+        .out
+        .join("steps")
+        .join(format!("{:02}-f{:.2}", step.number, step.factor));
+    let wall = Duration::from_secs(u64::from(args.step_secs));
+    let started = std::time::SystemTime::now();
+    let r = replay_at(
+        args,
+        mirror,
+        span,
+        (speed, multiply),
+        wall,
+        report_dir.clone(),
+        base,
+    )?;
     let window = StepWindow {
         start: started,
         end: std::time::SystemTime::now(),
     };
-    *base = base.after(&r.replay);
     if r.replay.interrupted {
         return Ok(None);
     }
@@ -201,6 +263,7 @@ fn run_step(
     };
     let measure = StepMeasure::from_report(
         &report,
+        multiply,
         top,
         r.replay.worst_lateness.as_secs_f64() * 1000.0,
         pace,
@@ -208,7 +271,7 @@ fn run_step(
     );
     let baseline = so_far.steps.first().map_or(&measure, |s| &s.measure);
     let crossed = limits::judge(baseline, &measure, schedule_secs, &so_far.thresholds);
-    let p99_ratio = measure.p99_ratio(baseline);
+    let p99_ratio = measure.p99_ratio(baseline, so_far.thresholds.p99_floor_us);
     Ok(Some(StepResult {
         number: step.number,
         phase: step.phase,
