@@ -75,6 +75,11 @@ pub struct ProbeArgs {
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(0..=6))]
     pub narrow: u32,
 
+    /// Believe a failing step at once. By default it is run again at the same factor and
+    /// fails only if that run fails too (a neighbour's burst can spoil one step).
+    #[arg(long)]
+    pub no_confirm: bool,
+
     /// How many of the busiest digests (at step 1) are judged by latency.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=100))]
     pub top_digests: u32,
@@ -235,6 +240,7 @@ impl ProbeArgs {
             growth: self.growth,
             max_factor: self.max_factor(),
             narrow: self.narrow,
+            confirm: !self.no_confirm,
         }
     }
 

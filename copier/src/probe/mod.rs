@@ -51,11 +51,18 @@ pub struct StepResult {
     pub crossed: Vec<Crossed>,
     /// The step's comparison report (report.txt, .json, .html).
     pub report_dir: PathBuf,
+    /// It failed, but running it again at the same factor passed: noise, not a limit.
+    pub overruled: bool,
 }
 
 impl StepResult {
     pub fn passed(&self) -> bool {
         self.crossed.is_empty()
+    }
+
+    /// A limit the search believed (a failure not overruled by its confirmation).
+    pub fn failed(&self) -> bool {
+        !self.passed() && !self.overruled
     }
 }
 
@@ -104,7 +111,7 @@ impl ProbeResult {
             self.steps
                 .iter()
                 .enumerate()
-                .filter(|(_, s)| s.passed() == pass)
+                .filter(|(_, s)| if pass { s.passed() } else { s.failed() })
                 .map(|(i, s)| (i, s.factor))
                 .reduce(|a, b| {
                     let better = if pass { b.1 > a.1 } else { b.1 < a.1 };

@@ -7,6 +7,9 @@
 //! (the last step is `max_factor` itself when the ramp would overshoot it); after the first
 //! failing step it bisects between the last passing and the first failing factor, `narrow`
 //! times, geometrically (load is multiplicative: halfway between 4x and 8x is 5.66x, not 6x).
+//! With `confirm`, a failing step is run again at the same factor and fails only if that run
+//! fails too: on a shared host a neighbour's build can double a p99 for one step, and a
+//! search that believed it would narrow a knee that is not there.
 //! [`split`] turns a factor into the speed and `--multiply` that give it.
 //!
 //! # What it must never do
@@ -27,6 +30,8 @@ pub struct Schedule {
     pub max_factor: f64,
     /// Bisections after the first failing step.
     pub narrow: u32,
+    /// Run a failing step again before believing it.
+    pub confirm: bool,
 }
 
 /// Whether a step ramps up or narrows the knee.
@@ -35,6 +40,8 @@ pub struct Schedule {
 pub enum Phase {
     Ramp,
     Narrow,
+    /// The previous step, failed, run again at the same factor.
+    Confirm,
 }
 
 /// One step to run.
@@ -67,9 +74,15 @@ pub fn ramp(s: &Schedule) -> Vec<f64> {
 /// largest factor (1000 x 16) it is about 100 steps.
 pub const MAX_RAMP_STEPS: usize = 200;
 
-/// At most how many steps a search with `s` runs (for the progress line's "n/≤N").
+/// At most how many steps a search with `s` runs (for the progress line's "n/≤N"): with
+/// `confirm`, every failing step (the ramp's last and each bisection) may be run twice.
 pub fn max_steps(s: &Schedule) -> usize {
-    ramp(s).len() + s.narrow as usize
+    let tried = ramp(s).len() + s.narrow as usize;
+    if s.confirm {
+        tried + 1 + s.narrow as usize
+    } else {
+        tried
+    }
 }
 
 /// Speed and `--multiply` for factor `f`: speed alone up to `max_speed`, then the fewest
@@ -97,7 +110,8 @@ pub fn split(f: f64, max_speed: f64, max_multiply: u32) -> (f64, u32) {
 /// What the search found.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Outcome {
-    /// Every step run: its factor and whether it passed, in order.
+    /// Every step run: its factor and whether it passed, in order (a confirmation is a step
+    /// of its own; a failure it did not confirm counts as passed in `knee`/`first_fail`).
     pub steps: Vec<(f64, bool)>,
     /// The highest passing factor.
     pub knee: Option<f64>,
@@ -114,17 +128,32 @@ pub struct Outcome {
 pub fn search(s: &Schedule, mut measure: impl FnMut(Step) -> Option<bool>) -> Outcome {
     let mut out = Outcome::default();
     let mut number = 0;
-    for f in ramp(s) {
+    // One factor's verdict: run, and run again when it failed and `confirm` asks.
+    let mut judge = |factor: f64, phase: Phase, out: &mut Outcome| -> Option<bool> {
         number += 1;
-        let Some(passed) = measure(Step {
+        let passed = measure(Step {
             number,
-            factor: f,
-            phase: Phase::Ramp,
-        }) else {
+            factor,
+            phase,
+        })?;
+        out.steps.push((factor, passed));
+        if passed || !s.confirm {
+            return Some(passed);
+        }
+        number += 1;
+        let again = measure(Step {
+            number,
+            factor,
+            phase: Phase::Confirm,
+        })?;
+        out.steps.push((factor, again));
+        Some(again)
+    };
+    for f in ramp(s) {
+        let Some(passed) = judge(f, Phase::Ramp, &mut out) else {
             out.stopped = true;
             return out;
         };
-        out.steps.push((f, passed));
         if passed {
             out.knee = Some(f);
         } else {
@@ -141,16 +170,10 @@ pub fn search(s: &Schedule, mut measure: impl FnMut(Step) -> Option<bool>) -> Ou
         if !(mid > lo * (1.0 + 1e-3) && mid < hi * (1.0 - 1e-3)) {
             break;
         }
-        number += 1;
-        let Some(passed) = measure(Step {
-            number,
-            factor: mid,
-            phase: Phase::Narrow,
-        }) else {
+        let Some(passed) = judge(mid, Phase::Narrow, &mut out) else {
             out.stopped = true;
             break;
         };
-        out.steps.push((mid, passed));
         if passed {
             lo = mid;
         } else {
@@ -172,6 +195,7 @@ mod tests {
             growth: 2.0,
             max_factor: 64.0,
             narrow,
+            confirm: false,
         }
     }
 
@@ -265,9 +289,40 @@ mod tests {
         // Stopped while narrowing: the interval found so far stands.
         let out = search(&sched(3), |step| match step.phase {
             Phase::Ramp => Some(step.factor < 10.0),
-            Phase::Narrow => None,
+            Phase::Narrow | Phase::Confirm => None,
         });
         assert!(out.stopped);
         assert_eq!((out.knee, out.first_fail), (Some(8.0), Some(16.0)));
+    }
+
+    #[test]
+    fn a_failure_is_believed_only_when_confirmed() {
+        let s = Schedule {
+            confirm: true,
+            ..sched(1)
+        };
+        // A server good to 10x, with a neighbour's build spoiling the 4x step once.
+        let mut spoiled = false;
+        let mut phases = Vec::new();
+        let out = search(&s, |step| {
+            phases.push((step.factor, step.phase));
+            if step.factor == 4.0 && !spoiled {
+                spoiled = true;
+                return Some(false);
+            }
+            Some(step.factor <= 10.0)
+        });
+        assert_eq!((out.knee, out.first_fail), (Some(8.0), Some(128f64.sqrt())));
+        assert_eq!(phases[2..4], [(4.0, Phase::Ramp), (4.0, Phase::Confirm)]);
+        // 16x fails twice (confirmed), then one bisection at 11.3x, failing twice too.
+        let confirms = phases.iter().filter(|p| p.1 == Phase::Confirm).count();
+        assert_eq!(confirms, 3);
+        assert!(out.steps.len() <= max_steps(&s), "{phases:?}");
+        for limit in [1.0, 3.3, 12.0, 40.0] {
+            let out = search(&s, |step| Some(step.factor <= limit));
+            let (lo, hi) = (out.knee.unwrap(), out.first_fail.unwrap());
+            assert!(lo <= limit && limit < hi);
+            assert!(out.steps.len() <= max_steps(&s));
+        }
     }
 }

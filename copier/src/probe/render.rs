@@ -68,9 +68,14 @@ pub fn progress_line(s: &StepResult, max_steps: usize) -> String {
         )
     };
     format!(
-        "step {}/≤{max_steps}: speed {} multiply {} -> {} QPS sent, {} answered, p99 top digests \
-         {} ({ratio}), new errors {:.2} %, lateness {:.0} ms{}: {verdict}",
+        "step {}/≤{max_steps}{}: speed {} multiply {} -> {} QPS sent, {} answered, p99 top \
+         digests {} ({ratio}), new errors {:.2} %, lateness {:.0} ms{}: {verdict}",
         s.number,
+        if s.phase == super::plan::Phase::Confirm {
+            " (again)"
+        } else {
+            ""
+        },
         factor_text(s.speed),
         s.multiply,
         thousands(m.sent_qps),
@@ -142,11 +147,15 @@ pub fn text(r: &ProbeResult) -> String {
             if s.passed() {
                 "ok".to_string()
             } else {
-                s.crossed
-                    .iter()
-                    .map(ToString::to_string)
-                    .collect::<Vec<_>>()
-                    .join("; ")
+                format!(
+                    "{}{}",
+                    if s.overruled { "not confirmed: " } else { "" },
+                    s.crossed
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                )
             }
         );
     }
@@ -226,8 +235,16 @@ pub fn text(r: &ProbeResult) -> String {
     out
 }
 
-/// The chart's data: (answered QPS, top digests' p99 in ms, passed) per step, by QPS.
-fn points(r: &ProbeResult) -> Vec<(f64, f64, bool, usize)> {
+#[derive(Clone, Copy)]
+enum Verdict {
+    Passed,
+    /// Failed, not confirmed at the same factor.
+    Noise,
+    Failed,
+}
+
+/// The chart's data: (answered QPS, top digests' p99 in ms, verdict, step) per step, by QPS.
+fn points(r: &ProbeResult) -> Vec<(f64, f64, Verdict, usize)> {
     let mut v: Vec<_> = r
         .steps
         .iter()
@@ -235,7 +252,13 @@ fn points(r: &ProbeResult) -> Vec<(f64, f64, bool, usize)> {
             (
                 s.measure.answered_qps,
                 s.measure.top_p99_us / 1000.0,
-                s.passed(),
+                if s.passed() {
+                    Verdict::Passed
+                } else if s.overruled {
+                    Verdict::Noise
+                } else {
+                    Verdict::Failed
+                },
                 s.number,
             )
         })
@@ -309,7 +332,11 @@ pub fn svg(r: &ProbeResult) -> String {
         );
     }
     for p in &pts {
-        let color = if p.2 { "#2a7" } else { "#c33" };
+        let color = match p.2 {
+            Verdict::Passed => "#2a7",
+            Verdict::Noise => "#e90",
+            Verdict::Failed => "#c33",
+        };
         let _ = write!(
             s,
             "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"4\" fill=\"{color}\"><title>step {}: {} QPS, \
@@ -335,7 +362,7 @@ pub fn html(r: &ProbeResult) -> String {
     );
     let _ = write!(
         s,
-        "<p>Green: step passed; red: a limit crossed. One dot per step.</p>{}<pre>{}</pre>",
+        "<p>Green: step passed; red: a limit crossed; orange: crossed once, not again at the same load (noise). One dot per step.</p>{}<pre>{}</pre>",
         svg(r),
         esc(&text(r))
     );
@@ -379,6 +406,7 @@ mod tests {
             p99_ratio: p99 / 1000.0,
             crossed,
             report_dir: "probe/steps/01".into(),
+            overruled: false,
         }
     }
 
@@ -470,5 +498,17 @@ mod tests {
         empty.conclude();
         assert!(html(&empty).contains("</svg>"));
         assert!(text(&empty).contains("knee: none"));
+    }
+
+    #[test]
+    fn a_failure_its_confirmation_overruled_is_no_limit() {
+        let mut r = result();
+        r.steps[2].overruled = true;
+        r.conclude();
+        assert_eq!(r.knee_step().unwrap().number, 4);
+        assert!(r.fail_step().is_none());
+        let t = text(&r);
+        assert!(t.contains("not confirmed: p99"), "{t}");
+        assert!(svg(&r).contains("#e90"));
     }
 }

@@ -110,6 +110,15 @@ pub fn run(args: &ProbeArgs, mirror: &MirrorSettings) -> Result<ProbeResult> {
             Ok(Some(s)) => {
                 let passed = s.passed();
                 println!("{}", render::progress_line(&s, max_steps));
+                if passed && s.phase == plan::Phase::Confirm {
+                    if let Some(spoiled) = result.steps.last_mut() {
+                        spoiled.overruled = true;
+                        println!(
+                            "  step {}'s limit was not confirmed at the same load: taken as noise",
+                            spoiled.number
+                        );
+                    }
+                }
                 let _ = std::io::stdout().flush();
                 result.steps.push(s);
                 Some(passed)
@@ -282,6 +291,7 @@ fn run_step(
         p99_ratio,
         crossed,
         report_dir,
+        overruled: false,
     }))
 }
 
