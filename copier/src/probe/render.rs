@@ -88,6 +88,27 @@ pub fn progress_line(s: &StepResult, max_steps: usize) -> String {
     )
 }
 
+/// A step's verdict in the table: `ok`, the limits crossed, marked when the step repeated
+/// the previous one (`again: `) or its failure was not confirmed (`not confirmed: `).
+fn verdict_text(s: &StepResult) -> String {
+    let again = if s.phase == super::plan::Phase::Confirm {
+        "again: "
+    } else {
+        ""
+    };
+    if s.passed() {
+        return format!("{again}ok");
+    }
+    let limits = s
+        .crossed
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ");
+    let noise = if s.overruled { "not confirmed: " } else { "" };
+    format!("{again}{noise}{limits}")
+}
+
 /// probe.txt: the steps, the knee, the limit, the digests that degraded first, the files.
 pub fn text(r: &ProbeResult) -> String {
     let mut out = String::new();
@@ -144,19 +165,7 @@ pub fn text(r: &ProbeResult) -> String {
             us_text(m.top_p99_us),
             m.new_errors_pct(),
             m.lateness_ms,
-            if s.passed() {
-                "ok".to_string()
-            } else {
-                format!(
-                    "{}{}",
-                    if s.overruled { "not confirmed: " } else { "" },
-                    s.crossed
-                        .iter()
-                        .map(ToString::to_string)
-                        .collect::<Vec<_>>()
-                        .join("; ")
-                )
-            }
+            verdict_text(s),
         );
     }
     let _ = writeln!(out);

@@ -134,12 +134,15 @@ pub fn run(args: &ProbeArgs, mirror: &MirrorSettings) -> Result<ProbeResult> {
         }
     });
     if let Err(e) = warmed {
-        failure = Some(e.context("the warm-up"));
+        failure = Some(e.context("the warm-up failed"));
     }
     result.stopped = outcome.stopped;
     result.conclude();
     write_files(&args.out, &result)?;
     if let Some(e) = failure {
+        if result.steps.is_empty() && args.warmup_secs > 0 {
+            return Err(e);
+        }
         // What ran is written: the error says why the rest did not.
         return Err(e.context(format!(
             "step {} failed (the steps before it are in {})",
