@@ -20,6 +20,7 @@ pub mod driver;
 pub mod metrics;
 pub mod outputs;
 pub mod pcapfile;
+pub mod probe;
 pub mod prod_state;
 pub mod record;
 pub mod replay;

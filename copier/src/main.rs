@@ -3,6 +3,7 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser};
 use copier::cli::Args;
+use copier::probe::ProbeArgs;
 use copier::record::RecordArgs;
 use copier::replay::ReplayArgs;
 use copier::report::diff::ReportArgs;
@@ -16,6 +17,8 @@ Subcommands (each has its own --help):
       write the production port's traffic to pcapng files
   copier replay FILE... --target HOST:PORT --intercept HOST:PORT [--speed 2] [--loop N] ...
       replay recorded traffic (pcap or pcapng) onto a test server
+  copier probe --from FILE.pcapng --target HOST:PORT --intercept HOST:PORT --client-ip-pool CIDR ...
+      replay a recording at rising load until a limit is crossed: the test server's capacity
   copier report diff A.json B.json [--top N]
       compare two runs' comparison reports digest by digest
 
@@ -40,6 +43,11 @@ fn main() -> ExitCode {
             let args = ReplayArgs::parse_from(named("copier replay", rest()));
             init_logging();
             main_replay(&args)
+        }
+        Some("probe") => {
+            let args = ProbeArgs::parse_from(named("copier probe", rest()));
+            init_logging();
+            main_probe(&args)
         }
         Some("report") => {
             let args = ReportArgs::parse_from(named("copier report", rest()));
@@ -217,6 +225,34 @@ fn main_replay(args: &ReplayArgs) -> ExitCode {
         }
         Err(e) => {
             eprintln!("copier replay: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn main_probe(args: &ProbeArgs) -> ExitCode {
+    let mirror = match args.validate() {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("copier probe: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
+    signals::install();
+    match copier::probe::run::run(args, &mirror) {
+        Ok(result) => {
+            print!("{}", copier::probe::render::text(&result));
+            println!(
+                "files: {0}/probe.txt, {0}/probe.json, {0}/probe.html, each step's report in {0}/steps/",
+                args.out.display()
+            );
+            if result.stopped && signals::stop_requested() {
+                return ExitCode::from(130);
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("copier probe: {e:#}");
             ExitCode::FAILURE
         }
     }

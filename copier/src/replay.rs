@@ -269,11 +269,21 @@ struct Source {
     pub packets: u64,
     /// File time of one loop (ns), known once the first loop was read.
     pub loop_span: Option<u64>,
+    /// [`RunOptions::file_time_limit`], ns.
+    limit_ns: Option<u64>,
+    /// The limit was reached: nothing more is read.
+    cut: bool,
+    /// [`RunOptions::first_loop`].
+    base: LoopBase,
 }
 
 impl Source {
     /// Checks that every file opens and is a capture, before anything is replayed.
     fn open(files: &[PathBuf], port: u16, loops: u32) -> Result<Self> {
+        Self::open_with(files, port, loops, &RunOptions::default())
+    }
+
+    fn open_with(files: &[PathBuf], port: u16, loops: u32, opts: &RunOptions) -> Result<Self> {
         let mut sizes = Vec::with_capacity(files.len());
         for path in files {
             let file =
@@ -306,6 +316,11 @@ impl Source {
             unsupported_link: 0,
             packets: 0,
             loop_span: None,
+            limit_ns: opts
+                .file_time_limit
+                .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
+            cut: false,
+            base: opts.first_loop.unwrap_or_default(),
         };
         s.advance()?;
         Ok(s)
@@ -366,11 +381,23 @@ impl Source {
                 }
             }
             let pos = frame.ts_ns.saturating_add(self.shift_ns);
+            if let (Some(limit), Some(first)) = (self.limit_ns, self.first_pos) {
+                if pos.saturating_sub(first) > limit {
+                    // Ends here as at the end of the files: the sessions still open are left
+                    // to the settle and the drain, like those a recording cuts off.
+                    self.cut = true;
+                    self.reader = None;
+                    return Ok(());
+                }
+            }
             if self.loop_start.is_none() {
                 self.loop_start = Some(pos);
                 let first = *self.first_pos.get_or_insert(pos);
                 let start_ms = (pos - first) / 1_000_000;
-                self.shift = LoopShift::new(self.loop_idx, start_ms);
+                self.shift = LoopShift::new(
+                    self.base.index.saturating_add(self.loop_idx),
+                    u64::from(self.base.ts_ms).wrapping_add(start_ms),
+                );
             }
             self.last_pos = Some(self.last_pos.map_or(pos, |l| l.max(pos)));
             let Some(link) = LinkType::from_dlt(i32::from(frame.link_type)) else {
@@ -411,6 +438,9 @@ impl Source {
 
     /// Opens the next file (or the first of the next loop); false when all are done.
     fn open_next_file(&mut self) -> Result<bool> {
+        if self.cut {
+            return Ok(false);
+        }
         if self.file_idx >= self.files.len() {
             self.loop_idx += 1;
             self.file_idx = 0;
@@ -590,9 +620,13 @@ struct Progress {
 }
 
 impl Progress {
-    fn new(now: Instant, every: Option<Duration>) -> Self {
-        let tty = std::io::stderr().is_terminal();
-        let every = if tty { Some(BAR_EVERY) } else { every };
+    fn new(now: Instant, every: Option<Duration>, quiet: bool) -> Self {
+        let tty = !quiet && std::io::stderr().is_terminal();
+        let every = match (quiet, tty) {
+            (true, _) => None,
+            (false, true) => Some(BAR_EVERY),
+            (false, false) => every,
+        };
         Self {
             tty,
             every,
@@ -702,14 +736,68 @@ pub fn plan(args: &ReplayArgs) -> Result<Plan> {
     })
 }
 
+/// Where a replay's loop numbering starts: a caller that replays the same files several times
+/// in a row (the capacity probe's steps) continues where the previous replay stopped, so its
+/// connections are new ones on the test server too (see [`LoopRewrite`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LoopBase {
+    /// The first loop's index.
+    pub index: u32,
+    /// Added to every loop's timestamp shift, ms.
+    pub ts_ms: u32,
+}
+
+impl LoopBase {
+    /// The base of the replay after one that started at `self` and reported `r`: past every
+    /// loop and every timestamp it used.
+    pub fn after(self, r: &ReplayReport) -> Self {
+        let loops = r.loops_done.saturating_add(1);
+        let span_ms = u32::try_from(r.file_time.as_millis()).unwrap_or(u32::MAX);
+        Self {
+            index: self.index.saturating_add(loops),
+            ts_ms: self
+                .ts_ms
+                .wrapping_add(span_ms)
+                .wrapping_add(loops.wrapping_mul(1000))
+                .wrapping_add(1000),
+        }
+    }
+}
+
+/// What a caller other than `copier replay` changes in a replay (`copier probe`).
+#[derive(Clone, Debug, Default)]
+pub struct RunOptions {
+    /// Replay only this much file time from the first packet (over all loops), then end as at
+    /// the end of the files.
+    pub file_time_limit: Option<Duration>,
+    /// Rewrite every loop as new connections, numbering loops from here, even with one loop.
+    pub first_loop: Option<LoopBase>,
+    /// No progress bar or progress lines: the caller reports progress its own way.
+    pub quiet: bool,
+}
+
+/// Everything a replay measured.
+pub struct Replayed {
+    pub snapshot: crate::status::Snapshot,
+    pub replay: ReplayReport,
+    /// The comparison report as of the end (MySQL mode, or `--report`).
+    pub report: Option<crate::report::Report>,
+}
+
 /// Replays the files; returns the driver's counters and the replay's own figures.
 pub fn run(
     args: &ReplayArgs,
     mirror: &MirrorSettings,
 ) -> Result<(crate::status::Snapshot, ReplayReport)> {
+    let r = run_with(args, mirror, &RunOptions::default())?;
+    Ok((r.snapshot, r.replay))
+}
+
+/// [`run`] with `opts`, keeping the comparison report.
+pub fn run_with(args: &ReplayArgs, mirror: &MirrorSettings, opts: &RunOptions) -> Result<Replayed> {
     let clock = MonotonicClock::new();
-    let mut source = Source::open(&args.files, args.port, args.loops)?;
-    let mut rewrite = LoopRewrite::new(args.port, args.loops > 1);
+    let mut source = Source::open_with(&args.files, args.port, args.loops, opts)?;
+    let mut rewrite = LoopRewrite::new(args.port, args.loops > 1 || opts.first_loop.is_some());
     let mut driver = Driver::start(mirror, plan(args)?, clock.now())?;
     tracing::info!(
         "replaying {} file(s) ({}) x {} loop(s) at speed {} to {} (intercept {})",
@@ -725,7 +813,7 @@ pub fn run(
             .join(", "),
         mirror.first_intercept()
     );
-    let mut progress = Progress::new(clock.now(), mirror.status_interval());
+    let mut progress = Progress::new(clock.now(), mirror.status_interval(), opts.quiet);
     // Set when the first packet is fed: the schedule starts there, not while intercept connects.
     let mut start: Option<(Instant, u64)> = None;
     let mut last_fed: Option<Instant> = None;
@@ -788,6 +876,9 @@ pub fn run(
     }
     progress.clear();
     let end = clock.now();
+    // Taken before `finish` consumes the driver; every session was reset by the drain, so
+    // what they still awaited is already in the report's queue.
+    let comparison = driver.report(end);
     let snap = driver.finish(&source.stats);
     let loops_done = if interrupted {
         source.loop_idx
@@ -817,7 +908,11 @@ pub fn run(
         unsupported_link: source.unsupported_link,
         virtual_exhausted: rewrite.exhausted,
     };
-    Ok((snap, report))
+    Ok(Replayed {
+        snapshot: snap,
+        replay: report,
+        report: comparison,
+    })
 }
 
 fn figures(
@@ -845,6 +940,19 @@ fn figures(
         lateness,
         schedule_left,
     }
+}
+
+/// The file time of one pass over `files` (first frame to last of their timeline), read
+/// through without replaying anything: what a caller needs to know how far one loop goes.
+pub fn file_time(files: &[PathBuf], port: u16) -> Result<Duration> {
+    let mut source = Source::open(files, port, 1)?;
+    while source.next.is_some() {
+        source.advance()?;
+    }
+    Ok(match (source.first_pos, source.last_pos) {
+        (Some(f), Some(l)) => Duration::from_nanos(l.saturating_sub(f)),
+        _ => Duration::ZERO,
+    })
 }
 
 /// Files that `run` found damaged, as one error for the exit status.

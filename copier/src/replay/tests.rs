@@ -327,3 +327,59 @@ fn settling_ends_when_sessions_closed_the_server_fell_silent_or_time_ran_out() {
     let mut s = Settle::new(t(0));
     assert!(s.done(t(1), 0, 5, limit), "every session closed");
 }
+
+#[test]
+fn a_file_time_limit_cuts_the_timeline_and_a_loop_base_continues_the_numbering() {
+    let dir = tempdir("limit");
+    let a = dir.join("a.pcapng");
+    write_file(
+        &a,
+        &[
+            (100 * S, segment(true, TcpFlags::SYN, 1, 0, &[])),
+            (
+                101 * S,
+                segment(false, TcpFlags::SYN | TcpFlags::ACK, 9, 2, &[]),
+            ),
+            (103 * S, segment(true, TcpFlags::ACK, 2, 10, &[])),
+        ],
+    );
+    assert_eq!(
+        file_time(std::slice::from_ref(&a), 3306).unwrap(),
+        Duration::from_secs(3)
+    );
+    // 5 s of file time over loops of 3 s: the second loop is cut after its first 2 s.
+    let opts = RunOptions {
+        file_time_limit: Some(Duration::from_secs(5)),
+        first_loop: Some(LoopBase {
+            index: 4,
+            ts_ms: 10_000,
+        }),
+        quiet: true,
+    };
+    let mut source = Source::open_with(std::slice::from_ref(&a), 3306, 100, &opts).unwrap();
+    let mut rewrite = LoopRewrite::new(3306, true);
+    let got = drain_source(&mut source, &mut rewrite);
+    let pos: Vec<u64> = got.iter().map(|g| g.0).collect();
+    assert_eq!(pos, vec![100 * S, 101 * S, 103 * S, 103 * S, 104 * S]);
+    let loops: Vec<u32> = got.iter().map(|g| g.1).collect();
+    assert_eq!(loops, vec![4, 4, 4, 5, 5]);
+    assert_eq!(source.loop_idx, 1, "stopped in the second loop");
+    // The base's timestamp shift comes on top of the loop's own.
+    assert_eq!(source.shift, LoopShift::new(5, 10_000 + 3_000));
+
+    // The next replay starts past every loop and timestamp this one used.
+    let report = ReplayReport {
+        loops_done: 1,
+        file_time: Duration::from_secs(4),
+        ..ReplayReport::default()
+    };
+    let next = LoopBase {
+        index: 4,
+        ts_ms: 10_000,
+    }
+    .after(&report);
+    assert_eq!(next.index, 6);
+    let last_used = LoopShift::new(5, 10_000 + 4_000).ts;
+    assert!(LoopShift::new(next.index, u64::from(next.ts_ms)).ts > last_used);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
