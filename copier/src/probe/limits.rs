@@ -23,7 +23,7 @@
 //!   the copier's host, not the test server, set the pace, so the step measured the wrong
 //!   thing; reported as its own limit so nobody reads it as the test server's knee.
 //! * **host CPU**: the test host's CPU busy above `cpu_pct`, when a figure is given
-//!   (`host_cpu_busy_pct`; none until a sampler provides it).
+//!   (`host_cpu_busy_pct`: from `--target-metrics`, the first target's node_exporter).
 //!
 //! # What it must never do
 //!

@@ -12,7 +12,8 @@
 //!
 //! * Copy replay's loop or the driver's: a step is a replay, waited for to its drain (the
 //!   replay's settle already waits for the test server to finish what it was sent).
-//! * Fetch resources from the test host itself: see [`host_cpu_busy_pct`].
+//! * Fetch resources from the test host itself: the step's report carries what the
+//!   `--target-metrics` sampler read (see [`host_cpu_busy_pct`]).
 
 use std::io::Write as _;
 use std::path::Path;
@@ -35,19 +36,17 @@ const PAUSE: Duration = Duration::from_secs(1);
 /// Most loops of the recording in one step (a very short recording at a high speed).
 const MAX_LOOPS: u32 = 100_000;
 
-/// The wall-clock window of one step, for a resource sampler.
-#[derive(Clone, Copy, Debug)]
-pub struct StepWindow {
-    pub start: std::time::SystemTime,
-    pub end: std::time::SystemTime,
-}
-
-/// MERGE HOOK (issue 22, `--target-metrics`): the test host's CPU busy percentage over
-/// `window`, from the node_exporter sampler of `copier/src/resources/` once it is merged.
-/// Until then nothing measures it (the probe must not grow its own HTTP client): `None`, and
-/// the report says "host CPU: not measured".
-fn host_cpu_busy_pct(_args: &ProbeArgs, _window: StepWindow) -> Option<f64> {
-    None
+/// The test host's CPU busy percentage over a step (100 - the mean idle % of its first
+/// target's node_exporter timeline in the step's report), when `--target-metrics` gave the
+/// copier one to read; `None` otherwise (the report then says "host CPU: not measured").
+fn host_cpu_busy_pct(report: &crate::report::Report) -> Option<f64> {
+    let idle = report
+        .resources
+        .first()?
+        .summary
+        .series
+        .get("cpu_idle_pct")?;
+    (idle.samples > 0 && idle.mean.is_finite()).then(|| (100.0 - idle.mean).clamp(0.0, 100.0))
 }
 
 /// Runs the probe to its end (or a stop signal) and writes its files; returns what it found.
@@ -238,7 +237,6 @@ fn run_step(
         .join("steps")
         .join(format!("{:02}-f{:.2}", step.number, step.factor));
     let wall = Duration::from_secs(u64::from(args.step_secs));
-    let started = std::time::SystemTime::now();
     let r = replay_at(
         args,
         mirror,
@@ -248,10 +246,6 @@ fn run_step(
         report_dir.clone(),
         base,
     )?;
-    let window = StepWindow {
-        start: started,
-        end: std::time::SystemTime::now(),
-    };
     if r.replay.interrupted {
         return Ok(None);
     }
@@ -279,7 +273,7 @@ fn run_step(
         top,
         r.replay.worst_lateness.as_secs_f64() * 1000.0,
         pace,
-        host_cpu_busy_pct(args, window),
+        host_cpu_busy_pct(&report),
     );
     let baseline = so_far.steps.first().map_or(&measure, |s| &s.measure);
     let crossed = limits::judge(baseline, &measure, schedule_secs, &so_far.thresholds);
@@ -308,4 +302,36 @@ fn write_files(dir: &Path, result: &ProbeResult) -> Result<()> {
     write("probe.json", &json)?;
     write("probe.html", render::html(result).as_bytes())?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::resources::{SeriesStat, TargetResources};
+    use crate::report::Report;
+
+    #[test]
+    fn host_cpu_is_what_the_first_target_was_not_idle() {
+        let mut r = Report::default();
+        assert_eq!(host_cpu_busy_pct(&r), None, "no --target-metrics");
+        let mut t = TargetResources::default();
+        t.summary.series.insert(
+            "cpu_idle_pct".into(),
+            SeriesStat {
+                mean: 12.5,
+                p95: 20.0,
+                max: 30.0,
+                samples: 4,
+            },
+        );
+        r.resources.push(t);
+        assert_eq!(host_cpu_busy_pct(&r), Some(87.5));
+        r.resources[0]
+            .summary
+            .series
+            .get_mut("cpu_idle_pct")
+            .unwrap()
+            .samples = 0;
+        assert_eq!(host_cpu_busy_pct(&r), None, "no point read");
+    }
 }
