@@ -336,3 +336,45 @@ fn write_sample_report() {
         write_report(std::path::Path::new(&dir), &sample_report()).unwrap();
     }
 }
+
+#[test]
+fn the_ab_section_is_rendered_and_escaped() {
+    let mut r = sample_report();
+    let ab = crate::report::ab::AbComparison {
+        a: "198.18.0.3:3306".into(),
+        b: "198.18.0.6:3306<b>".into(),
+        calibration: Some("aa/<report>.json".into()),
+        flagged: 1,
+        digests: vec![crate::report::ab::AbDigest {
+            id: "00000000000000ab".into(),
+            command: "stmt_execute".into(),
+            fingerprint: "select <script>alert(1)</script>".into(),
+            n_a: 400,
+            n_b: 400,
+            p50_a_us: 1000,
+            p50_b_us: 2250,
+            ratio_p50: 2.25,
+            ratio_low: 1.78,
+            ratio_high: 4.0,
+            noise_low: 0.87,
+            noise_high: 1.3,
+            calibrated: true,
+            verdict: "slower".into(),
+            impact_us: 500_000.0,
+            ..Default::default()
+        }],
+    };
+    r.ab = Some(ab);
+    let html = render_html(&r);
+    assert!(html.contains("id=\"ab\"") && html.contains("Test A vs test B"));
+    assert!(!html.contains("<script") && !html.contains("6:3306<b>"));
+    assert!(html.contains("1.78–4.00"));
+    let text = crate::report::text::render_text(&r, None);
+    let ab_text = &text[text.find("A/B: ").expect("an A/B section")..];
+    assert!(ab_text.contains("1 of 1 digests flagged"), "{ab_text}");
+    assert!(
+        ab_text.contains("slower") && ab_text.contains("1.78-4.00"),
+        "{ab_text}"
+    );
+    assert!(ab_text.contains("+500.0ms"), "{ab_text}");
+}
