@@ -153,7 +153,7 @@ impl Snapshot {
             ),
             (
                 "TLS plaintext bytes of connections not mirrored (open before the copier, or \
-                 not admitted)",
+                 not admitted; --sample's choices are not losses)",
                 e.tls_plain_bytes_unmatched,
             ),
             (
@@ -359,7 +359,8 @@ fn tls_line(s: &Snapshot) -> Option<String> {
         "  tls: {from_plaintext} sessions mirrored from their plaintext ({} bytes from clients, \
          {} from production; {} bytes of ciphertext passed over); probe: {} streams started, {} \
          joined midway, {} pieces ({} bytes), {} lost bytes, {} pieces of unknown connections; \
-         {} bytes of sessions on a Unix socket (never captured, like any)",
+         {} bytes of sessions on a Unix socket (never captured, like any); {} bytes of \
+         connections --sample left out (by design)",
         e.tls_plain_client_bytes,
         e.tls_plain_prod_bytes,
         e.tls_ciphertext_bytes,
@@ -370,6 +371,7 @@ fn tls_line(s: &Snapshot) -> Option<String> {
         p.lost_bytes(),
         p.unresolved_chunks,
         p.not_tcp_bytes,
+        e.tls_plain_bytes_not_sampled,
     ))
 }
 

@@ -116,6 +116,8 @@ pub struct Fleet {
     /// Relayed feedback for an address outside this fleet's slices (another worker's or
     /// another copier's; counted in `unrouted` too).
     feedback_foreign: u64,
+    /// TLS plaintext bytes of connections `--sample` left out.
+    tls_plain_not_sampled: u64,
 }
 
 impl Fleet {
@@ -194,6 +196,7 @@ impl Fleet {
             feedback_unrouted: 0,
             test_events_unrouted: 0,
             feedback_foreign: 0,
+            tls_plain_not_sampled: 0,
         })
     }
 
@@ -372,7 +375,7 @@ impl Fleet {
     /// mirrors its client (each copy of `--multiply` has its own session of it).
     pub fn on_plaintext(&mut self, now: Instant, p: &Plaintext<'_>) {
         let port = p.server.port();
-        for r in &self.routes {
+        for (i, r) in self.routes.iter().enumerate() {
             if r.prod_port != port {
                 continue;
             }
@@ -380,6 +383,15 @@ impl Fleet {
                 if placement(p.client, size) != pos {
                     continue;
                 }
+            }
+            let decider = &self.samplers[r.decided_by.unwrap_or(i)];
+            if decider
+                .as_ref()
+                .is_some_and(|s| s.left_out(now, p.client, *p.server.ip()))
+            {
+                // Once per route, as its packets are counted once (not per copy).
+                self.tls_plain_not_sampled += p.data.len() as u64;
+                continue;
             }
             for e in &mut self.engines[r.first..r.first + self.copies] {
                 e.on_plaintext(now, p);
@@ -509,6 +521,7 @@ impl Fleet {
             }
         }
         total.captured_ignored += self.captured_ignored;
+        total.tls_plain_bytes_not_sampled += self.tls_plain_not_sampled;
         total.feedback_received += self.feedback_unrouted;
         total.feedback_unknown_session += self.feedback_unrouted;
         total.test_events_unknown_session += self.test_events_unrouted;
@@ -807,6 +820,33 @@ mod tests {
             f.samplers[0].is_some() && f.samplers[1].is_none(),
             "one decides"
         );
+    }
+
+    #[test]
+    fn plaintext_of_a_sampled_out_connection_is_left_out_by_design_not_lost() {
+        let mut t = template();
+        t.sample = Sample::from_percent(50.0);
+        let mut f = Fleet::new(&t, &[(3306, TARGET)], 1, Engine::new).unwrap();
+        let mut opened = 0;
+        for port in 40000..40100u16 {
+            let c = SocketAddrV4::new(*CLIENT.ip(), port);
+            capture(&mut f, &packet(c, PROD, C, 0, SYN, b"", Default::default()));
+            opened += std::iter::from_fn(|| f.poll_event())
+                .filter(|e| matches!(e, EngineEvent::SessionOpened { .. }))
+                .count();
+            let piece = Plaintext {
+                client: c,
+                server: PROD,
+                from_client: true,
+                offset: 0,
+                data: b"0123456789",
+            };
+            f.on_plaintext(now(), &piece);
+        }
+        let st = f.stats();
+        assert!((40..=60).contains(&opened), "{opened}");
+        assert_eq!(st.tls_plain_bytes_not_sampled, 10 * (100 - opened as u64));
+        assert_eq!(st.tls_plain_bytes_unmatched, 0, "no loss counted for them");
     }
 
     #[test]

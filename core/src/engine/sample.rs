@@ -59,7 +59,7 @@
 //! route (see `fleet.rs`), so the copies of a connection are all in or all out together.
 
 use std::collections::HashMap;
-use std::net::SocketAddrV4;
+use std::net::{Ipv4Addr, SocketAddrV4};
 use std::time::Duration;
 
 use common::clock::Instant;
@@ -246,6 +246,14 @@ impl Sampler {
     #[cfg(test)]
     pub(crate) fn remembered(&self) -> usize {
         self.flows.len()
+    }
+
+    /// Whether `client`'s connection to `prod_ip` was decided out and is still remembered so:
+    /// its TLS plaintext is then left out by design, as its packets are.
+    pub(crate) fn left_out(&self, now: Instant, client: SocketAddrV4, prod_ip: Ipv4Addr) -> bool {
+        self.flows
+            .get(&FlowKey { client, prod_ip })
+            .is_some_and(|d| d.until > now && d.flags & TAKEN == 0)
     }
 
     /// The verdict on a captured packet. Packets of no interest (other ports, the target's

@@ -122,6 +122,8 @@ pub struct EngineStats {
     /// Plaintext bytes that arrived before their session's SSLRequest was read, and were
     /// still waiting when it ended (its TLS never started in our eyes).
     pub tls_plain_bytes_unused: u64,
+    /// Plaintext bytes of connections `--sample` left out: not mirrored by design, not a loss.
+    pub tls_plain_bytes_not_sampled: u64,
 
     // --- toward the test server ---
     /// Bytes queued toward the test server (client bytes, or what transforms pushed).
@@ -292,6 +294,7 @@ impl EngineStats {
             tls_plain_bytes_lost,
             tls_plain_bytes_unmatched,
             tls_plain_bytes_unused,
+            tls_plain_bytes_not_sampled,
             bytes_queued,
             transform_bytes_refused,
             bytes_sent,
