@@ -96,6 +96,14 @@ pub struct AbDigest {
     /// Answers that differed from production's (rows or results) on each side.
     pub mismatches_a: u64,
     pub mismatches_b: u64,
+    /// p99 B / p99 A and its 99 % interval, as for p50 (shown, not judged: a p99 needs a
+    /// hundred times the samples of a p50 to be as sure).
+    pub ratio_p99: f64,
+    pub ratio_p99_low: f64,
+    pub ratio_p99_high: f64,
+    /// Rows each side returned, summed.
+    pub rows_a: u64,
+    pub rows_b: u64,
 }
 
 impl AbDigest {
@@ -208,6 +216,8 @@ fn digest(
         band.unwrap_or((1.0 / (1.0 + DEFAULT_NOISE), 1.0 + DEFAULT_NOISE));
     let interval = ratio_interval(la, lb);
     let (ratio_p50, ratio_low, ratio_high) = interval.unwrap_or((0.0, 0.0, 0.0));
+    let (ratio_p99, ratio_p99_low, ratio_p99_high) =
+        quantile_ratio_interval(la, lb, 0.99, |l| l.p99_us).unwrap_or((0.0, 0.0, 0.0));
     let (new_errors_a, new_errors_b) = (a.new_errors(&d.prod_errors), b.new_errors(&d.prod_errors));
     // Errors are rarer than slowdowns and each one matters: a difference of more than one in
     // a thousand commands (at least one) is flagged.
@@ -250,17 +260,31 @@ fn digest(
         new_errors_b,
         mismatches_a: a.row_mismatches.saturating_add(a.result_mismatches),
         mismatches_b: b.row_mismatches.saturating_add(b.result_mismatches),
+        ratio_p99,
+        ratio_p99_low,
+        ratio_p99_high,
+        rows_a: a.rows,
+        rows_b: b.rows,
     }
 }
 
 /// p50 B / p50 A with its interval `(ratio, low, high)`; `None` without samples on a side.
 pub fn ratio_interval(a: &Latency, b: &Latency) -> Option<(f64, f64, f64)> {
-    let (a_lo, a_hi) = quantile_interval(a, 0.5)?;
-    let (b_lo, b_hi) = quantile_interval(b, 0.5)?;
+    quantile_ratio_interval(a, b, 0.5, |l| l.p50_us)
+}
+
+/// Quantile `q` of B over A (`at` reads it from a side) with its interval.
+fn quantile_ratio_interval(
+    a: &Latency,
+    b: &Latency,
+    q: f64,
+    at: fn(&Latency) -> u64,
+) -> Option<(f64, f64, f64)> {
+    let (a_lo, a_hi) = quantile_interval(a, q)?;
+    let (b_lo, b_hi) = quantile_interval(b, q)?;
     // A 0 µs bucket edge would make the ratio infinite: 1 µs is the clock's resolution.
     let f = |v: u64| v.max(1) as f64;
-    let ratio = f(b.p50_us) / f(a.p50_us);
-    Some((ratio, f(b_lo) / f(a_hi), f(b_hi) / f(a_lo)))
+    Some((f(at(b)) / f(at(a)), f(b_lo) / f(a_hi), f(b_hi) / f(a_lo)))
 }
 
 /// The `[low, high]` interval (µs) of quantile `q` of `l` at confidence [`Z`], from its

@@ -636,7 +636,8 @@ fn ab_table(o: &mut String, ab: &super::ab::AbComparison) {
          least {} commands a side) · impact = n B × (B p50 − A p50)</p>\
          <table id=\"ab\"><thead><tr><th>verdict</th><th>digest</th><th>command</th>\
          <th>n A</th><th>n B</th><th>A p50</th><th>B p50</th><th>B/A p50</th>\
-         <th>99 % interval</th><th>noise band</th><th>A p99</th><th>B p99</th><th>impact</th>\
+         <th>99 % interval</th><th>noise band</th><th>A p99</th><th>B p99</th>\
+         <th>B/A p99 (interval)</th><th>impact</th><th>rows A/B</th>\
          <th>new errors A/B</th><th>mismatches A/B</th><th>statement</th></tr></thead><tbody>",
         esc(&ab.a),
         esc(&ab.b),
@@ -656,7 +657,8 @@ fn ab_table(o: &mut String, ab: &super::ab::AbComparison) {
             "<tr><td class=\"{}\">{}</td><td><code class=\"id\">{}</code></td><td>{}</td>\
              <td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td>\
              <td class=\"n\">{:.2}</td><td class=\"n\">{:.2}–{:.2}</td><td class=\"n\">{:.2}–{:.2}{}</td>\
-             <td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td>\
+             <td class=\"n\">{}</td><td class=\"n\">{}</td>\
+             <td class=\"n\">{:.2} ({:.2}–{:.2})</td><td class=\"n\">{}</td><td class=\"n\">{}/{}</td>\
              <td class=\"n\">{}/{}</td><td class=\"n\">{}/{}</td><td><code>{}</code></td></tr>",
             if d.flagged() { "worse" } else { "n" },
             esc_max(&d.verdict, 16),
@@ -674,7 +676,12 @@ fn ab_table(o: &mut String, ab: &super::ab::AbComparison) {
             if d.calibrated { "" } else { " (default)" },
             ms(d.n_a, d.p99_a_us),
             ms(d.n_b, d.p99_b_us),
+            d.ratio_p99,
+            d.ratio_p99_low,
+            d.ratio_p99_high,
             impact,
+            d.rows_a,
+            d.rows_b,
             d.new_errors_a,
             d.new_errors_b,
             d.mismatches_a,
@@ -683,7 +690,7 @@ fn ab_table(o: &mut String, ab: &super::ab::AbComparison) {
         );
     }
     if ab.digests.is_empty() {
-        o.push_str("<tr><td colspan=\"16\" class=\"none\">no commands observed</td></tr>\n");
+        o.push_str("<tr><td colspan=\"18\" class=\"none\">no commands observed</td></tr>\n");
     }
     o.push_str("</tbody></table>\n");
 }
