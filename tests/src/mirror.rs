@@ -99,6 +99,28 @@ impl Default for MirrorOptions {
     }
 }
 
+/// intercept on the assistant host, relaying port 3306's replies, listening on the lab's
+/// control port; `extra` arguments appended. Returns once it waits for copiers.
+pub fn start_intercept(lab: &Lab, extra: &[&str]) -> Result<Background> {
+    let bin = release_bin("intercept")?;
+    let listen = format!("{}:{CONTROL_PORT}", lab.ip(Host::Assist));
+    let mut args = vec![
+        bin.to_str().context("path")?,
+        "--port",
+        "3306",
+        "--interface",
+        lab.var("LAB_IFACE"),
+        "--listen",
+        &listen,
+        "--status-interval",
+        "5",
+    ];
+    args.extend(extra);
+    let mut intercept = lab.spawn(Host::Assist, &args)?;
+    intercept.wait_for_output("waiting for copiers", Duration::from_secs(30))?;
+    Ok(intercept)
+}
+
 /// A running copier + intercept pair. Dropping it kills both; [`Mirror::stop`] stops them
 /// gracefully and returns what they printed (the copier's summary).
 pub struct Mirror {

@@ -11,8 +11,8 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
-use tcpshadow_tests::mirror::{build, release_bin, CONTROL_PORT};
-use tcpshadow_tests::{Background, Host, Lab, Load};
+use tcpshadow_tests::mirror::{build, release_bin, start_intercept, CONTROL_PORT};
+use tcpshadow_tests::{Host, Lab, Load};
 
 fn env_u32(name: &str, default: u32) -> u32 {
     std::env::var(name)
@@ -74,27 +74,6 @@ impl Drop for CpuCap {
             self.dir.display()
         );
     }
-}
-
-fn start_intercept(lab: &Lab) -> Result<Background> {
-    let bin = release_bin("intercept")?;
-    let listen = format!("{}:{CONTROL_PORT}", lab.ip(Host::Assist));
-    let mut intercept = lab.spawn(
-        Host::Assist,
-        &[
-            bin.to_str().context("path")?,
-            "--port",
-            "3306",
-            "--interface",
-            lab.var("LAB_IFACE"),
-            "--listen",
-            &listen,
-            "--status-interval",
-            "5",
-        ],
-    )?;
-    intercept.wait_for_output("waiting for copiers", Duration::from_secs(30))?;
-    Ok(intercept)
 }
 
 /// The knee of a probe: (load factor, sustained QPS), from its summary line
@@ -220,7 +199,7 @@ fn a_cpu_capped_test_server_has_a_lower_knee() -> Result<()> {
         recorded.stderr
     );
 
-    let _intercept = start_intercept(&lab)?;
+    let _intercept = start_intercept(&lab, &[])?;
 
     // --- (a) the test server as it is.
     let free_out = format!("{dir}/probe-free");

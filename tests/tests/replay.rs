@@ -11,9 +11,9 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
-use tcpshadow_tests::mirror::{build, release_bin, CONTROL_PORT};
+use tcpshadow_tests::mirror::{build, release_bin, start_intercept, CONTROL_PORT};
 use tcpshadow_tests::work::{Comparison, Work, WorkSnapshot, KINDS, MIN_COUNT};
-use tcpshadow_tests::{Background, Host, Lab, Load, Run};
+use tcpshadow_tests::{Host, Lab, Load, Run};
 
 fn env_u32(name: &str, default: u32) -> u32 {
     std::env::var(name)
@@ -31,27 +31,6 @@ fn number_after(text: &str, label: &str) -> Option<f64> {
         .take_while(|c| c.is_ascii_digit() || *c == '.')
         .collect();
     token.parse().ok()
-}
-
-fn start_intercept(lab: &Lab) -> Result<Background> {
-    let bin = release_bin("intercept")?;
-    let listen = format!("{}:{CONTROL_PORT}", lab.ip(Host::Assist));
-    let mut intercept = lab.spawn(
-        Host::Assist,
-        &[
-            bin.to_str().context("path")?,
-            "--port",
-            "3306",
-            "--interface",
-            lab.var("LAB_IFACE"),
-            "--listen",
-            &listen,
-            "--status-interval",
-            "5",
-        ],
-    )?;
-    intercept.wait_for_output("waiting for copiers", Duration::from_secs(30))?;
-    Ok(intercept)
 }
 
 /// Runs `copier replay FILE ARGS...` on prod and waits for it; returns it and its wall time.
@@ -180,7 +159,7 @@ fn record_then_replay_at_double_speed_looped_and_damaged() -> Result<()> {
         "tcpdump read {dumped} of {frames} frames: {dump_err}"
     );
 
-    let _intercept = start_intercept(&lab)?;
+    let _intercept = start_intercept(&lab, &[])?;
 
     // --- speed 2: half the recorded time, every query executed.
     let t0 = lab.work(Host::Test)?;

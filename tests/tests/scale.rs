@@ -23,7 +23,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
-use tcpshadow_tests::mirror::{release_bin, CONTROL_PORT};
+use tcpshadow_tests::mirror::{release_bin, start_intercept, CONTROL_PORT};
 use tcpshadow_tests::work::{Comparison, Work, WorkSnapshot};
 use tcpshadow_tests::{Background, Host, Lab, Load, LoadReport};
 
@@ -42,26 +42,6 @@ fn number_after(text: &str, key: &str) -> Option<u64> {
         .take_while(char::is_ascii_digit)
         .collect();
     digits.parse().ok()
-}
-
-fn start_intercept(lab: &Lab, extra: &[&str]) -> Result<Background> {
-    let bin = release_bin("intercept")?;
-    let listen = format!("{}:{CONTROL_PORT}", lab.ip(Host::Assist));
-    let mut args = vec![
-        bin.to_str().context("path")?,
-        "--port",
-        "3306",
-        "--interface",
-        lab.var("LAB_IFACE"),
-        "--listen",
-        &listen,
-        "--status-interval",
-        "5",
-    ];
-    args.extend(extra);
-    let mut intercept = lab.spawn(Host::Assist, &args)?;
-    intercept.wait_for_output("waiting for copiers", Duration::from_secs(30))?;
-    Ok(intercept)
 }
 
 /// A copier on `host` capturing on `iface` (the lab's interface if `None`).
