@@ -121,6 +121,26 @@ pub fn start_intercept(lab: &Lab, extra: &[&str]) -> Result<Background> {
     Ok(intercept)
 }
 
+/// `copier record` of port 3306 on the production host into `file`; returns once it records.
+pub fn start_recorder(lab: &Lab, file: &str) -> Result<Background> {
+    let copier = release_bin("copier")?;
+    let mut recorder = lab.spawn(
+        Host::Prod,
+        &[
+            copier.to_str().context("path")?,
+            "record",
+            "--port",
+            "3306",
+            "--output",
+            file,
+            "--status-interval",
+            "5",
+        ],
+    )?;
+    recorder.wait_for_output("recording port 3306", Duration::from_secs(30))?;
+    Ok(recorder)
+}
+
 /// A running copier + intercept pair. Dropping it kills both; [`Mirror::stop`] stops them
 /// gracefully and returns what they printed (the copier's summary).
 pub struct Mirror {

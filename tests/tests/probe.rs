@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
-use tcpshadow_tests::mirror::{build, release_bin, start_intercept, CONTROL_PORT};
+use tcpshadow_tests::mirror::{build, release_bin, start_intercept, start_recorder, CONTROL_PORT};
 use tcpshadow_tests::{Host, Lab, Load};
 
 fn env_u32(name: &str, default: u32) -> u32 {
@@ -167,23 +167,9 @@ fn a_cpu_capped_test_server_has_a_lower_knee() -> Result<()> {
     let step_secs = env_u32("TCPSHADOW_PROBE_STEP_SECS", 4);
     let dir = lab.var("LAB_DIR").to_string();
     let file = format!("{dir}/probe.pcapng");
-    let copier = release_bin("copier")?;
 
     // --- record: sysbench's logins, queries and logouts all inside the file.
-    let mut recorder = lab.spawn(
-        Host::Prod,
-        &[
-            copier.to_str().context("path")?,
-            "record",
-            "--port",
-            "3306",
-            "--output",
-            &file,
-            "--status-interval",
-            "5",
-        ],
-    )?;
-    recorder.wait_for_output("recording port 3306", Duration::from_secs(30))?;
+    let recorder = start_recorder(&lab, &file)?;
     let load = lab.load(&Load {
         threads: 8,
         time_secs: secs,

@@ -11,7 +11,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
-use tcpshadow_tests::mirror::{build, release_bin, start_intercept, CONTROL_PORT};
+use tcpshadow_tests::mirror::{build, release_bin, start_intercept, start_recorder, CONTROL_PORT};
 use tcpshadow_tests::work::{Comparison, Work, WorkSnapshot, KINDS, MIN_COUNT};
 use tcpshadow_tests::{Host, Lab, Load, Run};
 
@@ -108,23 +108,9 @@ fn record_then_replay_at_double_speed_looped_and_damaged() -> Result<()> {
     let secs = env_u32("TCPSHADOW_LOAD_SECS", 10);
     let rate = env_u32("TCPSHADOW_REPLAY_RATE", 60);
     let file = format!("{}/peak.pcapng", lab.var("LAB_DIR"));
-    let copier = release_bin("copier")?;
 
     // --- record: sysbench's logins, queries and logouts all inside the file.
-    let mut recorder = lab.spawn(
-        Host::Prod,
-        &[
-            copier.to_str().context("path")?,
-            "record",
-            "--port",
-            "3306",
-            "--output",
-            &file,
-            "--status-interval",
-            "5",
-        ],
-    )?;
-    recorder.wait_for_output("recording port 3306", Duration::from_secs(30))?;
+    let recorder = start_recorder(&lab, &file)?;
     let p0 = lab.work(Host::Prod)?;
     let load = lab.load(&Load {
         threads: 8,
