@@ -42,7 +42,7 @@ import time
 # run after these, in name order.
 EXPECTED_SECS = {
     "faults": 200, "pools": 160, "probe": 140, "mysql": 125, "pickup": 80, "doctor": 74,
-    "report": 68, "ab": 60, "replay": 58, "mirror": 53, "budget": 53, "scale": 43, "losses": 43,
+    "report": 68, "ab": 110, "replay": 58, "mirror": 53, "budget": 53, "scale": 43, "losses": 43,
     "onhost": 28, "lab": 25, "read_only": 25, "metrics": 23, "shaping": 20, "mysql_clients": 20,
     "guard": 19, "tls_probe": 15, "resources": 15, "lab_test2": 13, "deploy": 7, "report_html": 6,
 }

@@ -7,7 +7,9 @@
 --   recent   by created_at, ordered: uses idx_created         15 %
 -- so dropping one index on test B slows exactly the statements that use it. The customer
 -- lookup is rare on purpose: without its index it scans the table (about 1.5 ms here), and a
--- test B busy scanning would slow everything else on it too, on a machine of two cores.
+-- test B busy scanning would slow everything else on it too, on a machine of two cores (at 15 %
+-- of 400 events/s the other four came out 1.3-1.45x slower on B). A comparison that must tell
+-- it apart needs its runs long enough for some 800 of them (tests/tests/ab.rs: 40 s at 400/s).
 -- Run: sysbench /path/ab.lua --mysql-host=... --threads=8 --time=20 run (lab.sh load --test PATH).
 
 local ROWS = 20000

@@ -7,17 +7,25 @@
 //! ([`DigestReport::per_target`]). For every digest it takes the p50 latency of A and B with a
 //! distribution-free confidence interval (order statistics: the ranks `nq +- z sqrt(nq(1-q))`
 //! read from the histogram), and the interval of the ratio B/A that follows from both
-//! (`[lo_B / hi_A, hi_B / lo_A]`, conservative). Both sides are read at their buckets' upper
-//! bounds: the same quantisation on both, so equal distributions give equal figures; what it
-//! hides (a bucket is up to 12.5 % wide) is below [`MIN_EFFECT`].
+//! (`[lo_B / hi_A, hi_B / lo_A]`, conservative). The p50s themselves are read at their
+//! buckets' upper bounds (the same quantisation on both, so equal distributions give equal
+//! figures), but an interval's low end is the *lower* edge of the bucket its rank falls in:
+//! a bucket is up to 12.5 % wide, and an interval read at upper bounds alone can shrink to
+//! one point (`1.10-1.10`) that claims a precision the histogram never had.
 //!
-//! A difference is *flagged* only when that whole interval lies outside the digest's noise
-//! band. Without a calibration the band is `1 +- DEFAULT_NOISE`; with an **A/A calibration**
-//! (the report of a `--tee` run onto two identical servers) it is the ratio interval that
-//! run measured for the digest, widened to at least `1 +- MIN_EFFECT`. So a digest that is
-//! 15 % slower on B in every A/A run (one server shares its core with something) is not
-//! flagged for being 15 % slower in the A/B run, and a digest under `MIN_COUNT` commands on
-//! either side is never flagged (its interval says little).
+//! Without a calibration a difference is *flagged* only when that whole interval lies outside
+//! `1 +- DEFAULT_NOISE`. With an **A/A calibration** (the report of a `--tee` run onto two
+//! identical servers) the A/B ratio is judged against the ratio the A/A run measured for the
+//! digest: flagged when the interval clears `1 +- MIN_EFFECT` *and* the two ratios differ by
+//! more than both runs' uncertainty combined (in logarithms, the two intervals' half-widths
+//! on the facing sides added in quadrature: each run's sampling noise is independent of the
+//! other's). So a digest that is 15 % slower on B in every A/A run (one server shares its core
+//! with something) is not flagged for being 15 % slower in the A/B run; and an A/A run that saw
+//! a digest a few hundred times does not blind the comparison to it, as requiring the A/B
+//! interval to clear the A/A *interval* did (the sampling noise counted twice: a 1.67x
+//! slowdown, interval 1.13-3.34, went unflagged against an A/A interval of 0.72-1.23). The
+//! band shown is the A/A interval, widened to at least `1 +- MIN_EFFECT`. A digest under
+//! `MIN_COUNT` commands on either side is never flagged (its interval says little).
 //!
 //! Ranked by impact: the time B spent more than A on the digest (`n_B x (p50_B - p50_A)`),
 //! flagged digests first, so a 2x slowdown of a statement run 13,000 times outranks one run
@@ -80,9 +88,12 @@ pub struct AbDigest {
     pub ratio_p50: f64,
     pub ratio_low: f64,
     pub ratio_high: f64,
-    /// The band inside which a ratio is noise for this digest.
+    /// The band inside which a ratio is noise for this digest: the default band, or the A/A
+    /// run's interval widened to at least `1 +- MIN_EFFECT`.
     pub noise_low: f64,
     pub noise_high: f64,
+    /// The A/A run's p50 ratio for this digest (0 without a calibration of it).
+    pub aa_ratio: f64,
     /// Whether the band came from the calibration (else the default band).
     pub calibrated: bool,
     /// `slower` / `faster` (B against A, beyond the band), `errors` (B returned errors A did
@@ -117,7 +128,8 @@ impl AbDigest {
 pub struct Calibration {
     /// Where it was read from, for the report.
     pub source: String,
-    bands: HashMap<String, (f64, f64)>,
+    /// Per digest id, the A/A run's `(ratio, low, high)`.
+    bands: HashMap<String, (f64, f64, f64)>,
 }
 
 impl Calibration {
@@ -135,8 +147,8 @@ impl Calibration {
             if a.latency.count < MIN_COUNT || b.latency.count < MIN_COUNT {
                 continue;
             }
-            if let Some((_, lo, hi)) = ratio_interval(&a.latency, &b.latency) {
-                bands.insert(d.id.clone(), (lo, hi));
+            if let Some(aa) = ratio_interval(&a.latency, &b.latency) {
+                bands.insert(d.id.clone(), aa);
             }
         }
         Some(Self { source, bands })
@@ -165,10 +177,32 @@ impl Calibration {
         self.bands.is_empty()
     }
 
-    fn band(&self, id: &str) -> Option<(f64, f64)> {
-        let (lo, hi) = *self.bands.get(id)?;
-        Some((lo.min(1.0 / (1.0 + MIN_EFFECT)), hi.max(1.0 + MIN_EFFECT)))
+    fn get(&self, id: &str) -> Option<(f64, f64, f64)> {
+        self.bands.get(id).copied()
     }
+}
+
+/// The band shown for an A/A `(ratio, low, high)`: its interval, at least `1 +- MIN_EFFECT`.
+fn shown_band((_, lo, hi): (f64, f64, f64)) -> (f64, f64) {
+    (lo.min(1.0 / (1.0 + MIN_EFFECT)), hi.max(1.0 + MIN_EFFECT))
+}
+
+/// The calibrated verdict: `Some("slower")`/`Some("faster")` when the A/B `(ratio, low,
+/// high)` clears `1 +- MIN_EFFECT` and differs from the A/A one by more than both intervals'
+/// facing half-widths in quadrature (logarithms: ratios compose by multiplication).
+fn beyond_calibration(ab: (f64, f64, f64), aa: (f64, f64, f64)) -> Option<&'static str> {
+    let ln = |x: f64| x.max(f64::MIN_POSITIVE).ln();
+    let ((r, lo, hi), (r0, lo0, hi0)) = (ab, aa);
+    let d = ln(r) - ln(r0);
+    if lo > 1.0 + MIN_EFFECT && d > 0.0 {
+        let h = (ln(r) - ln(lo)).hypot(ln(hi0) - ln(r0));
+        return (d > h).then_some("slower");
+    }
+    if hi < 1.0 / (1.0 + MIN_EFFECT) && d < 0.0 {
+        let h = (ln(hi) - ln(r)).hypot(ln(r0) - ln(lo0));
+        return (-d > h).then_some("faster");
+    }
+    None
 }
 
 /// Compares targets `a` and `b` (positions in `report.tee_targets`) digest by digest.
@@ -211,9 +245,10 @@ fn digest(
     calibration: Option<&Calibration>,
 ) -> AbDigest {
     let (la, lb) = (&a.latency, &b.latency);
-    let band = calibration.and_then(|c| c.band(&d.id));
-    let (noise_low, noise_high) =
-        band.unwrap_or((1.0 / (1.0 + DEFAULT_NOISE), 1.0 + DEFAULT_NOISE));
+    let aa = calibration.and_then(|c| c.get(&d.id));
+    let (noise_low, noise_high) = aa
+        .map(shown_band)
+        .unwrap_or((1.0 / (1.0 + DEFAULT_NOISE), 1.0 + DEFAULT_NOISE));
     let interval = ratio_interval(la, lb);
     let (ratio_p50, ratio_low, ratio_high) = interval.unwrap_or((0.0, 0.0, 0.0));
     let (ratio_p99, ratio_p99_low, ratio_p99_high) =
@@ -226,6 +261,8 @@ fn digest(
         "errors"
     } else if la.count < MIN_COUNT || lb.count < MIN_COUNT || interval.is_none() {
         "too_few"
+    } else if let (Some(aa), Some(ab)) = (aa, interval) {
+        beyond_calibration(ab, aa).unwrap_or("same")
     } else if ratio_low > noise_high {
         "slower"
     } else if ratio_high < noise_low {
@@ -249,7 +286,8 @@ fn digest(
         ratio_high,
         noise_low,
         noise_high,
-        calibrated: band.is_some(),
+        aa_ratio: aa.map_or(0.0, |a| a.0),
+        calibrated: aa.is_some(),
         verdict: verdict.to_string(),
         impact_us: if impact_us.is_finite() {
             impact_us
@@ -288,8 +326,8 @@ fn quantile_ratio_interval(
 }
 
 /// The `[low, high]` interval (µs) of quantile `q` of `l` at confidence [`Z`], from its
-/// histogram: the values (bucket upper bounds) at ranks `nq -+ z sqrt(nq(1-q))`. `None`
-/// without samples.
+/// histogram: the ranks `nq -+ z sqrt(nq(1-q))`, the low one read at its bucket's lower edge,
+/// the high one at its bucket's upper bound. `None` without samples.
 pub fn quantile_interval(l: &Latency, q: f64) -> Option<(u64, u64)> {
     let n: u64 = l.buckets.iter().map(|b| b.1).fold(0, u64::saturating_add);
     if n == 0 {
@@ -299,17 +337,32 @@ pub fn quantile_interval(l: &Latency, q: f64) -> Option<(u64, u64)> {
     let spread = Z * (nf * q * (1.0 - q)).sqrt();
     let low_rank = ((nf * q - spread).floor() as u64).clamp(1, n);
     let high_rank = ((nf * q + spread).ceil() as u64 + 1).clamp(1, n);
+    // The entry holding `rank` (the last one if the counts fall short of it).
     let at = |rank: u64| {
         let mut seen = 0u64;
-        for &(bound, count) in &l.buckets {
+        for (i, &(_, count)) in l.buckets.iter().enumerate() {
             seen = seen.saturating_add(count);
             if seen >= rank {
-                return bound;
+                return i;
             }
         }
-        l.buckets.last().map_or(0, |b| b.0)
+        l.buckets.len() - 1
     };
-    Some((at(low_rank), at(high_rank)))
+    let (low, high) = (at(low_rank), at(high_rank));
+    Some((lower_edge(&l.buckets, low), l.buckets[high].0))
+}
+
+/// The least value bucket entry `i` can hold. Entries list non-empty buckets only, so the
+/// previous entry's bound is not always the edge; the collector's log-linear buckets hold no
+/// value under 8/9 of (their bound + 1), which bounds it from the other side.
+fn lower_edge(buckets: &[(u64, u64)], i: usize) -> u64 {
+    let bound = buckets[i].0;
+    let after_previous = match i.checked_sub(1) {
+        Some(p) => buckets[p].0.saturating_add(1).min(bound),
+        None => 0,
+    };
+    let within_ninth = (u128::from(bound) + 1) * 8 / 9;
+    after_previous.max(u64::try_from(within_ninth).unwrap_or(u64::MAX))
 }
 
 #[cfg(test)]
@@ -409,6 +462,29 @@ mod tests {
     }
 
     #[test]
+    fn a_wide_a_a_interval_does_not_hide_a_clear_slowdown() {
+        // The CI run that motivated the rule: against A/A 0.95 (0.72-1.23) from a few hundred
+        // samples, an A/B interval has to clear 1.15, not 1.23.
+        let aa = (0.95, 0.72, 1.23);
+        assert_eq!(beyond_calibration((1.67, 1.13, 3.34), aa), None);
+        assert_eq!(beyond_calibration((1.67, 1.25, 2.6), aa), Some("slower"));
+        // Inside the steady A/A difference, or too close to it: not flagged.
+        assert_eq!(beyond_calibration((1.3, 1.2, 1.4), (1.25, 1.1, 1.4)), None);
+        assert_eq!(
+            beyond_calibration((1.3, 1.2, 1.4), (1.0, 0.95, 1.05)),
+            Some("slower")
+        );
+        assert_eq!(
+            beyond_calibration((0.5, 0.4, 0.6), (1.0, 0.9, 1.1)),
+            Some("faster")
+        );
+        assert_eq!(beyond_calibration((0.9, 0.8, 0.95), (1.0, 0.9, 1.1)), None);
+        // Degenerate figures from a damaged report: no panic, no verdict out of nothing.
+        assert_eq!(beyond_calibration((0.0, 0.0, 0.0), (0.0, 0.0, 0.0)), None);
+        assert!(beyond_calibration((f64::NAN, f64::NAN, f64::NAN), aa).is_none());
+    }
+
+    #[test]
     fn new_errors_on_one_side_are_flagged() {
         let mut b = side(&around(100, 400));
         b.errors.insert(1146, 50);
@@ -430,6 +506,12 @@ mod tests {
             ..Default::default()
         };
         assert!(quantile_interval(&odd, 0.5).is_some());
+        // One bucket holds every sample: the interval is that bucket, not its bound alone.
+        let one = side(&[1000; 200]).latency;
+        let (lo, hi) = quantile_interval(&one, 0.5).unwrap();
+        assert!(lo < 1000 && hi >= 1000 && lo * 9 >= hi * 8 - 9, "{lo} {hi}");
+        assert_eq!(lower_edge(&[(5, 1)], 0), 5);
+        assert_eq!(lower_edge(&[(3, 1), (4, 1)], 1), 4);
         assert!(ratio_interval(&odd, &odd).is_some());
         // A report that is not a --tee one compares nothing.
         assert_eq!(compare(&Report::default(), 0, 1, None), None);
