@@ -33,7 +33,7 @@
 # (sysbench opens one per thread), so --threads 1000 is the 1,000-connection run.
 # Run as root. Builds the release binaries (COPIER_BIN, INTERCEPT_BIN: run other builds instead),
 # brings up its own lab (LAB_NAME, default bench) and
-# tears it down; each run's daemon and sysbench logs are kept in BENCH_LOGS
+# tears it down; each run's daemon and sysbench logs (and perf recordings) are kept in BENCH_LOGS
 # (/tmp/tcpshadow-bench-logs/THREADS-RUN/), with the test server's failed statements of a run that
 # had new errors on test (test-errors.txt: the test server's sql_errlog lines of the run, the last
 # 10,000 statements' errors, errors by digest, InnoDB's deadlock and lock wait timeout counts).
@@ -332,6 +332,9 @@ for threads in $THREADS; do
         cp "$LAB_DIR"/copier.log "$LAB_DIR"/intercept.log "$LAB_DIR/sysbench-$threads.log" \
             "$LAB_DIR"/work-compare.txt "$LAB_DIR"/test-errors.txt \
             "$LOGS/$threads-$run/" 2>/dev/null || true
+        # perf's recordings too (`perf report -i .../copier.perf --no-children`): the profile
+        # of the very run the table measured.
+        mv "$LAB_DIR"/copier.perf "$LAB_DIR"/intercept.perf "$LOGS/$threads-$run/" 2>/dev/null || true
         rows+=("$row")
     done
     # The median of each column, taken on its own (a run's fidelity and CPU need not come from the
