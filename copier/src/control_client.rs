@@ -29,7 +29,7 @@ use common::auth::{Nonce, Secret};
 use common::control::{
     encode_auth, encode_claim, encode_hello, encode_ping, encode_release, Auth, Challenge,
     DecodeError, FrameDecoder, Hello, InterceptMessage, MysqlEvent, TestFeedback, Welcome,
-    MAX_ADDRS_PER_FRAME,
+    FEATURE_QUIET_IDLE, IDLE_KEEPALIVE, MAX_ADDRS_PER_FRAME,
 };
 
 /// What intercept relays, in the order it sent it. For any session, a MySQL event arrives after
@@ -125,9 +125,11 @@ pub struct ClientConfig {
     /// for 30 s.
     pub ping_interval: Duration,
     /// Keepalive period while nothing is claimed (no session: an idle copier), below
-    /// intercept's 30 s. On an idle production host every wakeup is the mirror's alone (issue
-    /// 20: the 2 s heartbeat each way was all an idle copier still did); a dead intercept then
-    /// costs nothing until the first claim, whose write fails or whose pings go unanswered.
+    /// intercept's 30 s, with an intercept that does not grant `FEATURE_QUIET_IDLE` (one that
+    /// does gets no heartbeat at all while nothing is claimed: TCP keepalive instead). On an
+    /// idle production host every wakeup is the mirror's alone (issue 20: the 2 s heartbeat
+    /// each way was all an idle copier still did); a dead intercept then costs nothing until
+    /// the first claim, whose write fails or whose pings go unanswered.
     pub idle_ping_interval: Duration,
     /// No frame at all (not even a Pong) for this long means the connection is dead; while
     /// nothing is claimed, for `idle_ping_interval` more.
@@ -354,6 +356,8 @@ enum Command {
     Connected {
         generation: u64,
         stream: TcpStream,
+        /// `FEATURE_QUIET_IDLE` granted and TCP keepalive on: no Ping while nothing is claimed.
+        quiet: bool,
     },
     Disconnected {
         generation: u64,
@@ -516,6 +520,14 @@ fn connection_loop(
                  mirrored sessions cannot log in to the test server nor map prepared statements"
             );
         }
+        let quiet = welcome.features & FEATURE_QUIET_IDLE != 0
+            && match ops::sockopt::set_keepalive(&stream, IDLE_KEEPALIVE) {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::warn!(intercept = %cfg.intercept, "cannot set TCP keepalive on the control channel: {e}; an idle copier pings instead");
+                    false
+                }
+            };
         if let Ok(mut w) = shared.welcome.lock() {
             *w = Some(welcome);
         }
@@ -525,13 +537,14 @@ fn connection_loop(
             .send(Command::Connected {
                 generation,
                 stream: clone,
+                quiet,
             })
             .is_err()
         {
             break;
         }
         let up_since = Instant::now();
-        let end = read_feedback(cfg, shared, stream, dec, &mut buf, feedback, wake);
+        let end = read_feedback(cfg, shared, (stream, quiet), dec, &mut buf, feedback, wake);
         shared.connected.store(false, Ordering::SeqCst);
         shared.set_live(None);
         let _ = cmds.send(Command::Disconnected { generation });
@@ -702,7 +715,7 @@ fn fill(
 fn read_feedback(
     cfg: &ClientConfig,
     shared: &Shared,
-    mut stream: TcpStream,
+    (mut stream, quiet): (TcpStream, bool),
     mut dec: FrameDecoder<InterceptMessage>,
     buf: &mut [u8],
     feedback: &SyncSender<Relayed>,
@@ -711,7 +724,7 @@ fn read_feedback(
     let mut pushed = false;
     let mut overflowing = false;
     // What the handshake left set.
-    let mut read_timeout = cfg.idle_timeout;
+    let mut read_timeout = Some(cfg.idle_timeout);
     let end = loop {
         let msg = match dec.next_message() {
             Ok(Some(m)) => m,
@@ -724,15 +737,16 @@ fn read_feedback(
                 if shared.stopped() {
                     break End::Stopped;
                 }
-                // Pongs come every ping period: an idle copier's are far apart.
-                let wait = if shared.claimed.load(Ordering::Relaxed) == 0 {
-                    cfg.idle_timeout + cfg.idle_ping_interval
-                } else {
-                    cfg.idle_timeout
+                // Pongs come every ping period: an idle copier's are far apart, or (quiet) do
+                // not come at all, and the kernel's keepalive fails the read of a dead peer.
+                let wait = match (shared.claimed.load(Ordering::Relaxed), quiet) {
+                    (0, true) => None,
+                    (0, false) => Some(cfg.idle_timeout + cfg.idle_ping_interval),
+                    _ => Some(cfg.idle_timeout),
                 };
                 if wait != read_timeout {
                     read_timeout = wait;
-                    if let Err(e) = stream.set_read_timeout(Some(wait)) {
+                    if let Err(e) = stream.set_read_timeout(wait) {
                         break End::Io(e);
                     }
                 }
@@ -820,11 +834,15 @@ fn writer_loop(cfg: &ClientConfig, shared: &Shared, cmds: &Receiver<Command>) {
     let mut out = Vec::new();
     let mut next_ping = Instant::now() + cfg.ping_interval;
     let mut nonce = 0u64;
+    // The connection is quiet while idle, and its first Pong was asked for.
+    let (mut quiet, mut proved) = (false, false);
     loop {
-        // Disconnected, only commands matter (Connected among them); the ping clock restarts then.
+        // Disconnected, only commands matter (Connected among them); the ping clock restarts
+        // then. Quiet and idle, only commands matter too: a Claim restarts the clock.
+        let silent = quiet && proved && claimed.is_empty();
         let timeout = match conn {
-            Some(_) => next_ping.saturating_duration_since(Instant::now()),
-            None => Duration::from_secs(3600),
+            Some(_) if !silent => next_ping.saturating_duration_since(Instant::now()),
+            _ => Duration::from_secs(3600),
         };
         let first = match cmds.recv_timeout(timeout) {
             Ok(c) => Some(c),
@@ -847,9 +865,14 @@ fn writer_loop(cfg: &ClientConfig, shared: &Shared, cmds: &Receiver<Command>) {
                     claimed.remove(&a);
                     touched.push(a);
                 }
-                Command::Connected { generation, stream } => {
+                Command::Connected {
+                    generation,
+                    stream,
+                    quiet: q,
+                } => {
                     conn = Some((generation, stream));
                     resend_all = true;
+                    (quiet, proved) = (q, false);
                     // A first Pong soon proves the new connection, busy or idle.
                     next_ping = Instant::now() + cfg.ping_interval;
                 }
@@ -894,9 +917,11 @@ fn writer_loop(cfg: &ClientConfig, shared: &Shared, cmds: &Receiver<Command>) {
             }
         }
         let now = Instant::now();
-        if now >= next_ping {
+        let silent = quiet && proved && claimed.is_empty();
+        if now >= next_ping && !silent {
             nonce = nonce.wrapping_add(1);
             frames += u64::from(encode_ping(nonce, &mut out).is_ok());
+            proved = true;
             next_ping = now
                 + if claimed.is_empty() {
                     cfg.idle_ping_interval
@@ -941,6 +966,15 @@ mod tests {
         l: &TcpListener,
         secret: Option<&Secret>,
     ) -> (TcpStream, FrameDecoder<CopierMessage>) {
+        accept_granting(l, secret, 0)
+    }
+
+    /// `accept_with`, granting `features` in the Welcome.
+    fn accept_granting(
+        l: &TcpListener,
+        secret: Option<&Secret>,
+        features: u32,
+    ) -> (TcpStream, FrameDecoder<CopierMessage>) {
         let (mut s, _) = l.accept().unwrap();
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         let mut dec = FrameDecoder::new();
@@ -969,7 +1003,7 @@ mod tests {
             name: "fake".into(),
             payload_prefix: 64,
             mysql_head: Some(16),
-            features: 0,
+            features,
             proof: secret.map(|k| k.intercept_proof(&nonce, &auth.nonce)),
         };
         encode_welcome(&welcome, &mut out).unwrap();
@@ -1065,6 +1099,53 @@ mod tests {
         let st = handle.stats();
         assert_eq!(st.connects, 2);
         assert_eq!(st.claimed, 2);
+        handle.shutdown();
+    }
+
+    #[test]
+    fn a_quiet_idle_connection_pings_once_then_only_while_something_is_claimed() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let config = ClientConfig {
+            ping_interval: Duration::from_millis(20),
+            idle_ping_interval: Duration::from_millis(40),
+            // Far below the silence below: only a quiet reader survives it.
+            idle_timeout: Duration::from_millis(50),
+            ..ClientConfig::new(
+                l.local_addr().unwrap(),
+                Hello::new("t").with_features(FEATURE_QUIET_IDLE),
+                None,
+            )
+        };
+        let (handle, _rx) = ControlClient::spawn_with(config, || {}).unwrap();
+        let (mut s, mut dec) = accept_granting(&l, None, FEATURE_QUIET_IDLE);
+        // The first Ping proves the new connection.
+        assert!(matches!(next(&mut s, &mut dec), CopierMessage::Ping(_)));
+        // Then nothing while idle: no Ping in ten idle periods, and the copier keeps the
+        // connection (closed, the read would return 0 instead of timing out).
+        s.set_read_timeout(Some(Duration::from_millis(400)))
+            .unwrap();
+        let mut b = [0u8; 64];
+        let e = s.read(&mut b).map(|n| n.to_string()).unwrap_err();
+        assert!(
+            matches!(
+                e.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+            ),
+            "{e}"
+        );
+        assert_eq!(handle.stats().connects, 1);
+        // A claim brings the heartbeat back.
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        handle.claim(addr(1));
+        let mut pings = 0;
+        let mut claimed = false;
+        while pings < 2 || !claimed {
+            match next(&mut s, &mut dec) {
+                CopierMessage::Ping(_) => pings += 1,
+                CopierMessage::Claim(a) => claimed = a == [addr(1)],
+                other => panic!("unexpected {other:?}"),
+            }
+        }
         handle.shutdown();
     }
 

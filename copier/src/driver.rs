@@ -57,7 +57,8 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use common::clock::Instant;
 use common::control::{
-    Hello, MysqlEvent, FEATURE_PAYLOAD_HASHES, FEATURE_PROMPT_REPLIES, FEATURE_ROW_RUNS,
+    Hello, MysqlEvent, FEATURE_PAYLOAD_HASHES, FEATURE_PROMPT_REPLIES, FEATURE_QUIET_IDLE,
+    FEATURE_ROW_RUNS,
 };
 use common::wire::TcpPacket;
 
@@ -203,7 +204,8 @@ impl Driver {
         for &addr in &args.intercept {
             let wake = waker.clone();
             // Rows folded into runs: the copier reads nothing of a row but its first byte.
-            let mut hello = Hello::new(&name).with_features(FEATURE_ROW_RUNS);
+            // While nothing is claimed, no heartbeat: TCP keepalive instead (no wakeups).
+            let mut hello = Hello::new(&name).with_features(FEATURE_ROW_RUNS | FEATURE_QUIET_IDLE);
             if args.compare_results {
                 // intercept hashes the test server's payloads only for copiers that ask.
                 hello = hello.with_features(FEATURE_PAYLOAD_HASHES);

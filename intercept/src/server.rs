@@ -13,8 +13,9 @@
 //! buffers, and the cap is reached before the handshake. Connections over the cap are refused,
 //! with a Reject saying why, by one shared thread. The secret itself is never logged nor sent.
 
+use std::collections::HashSet;
 use std::io::{self, Read, Write};
-use std::net::{IpAddr, Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, Shutdown, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
@@ -26,7 +27,7 @@ use common::control::{
     encode_challenge, encode_doctor_report, encode_feedback, encode_mysql, encode_pong,
     encode_reject, encode_welcome, Challenge, CopierMessage, DecodeError, DoctorQuery,
     DoctorReport, FrameDecoder, Reject, Welcome, FEATURE_PAYLOAD_HASHES, FEATURE_PROMPT_REPLIES,
-    FEATURE_ROW_RUNS, PROTOCOL_VERSION,
+    FEATURE_QUIET_IDLE, FEATURE_ROW_RUNS, IDLE_KEEPALIVE, PROTOCOL_VERSION,
 };
 
 use crate::relay::{CopierId, CopierTx, Outgoing, QueueGauge, RelayEvent};
@@ -534,7 +535,7 @@ fn serve(
         payload_prefix: cfg.payload_prefix,
         mysql_head: cfg.mysql_head,
         // Payload hashes and runs come from the MySQL framer: granted only when there is one.
-        features: (hello.features & FEATURE_PROMPT_REPLIES)
+        features: (hello.features & (FEATURE_PROMPT_REPLIES | FEATURE_QUIET_IDLE))
             | if cfg.mysql_head.is_some() {
                 hello.features & (FEATURE_PAYLOAD_HASHES | FEATURE_ROW_RUNS)
             } else {
@@ -593,8 +594,28 @@ fn serve(
         return; // The relay is gone: intercept is shutting down.
     }
 
-    let _ = conn.stream.set_read_timeout(Some(cfg.idle_timeout));
+    // A quiet idle connection (FEATURE_QUIET_IDLE) is not timed out for silence while it
+    // claims nothing: the kernel's keepalive finds a vanished copier instead.
+    let quiet = welcome.features & FEATURE_QUIET_IDLE != 0
+        && match ops::sockopt::set_keepalive(&conn.stream, IDLE_KEEPALIVE) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(%peer, "cannot set TCP keepalive on a copier's connection: {e}; it stays on the heartbeat");
+                false
+            }
+        };
+    let mut claimed: HashSet<SocketAddrV4> = HashSet::new();
+    // The read timeout this loop set; `None` before its first pass, while the handshake's
+    // is still in force.
+    let mut timeout: Option<Option<Duration>> = None;
     let end = loop {
+        let want = (!quiet || !claimed.is_empty()).then_some(cfg.idle_timeout);
+        if Some(want) != timeout {
+            if let Err(e) = conn.stream.set_read_timeout(want) {
+                break End::Io(e);
+            }
+            timeout = Some(want);
+        }
         let msg = match conn.read_message() {
             Ok(m) => m,
             Err(end) => break end,
@@ -602,10 +623,18 @@ fn serve(
         let (ev, counter, n) = match msg {
             CopierMessage::Claim(addrs) => {
                 let n = addrs.len() as u64;
+                if quiet {
+                    claimed.extend(addrs.iter().copied());
+                }
                 (RelayEvent::Claim { id, addrs }, &ctx.stats.claimed_addrs, n)
             }
             CopierMessage::Release(addrs) => {
                 let n = addrs.len() as u64;
+                if quiet {
+                    for a in &addrs {
+                        claimed.remove(a);
+                    }
+                }
                 (
                     RelayEvent::Release { id, addrs },
                     &ctx.stats.released_addrs,
@@ -946,6 +975,74 @@ mod tests {
             Some(InterceptMessage::Welcome(w)) => assert_eq!(w.features, FEATURE_PROMPT_REPLIES),
             other => panic!("expected a Welcome, got {other:?}"),
         }
+    }
+
+    /// A welcomed connection that asked for `features`, its decoder, and what was granted.
+    fn welcomed(
+        addr: SocketAddr,
+        features: u32,
+    ) -> (TcpStream, FrameDecoder<InterceptMessage>, u32) {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(WAIT)).unwrap();
+        let mut out = Vec::new();
+        encode_hello(&Hello::new("c").with_features(features), &mut out).unwrap();
+        let auth = Auth {
+            nonce: [1; NONCE_LEN],
+            proof: None,
+        };
+        s.write_all(&out).unwrap();
+        let mut dec = FrameDecoder::<InterceptMessage>::new();
+        assert!(matches!(
+            read_one(&mut s, &mut dec),
+            Some(InterceptMessage::Challenge(_))
+        ));
+        out.clear();
+        encode_auth(&auth, &mut out).unwrap();
+        s.write_all(&out).unwrap();
+        match read_one(&mut s, &mut dec) {
+            Some(InterceptMessage::Welcome(w)) => (s, dec, w.features),
+            other => panic!("expected a Welcome, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_quiet_connection_is_not_timed_out_while_it_claims_nothing() {
+        let server = start(ServerConfig {
+            idle_timeout: Duration::from_millis(100),
+            // Shorter than the silence below: the handshake's timeout must not outlive it.
+            handshake_timeout: Duration::from_millis(150),
+            ..ServerConfig::default()
+        });
+        let addr = server.local_addr();
+        let (mut loud, _, granted) = welcomed(addr, 0);
+        assert_eq!(granted, 0);
+        let (mut quiet, _, granted) = welcomed(addr, FEATURE_QUIET_IDLE);
+        assert_eq!(granted, FEATURE_QUIET_IDLE);
+        // Silent for well over the idle timeout: the heartbeat's connection is closed, the
+        // quiet one stays up (its keepalive is the kernel's).
+        wait_for(
+            || server.stats().closed == 1,
+            "the silent heartbeat connection to close",
+        );
+        let mut b = [0u8; 1];
+        assert_eq!(loud.read(&mut b).unwrap_or(0), 0);
+        thread::sleep(Duration::from_millis(300));
+        assert_eq!(server.stats().closed, 1);
+        // Claiming something puts it back on the heartbeat's clock: silent again, it is closed.
+        let mut out = Vec::new();
+        common::control::encode_claim(
+            &[std::net::SocketAddrV4::new(
+                Ipv4Addr::new(198, 18, 0, 9),
+                4000,
+            )],
+            &mut out,
+        )
+        .unwrap();
+        quiet.write_all(&out).unwrap();
+        wait_for(
+            || server.stats().closed == 2,
+            "the claiming quiet connection to time out",
+        );
     }
 
     #[test]

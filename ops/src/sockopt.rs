@@ -1,5 +1,6 @@
-//! Integer socket options, for the sockets the daemons open themselves (the packet capture,
-//! intercept's netlink queue). Thin `setsockopt`/`getsockopt` wrappers; nothing here keeps state.
+//! Socket options, for the sockets the daemons open themselves (the packet capture,
+//! intercept's netlink queue, the control channel's keepalive). Thin `setsockopt`/`getsockopt`
+//! wrappers; nothing here keeps state.
 
 use std::io;
 use std::os::fd::RawFd;
@@ -51,4 +52,17 @@ pub fn set_receive_buffer(fd: RawFd, ask: usize) -> io::Result<usize> {
         set_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUF, want)?;
     }
     Ok(get_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUF)?.max(0) as usize)
+}
+
+/// TCP keepalive on `stream` as `k` says: the kernel probes a silent peer and fails the
+/// socket's next read when it is gone, with no thread of ours awake meanwhile.
+pub fn set_keepalive(
+    stream: &std::net::TcpStream,
+    k: common::control::IdleKeepalive,
+) -> io::Result<()> {
+    let ka = socket2::TcpKeepalive::new()
+        .with_time(k.idle)
+        .with_interval(k.interval)
+        .with_retries(k.probes);
+    socket2::SockRef::from(stream).set_tcp_keepalive(&ka)
 }

@@ -436,6 +436,7 @@ fn the_handshake_tables_match_the_encoder() {
         ("FEATURE_PAYLOAD_HASHES", FEATURE_PAYLOAD_HASHES),
         ("FEATURE_PROMPT_REPLIES", FEATURE_PROMPT_REPLIES),
         ("FEATURE_ROW_RUNS", FEATURE_ROW_RUNS),
+        ("FEATURE_QUIET_IDLE", FEATURE_QUIET_IDLE),
     ] {
         assert_eq!(bit.count_ones(), 1);
         assert_cell(
@@ -446,7 +447,7 @@ fn the_handshake_tables_match_the_encoder() {
         );
     }
     assert_eq!(
-        FEATURE_PAYLOAD_HASHES | FEATURE_PROMPT_REPLIES | FEATURE_ROW_RUNS,
+        FEATURE_PAYLOAD_HASHES | FEATURE_PROMPT_REPLIES | FEATURE_ROW_RUNS | FEATURE_QUIET_IDLE,
         KNOWN_FEATURES,
         "a new feature bit: document it in the Hello table and add it above"
     );

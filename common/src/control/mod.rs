@@ -77,8 +77,32 @@ pub const FEATURE_PROMPT_REPLIES: u32 = 2;
 /// [`crate::mysql::fold`]); intercept folds nothing while any connected copier lacks the bit
 /// or asked for payload hashes.
 pub const FEATURE_ROW_RUNS: u32 = 4;
+/// Feature bit: while a connection claims no address, neither side sends heartbeats nor times
+/// it out for silence; both ends keep TCP keepalive on it instead ([`IDLE_KEEPALIVE`]), which
+/// the kernels answer without waking a thread. An idle copier otherwise wakes for a Ping and
+/// its Pong every `idle_ping_interval`, and intercept's reader for each (issue 20: "idle
+/// copier: no wakeups beyond its status timer"). A dead peer is still found: by keepalive,
+/// which stays on (within 30 s), and by the heartbeat while addresses are claimed.
+pub const FEATURE_QUIET_IDLE: u32 = 8;
 /// Every feature bit this build knows; a peer's other bits are ignored.
-pub const KNOWN_FEATURES: u32 = FEATURE_PAYLOAD_HASHES | FEATURE_PROMPT_REPLIES | FEATURE_ROW_RUNS;
+pub const KNOWN_FEATURES: u32 =
+    FEATURE_PAYLOAD_HASHES | FEATURE_PROMPT_REPLIES | FEATURE_ROW_RUNS | FEATURE_QUIET_IDLE;
+/// TCP keepalive of a [`FEATURE_QUIET_IDLE`] connection: first probe after 10 s of silence,
+/// then every 5 s, dead after 4 unanswered: a vanished peer is found within 30 s, as the
+/// heartbeat's read timeouts find one.
+pub const IDLE_KEEPALIVE: IdleKeepalive = IdleKeepalive {
+    idle: std::time::Duration::from_secs(10),
+    interval: std::time::Duration::from_secs(5),
+    probes: 4,
+};
+
+/// See [`IDLE_KEEPALIVE`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IdleKeepalive {
+    pub idle: std::time::Duration,
+    pub interval: std::time::Duration,
+    pub probes: u32,
+}
 /// Longest copier or intercept name, in bytes of UTF-8.
 pub const MAX_NAME_LEN: usize = 255;
 
