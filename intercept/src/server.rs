@@ -897,17 +897,18 @@ mod tests {
         }
     }
 
-    /// Connects to 127.0.0.1, says Hello, answers a Challenge with `secret`'s proof (none
-    /// without one) and returns the answer after that (or the first answer if it was not a
-    /// Challenge), plus the nonces for checking intercept's proof.
-    fn hello_with(
+    /// Connects to 127.0.0.1, says Hello asking for `features`, answers a Challenge with
+    /// `secret`'s proof (none without one) and returns the answer after that (or the first
+    /// answer if it was not a Challenge), plus the nonces for checking intercept's proof.
+    fn hello_asking(
         addr: SocketAddr,
         secret: Option<&Secret>,
+        features: u32,
     ) -> (TcpStream, Option<InterceptMessage>, Option<(Nonce, Nonce)>) {
         let mut s = TcpStream::connect(addr).unwrap();
         s.set_read_timeout(Some(WAIT)).unwrap();
         let mut out = Vec::new();
-        encode_hello(&Hello::new("c"), &mut out).unwrap();
+        encode_hello(&Hello::new("c").with_features(features), &mut out).unwrap();
         s.write_all(&out).unwrap();
         let mut dec = FrameDecoder::<InterceptMessage>::new();
         let ch = match read_one(&mut s, &mut dec) {
@@ -924,6 +925,21 @@ mod tests {
         s.write_all(&out).unwrap();
         let m = read_one(&mut s, &mut dec);
         (s, m, Some((ch.nonce, client_nonce)))
+    }
+
+    fn hello_with(
+        addr: SocketAddr,
+        secret: Option<&Secret>,
+    ) -> (TcpStream, Option<InterceptMessage>, Option<(Nonce, Nonce)>) {
+        hello_asking(addr, secret, 0)
+    }
+
+    /// A welcomed connection that asked for `features`, and the features granted.
+    fn welcomed(addr: SocketAddr, features: u32) -> (TcpStream, u32) {
+        match hello_asking(addr, None, features) {
+            (s, Some(InterceptMessage::Welcome(w)), _) => (s, w.features),
+            (_, other, _) => panic!("expected a Welcome, got {other:?}"),
+        }
     }
 
     fn hello(addr: SocketAddr) -> (TcpStream, Option<InterceptMessage>) {
@@ -953,56 +969,9 @@ mod tests {
             relay_flush: Duration::from_millis(1),
             ..ServerConfig::default()
         });
-        let mut s = TcpStream::connect(server.local_addr()).unwrap();
-        s.set_read_timeout(Some(WAIT)).unwrap();
-        let mut out = Vec::new();
         let asks = FEATURE_PROMPT_REPLIES | FEATURE_PAYLOAD_HASHES;
-        encode_hello(&Hello::new("c").with_features(asks), &mut out).unwrap();
-        s.write_all(&out).unwrap();
-        let mut dec = FrameDecoder::<InterceptMessage>::new();
-        assert!(matches!(
-            read_one(&mut s, &mut dec),
-            Some(InterceptMessage::Challenge(_))
-        ));
-        out.clear();
-        let auth = Auth {
-            nonce: [1; NONCE_LEN],
-            proof: None,
-        };
-        encode_auth(&auth, &mut out).unwrap();
-        s.write_all(&out).unwrap();
-        match read_one(&mut s, &mut dec) {
-            Some(InterceptMessage::Welcome(w)) => assert_eq!(w.features, FEATURE_PROMPT_REPLIES),
-            other => panic!("expected a Welcome, got {other:?}"),
-        }
-    }
-
-    /// A welcomed connection that asked for `features`, its decoder, and what was granted.
-    fn welcomed(
-        addr: SocketAddr,
-        features: u32,
-    ) -> (TcpStream, FrameDecoder<InterceptMessage>, u32) {
-        let mut s = TcpStream::connect(addr).unwrap();
-        s.set_read_timeout(Some(WAIT)).unwrap();
-        let mut out = Vec::new();
-        encode_hello(&Hello::new("c").with_features(features), &mut out).unwrap();
-        let auth = Auth {
-            nonce: [1; NONCE_LEN],
-            proof: None,
-        };
-        s.write_all(&out).unwrap();
-        let mut dec = FrameDecoder::<InterceptMessage>::new();
-        assert!(matches!(
-            read_one(&mut s, &mut dec),
-            Some(InterceptMessage::Challenge(_))
-        ));
-        out.clear();
-        encode_auth(&auth, &mut out).unwrap();
-        s.write_all(&out).unwrap();
-        match read_one(&mut s, &mut dec) {
-            Some(InterceptMessage::Welcome(w)) => (s, dec, w.features),
-            other => panic!("expected a Welcome, got {other:?}"),
-        }
+        let (_s, granted) = welcomed(server.local_addr(), asks);
+        assert_eq!(granted, FEATURE_PROMPT_REPLIES);
     }
 
     #[test]
@@ -1014,9 +983,9 @@ mod tests {
             ..ServerConfig::default()
         });
         let addr = server.local_addr();
-        let (mut loud, _, granted) = welcomed(addr, 0);
+        let (mut loud, granted) = welcomed(addr, 0);
         assert_eq!(granted, 0);
-        let (mut quiet, _, granted) = welcomed(addr, FEATURE_QUIET_IDLE);
+        let (mut quiet, granted) = welcomed(addr, FEATURE_QUIET_IDLE);
         assert_eq!(granted, FEATURE_QUIET_IDLE);
         // Silent for well over the idle timeout: the heartbeat's connection is closed, the
         // quiet one stays up (its keepalive is the kernel's).
