@@ -30,7 +30,7 @@ use common::control::{
     FEATURE_QUIET_IDLE, FEATURE_ROW_RUNS, IDLE_KEEPALIVE, PROTOCOL_VERSION,
 };
 
-use crate::relay::{CopierId, CopierTx, Outgoing, QueueGauge, RelayEvent};
+use crate::relay::{CopierId, CopierTx, Outgoing, QueueGauge, RelayEvent, MAX_CLAIMS_PER_COPIER};
 
 /// Settings of the control server.
 #[derive(Clone, Debug)]
@@ -623,8 +623,11 @@ fn serve(
         let (ev, counter, n) = match msg {
             CopierMessage::Claim(addrs) => {
                 let n = addrs.len() as u64;
+                // As the relay does, at most MAX_CLAIMS_PER_COPIER: past it the set only has to
+                // stay non-empty, and keepalive still finds a dead copier if it ever errs.
                 if quiet {
-                    claimed.extend(addrs.iter().copied());
+                    let room = MAX_CLAIMS_PER_COPIER.saturating_sub(claimed.len());
+                    claimed.extend(addrs.iter().copied().take(room));
                 }
                 (RelayEvent::Claim { id, addrs }, &ctx.stats.claimed_addrs, n)
             }
