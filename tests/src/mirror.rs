@@ -102,12 +102,18 @@ impl Default for MirrorOptions {
 /// intercept on the assistant host, relaying port 3306's replies, listening on the lab's
 /// control port; `extra` arguments appended. Returns once it waits for copiers.
 pub fn start_intercept(lab: &Lab, extra: &[&str]) -> Result<Background> {
+    start_intercept_on(lab, Host::Assist, 3306, extra)
+}
+
+/// intercept on `host`, relaying `port`'s replies, listening on `host`'s control port.
+fn start_intercept_on(lab: &Lab, host: Host, port: u16, extra: &[&str]) -> Result<Background> {
     let bin = release_bin("intercept")?;
-    let listen = format!("{}:{CONTROL_PORT}", lab.ip(Host::Assist));
+    let port = port.to_string();
+    let listen = format!("{}:{CONTROL_PORT}", lab.ip(host));
     let mut args = vec![
         bin.to_str().context("path")?,
         "--port",
-        "3306",
+        &port,
         "--interface",
         lab.var("LAB_IFACE"),
         "--listen",
@@ -116,7 +122,7 @@ pub fn start_intercept(lab: &Lab, extra: &[&str]) -> Result<Background> {
         "5",
     ];
     args.extend(extra);
-    let mut intercept = lab.spawn(Host::Assist, &args)?;
+    let mut intercept = lab.spawn(host, &args)?;
     intercept.wait_for_output("waiting for copiers", Duration::from_secs(30))?;
     Ok(intercept)
 }
@@ -164,27 +170,15 @@ impl Mirror {
         opts: &MirrorOptions,
         intercept_host: Host,
     ) -> Result<Mirror> {
-        let intercept_bin = release_bin("intercept")?;
         let copier_bin = release_bin("copier")?;
         let port = opts.port.to_string();
         let listen = format!("{}:{CONTROL_PORT}", lab.ip(intercept_host));
-        let mut intercept_args = vec![
-            intercept_bin.to_str().context("path")?,
-            "--port",
-            &port,
-            "--interface",
-            lab.var("LAB_IFACE"),
-            "--listen",
-            &listen,
-            "--status-interval",
-            "5",
-        ];
+        let mut intercept_args: Vec<&str> = Vec::new();
         if opts.plain_tcp {
             intercept_args.extend(["--protocol", "tcp"]);
         }
         intercept_args.extend(opts.intercept_args.iter().map(String::as_str));
-        let mut intercept = lab.spawn(intercept_host, &intercept_args)?;
-        intercept.wait_for_output("waiting for copiers", Duration::from_secs(30))?;
+        let intercept = start_intercept_on(lab, intercept_host, opts.port, &intercept_args)?;
         let target = format!("{}:{}", lab.ip(Host::Test), opts.port);
         let mut args: Vec<String> = opts.copier_wrapper.clone();
         args.extend([
