@@ -273,6 +273,12 @@ pub fn render_copier_metrics(s: &Snapshot, report: Option<&Report>, top_n: usize
         en.held_bytes_replayed,
     );
     e.counter(
+        "tcpshadow_copier_held_bytes_carried_total",
+        "Client bytes of commands a lost test-server connection had been sent and had not \
+         answered (or not been sent), carried over to the session that re-establishes it.",
+        en.held_bytes_carried,
+    );
+    e.counter(
         "tcpshadow_copier_feedback_resumed_total",
         "Times feedback came back after a silence of 500 ms or more (intercept stalled, \
          restarted or unreachable, or merely no traffic).",

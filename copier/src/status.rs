@@ -428,7 +428,8 @@ pub fn summary(s: &Snapshot, elapsed: Duration) -> String {
             out,
             "  recovery: {} sessions re-established after losing their test-side connection ({}); \
              {} still waiting; {} stale test connections reset (after draining {} replies); {} \
-             bytes the clients sent meanwhile replayed, {} lost",
+             bytes the clients sent meanwhile replayed, {} lost; {} bytes of commands the lost \
+             connections had not answered carried over to be sent again",
             e.reestablished_total(),
             by.join(" "),
             e.sessions_awaiting_reestablish,
@@ -436,6 +437,7 @@ pub fn summary(s: &Snapshot, elapsed: Duration) -> String {
             e.stale_replies_drained,
             e.held_bytes_replayed,
             e.held_bytes_lost,
+            e.held_bytes_carried,
         );
     }
     if let Some(line) = tls_line(s) {

@@ -80,6 +80,11 @@ pub enum TestOutcome {
     /// Sent, but its answer was never seen: the session ended first (the test server reset
     /// it, a capture gap), so it may not have run there.
     Lost,
+    /// Sent, or about to be, when the test server's connection was lost with it unanswered;
+    /// the session that re-established the connection sent it again (`engine/recovery.rs`).
+    /// That one's answer has no production answer to go with (production's went by before
+    /// it began), so nothing is compared; not a loss (a replay lost is counted in bytes).
+    Resent,
     /// Sent, and the test server had it (the session went on), but its answer was not read:
     /// intercept lost the framing of the test server's stream (restarted, or dropped packets),
     /// or the test server was so far behind (`--multiply`, a slower build) that the command

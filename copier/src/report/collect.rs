@@ -388,6 +388,11 @@ impl Collector {
 
     pub fn observe(&mut self, o: &Observation) {
         self.divergence.observe(o);
+        if matches!(o.test, TestOutcome::Resent) {
+            // Counted once, by the session that sent it again (where production's answer is
+            // not known: not compared).
+            return;
+        }
         // Production ran the command once, whatever the copies and targets it went to.
         let counts_prod = o.copy == 0 && o.target == 0;
         let (test, timed) = match o.test {
@@ -408,6 +413,7 @@ impl Collector {
             TestOutcome::Skipped
             | TestOutcome::Dropped
             | TestOutcome::Lost
+            | TestOutcome::Resent
             | TestOutcome::Unseen => (None, false),
         };
         if counts_prod {

@@ -109,8 +109,9 @@ impl Divergence {
                 self.add(&o.statement, Reason::AnswerUnseen);
                 return;
             }
-            // Kept off by design, or not sendable (the protocol layer counts those).
-            TestOutcome::Skipped | TestOutcome::Dropped => return,
+            // Kept off by design, or not sendable (the protocol layer counts those); or sent
+            // again by the session that re-established this one.
+            TestOutcome::Skipped | TestOutcome::Dropped | TestOutcome::Resent => return,
         };
         let reason = match (prod_err, test_err) {
             (_, Some(t)) if prod_err != Some(t) => Reason::TestError(t),

@@ -316,9 +316,18 @@ impl Engine {
             prod_ip: pkt.dst,
         };
         let replayed = stream.len().saturating_sub(pkt.payload.len());
-        // As captured segments: one may not exceed an IPv4 packet (the reassembly's bound).
+        // As captured segments: one may not exceed an IPv4 packet (the reassembly's bound),
+        // and one ends where the replay does (the transform hears of it there).
+        let end_of = |at: usize| {
+            let end = stream.len().min(at + REPLAY_SEGMENT);
+            if at < replayed && replayed < end {
+                replayed
+            } else {
+                end
+            }
+        };
         let segment = |at: usize| {
-            let bytes = &stream[at..stream.len().min(at + REPLAY_SEGMENT)];
+            let bytes = &stream[at..end_of(at)];
             TcpPacket {
                 seq: start + at,
                 payload: bytes,
@@ -340,8 +349,19 @@ impl Engine {
             s.held = Some(Box::new(Held::from_stream(start, stream.clone())));
         }
         self.recharge(new);
-        for at in (REPLAY_SEGMENT..stream.len()).step_by(REPLAY_SEGMENT) {
+        let mut at = end_of(0);
+        loop {
+            if at == replayed && replayed > 0 {
+                if let Some(s) = slot_session(&mut self.slots, new) {
+                    s.replayed(now, captured, &self.cfg, &mut self.stats);
+                }
+            }
+            if at >= stream.len() {
+                break;
+            }
+            let next = end_of(at);
             self.on_client_packet(now, captured, &segment(at));
+            at = next;
         }
         self.stats.sessions_reestablished[revival.reason.index()] += 1;
         true

@@ -825,6 +825,12 @@ impl Engine {
         };
         if s.revival.is_some() {
             self.stats.sessions_awaiting_reestablish += 1;
+            // What the test server did not answer goes first in the next session's replay
+            // (`session/replay.rs`).
+            if let Some(run) = s.carry_over() {
+                self.stats.held_bytes_carried += run.len() as u64;
+                s.held = Some(Box::new(run));
+            }
         } else if let Some(h) = s.held.take() {
             // Not to be re-established (its client left): there is nobody to replay it to.
             self.stats.held_bytes_lost += h.len() as u64;

@@ -14,8 +14,10 @@
 //! login and, with `--prod-dsn`, the connection's user, schema and statements from production).
 //! What the client sent while the session waited is held (`session/recovery.rs`, `Held`): one
 //! contiguous run of its stream, bounded by the session's buffer and the memory budget, replayed
-//! by the new session ahead of the packet that brought it back. A test server's restart then
-//! costs only the commands in flight when it went down; a run the bounds cut is counted lost.
+//! by the new session ahead of the packet that brought it back. Ahead of that run go the
+//! commands the lost connection had been sent and had not answered (`session/replay.rs`): a
+//! test server behind production holds thousands when it restarts. A test server's restart
+//! then costs nothing it can be given again; a run the bounds cut is counted lost.
 //!
 //! # Pacing
 //!

@@ -453,3 +453,117 @@ fn a_long_outage_slows_the_probes_down_to_one_a_second() {
     assert!(late <= 10, "{late} probes in the last 9 s: {probes_at:?}");
     assert!(late >= 7, "probing goes on: {probes_at:?}");
 }
+
+/// A line protocol for the replay tests: every `\n`-ended line is a request, every segment of
+/// the test server's with data answers the oldest one.
+struct Lines {
+    fed: u64,
+    /// Where each request not answered yet starts.
+    unanswered: std::collections::VecDeque<u64>,
+    at_line_start: bool,
+    calls: std::sync::Arc<std::sync::Mutex<Vec<&'static str>>>,
+}
+
+impl super::StreamTransform for Lines {
+    fn on_client_data(
+        &mut self,
+        _: common::clock::Instant,
+        data: &[u8],
+        out: &mut super::TransformOutput<'_>,
+    ) {
+        for &b in data {
+            if self.at_line_start {
+                self.unanswered.push_back(self.fed);
+            }
+            self.fed += 1;
+            self.at_line_start = b == b'\n';
+        }
+        out.push(data);
+    }
+
+    fn on_test_event(
+        &mut self,
+        _: common::clock::Instant,
+        ev: &super::TestEvent<'_>,
+        _: &mut super::TransformOutput<'_>,
+    ) {
+        if ev.segment().is_some_and(|s| s.in_order_payload().is_some()) {
+            self.unanswered.pop_front();
+        }
+    }
+
+    fn replays(&self) -> bool {
+        true
+    }
+
+    fn replay_from(&mut self) -> Option<u64> {
+        match self.unanswered.front() {
+            Some(&at) => Some(at),
+            None => self.at_line_start.then_some(self.fed),
+        }
+    }
+
+    fn carried_over(&mut self) {
+        self.calls.lock().unwrap().push("carried_over");
+    }
+
+    fn on_replayed(&mut self, _: common::clock::Instant, _: &mut super::TransformOutput<'_>) {
+        self.calls.lock().unwrap().push("replayed");
+    }
+}
+
+fn lines_engine() -> (H, std::sync::Arc<std::sync::Mutex<Vec<&'static str>>>) {
+    let calls = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let c = calls.clone();
+    let factory = move |_: common::clock::Instant, _: &super::SessionInfo| {
+        Some(Box::new(Lines {
+            fed: 0,
+            unanswered: Default::default(),
+            at_line_start: true,
+            calls: c.clone(),
+        }) as Box<dyn super::StreamTransform>)
+    };
+    (H::with_factory(pickup_cfg(), Box::new(factory)), calls)
+}
+
+#[test]
+fn what_the_lost_connection_had_not_answered_is_replayed_ahead_of_the_rest() {
+    let (mut h, calls) = lines_engine();
+    h.establish();
+    h.client(C.wrapping_add(1), ACK | PSH, b"a\nbb\nc\n");
+    assert_eq!(cat(&h.drain()), b"a\nbb\nc\n");
+    // The test server has all of it, answers the first request, then restarts.
+    h.fb(T + 1, C.wrapping_add(8), ACK | PSH, 65535, 5);
+    h.fb(T + 6, 0, RST, 0, 0);
+    assert_eq!(h.closed_reason(), Some(CloseReason::TestReset));
+    assert_eq!(*calls.lock().unwrap(), ["carried_over"]);
+    assert_eq!(h.e.stats().held_bytes_carried, 5, "bb and c, unanswered");
+    // The client's next request brings it back: the unanswered ones go first.
+    h.client(C.wrapping_add(8), ACK | PSH, b"d\n");
+    let syn = syns(&h.drain())[0].clone();
+    assert_eq!(syn.seq, C.wrapping_add(2), "the stream starts before `bb`");
+    h.fb(T, syn.seq.wrapping_add(1), SYN | ACK, 65535, 0);
+    assert_eq!(cat(&h.drain()), b"bb\nc\nd\n");
+    assert_eq!(*calls.lock().unwrap(), ["carried_over", "replayed"]);
+    let st = h.e.stats();
+    assert_eq!((st.held_bytes_replayed, st.held_bytes_lost), (5, 0));
+}
+
+#[test]
+fn a_connection_lost_with_everything_answered_replays_nothing_of_its_own() {
+    let (mut h, calls) = lines_engine();
+    h.establish();
+    h.client(C.wrapping_add(1), ACK | PSH, b"a\n");
+    h.drain();
+    h.fb(T + 1, C.wrapping_add(3), ACK | PSH, 65535, 5);
+    h.fb(T + 6, 0, RST, 0, 0);
+    assert_eq!(h.closed_reason(), Some(CloseReason::TestReset));
+    assert!(calls.lock().unwrap().is_empty());
+    h.client(C.wrapping_add(3), ACK | PSH, b"b\n");
+    let syn = syns(&h.drain())[0].clone();
+    assert_eq!(syn.seq, C.wrapping_add(2));
+    h.fb(T, syn.seq.wrapping_add(1), SYN | ACK, 65535, 0);
+    assert_eq!(cat(&h.drain()), b"b\n");
+    assert!(calls.lock().unwrap().is_empty(), "nothing was replayed");
+    assert_eq!(h.e.stats().held_bytes_carried, 0);
+}

@@ -76,6 +76,8 @@ pub(crate) use plaintext::PlainAt;
 mod feedback;
 mod gaps;
 mod recovery;
+mod replay;
+use replay::ReplayLog;
 mod sending;
 mod timers;
 
@@ -159,6 +161,9 @@ pub(crate) struct Session {
     /// next one, so a test server's restart costs nothing it can be given later (see
     /// `session/recovery.rs`).
     pub(crate) held: Option<Box<Held>>,
+    /// The client bytes from the oldest command the test server has not answered (see
+    /// `session/replay.rs`): the start of `held` if the test server's connection is lost.
+    replay: Option<Box<ReplayLog>>,
 
     // --- client stream (client seq space) ---
     reasm: Reassembly,
@@ -310,6 +315,7 @@ impl Session {
             revival: None,
             revived_after: None,
             held: None,
+            replay: None,
             client: SocketAddrV4::new(pkt.src, pkt.src_port),
             prod_ip: pkt.dst,
             mirrored,
@@ -397,6 +403,7 @@ impl Session {
     pub(crate) fn heap_bytes(&self) -> usize {
         self.send_buf.capacity()
             + self.held.as_ref().map_or(0, |h| h.heap_bytes())
+            + self.replay.as_ref().map_or(0, |r| r.heap_bytes())
             + self.reasm.heap_bytes()
             + self.prod_reasm.as_ref().map_or(0, Reassembly::heap_bytes)
             + self.transform.as_ref().map_or(0, |t| t.0.memory_len())
@@ -508,6 +515,7 @@ impl Session {
         self.phase = Phase::Lingering { clean, until };
         self.send_buf = VecDeque::new();
         self.reasm.release();
+        self.replay = None;
         self.transform = None;
         self.prod_reasm = None;
         self.test_ooo.clear();

@@ -154,6 +154,10 @@ pub struct EngineStats {
     /// restarted or refused it), replayed by the session that came back, ahead of the packet
     /// that brought it back (see `session/recovery.rs`)...
     pub held_bytes_replayed: u64,
+    /// Of those held, bytes the lost connection had been sent and had not answered (or not
+    /// been sent yet): carried over to the session that re-establishes it
+    /// (`session/replay.rs`), counted when carried.
+    pub held_bytes_carried: u64,
     /// ...and those lost: a capture hole in the run, over the session's buffer or the memory
     /// budget, or the session never re-established (its client left first).
     pub held_bytes_lost: u64,
@@ -308,6 +312,7 @@ impl EngineStats {
             feedback_resumed,
             sessions_resynced,
             held_bytes_replayed,
+            held_bytes_carried,
             held_bytes_lost,
             rsts_sent,
             shutdown_resets,

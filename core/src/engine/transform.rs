@@ -113,6 +113,34 @@ pub trait StreamTransform: Send {
     ) {
     }
 
+    /// Whether [`replay_from`](Self::replay_from) can ever answer: the engine keeps client
+    /// bytes for a replay only then. Asked when the session starts.
+    fn replays(&self) -> bool {
+        false
+    }
+
+    /// Where the client's stream would have to be given again for the test server to get
+    /// everything it has not answered: an offset into the bytes this transform was given
+    /// ([`on_client_data`](Self::on_client_data), counted from the session's first), always
+    /// the start of a request. Asked after calls that may move it, and when the test server's
+    /// connection is lost (`engine/recovery.rs`): the engine keeps the client bytes from this
+    /// offset on, and a session that re-establishes this one replays them. `None`: nothing
+    /// can be replayed (the default: a stream without requests has no point to start from).
+    fn replay_from(&mut self) -> Option<u64> {
+        None
+    }
+
+    /// The test server's connection was lost and the client's stream from
+    /// [`replay_from`](Self::replay_from) goes to the session that re-establishes this one:
+    /// what was sent and not answered is not lost (yet). Called just before
+    /// [`end`](Self::end).
+    fn carried_over(&mut self) {}
+
+    /// A re-established session: the client bytes given so far were replayed (held while the
+    /// test server was away, or sent to it before and not answered). Production answered them
+    /// long ago, in bytes this session never sees; its next bytes answer what comes next.
+    fn on_replayed(&mut self, _now: Instant, _out: &mut TransformOutput<'_>) {}
+
     /// Whether client bytes may still be withheld (e.g. waiting for the greeting): while true,
     /// the engine does not send our FIN even if the client closed. Asked after every call.
     fn pending(&self) -> bool {

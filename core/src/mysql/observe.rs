@@ -681,6 +681,18 @@ impl Observer {
         self.emit_ready();
     }
 
+    /// The commands from `serial` on that the test server has not answered go to the session
+    /// that re-establishes this one (`engine/session/replay.rs`): resent, not lost.
+    pub(super) fn resent_from(&mut self, serial: u64) {
+        let skip = usize::try_from(serial.saturating_sub(self.base)).unwrap_or(usize::MAX);
+        for p in self.pending.iter_mut().skip(skip) {
+            if matches!(p.test, TestSide::Undecided | TestSide::Awaiting(_)) {
+                p.test = TestSide::Done(TestOutcome::Resent);
+            }
+        }
+        self.emit_ready();
+    }
+
     // ------------------------------------------------------------------ leaving
 
     fn emit_ready(&mut self) {

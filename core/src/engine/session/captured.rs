@@ -173,11 +173,17 @@ impl Session {
         op: impl FnOnce(&mut Reassembly, &mut dyn FnMut(&[u8])),
     ) -> usize {
         let room = self.push_room(cfg);
+        // Every delivery of one call continues the stream from here.
+        let mut at = self.reasm.next();
+        let log_max = (self.tls.is_none()
+            && self.transform.as_ref().is_some_and(|t| t.0.replays()))
+        .then_some(cfg.max_session_buffer);
         let Session {
             reasm,
             send_buf,
             transform,
             closing,
+            replay,
             ..
         } = self;
         let mut delivered = 0usize;
@@ -203,14 +209,26 @@ impl Session {
                 op(reasm, &mut |bytes| {
                     delivered += bytes.len();
                     if !out.is_done() {
+                        if let Some(max) = log_max {
+                            if replay.is_none() {
+                                // Everything before was answered: the log starts where the
+                                // transform stands, if it stands between two commands.
+                                *replay = t.0.replay_from().map(ReplayLog::at);
+                            }
+                            if let Some(log) = replay {
+                                log.append(at, bytes, max);
+                            }
+                        }
                         t.0.on_client_data(now, bytes, &mut out);
                     }
+                    at += bytes.len();
                 });
                 out.result()
             }
         };
         stats.client_bytes_reassembled += delivered as u64;
         self.apply(result, stats);
+        self.trim_replay();
         delivered
     }
 
@@ -311,6 +329,7 @@ impl Session {
             return Outcome::Open;
         }
         self.call_transform(captured, cfg, stats, |t, out| t.on_test_event(now, ev, out));
+        self.trim_replay();
         match self.settle_stream(cfg) {
             Some(reason) => Outcome::Finished(reason),
             None => Outcome::Open,

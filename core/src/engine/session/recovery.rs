@@ -221,6 +221,11 @@ impl Held {
     pub(crate) fn from_stream(start: SeqNumber, bytes: Vec<u8>) -> Self {
         Self { start, bytes }
     }
+
+    #[cfg(test)]
+    pub(crate) fn parts(&self) -> (SeqNumber, &[u8]) {
+        (self.start, &self.bytes)
+    }
 }
 
 impl Session {

@@ -367,3 +367,48 @@ fn production_rows_passed_over_count_as_rows_read_one_by_one() {
     }
     assert!(seen.windows(2).all(|w| w[0] == w[1]), "{seen:?}");
 }
+
+#[test]
+fn what_the_test_server_did_not_answer_is_replayed_from_its_start_and_reported_resent() {
+    let mut h = logged_in(reporting(false, false));
+    h.client_packet(0, &query("SELECT 1"));
+    h.prod_reply(&rows_reply(&[b"1"]));
+    h.test_reply(&rows_reply(&[b"1"]));
+    let second = h.t.replay_from().expect("between commands, all answered");
+    h.client_packet(0, &query("SELECT 2"));
+    h.client_packet(0, &query("SELECT 3"));
+    h.prod_reply(&rows_reply(&[b"2"]));
+    h.prod_reply(&rows_reply(&[b"3"]));
+    // The test server is behind: neither answered when its connection is lost.
+    assert_eq!(h.t.replay_from(), Some(second));
+    h.test_reply(&rows_reply(&[b"2"]));
+    let third = second + 4 + query("SELECT 2").len() as u64;
+    assert_eq!(h.t.replay_from(), Some(third), "the oldest unanswered");
+    h.t.carried_over();
+    h.t.end();
+    let got = drained(&mut h);
+    assert_eq!(got.len(), 3, "{got:#?}");
+    assert!(matches!(got[1].test, TestOutcome::Answered(_)));
+    assert_eq!(got[2].test, TestOutcome::Resent, "sent again, not lost");
+}
+
+#[test]
+fn a_replayed_run_is_not_paired_with_productions_next_reply() {
+    let mut h = logged_in(reporting(false, false));
+    // A re-established session is picked up; the logged-in harness stands in for it, with
+    // production's stream framed from the next command on, as after a pickup.
+    h.client_packet(0, &query("SELECT 1"));
+    h.client_packet(0, &query("SELECT 2"));
+    h.call(|t, now, out| t.on_replayed(now, out));
+    h.client_packet(0, &query("SELECT 3"));
+    h.prod_reply(&rows_reply(&[b"3", b"3"]));
+    for r in [&b"1"[..], b"2", b"3"] {
+        h.test_reply(&rows_reply(&[r, r]));
+    }
+    let got = drained(&mut h);
+    assert_eq!(got.len(), 3, "{got:#?}");
+    assert_eq!(got[0].prod, None, "production's answer went by before");
+    assert_eq!(got[1].prod, None);
+    assert_eq!(&*got[2].statement.fingerprint, "select ?");
+    assert_eq!(got[2].prod.map(|p| p.rows), Some(2), "its own answer");
+}

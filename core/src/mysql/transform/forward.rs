@@ -125,6 +125,10 @@ pub(super) struct Forwarding {
     first_checked: bool,
     /// The packets after a command that was not sent (LOCAL INFILE contents) are not sent either.
     skip_data: bool,
+    /// The session was given up (`MysqlTransform::give_up`): nothing more is forwarded, nor
+    /// read. Here, not beside the rooms, because this struct has a spare byte and the
+    /// transform's own fields would take a word for it (`a_session_in_line_stays_small`).
+    given_up: bool,
 }
 
 impl Forwarding {
@@ -149,7 +153,16 @@ impl Forwarding {
             swallow_client_auth: false,
             first_checked: !picked_up,
             skip_data: false,
+            given_up: false,
         }
+    }
+
+    pub(super) fn given_up(&self) -> bool {
+        self.given_up
+    }
+
+    pub(super) fn give_up(&mut self) {
+        self.given_up = true;
     }
 
     pub(super) fn stage(&self) -> ClientStage {
@@ -269,7 +282,7 @@ impl Forwarding {
 
 impl MysqlTransform {
     pub(super) fn hold(&mut self, data: &[u8], out: &mut TransformOutput<'_>) {
-        if self.dead || data.is_empty() {
+        if self.dead() || data.is_empty() {
             return;
         }
         if self.fwd.backlog.len() + self.fwd.head.len() + data.len()
@@ -283,7 +296,7 @@ impl MysqlTransform {
 
     /// Carries on after whatever held the current packet may have changed.
     pub(super) fn resume(&mut self, out: &mut TransformOutput<'_>) {
-        if self.dead || !self.fwd.blocked {
+        if self.dead() || !self.fwd.blocked {
             return;
         }
         if self.fwd.behind_counted && self.test.owed() > RESUME_BEHIND {
@@ -292,7 +305,7 @@ impl MysqlTransform {
         self.fwd.blocked = false;
         let mut backlog = mem::take(&mut self.fwd.backlog);
         let n = self.run(&backlog, out);
-        if self.dead {
+        if self.dead() {
             return;
         }
         backlog.drain(..n.min(backlog.len()));
@@ -351,7 +364,7 @@ impl MysqlTransform {
     /// packet is held).
     pub(super) fn run(&mut self, data: &[u8], out: &mut TransformOutput<'_>) -> usize {
         let mut rest = data;
-        while !self.dead {
+        while !self.dead() {
             match self.fwd.at {
                 Fwd::Head => {
                     let need = self.head_needed();
@@ -448,7 +461,7 @@ impl MysqlTransform {
                 }
             }
         }
-        if self.dead {
+        if self.dead() {
             data.len()
         } else {
             data.len() - rest.len()

@@ -347,13 +347,13 @@ impl MysqlTransform {
 
     /// Sends our login once everything it needs is known.
     pub(super) fn try_login(&mut self, out: &mut TransformOutput<'_>) -> Result<(), Abandon> {
-        if self.login.sent || self.dead {
+        if self.login.sent || self.dead() {
             return Ok(());
         }
         let Some(server) = self.login.server else {
             return Ok(());
         };
-        if self.picked_up {
+        if self.picked_up() {
             if self.pickup.recovery_deadline().is_some() {
                 return Ok(());
             }

@@ -246,9 +246,6 @@ pub(super) fn layout() -> Vec<(&'static str, usize)> {
 /// The [`StreamTransform`] of one MySQL session. See the module documentation.
 pub struct MysqlTransform {
     shared: Arc<Shared>,
-    picked_up: bool,
-    /// Given up: every later call does nothing.
-    dead: bool,
     /// The latest time the engine gave us (deadlines are set where no `now` is passed).
     now: Instant,
     /// When the captured bytes being handled were captured (the engine's `now` when it did not
@@ -277,8 +274,8 @@ impl fmt::Debug for MysqlTransform {
     // Phases and sizes only: the state holds passwords during auth exchanges.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MysqlTransform")
-            .field("picked_up", &self.picked_up)
-            .field("dead", &self.dead)
+            .field("picked_up", &self.picked_up())
+            .field("dead", &self.dead())
             .field("stage", &self.fwd.stage())
             .field("test_phase", &self.test.phase())
             .field("prod_phase", &self.prod.phase())
@@ -319,8 +316,6 @@ impl MysqlTransform {
         let types = (picked_up && shared.config.recovery_wait.is_some())
             .then(|| Box::new(SessionTypes::new(shared.config.max_statements)));
         Self {
-            picked_up,
-            dead: false,
             now,
             captured: now,
             observer,
@@ -340,12 +335,12 @@ impl MysqlTransform {
     }
 
     fn give_up(&mut self, a: Abandon, out: &mut TransformOutput<'_>) {
-        if self.dead {
+        if self.dead() {
             return;
         }
         out.count(a.counter as usize);
         out.abandon(a.why);
-        self.dead = true;
+        self.fwd.give_up();
         // Passwords and held bytes go now, not when the engine drops the session.
         self.login.forget();
         self.test.forget_owed();
@@ -359,11 +354,34 @@ impl MysqlTransform {
 }
 
 impl MysqlTransform {
+    /// Picked up mid-stream: the login was not seen (only such a session has pickup state).
+    fn picked_up(&self) -> bool {
+        self.pickup.active()
+    }
+
+    /// The session was given up: nothing more is read or sent.
+    fn dead(&self) -> bool {
+        self.fwd.given_up()
+    }
+
+    /// The serial of the oldest client command the test server has not answered, if a replay
+    /// could start there.
+    fn unsettled_serial(&self) -> Option<u64> {
+        if self.dead() || self.login.is_tls() || self.fwd.stage() != ClientStage::Commands {
+            return None;
+        }
+        Some(
+            self.test
+                .oldest_owed_serial()
+                .unwrap_or_else(|| self.fwd.serial()),
+        )
+    }
+
     /// The length of the SSLRequest `data` starts with, when TLS sessions are mirrored from
     /// their plaintext and `data` is the start of a client's stream.
     fn ssl_request_at_start(&self, data: &[u8]) -> Option<usize> {
         if !self.shared.config.tls_plaintext
-            || self.picked_up
+            || self.picked_up()
             || self.login.is_tls()
             || self.fwd.stage() != ClientStage::Login
             || !self.arrival.at_start()
@@ -385,7 +403,7 @@ impl MysqlTransform {
 
 impl StreamTransform for MysqlTransform {
     fn on_client_data(&mut self, now: Instant, data: &[u8], out: &mut TransformOutput<'_>) {
-        if self.dead {
+        if self.dead() {
             return;
         }
         self.now = now;
@@ -397,7 +415,7 @@ impl StreamTransform for MysqlTransform {
             Some(len) => &data[..len],
             None => data,
         };
-        if self.picked_up && self.shared.config.tls_plaintext {
+        if self.picked_up() && self.shared.config.tls_plaintext {
             if !self.login.is_tls() && self.arrival.at_start() && tls_record_start(data) {
                 // A pooled TLS connection: its plaintext comes from the probe.
                 self.login.picked_up_tls();
@@ -431,7 +449,7 @@ impl StreamTransform for MysqlTransform {
     }
 
     fn on_pickup(&mut self, now: Instant, out: &mut TransformOutput<'_>) {
-        if self.dead || !self.picked_up {
+        if self.dead() || !self.picked_up() {
             return;
         }
         if let Some(wait) = self.shared.config.recovery_wait {
@@ -448,13 +466,41 @@ impl StreamTransform for MysqlTransform {
         true
     }
 
+    fn replays(&self) -> bool {
+        true
+    }
+
+    /// The oldest client command the test server has not answered (sent and awaiting its
+    /// reply, or not forwarded yet): only between commands, and not for a TLS session (its
+    /// plaintext is not the captured stream).
+    fn replay_from(&mut self) -> Option<u64> {
+        let serial = self.unsettled_serial()?;
+        self.arrival.start_of(serial)
+    }
+
+    fn carried_over(&mut self) {
+        if let (Some(serial), Some(o)) = (self.unsettled_serial(), &mut self.observer) {
+            o.resent_from(serial);
+        }
+    }
+
+    /// Production's replies to the replayed commands went by before this session began: its
+    /// next bytes answer the next command, framed from there as after a pickup.
+    fn on_replayed(&mut self, _now: Instant, out: &mut TransformOutput<'_>) {
+        if self.dead() {
+            return;
+        }
+        self.lose_all_prod(out);
+        self.prod.unsync();
+    }
+
     /// Commands lost whole cost nothing else: the test server has every command before them
     /// and gets every command after. That holds only while both client readers stand between
     /// two packets (the forwarding one lags the arrival one by whole packets held in
     /// `backlog`, so the arrival reader tells for both) and the login is over; a command cut
     /// in two cannot be completed, and its start may be on the test server already.
     fn on_client_gap(&mut self, _now: Instant, out: &mut TransformOutput<'_>) -> bool {
-        if self.dead {
+        if self.dead() {
             return false;
         }
         if self.fwd.stage() != ClientStage::Commands
@@ -491,7 +537,7 @@ impl StreamTransform for MysqlTransform {
     /// prepare's answer to the statement map), and framing starts again at the next command.
     /// Nothing changes for the test server.
     fn on_prod_gap(&mut self, _now: Instant, out: &mut TransformOutput<'_>) -> bool {
-        if self.dead {
+        if self.dead() {
             return false;
         }
         self.lose_all_prod(out);
@@ -504,7 +550,7 @@ impl StreamTransform for MysqlTransform {
     }
 
     fn on_prod_data(&mut self, now: Instant, data: &[u8], out: &mut TransformOutput<'_>) {
-        if self.dead {
+        if self.dead() {
             return;
         }
         self.now = now;
@@ -542,7 +588,7 @@ impl StreamTransform for MysqlTransform {
     }
 
     fn pending(&self) -> bool {
-        !self.dead && (self.login.client_login_held() || self.fwd.blocked())
+        !self.dead() && (self.login.client_login_held() || self.fwd.blocked())
     }
 
     fn buffered_len(&self) -> usize {
@@ -559,6 +605,7 @@ impl StreamTransform for MysqlTransform {
             + self.login.held_len()
             + self.inject.memory_len()
             + self.pickup.memory_len()
+            + self.arrival.memory_len()
             + self.test.memory_len()
             + self.prod.memory_len()
             + self.stmts.memory_len()
@@ -571,7 +618,7 @@ impl StreamTransform for MysqlTransform {
         // The engine asks several times per packet (issue 20's profile: 3% of the copier's
         // CPU as an iterator over an array of options): plain minimums, and the picked-up
         // session's two only when there is one.
-        if self.dead {
+        if self.dead() {
             return None;
         }
         let mut at = earlier(self.fwd.held_deadline(), self.test.resync_deadline());
@@ -583,7 +630,7 @@ impl StreamTransform for MysqlTransform {
     }
 
     fn on_timeout(&mut self, now: Instant, out: &mut TransformOutput<'_>) {
-        if self.dead {
+        if self.dead() {
             return;
         }
         self.now = now;
@@ -592,7 +639,7 @@ impl StreamTransform for MysqlTransform {
             // further behind than we wait): blind for the rest of this loss.
             self.lose_framing(out);
             self.resume(out);
-            if self.dead {
+            if self.dead() {
                 return;
             }
         }
@@ -602,13 +649,13 @@ impl StreamTransform for MysqlTransform {
             out.count(Counter::HeldTimeouts as usize);
             self.lose_framing(out);
             self.resume(out);
-            if self.dead {
+            if self.dead() {
                 return;
             }
         }
         if self.pickup.variables_wait_over(now) {
             self.resume(out);
-            if self.dead {
+            if self.dead() {
                 return;
             }
         }
@@ -620,7 +667,7 @@ impl StreamTransform for MysqlTransform {
         {
             // The held command goes unproven (`transaction_first` counts it).
             self.resume(out);
-            if self.dead {
+            if self.dead() {
                 return;
             }
         }

@@ -240,6 +240,11 @@ impl Pickup {
 
     /// What the arrival reader notes of each command: only while production's answers may
     /// still place the recovered variables.
+    /// Whether the session was picked up mid-stream.
+    pub(super) fn active(&self) -> bool {
+        self.state.is_some()
+    }
+
     pub(super) fn arrival_notes(&mut self) -> Option<&mut PickupState> {
         self.state
             .as_deref_mut()
@@ -367,7 +372,7 @@ impl MysqlTransform {
     /// Either way each statement is prepared again on the test server before the client's next
     /// command, and executes of it are translated once the test server answered.
     pub fn recover(&mut self, now: Instant, state: RecoveredState, out: &mut TransformOutput<'_>) {
-        if self.dead || !self.picked_up || self.pickup.recovered() {
+        if self.dead() || !self.picked_up() || self.pickup.recovered() {
             return;
         }
         self.now = now;
@@ -466,8 +471,8 @@ impl MysqlTransform {
     /// Production had nothing for this connection (gone already, lookup failed or refused):
     /// log in with the defaults now instead of holding its commands until `recovery_wait`.
     pub(super) fn recovery_unavailable(&mut self, out: &mut TransformOutput<'_>) {
-        if self.dead
-            || !self.picked_up
+        if self.dead()
+            || !self.picked_up()
             || self.pickup.recovered()
             || self.pickup.recovery_deadline().is_none()
         {

@@ -177,6 +177,11 @@ impl TestSide {
         Ok(())
     }
 
+    /// The oldest client command the test server owes a reply.
+    pub(super) fn oldest_owed_serial(&self) -> Option<u64> {
+        self.owed.iter().find_map(|o| o.serial)
+    }
+
     /// Whether the newest reply owed answers the client command `serial`.
     pub(super) fn newest_owed_to(&self, serial: u64) -> bool {
         self.owed.back().is_some_and(|b| b.serial == Some(serial))
@@ -232,7 +237,7 @@ impl MysqlTransform {
         bytes: u64,
         out: &mut TransformOutput<'_>,
     ) -> bool {
-        if self.dead {
+        if self.dead() {
             return false;
         }
         self.now = now;
@@ -346,7 +351,7 @@ impl MysqlTransform {
         _at_seq: u32,
         out: &mut TransformOutput<'_>,
     ) {
-        if self.dead || self.test.phase == TestPhase::Resyncing {
+        if self.dead() || self.test.phase == TestPhase::Resyncing {
             // A restarted intercept finds our probe's answer as well as the one before it,
             // if the test server has not sent it yet; if it has, the wait runs out.
             return;
@@ -394,7 +399,7 @@ impl MysqlTransform {
     /// intercept frames the test server's replies again from the end of our probe's answer:
     /// stream offsets count from there.
     pub(super) fn on_test_framing_resumed(&mut self, now: Instant, out: &mut TransformOutput<'_>) {
-        if self.dead {
+        if self.dead() {
             return;
         }
         self.now = now;

@@ -1,0 +1,203 @@
+//! What the test server was sent and has not answered, kept so that a session that loses its
+//! test-side connection can give it to the one that re-establishes it (`engine/recovery.rs`).
+//!
+//! A test server that restarts while it is behind production (a slower build, a busy host)
+//! takes with it every command it had received and not run: thousands, at the lab's load,
+//! each a command production ran. The transform knows which commands the test server has
+//! answered ([`StreamTransform::replay_from`]); this log keeps the client's bytes from the
+//! oldest one that it has not, and the engine seeds the session's held run with them when the
+//! connection is lost. The session that comes back replays them ahead of what the client sent
+//! meanwhile.
+//!
+//! # What it must never do
+//!
+//! * Hold more than the session's buffer allows: past it, the oldest bytes go, and a replay
+//!   that would need them is not offered (a replay must start at a request).
+//! * Offer bytes across a capture gap: the log restarts after one.
+//! * Keep anything for a transform that cannot tell where to replay from (it returns `None`),
+//!   nor for a TLS session (its plaintext does not follow the client's sequence numbers).
+
+use std::collections::VecDeque;
+
+use common::clock::Instant;
+use common::seq::SeqNumber;
+
+use super::recovery::Held;
+use super::Session;
+use crate::engine::{EngineConfig, EngineStats};
+
+/// Emptied logs kept per thread for the next session that needs one: a session keeps a log
+/// only while the test server owes it something (an idle one keeps none: issue 9's 2 KiB),
+/// and taking a log for each command from the allocator would cost two allocations a command
+/// (`tests/engine_allocs.rs`). At most this many, each of at most [`SPARE_CAPACITY`].
+const SPARES: usize = 64;
+const SPARE_CAPACITY: usize = 4096;
+
+/// The spare logs, boxed as sessions hold them: handing one over moves a pointer, where an
+/// unboxed one would take an allocation for its box each time.
+#[allow(clippy::vec_box)]
+#[derive(Default)]
+struct Spares(Vec<Box<ReplayLog>>);
+
+thread_local! {
+    static SPARE: std::cell::RefCell<Spares> = std::cell::RefCell::new(Spares::default());
+}
+
+/// The client bytes the transform was given, from the oldest the test server still needs.
+#[derive(Debug, Default)]
+pub(crate) struct ReplayLog {
+    /// Client sequence number of `bytes[0]`.
+    start: SeqNumber,
+    /// The transform's offset of `bytes[0]` (bytes given to it before).
+    offset: u64,
+    bytes: VecDeque<u8>,
+}
+
+impl ReplayLog {
+    /// An empty log whose first byte will be the transform's `offset` (a spare one if the
+    /// thread has one).
+    pub(super) fn at(offset: u64) -> Box<Self> {
+        let mut log = SPARE.with(|s| s.borrow_mut().0.pop()).unwrap_or_default();
+        log.offset = offset;
+        log
+    }
+
+    /// Gives an emptied log back for another session.
+    fn recycle(mut log: Box<Self>) {
+        if log.bytes.capacity() > SPARE_CAPACITY {
+            return;
+        }
+        log.bytes.clear();
+        SPARE.with(|s| {
+            let spares = &mut s.borrow_mut().0;
+            if spares.len() < SPARES {
+                spares.push(log);
+            }
+        });
+    }
+
+    /// Bytes at `seq` given to the transform; `max` bounds what is kept (the oldest go).
+    pub(super) fn append(&mut self, seq: SeqNumber, data: &[u8], max: usize) {
+        if seq != self.end_seq() {
+            // A capture gap (or the first bytes): nothing before it can be replayed.
+            self.offset = self.end_offset();
+            self.bytes.clear();
+            self.start = seq;
+        }
+        self.bytes.extend(data);
+        let over = self.bytes.len().saturating_sub(max);
+        self.drop_front(over);
+    }
+
+    fn end_seq(&self) -> SeqNumber {
+        self.start + self.bytes.len()
+    }
+
+    fn end_offset(&self) -> u64 {
+        self.offset + self.bytes.len() as u64
+    }
+
+    fn drop_front(&mut self, n: usize) {
+        let n = n.min(self.bytes.len());
+        self.bytes.drain(..n);
+        self.offset += n as u64;
+        self.start += n;
+    }
+
+    /// Forgets what comes before `from` (`None`: everything).
+    fn trim(&mut self, from: Option<u64>) {
+        let keep_from = from.unwrap_or(u64::MAX);
+        let n = keep_from.saturating_sub(self.offset);
+        self.drop_front(usize::try_from(n).unwrap_or(usize::MAX));
+    }
+
+    /// The run to replay from `from`, if the log still has all of it.
+    fn run_from(&self, from: u64) -> Option<Held> {
+        if from < self.offset || from > self.end_offset() {
+            return None;
+        }
+        let skip = usize::try_from(from - self.offset).ok()?;
+        let bytes: Vec<u8> = self.bytes.range(skip..).copied().collect();
+        (!bytes.is_empty()).then(|| Held::from_stream(self.start + skip, bytes))
+    }
+
+    pub(crate) fn heap_bytes(&self) -> usize {
+        self.bytes.capacity()
+    }
+}
+
+impl Session {
+    /// The transform may have let go of some commands (answered, or decided): so does the log.
+    pub(super) fn trim_replay(&mut self) {
+        let Some(log) = self.replay.as_deref_mut() else {
+            return;
+        };
+        let from = self.transform.as_mut().and_then(|t| t.0.replay_from());
+        log.trim(from);
+        if log.bytes.is_empty() {
+            // Everything answered: an idle session keeps no log.
+            if let Some(log) = self.replay.take() {
+                ReplayLog::recycle(log);
+            }
+        }
+    }
+
+    /// The test server's connection is lost: the client bytes it was sent and did not answer,
+    /// with everything the transform had not forwarded yet, as the run the next session
+    /// replays. The transform hears that they are carried over, not lost. A session that
+    /// never reached the test server (it re-established another, and was refused) carries
+    /// its whole held run already: nothing is added, but the same is true of its commands.
+    pub(crate) fn carry_over(&mut self) -> Option<Held> {
+        let log = self.replay.take();
+        let t = self.transform.as_mut()?;
+        if self.held.is_some() {
+            t.0.carried_over();
+            return None;
+        }
+        let run = log?.run_from(t.0.replay_from()?)?;
+        t.0.carried_over();
+        Some(run)
+    }
+
+    /// This session re-establishes another: the client bytes it was given so far were that
+    /// one's replay, answered by production long ago.
+    pub(crate) fn replayed(
+        &mut self,
+        now: Instant,
+        captured: Option<Instant>,
+        cfg: &EngineConfig,
+        stats: &mut EngineStats,
+    ) {
+        self.call_transform(captured, cfg, stats, |t, out| t.on_replayed(now, out));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ReplayLog;
+    use common::seq::SeqNumber;
+
+    fn run(log: &ReplayLog, from: u64) -> Option<(u32, Vec<u8>)> {
+        let h = log.run_from(from)?;
+        let (start, bytes) = h.parts();
+        Some((start.0, bytes.to_vec()))
+    }
+
+    #[test]
+    fn keeps_from_the_oldest_unanswered_and_restarts_after_a_gap() {
+        let mut log = ReplayLog::default();
+        log.append(SeqNumber(u32::MAX - 1), b"abcd", 100); // across the wrap
+        log.append(SeqNumber(2), b"ef", 100);
+        log.trim(Some(3));
+        assert_eq!(run(&log, 3), Some((1, b"def".to_vec())));
+        assert_eq!(run(&log, 2), None, "trimmed away");
+        log.append(SeqNumber(10), b"xy", 100);
+        assert_eq!(run(&log, 3), None, "a gap: nothing before it");
+        assert_eq!(run(&log, 6), Some((10, b"xy".to_vec())));
+        log.trim(None);
+        assert_eq!(run(&log, 8), None);
+        log.append(SeqNumber(12), b"123456", 4);
+        assert_eq!(run(&log, 8), None, "over the bound: the oldest went");
+        assert_eq!(run(&log, 10), Some((14, b"3456".to_vec())));
+    }
+}
