@@ -513,6 +513,12 @@ impl super::StreamTransform for Lines {
 }
 
 fn lines_engine() -> (H, std::sync::Arc<std::sync::Mutex<Vec<&'static str>>>) {
+    lines_engine_with(pickup_cfg())
+}
+
+fn lines_engine_with(
+    cfg: EngineConfig,
+) -> (H, std::sync::Arc<std::sync::Mutex<Vec<&'static str>>>) {
     let calls = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let c = calls.clone();
     let factory = move |_: common::clock::Instant, _: &super::SessionInfo| {
@@ -523,7 +529,7 @@ fn lines_engine() -> (H, std::sync::Arc<std::sync::Mutex<Vec<&'static str>>>) {
             calls: c.clone(),
         }) as Box<dyn super::StreamTransform>)
     };
-    (H::with_factory(pickup_cfg(), Box::new(factory)), calls)
+    (H::with_factory(cfg, Box::new(factory)), calls)
 }
 
 #[test]
@@ -566,4 +572,36 @@ fn a_connection_lost_with_everything_answered_replays_nothing_of_its_own() {
     assert_eq!(cat(&h.drain()), b"b\n");
     assert!(calls.lock().unwrap().is_empty(), "nothing was replayed");
     assert_eq!(h.e.stats().held_bytes_carried, 0);
+}
+
+#[test]
+fn near_the_memory_budget_a_replay_log_stops_growing_and_nothing_partial_is_carried() {
+    // The same script twice: once to learn what the session is charged with its first
+    // request unanswered, then with a budget that leaves the log no room to grow past it.
+    fn script(h: &mut H) {
+        h.establish();
+        h.client(C.wrapping_add(1), ACK | PSH, b"a\n");
+        h.drain();
+    }
+    let (mut probe, _) = lines_engine();
+    script(&mut probe);
+    let used = probe.e.memory_used();
+    let mut c = pickup_cfg();
+    // The log may keep what it has and 10 bytes more (admission stops at 15/16).
+    c.max_memory = (used + 10) * 16 / 15 + 1;
+    let (mut h, calls) = lines_engine_with(c);
+    script(&mut h);
+    h.client(C.wrapping_add(3), ACK | PSH, b"bbbbbbbbbbbbbbbbbbbb\n");
+    h.drain();
+    h.fb(T + 1, 0, RST, 0, 0);
+    assert_eq!(h.closed_reason(), Some(CloseReason::TestReset));
+    assert!(
+        calls.lock().unwrap().is_empty(),
+        "the oldest unanswered bytes went: no replay"
+    );
+    assert_eq!(h.e.stats().held_bytes_carried, 0);
+    assert_eq!(
+        h.e.stats().sessions_closed[CloseReason::ShedMemory.index()],
+        0
+    );
 }

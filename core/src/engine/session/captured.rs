@@ -175,9 +175,18 @@ impl Session {
         let room = self.push_room(cfg);
         // Every delivery of one call continues the stream from here.
         let mut at = self.reasm.next();
+        // A replay log is bounded as a held run is (`Engine::hold`): by the session's buffer,
+        // and it grows no further once the engine nears its memory budget (the oldest bytes go
+        // instead: a replay is worth less than the sessions the budget would shed for it).
         let log_max = (self.tls.is_none()
             && self.transform.as_ref().is_some_and(|t| t.0.replays()))
-        .then_some(cfg.max_session_buffer);
+        .then(|| {
+            let admit_below = cfg.max_memory - cfg.max_memory / 16;
+            let room = admit_below
+                .saturating_sub(usize::try_from(stats.memory_bytes).unwrap_or(usize::MAX));
+            let kept = self.replay.as_ref().map_or(0, |l| l.len());
+            cfg.max_session_buffer.min(kept + room)
+        });
         let Session {
             reasm,
             send_buf,

@@ -11,8 +11,9 @@
 //!
 //! # What it must never do
 //!
-//! * Hold more than the session's buffer allows: past it, the oldest bytes go, and a replay
-//!   that would need them is not offered (a replay must start at a request).
+//! * Hold more than the session's buffer allows, or grow once the engine nears its memory
+//!   budget: the oldest bytes go instead, and a replay that would need them is not offered (a
+//!   replay must start at a request).
 //! * Offer bytes across a capture gap: the log restarts after one.
 //! * Keep anything for a transform that cannot tell where to replay from (it returns `None`),
 //!   nor for a TLS session (its plaintext does not follow the client's sequence numbers).
@@ -87,6 +88,10 @@ impl ReplayLog {
         self.bytes.extend(data);
         let over = self.bytes.len().saturating_sub(max);
         self.drop_front(over);
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.bytes.len()
     }
 
     fn end_seq(&self) -> SeqNumber {
