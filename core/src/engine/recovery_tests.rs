@@ -485,15 +485,20 @@ impl super::StreamTransform for Lines {
         &mut self,
         _: common::clock::Instant,
         ev: &super::TestEvent<'_>,
-        _: &mut super::TransformOutput<'_>,
+        out: &mut super::TransformOutput<'_>,
     ) {
         if ev.segment().is_some_and(|s| s.in_order_payload().is_some()) {
             self.unanswered.pop_front();
+            out.settled();
         }
     }
 
     fn replays(&self) -> bool {
         true
+    }
+
+    fn client_offset(&self) -> u64 {
+        self.fed
     }
 
     fn replay_from(&mut self) -> Option<u64> {

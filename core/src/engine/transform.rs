@@ -119,6 +119,13 @@ pub trait StreamTransform: Send {
         false
     }
 
+    /// Bytes of the client's stream given so far ([`on_client_data`](Self::on_client_data)),
+    /// in the offsets of [`replay_from`](Self::replay_from): where a log of the client's bytes
+    /// that starts now starts. Asked only of a transform that [`replays`](Self::replays).
+    fn client_offset(&self) -> u64 {
+        0
+    }
+
     /// Where the client's stream would have to be given again for the test server to get
     /// everything it has not answered: an offset into the bytes this transform was given
     /// ([`on_client_data`](Self::on_client_data), counted from the session's first), always
@@ -359,6 +366,7 @@ pub struct TransformOutput<'a> {
     abandoned: Option<&'static str>,
     captured: Option<Instant>,
     tls_started: bool,
+    settled: bool,
 }
 
 /// What one call asked for, applied by the session afterwards.
@@ -371,6 +379,8 @@ pub(super) struct TransformResult {
     pub(super) abandoned: Option<&'static str>,
     /// The client's stream turned to TLS: see [`TransformOutput::start_tls`].
     pub(super) tls_started: bool,
+    /// See [`TransformOutput::settled`].
+    pub(super) settled: bool,
 }
 
 impl<'a> TransformOutput<'a> {
@@ -396,6 +406,7 @@ impl<'a> TransformOutput<'a> {
             abandoned: None,
             captured: None,
             tls_started: false,
+            settled: false,
         }
     }
 
@@ -412,6 +423,14 @@ impl<'a> TransformOutput<'a> {
 
     pub(super) fn set_captured(&mut self, at: Option<Instant>) {
         self.captured = at;
+    }
+
+    /// The test server began answering a request, or one will never be sent: where a replay
+    /// would start ([`StreamTransform::replay_from`]) may have moved on, and the engine lets
+    /// go of the client bytes before it. Only a hint for memory: a replay is always taken from
+    /// `replay_from` as it stands.
+    pub fn settled(&mut self) {
+        self.settled = true;
     }
 
     /// Appends bytes to our stream toward the test server. Ignored once the session was
@@ -482,6 +501,7 @@ impl<'a> TransformOutput<'a> {
             overflowed: self.overflowed,
             abandoned: self.abandoned,
             tls_started: self.tls_started,
+            settled: self.settled,
         }
     }
 }

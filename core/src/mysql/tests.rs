@@ -2115,10 +2115,9 @@ fn a_session_in_line_stays_small() {
     // per-chunk lists live with the thread, so that it stays this size.
     let size = std::mem::size_of::<MysqlTransform>();
     // 752 since the resync probe's deadline (`resync.rs`), 760 since the transaction gates
-    // moved out of the pickup's box to serve capture gaps too (`txn_gate.rs`); still 760 with
-    // the command starts a replay needs (`Arrival::starts`, boxed), paid for by the flags
-    // that moved into rooms with a spare byte.
-    assert!(size <= 760, "{size}");
+    // moved out of the pickup's box to serve capture gaps too (`txn_gate.rs`), 752 since two
+    // flags moved into rooms with a spare byte.
+    assert!(size <= 752, "{size}");
 }
 
 #[test]

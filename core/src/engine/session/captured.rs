@@ -219,14 +219,9 @@ impl Session {
                     delivered += bytes.len();
                     if !out.is_done() {
                         if let Some(max) = log_max {
-                            if replay.is_none() {
-                                // Everything before was answered: the log starts where the
-                                // transform stands, if it stands between two commands.
-                                *replay = t.0.replay_from().map(ReplayLog::at);
-                            }
-                            if let Some(log) = replay {
-                                log.append(at, bytes, max);
-                            }
+                            replay
+                                .get_or_insert_with(|| ReplayLog::at(t.0.client_offset()))
+                                .append(at, bytes, max);
                         }
                         t.0.on_client_data(now, bytes, &mut out);
                     }
@@ -237,7 +232,6 @@ impl Session {
         };
         stats.client_bytes_reassembled += delivered as u64;
         self.apply(result, stats);
-        self.trim_replay();
         delivered
     }
 
@@ -284,6 +278,9 @@ impl Session {
         }
         if r.tls_started {
             self.start_tls();
+        }
+        if r.settled {
+            self.trim_replay();
         }
     }
 
@@ -338,7 +335,6 @@ impl Session {
             return Outcome::Open;
         }
         self.call_transform(captured, cfg, stats, |t, out| t.on_test_event(now, ev, out));
-        self.trim_replay();
         match self.settle_stream(cfg) {
             Some(reason) => Outcome::Finished(reason),
             None => Outcome::Open,

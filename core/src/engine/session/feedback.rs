@@ -34,7 +34,6 @@ impl Session {
             && self.rcv_nxt > rcv_before;
         let ev = TestEvent::Segment(TestSegment::new(fb, in_order));
         self.call_transform(None, cfg, stats, |t, o| t.on_test_event(now, &ev, o));
-        self.trim_replay();
         match self.settle_stream(cfg) {
             Some(reason) => Outcome::Finished(reason),
             None => Outcome::Open,

@@ -17,7 +17,6 @@
 //! * Take bytes that are not a packet start for a command: continuations, auth packets and
 //!   LOCAL INFILE data are told by framing and sequence ids, never by their content.
 
-use std::collections::VecDeque;
 use std::mem;
 
 use common::mysql::packet::FrameScanner;
@@ -25,29 +24,8 @@ use common::mysql::packet::FrameScanner;
 use super::super::observe::Observer;
 use super::super::replies::ReplyKind;
 use super::pickup::PickupState;
-use super::{expects_reply, MysqlTransform, MAX_IN_FLIGHT};
+use super::{expects_reply, MysqlTransform};
 use crate::engine::TransformOutput;
-
-/// Command starts remembered at most: twice what the test server may owe.
-const MAX_STARTS: usize = 4 * MAX_IN_FLIGHT;
-
-/// Emptied command-start lists kept per thread (as `engine/session/replay.rs` keeps its
-/// logs): a session holds one only while the test server owes it a command.
-const SPARES: usize = 64;
-
-/// Where commands start in the client's stream: (serial, offset), oldest first.
-#[derive(Default)]
-pub(super) struct Starts(VecDeque<(u64, u64)>);
-
-/// Spare lists, boxed as sessions hold them (handing one over moves a pointer).
-#[allow(clippy::vec_box)]
-#[derive(Default)]
-struct SpareStarts(Vec<Box<Starts>>);
-
-thread_local! {
-    static SPARE_STARTS: std::cell::RefCell<SpareStarts> =
-        std::cell::RefCell::new(SpareStarts::default());
-}
 
 /// Lists filled and emptied within one call (the packets of one captured chunk). They live
 /// with the thread, not the session: thousands of idle sessions would otherwise each keep
@@ -83,10 +61,6 @@ pub(super) struct Arrival {
     /// The last logical packet that arrived was a command awaiting a reply: its continuation
     /// packets move the id its reply starts at.
     in_command: bool,
-    /// Where each command the test server may still need starts in the stream (serial,
-    /// offset), oldest first: a replay starts at one (`replay_from`). Trimmed as the test
-    /// server answers. Boxed: an idle session keeps none, and every session carries this.
-    starts: Option<Box<Starts>>,
 }
 
 impl Arrival {
@@ -97,45 +71,17 @@ impl Arrival {
             serial: 0,
             skip_login: !picked_up,
             in_command: false,
-            starts: None,
         }
-    }
-
-    /// Where the command numbered `serial` starts, forgetting every earlier one; a command
-    /// not arrived yet starts where the stream stands, if it stands between two packets.
-    pub(super) fn start_of(&mut self, serial: u64) -> Option<u64> {
-        if let Some(Starts(starts)) = self.starts.as_deref_mut() {
-            while starts.front().is_some_and(|&(s, _)| s < serial) {
-                starts.pop_front();
-            }
-            match starts.front() {
-                Some(&(s, offset)) if s == serial => return Some(offset),
-                Some(_) => return None,
-                // All answered: an idle session keeps none.
-                None => {
-                    if let Some(spare) = self.starts.take().filter(|s| s.0.capacity() <= 256) {
-                        SPARE_STARTS.with(|s| {
-                            let spares = &mut s.borrow_mut().0;
-                            if spares.len() < SPARES {
-                                spares.push(spare);
-                            }
-                        });
-                    }
-                }
-            }
-        }
-        self.at_boundary().then(|| self.scanner.position())
-    }
-
-    pub(super) fn memory_len(&self) -> usize {
-        self.starts.as_ref().map_or(0, |s| {
-            mem::size_of::<Starts>() + s.0.capacity() * mem::size_of::<(u64, u64)>()
-        })
     }
 
     /// Whether the reader stands between two packets.
     pub(super) fn at_boundary(&self) -> bool {
         self.scanner.at_boundary()
+    }
+
+    /// Bytes of the client's stream that arrived so far.
+    pub(super) fn position(&self) -> u64 {
+        self.scanner.position()
     }
 
     /// Nothing of the client's stream has arrived yet.
@@ -165,7 +111,6 @@ impl Arrival {
         let skip_login = &mut self.skip_login;
         let in_command = &mut self.in_command;
         let serial = &mut self.serial;
-        let starts = &mut self.starts;
         self.scanner.feed(data, |p| {
             if p.header.part != 0 {
                 if *in_command {
@@ -190,17 +135,6 @@ impl Arrival {
             }
             let n = *serial;
             *serial += 1;
-            let Starts(starts) = &mut **starts.get_or_insert_with(|| {
-                SPARE_STARTS
-                    .with(|s| s.borrow_mut().0.pop())
-                    .unwrap_or_default()
-            });
-            if starts.len() >= MAX_STARTS {
-                // Nobody asked for a while (a TLS session's engine keeps no replay): the
-                // oldest cannot be replayed any more.
-                starts.pop_front();
-            }
-            starts.push_back((n, p.header.offset));
             if let Some(c) = changes.as_deref_mut() {
                 c.note_arrival(n, p.prefix);
             }

@@ -248,6 +248,19 @@ impl Forwarding {
         self.backlog.len()
     }
 
+    /// Arrived client bytes the reader has not passed yet, between two calls: the backlog, and
+    /// the head of the packet being decided.
+    pub(super) fn unread_len(&self) -> usize {
+        self.head.len() + self.backlog.len()
+    }
+
+    /// Whether the reader stands at (or inside the head of) a packet that may start a command:
+    /// a replay could begin there (not in a packet's body, nor in the client's own auth or
+    /// LOCAL INFILE data, which no command precedes in a replay).
+    pub(super) fn at_command_start(&self) -> bool {
+        matches!(self.at, Fwd::Head) && !self.skip_data && !self.swallow_client_auth
+    }
+
     pub(super) fn memory_len(&self) -> usize {
         self.head.capacity() + self.backlog.capacity()
     }
@@ -402,8 +415,20 @@ impl MysqlTransform {
                             self.fwd.owed = client_command
                                 && v == Verdict::Forward
                                 && self.test.newest_owed_to(self.fwd.serial);
+                            if self.fwd.owed {
+                                // Where it starts in the client's stream, for a replay: what
+                                // arrived, less what this reader has not passed yet (this
+                                // call's rest, the backlog, the head).
+                                let unread = rest.len() + self.fwd.unread_len();
+                                let start = self.arrival.position().saturating_sub(unread as u64);
+                                self.test.newest_starts_at(start);
+                            }
                             if client_command {
                                 self.client_command_decided(v == Verdict::Forward);
+                                if !self.fwd.owed {
+                                    // Kept off, dropped, or sent blind: nothing will answer it.
+                                    out.settled();
+                                }
                             }
                             self.fwd
                                 .release_head(h.len, taken, v == Verdict::Forward, out);

@@ -470,12 +470,24 @@ impl StreamTransform for MysqlTransform {
         true
     }
 
+    fn client_offset(&self) -> u64 {
+        self.arrival.position()
+    }
+
     /// The oldest client command the test server has not answered (sent and awaiting its
     /// reply, or not forwarded yet): only between commands, and not for a TLS session (its
     /// plaintext is not the captured stream).
     fn replay_from(&mut self) -> Option<u64> {
-        let serial = self.unsettled_serial()?;
-        self.arrival.start_of(serial)
+        self.unsettled_serial()?;
+        match self.test.oldest_owed_start() {
+            Some(start) => start,
+            // Nothing owed: the next packet the forwarding reader decides, if it stands at one.
+            None => self.fwd.at_command_start().then(|| {
+                self.arrival
+                    .position()
+                    .saturating_sub(self.fwd.unread_len() as u64)
+            }),
+        }
     }
 
     fn carried_over(&mut self) {
@@ -605,7 +617,6 @@ impl StreamTransform for MysqlTransform {
             + self.login.held_len()
             + self.inject.memory_len()
             + self.pickup.memory_len()
-            + self.arrival.memory_len()
             + self.test.memory_len()
             + self.prod.memory_len()
             + self.stmts.memory_len()
