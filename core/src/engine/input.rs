@@ -270,8 +270,8 @@ impl Engine {
         let out = s.on_feedback(now, &self.cfg, &mut self.stats, fb);
         if was_syn_sent && s.phase == session::Phase::Established {
             // The test server answers: sessions waiting for it may all come back, and this
-            // one's replay is in its stream now.
-            s.held = None;
+            // one's replay is in its stream now (kept as its log until answered).
+            s.held_reached_test();
             self.gate.succeeded();
         }
         self.settle(id, now, out);
@@ -302,7 +302,7 @@ impl Engine {
             return false;
         }
         // What the client sent while the session waited goes first, then this packet.
-        let held = s.held.take().map(|b| *b).unwrap_or_default();
+        let held = s.take_held().unwrap_or_default();
         let (start, stream) = match held.joined(pkt.seq, pkt.payload) {
             Ok(joined) => joined,
             Err(lost) => {
@@ -346,7 +346,7 @@ impl Engine {
             s.revived_after = Some(revival.attempts);
             // Kept until the test server answers: if it refuses this one too, the next
             // attempt replays the whole run again.
-            s.held = Some(Box::new(Held::from_stream(start, stream.clone())));
+            s.set_held(Held::from_stream(start, stream.clone()));
         }
         self.recharge(new);
         let mut at = end_of(0);
@@ -380,7 +380,7 @@ impl Engine {
         let admit_below = self.cfg.max_memory - self.cfg.max_memory / 16;
         let budget_room = admit_below.saturating_sub(self.mem_used);
         let max_buffer = self.cfg.max_session_buffer;
-        let held = s.held.get_or_insert_with(Box::default);
+        let held = s.held_mut();
         let room = max_buffer.saturating_sub(held.len()).min(budget_room);
         let lost = held.push(pkt.seq, pkt.payload, room);
         self.stats.held_bytes_lost += lost as u64;

@@ -829,9 +829,9 @@ impl Engine {
             // (`session/replay.rs`).
             if let Some(run) = s.carry_over() {
                 self.stats.held_bytes_carried += run.len() as u64;
-                s.held = Some(Box::new(run));
+                s.set_held(run);
             }
-        } else if let Some(h) = s.held.take() {
+        } else if let Some(h) = s.take_held() {
             // Not to be re-established (its client left): there is nobody to replay it to.
             self.stats.held_bytes_lost += h.len() as u64;
         }
@@ -884,7 +884,7 @@ impl Engine {
         self.free.push(id.idx);
         debug_assert!(s.is_lingering());
         self.stats.sessions_lingering -= 1;
-        if let Some(h) = &s.held {
+        if let Some(h) = s.held() {
             self.stats.held_bytes_lost += h.len() as u64;
         }
         if s.revival.is_some() {

@@ -501,7 +501,7 @@ impl super::StreamTransform for Lines {
         self.fed
     }
 
-    fn replay_from(&mut self) -> Option<u64> {
+    fn replay_from(&self) -> Option<u64> {
         match self.unanswered.front() {
             Some(&at) => Some(at),
             None => self.at_line_start.then_some(self.fed),
@@ -609,4 +609,29 @@ fn near_the_memory_budget_a_replay_log_stops_growing_and_nothing_partial_is_carr
         h.e.stats().sessions_closed[CloseReason::ShedMemory.index()],
         0
     );
+}
+
+#[test]
+fn a_replay_the_test_server_did_not_answer_is_carried_again() {
+    let (mut h, _) = lines_engine();
+    h.establish();
+    h.client(C.wrapping_add(1), ACK | PSH, b"a\n");
+    h.drain();
+    h.fb(T + 1, C.wrapping_add(3), ACK | PSH, 65535, 5);
+    h.fb(T + 6, 0, RST, 0, 0);
+    // Back on the next request, which the new connection is sent and does not answer...
+    h.client(C.wrapping_add(3), ACK | PSH, b"b\n");
+    let syn = syns(&h.drain())[0].clone();
+    h.fb(T, syn.seq.wrapping_add(1), SYN | ACK, 65535, 0);
+    assert_eq!(cat(&h.drain()), b"b\n");
+    h.fb(T + 1, 0, RST, 0, 0);
+    assert_eq!(h.closed_reason(), Some(CloseReason::TestReset));
+    assert_eq!(h.e.stats().held_bytes_carried, 2, "its replay, now its log");
+    // ...so the next one replays it again, ahead of what came since.
+    h.advance(HOLD_MIN * 2);
+    h.client(C.wrapping_add(5), ACK | PSH, b"c\n");
+    let syn = syns(&h.drain())[0].clone();
+    assert_eq!(syn.seq, C.wrapping_add(2));
+    h.fb(T, syn.seq.wrapping_add(1), SYN | ACK, 65535, 0);
+    assert_eq!(cat(&h.drain()), b"b\nc\n");
 }

@@ -77,7 +77,7 @@ mod feedback;
 mod gaps;
 mod recovery;
 mod replay;
-use replay::ReplayLog;
+use replay::{Kept, ReplayLog};
 mod sending;
 mod timers;
 
@@ -156,14 +156,13 @@ pub(crate) struct Session {
     pub(crate) revival: Option<Revival>,
     /// For a session that re-establishes another: that one's quick resets in a row.
     pub(crate) revived_after: Option<u32>,
-    /// The client bytes captured while the session waited to be re-established, and while
-    /// the session re-establishing it has not reached the test server yet: replayed by the
-    /// next one, so a test server's restart costs nothing it can be given later (see
-    /// `session/recovery.rs`).
-    pub(crate) held: Option<Box<Held>>,
-    /// The client bytes from the oldest command the test server has not answered (see
-    /// `session/replay.rs`): the start of `held` if the test server's connection is lost.
-    replay: Option<Box<ReplayLog>>,
+    /// Client bytes kept for a replay (`session/replay.rs`): while the session waits to be
+    /// re-established (or re-establishes another and has not reached the test server yet),
+    /// the run the next one replays, so a test server's restart costs nothing it can be given
+    /// later (`session/recovery.rs`); while it runs, the log of the commands the test server
+    /// has not answered, that run's start if the connection is lost. One field for both: a
+    /// session needs one at a time, and every session carries it (issue 9's 2 KiB).
+    kept: Option<Box<Kept>>,
 
     // --- client stream (client seq space) ---
     reasm: Reassembly,
@@ -314,8 +313,7 @@ impl Session {
         Self {
             revival: None,
             revived_after: None,
-            held: None,
-            replay: None,
+            kept: None,
             client: SocketAddrV4::new(pkt.src, pkt.src_port),
             prod_ip: pkt.dst,
             mirrored,
@@ -402,8 +400,7 @@ impl Session {
     /// gave out; plus what its transform says it holds.
     pub(crate) fn heap_bytes(&self) -> usize {
         self.send_buf.capacity()
-            + self.held.as_ref().map_or(0, |h| h.heap_bytes())
-            + self.replay.as_ref().map_or(0, |r| r.heap_bytes())
+            + self.kept.as_ref().map_or(0, |k| k.heap_bytes())
             + self.reasm.heap_bytes()
             + self.prod_reasm.as_ref().map_or(0, Reassembly::heap_bytes)
             + self.transform.as_ref().map_or(0, |t| t.0.memory_len())
@@ -515,7 +512,7 @@ impl Session {
         self.phase = Phase::Lingering { clean, until };
         self.send_buf = VecDeque::new();
         self.reasm.release();
-        self.replay = None;
+        self.drop_log();
         self.transform = None;
         self.prod_reasm = None;
         self.test_ooo.clear();

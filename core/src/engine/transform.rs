@@ -133,7 +133,7 @@ pub trait StreamTransform: Send {
     /// connection is lost (`engine/recovery.rs`): the engine keeps the client bytes from this
     /// offset on, and a session that re-establishes this one replays them. `None`: nothing
     /// can be replayed (the default: a stream without requests has no point to start from).
-    fn replay_from(&mut self) -> Option<u64> {
+    fn replay_from(&self) -> Option<u64> {
         None
     }
 

@@ -184,7 +184,10 @@ impl Session {
             let admit_below = cfg.max_memory - cfg.max_memory / 16;
             let room = admit_below
                 .saturating_sub(usize::try_from(stats.memory_bytes).unwrap_or(usize::MAX));
-            let kept = self.replay.as_ref().map_or(0, |l| l.len());
+            let kept = match self.kept.as_deref() {
+                Some(Kept::Log(l)) => l.len(),
+                _ => 0,
+            };
             cfg.max_session_buffer.min(kept + room)
         });
         let Session {
@@ -192,7 +195,7 @@ impl Session {
             send_buf,
             transform,
             closing,
-            replay,
+            kept,
             ..
         } = self;
         let mut delivered = 0usize;
@@ -219,9 +222,11 @@ impl Session {
                     delivered += bytes.len();
                     if !out.is_done() {
                         if let Some(max) = log_max {
-                            replay
-                                .get_or_insert_with(|| ReplayLog::at(t.0.client_offset()))
-                                .append(at, bytes, max);
+                            // Nothing while a held run is kept: it has these bytes already.
+                            let k = kept.get_or_insert_with(|| ReplayLog::at(t.0.client_offset()));
+                            if let Kept::Log(log) = &mut **k {
+                                log.append(at, bytes, max);
+                            }
                         }
                         t.0.on_client_data(now, bytes, &mut out);
                     }

@@ -222,6 +222,15 @@ impl Held {
         Self { start, bytes }
     }
 
+    pub(crate) fn starts_at(&self, seq: SeqNumber) -> bool {
+        self.start == seq
+    }
+
+    /// Where the run starts, and its bytes.
+    pub(crate) fn into_parts(self) -> (SeqNumber, Vec<u8>) {
+        (self.start, self.bytes)
+    }
+
     #[cfg(test)]
     pub(crate) fn parts(&self) -> (SeqNumber, &[u8]) {
         (self.start, &self.bytes)
@@ -235,7 +244,7 @@ impl Session {
     pub(crate) fn holds_client_bytes(&self) -> bool {
         match self.phase {
             Phase::Lingering { .. } => self.revival.is_some(),
-            Phase::SynSent => self.held.is_some(),
+            Phase::SynSent => self.held().is_some(),
             Phase::Established => false,
         }
     }

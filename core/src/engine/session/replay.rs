@@ -36,7 +36,25 @@ const SPARE_CAPACITY: usize = 512;
 /// unboxed one would take an allocation for its box each time.
 #[allow(clippy::vec_box)]
 #[derive(Default)]
-struct Spares(Vec<Box<ReplayLog>>);
+struct Spares(Vec<Box<Kept>>);
+
+/// What a session keeps for a replay (`Session::kept`).
+#[derive(Debug)]
+pub(crate) enum Kept {
+    /// The run the next session replays (see `session/recovery.rs`).
+    Held(Held),
+    /// What the test server has not answered, while the session runs.
+    Log(ReplayLog),
+}
+
+impl Kept {
+    pub(crate) fn heap_bytes(&self) -> usize {
+        match self {
+            Kept::Held(h) => h.heap_bytes(),
+            Kept::Log(l) => l.bytes.capacity(),
+        }
+    }
+}
 
 thread_local! {
     static SPARE: std::cell::RefCell<Spares> = std::cell::RefCell::new(Spares::default());
@@ -58,14 +76,21 @@ pub(crate) struct ReplayLog {
 impl ReplayLog {
     /// An empty log whose first byte will be the transform's `offset` (a spare one if the
     /// thread has one).
-    pub(super) fn at(offset: u64) -> Box<Self> {
-        let mut log = SPARE.with(|s| s.borrow_mut().0.pop()).unwrap_or_default();
-        log.offset = offset;
-        log
+    pub(super) fn at(offset: u64) -> Box<Kept> {
+        let mut kept = SPARE
+            .with(|s| s.borrow_mut().0.pop())
+            .unwrap_or_else(|| Box::new(Kept::Log(ReplayLog::default())));
+        if let Kept::Log(log) = &mut *kept {
+            log.offset = offset;
+        }
+        kept
     }
 
     /// Gives an emptied log back for another session.
-    fn recycle(mut log: Box<Self>) {
+    fn recycle(mut kept: Box<Kept>) {
+        let Kept::Log(log) = &mut *kept else {
+            return;
+        };
         if log.bytes.capacity() > SPARE_CAPACITY {
             return;
         }
@@ -74,9 +99,21 @@ impl ReplayLog {
         SPARE.with(|s| {
             let spares = &mut s.borrow_mut().0;
             if spares.len() < SPARES {
-                spares.push(log);
+                spares.push(kept);
             }
         });
+    }
+
+    /// A held run the transform was given from its first byte on (a session that
+    /// re-established another and has now reached the test server): its log.
+    fn of_held(run: Held) -> Self {
+        let (start, bytes) = run.into_parts();
+        Self {
+            start,
+            offset: 0,
+            bytes,
+            head: 0,
+        }
     }
 
     fn kept(&self) -> &[u8] {
@@ -141,24 +178,76 @@ impl ReplayLog {
         let bytes = self.kept().get(skip..)?.to_vec();
         (!bytes.is_empty()).then(|| Held::from_stream(self.start + skip, bytes))
     }
-
-    pub(crate) fn heap_bytes(&self) -> usize {
-        self.bytes.capacity()
-    }
 }
 
 impl Session {
-    /// The transform may have let go of some commands (answered, or decided): so does the log.
-    pub(super) fn trim_replay(&mut self) {
-        let Some(log) = self.replay.as_deref_mut() else {
+    /// The held run, if the session keeps one.
+    pub(crate) fn held(&self) -> Option<&Held> {
+        match self.kept.as_deref() {
+            Some(Kept::Held(h)) => Some(h),
+            _ => None,
+        }
+    }
+
+    /// The held run, a new one if the session keeps none (a log it kept goes: a session
+    /// that holds bytes no longer runs).
+    pub(crate) fn held_mut(&mut self) -> &mut Held {
+        if !matches!(self.kept.as_deref(), Some(Kept::Held(_))) {
+            self.kept = Some(Box::new(Kept::Held(Held::default())));
+        }
+        match self.kept.as_deref_mut() {
+            Some(Kept::Held(h)) => h,
+            _ => unreachable!("set just above"),
+        }
+    }
+
+    /// Takes the held run away, if there is one.
+    pub(crate) fn take_held(&mut self) -> Option<Held> {
+        if !matches!(self.kept.as_deref(), Some(Kept::Held(_))) {
+            return None;
+        }
+        match *self.kept.take()? {
+            Kept::Held(h) => Some(h),
+            Kept::Log(_) => None,
+        }
+    }
+
+    pub(crate) fn set_held(&mut self, run: Held) {
+        self.kept = Some(Box::new(Kept::Held(run)));
+    }
+
+    /// The session reached the test server with a held run (it re-establishes another): the
+    /// run is now the log of what its transform was given, trimmed as the test server answers.
+    pub(crate) fn held_reached_test(&mut self) {
+        let Some(run) = self.take_held() else {
             return;
         };
-        let from = self.transform.as_mut().and_then(|t| t.0.replay_from());
+        // Only a run from the stream's first byte is what the transform was given from its
+        // offset 0 (one that restarted after a capture hole is not).
+        if run.starts_at(self.client_isn + 1u32) {
+            self.kept = Some(Box::new(Kept::Log(ReplayLog::of_held(run))));
+            self.trim_replay();
+        }
+    }
+
+    /// The log goes (the session ends); a held run stays.
+    pub(super) fn drop_log(&mut self) {
+        if matches!(self.kept.as_deref(), Some(Kept::Log(_))) {
+            self.kept = None;
+        }
+    }
+
+    /// The transform may have let go of some commands (answered, or decided): so does the log.
+    pub(super) fn trim_replay(&mut self) {
+        let Some(Kept::Log(log)) = self.kept.as_deref_mut() else {
+            return;
+        };
+        let from = self.transform.as_ref().and_then(|t| t.0.replay_from());
         log.trim(from);
         if log.len() == 0 {
             // Everything answered: an idle session keeps no log.
-            if let Some(log) = self.replay.take() {
-                ReplayLog::recycle(log);
+            if let Some(kept) = self.kept.take() {
+                ReplayLog::recycle(kept);
             }
         }
     }
@@ -169,13 +258,16 @@ impl Session {
     /// never reached the test server (it re-established another, and was refused) carries
     /// its whole held run already: nothing is added, but the same is true of its commands.
     pub(crate) fn carry_over(&mut self) -> Option<Held> {
-        let log = self.replay.take();
         let t = self.transform.as_mut()?;
-        if self.held.is_some() {
-            t.0.carried_over();
-            return None;
-        }
-        let run = log?.run_from(t.0.replay_from()?)?;
+        let log = match self.kept.as_deref() {
+            Some(Kept::Held(_)) => {
+                t.0.carried_over();
+                return None;
+            }
+            Some(Kept::Log(log)) => log,
+            None => return None,
+        };
+        let run = log.run_from(t.0.replay_from()?)?;
         t.0.carried_over();
         Some(run)
     }

@@ -477,7 +477,7 @@ impl StreamTransform for MysqlTransform {
     /// The oldest client command the test server has not answered (sent and awaiting its
     /// reply, or not forwarded yet): only between commands, and not for a TLS session (its
     /// plaintext is not the captured stream).
-    fn replay_from(&mut self) -> Option<u64> {
+    fn replay_from(&self) -> Option<u64> {
         self.unsettled_serial()?;
         match self.test.oldest_owed_start() {
             Some(start) => start,
