@@ -560,14 +560,19 @@ fn what_the_lost_connection_had_not_answered_is_replayed_ahead_of_the_rest() {
     assert_eq!((st.held_bytes_replayed, st.held_bytes_lost), (5, 0));
 }
 
-#[test]
-fn a_connection_lost_with_everything_answered_replays_nothing_of_its_own() {
-    let (mut h, calls) = lines_engine();
+/// Established, one request sent and answered, then the test server resets the connection.
+fn answered_then_reset(h: &mut H) {
     h.establish();
     h.client(C.wrapping_add(1), ACK | PSH, b"a\n");
     h.drain();
     h.fb(T + 1, C.wrapping_add(3), ACK | PSH, 65535, 5);
     h.fb(T + 6, 0, RST, 0, 0);
+}
+
+#[test]
+fn a_connection_lost_with_everything_answered_replays_nothing_of_its_own() {
+    let (mut h, calls) = lines_engine();
+    answered_then_reset(&mut h);
     assert_eq!(h.closed_reason(), Some(CloseReason::TestReset));
     assert!(calls.lock().unwrap().is_empty());
     h.client(C.wrapping_add(3), ACK | PSH, b"b\n");
@@ -614,11 +619,7 @@ fn near_the_memory_budget_a_replay_log_stops_growing_and_nothing_partial_is_carr
 #[test]
 fn a_replay_the_test_server_did_not_answer_is_carried_again() {
     let (mut h, _) = lines_engine();
-    h.establish();
-    h.client(C.wrapping_add(1), ACK | PSH, b"a\n");
-    h.drain();
-    h.fb(T + 1, C.wrapping_add(3), ACK | PSH, 65535, 5);
-    h.fb(T + 6, 0, RST, 0, 0);
+    answered_then_reset(&mut h);
     // Back on the next request, which the new connection is sent and does not answer...
     h.client(C.wrapping_add(3), ACK | PSH, b"b\n");
     let syn = syns(&h.drain())[0].clone();
