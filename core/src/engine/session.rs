@@ -427,6 +427,15 @@ impl Session {
         self.data_end() + self.closing.fin_len()
     }
 
+    /// See [`TransformOutput::test_stream_seen`]: in-order bytes of the test server's stream
+    /// seen so far (its FIN counts as one), modulo 2^32.
+    fn test_stream_seen(&self) -> u32 {
+        match self.phase {
+            Phase::SynSent => 0,
+            _ => self.rcv_nxt.bytes_since(self.irs + 1u32) as u32,
+        }
+    }
+
     fn test_fin_received(&self) -> bool {
         self.test_fin_at
             // `rcv_nxt` stays within a window of the FIN (`process_test_segment`).

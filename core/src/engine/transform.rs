@@ -365,6 +365,7 @@ pub struct TransformOutput<'a> {
     overflowed: bool,
     abandoned: Option<&'static str>,
     captured: Option<Instant>,
+    test_seen: u32,
     tls_started: bool,
     settled: bool,
 }
@@ -405,6 +406,7 @@ impl<'a> TransformOutput<'a> {
             overflowed: false,
             abandoned: None,
             captured: None,
+            test_seen: 0,
             tls_started: false,
             settled: false,
         }
@@ -423,6 +425,22 @@ impl<'a> TransformOutput<'a> {
 
     pub(super) fn set_captured(&mut self, at: Option<Instant>) {
         self.captured = at;
+    }
+
+    /// How much of the test server's stream (on the current test connection) the engine has
+    /// seen in order through relayed feedback, in bytes from its first one, modulo 2^32 (0
+    /// before its SYN-ACK). Relayed summaries (`on_test_event`) of those bytes come with
+    /// them: bytes seen whose summaries never came were summarised and lost on the way, while
+    /// an answer not seen at all has not been sent yet (a lost segment is sent again, and
+    /// seen then).
+    pub fn test_stream_seen(&self) -> u32 {
+        self.test_seen
+    }
+
+    /// Sets [`TransformOutput::test_stream_seen`]: the engine does for every call; a test of a
+    /// transform without an engine, as it needs.
+    pub fn set_test_stream_seen(&mut self, seen: u32) {
+        self.test_seen = seen;
     }
 
     /// The test server began answering a request, or one will never be sent: where a replay

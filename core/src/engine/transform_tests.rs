@@ -195,6 +195,51 @@ fn each_new_test_segment_is_marked_in_order_once() {
     );
 }
 
+/// Logs [`TransformOutput::test_stream_seen`] at each of its timers, every 10 ms.
+struct SeenAtTimer {
+    log: Arc<Mutex<Vec<u32>>>,
+    at: Instant,
+}
+
+impl StreamTransform for SeenAtTimer {
+    fn on_client_data(&mut self, _: Instant, data: &[u8], out: &mut TransformOutput<'_>) {
+        out.push(data);
+    }
+    fn next_deadline(&self) -> Option<Instant> {
+        Some(self.at)
+    }
+    fn on_timeout(&mut self, now: Instant, out: &mut TransformOutput<'_>) {
+        self.log.lock().unwrap().push(out.test_stream_seen());
+        self.at = now + ms(10);
+    }
+}
+
+#[test]
+fn a_transform_hears_how_much_of_the_test_stream_was_seen_in_order() {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let l = log.clone();
+    let mut h = H::with_factory(
+        cfg(),
+        factory(move |_| SeenAtTimer {
+            log: l.clone(),
+            at: Instant::ZERO,
+        }),
+    );
+    h.establish();
+    let s = C.wrapping_add(1);
+    let seen = |h: &mut H| {
+        h.advance(ms(10));
+        *log.lock().unwrap().last().expect("the timer ran")
+    };
+    assert_eq!(seen(&mut h), 0, "the SYN-ACK is no byte of the stream");
+    fb_data(&mut h, T + 1, s, ACK, b"aaaaa");
+    assert_eq!(seen(&mut h), 5);
+    fb_data(&mut h, T + 11, s, ACK, b"ccccc");
+    assert_eq!(seen(&mut h), 5, "not past a hole");
+    fb_data(&mut h, T + 6, s, ACK, b"bbbbb");
+    assert_eq!(seen(&mut h), 15);
+}
+
 // ---------------------------------------------------------------------------- rewriting
 
 /// Replaces the first `n` client bytes with `with` (the login rewrite: another length).

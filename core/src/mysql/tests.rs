@@ -331,6 +331,9 @@ struct Harness {
     abandoned: Option<&'static str>,
     now: Instant,
     test: TestStream,
+    /// Bytes of the test server's stream the engine saw past the summaries that came (their
+    /// summaries dropped on the way): see `TransformOutput::test_stream_seen`.
+    test_unsummarized: u32,
     received: PacketSplitter,
 }
 
@@ -364,6 +367,7 @@ impl Harness {
             abandoned: None,
             now,
             test: TestStream::new(16),
+            test_unsummarized: 0,
             received: PacketSplitter::new(64 << 20, Oversize::Fail),
         };
         if picked_up {
@@ -381,6 +385,8 @@ impl Harness {
             "called after the session was given up"
         );
         let mut out = TransformOutput::new(&mut self.sent, &mut self.stats);
+        // As the engine does: every summarised byte was seen, and what a test says was lost.
+        out.set_test_stream_seen((self.test.offset as u32).wrapping_add(self.test_unsummarized));
         let r = f(&mut self.t, self.now, &mut out);
         if let Some(a) = out.abandoned() {
             self.abandoned = Some(a);
@@ -1875,7 +1881,9 @@ fn a_command_held_for_a_lost_prepare_ok_is_released_after_a_deadline() {
     assert!(h.t.pending(), "held until the test server's PREPARE_OK");
     let deadline = h.t.next_deadline().expect("a held command has a deadline");
     assert!(deadline > h.now);
-    // Nothing from the test server: intercept dropped its PREPARE_OK summary.
+    // The test server's PREPARE_OK was seen (its segment's feedback), but intercept dropped
+    // its summary.
+    h.test_unsummarized = (HEADER_LEN + prepare_reply(1, 1)[0].1.len()) as u32;
     h.now = deadline;
     h.call(|t, now, out| t.on_timeout(now, out));
     assert_eq!(h.count(Counter::HeldTimeouts), 1);
@@ -1893,6 +1901,31 @@ fn a_command_held_for_a_lost_prepare_ok_is_released_after_a_deadline() {
         vec![prepare("SELECT ?"), vec![0x09], query("SELECT 1")]
     );
     assert_eq!(h.abandoned, None);
+}
+
+#[test]
+fn a_command_held_for_a_prepare_ok_the_test_server_has_not_sent_waits_on() {
+    let mut h = Harness::new(MysqlConfig::default(), false);
+    h.login(&hex(CAPI_RESPONSE));
+    h.client_packet(0, &prepare("SELECT ?"));
+    h.prod_reply(&prepare_reply(1, 1));
+    h.client_packet(0, &execute(1));
+    // Silent for three deadlines: its threads wait for a CPU, nothing was dropped (nothing
+    // of its stream was seen past the last summary).
+    for _ in 0..3 {
+        let deadline = h.t.next_deadline().expect("a held command has a deadline");
+        h.now = deadline;
+        h.call(|t, now, out| t.on_timeout(now, out));
+        assert!(h.t.pending(), "still held for the PREPARE_OK");
+        assert!(h.t.next_deadline() > Some(h.now), "looked at again later");
+    }
+    h.test_reply(&prepare_reply(7, 1));
+    assert!(!h.t.pending());
+    let got: Vec<_> = h.received().into_iter().map(|g| g.1).collect();
+    assert_eq!(got, vec![prepare("SELECT ?"), execute(7)]);
+    assert_eq!(h.count(Counter::HeldTimeouts), 0);
+    assert_eq!(h.count(Counter::FramingLost), 0);
+    assert_eq!(h.count(Counter::ExecutesDroppedUntracked), 0);
 }
 
 #[test]

@@ -253,6 +253,7 @@ impl Session {
             return;
         }
         let room = self.push_room(cfg);
+        let test_seen = self.test_stream_seen();
         let Session {
             transform,
             send_buf,
@@ -269,6 +270,7 @@ impl Session {
             room,
         );
         out.set_captured(captured);
+        out.set_test_stream_seen(test_seen);
         call(t.0.as_mut(), &mut out);
         let result = out.result();
         self.apply(result, stats);

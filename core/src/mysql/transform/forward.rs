@@ -57,13 +57,15 @@ const MAX_SQL_HEAD: usize = 1 << 20;
 const RESUME_BEHIND: usize = MAX_IN_FLIGHT - MAX_IN_FLIGHT / 4;
 /// Buffers grown beyond this are released once empty, so one big packet does not pin memory.
 const KEEP_CAPACITY: usize = 64 * 1024;
-/// How long a command may wait for the test server's PREPARE_OK without a word from the test
-/// server. intercept drops summaries when its relay queue is full; a lost PREPARE_OK would
-/// otherwise hold the session (and its FIN) until the backlog overflows or the session idles out.
-/// As long as the probe's wait ([`RESYNC_WAIT`]), for the same reason: a test server that is
-/// only slow must not be taken for a lost answer. At 2 s, a 1,000-connection run on the lab's
-/// two cores (test threads waiting seconds for a CPU, nothing dropped anywhere) lost the
-/// framing of 18 sessions and dropped 8,604 of their executes (work fidelity 0.961).
+/// How often a command waiting for the test server's PREPARE_OK, without a word from the test
+/// server, looks at why. intercept drops summaries when its relay queue is full; a lost
+/// PREPARE_OK would otherwise hold the session (and its FIN) until the backlog overflows or the
+/// session idles out. It was lost if the test server's stream was seen past the last summary
+/// ([`TransformOutput::test_stream_seen`]); if not, the test server has not answered yet and the
+/// wait goes on. A plain deadline took slow for lost: at 2 s, a 1,000-connection run on the
+/// lab's two cores (test threads waiting seconds for a CPU, nothing dropped anywhere) lost the
+/// framing of 18 sessions and dropped 8,604 of their executes (work fidelity 0.961); at 10 s,
+/// now and then still a few (240 executes in one run of 200,000 queries).
 const HELD_TIMEOUT: Duration = RESYNC_WAIT;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -228,6 +230,11 @@ impl Forwarding {
 
     pub(super) fn held_deadline(&self) -> Option<Instant> {
         self.held_deadline.get()
+    }
+
+    /// The test server has not answered the held command's PREPARE yet: look again later.
+    pub(super) fn hold_on(&mut self, now: Instant) {
+        self.held_deadline = Deadline::at(now + HELD_TIMEOUT);
     }
 
     /// Whether the wait for a PREPARE_OK ran out at `now` (it is then over).

@@ -655,13 +655,20 @@ impl StreamTransform for MysqlTransform {
             }
         }
         if self.fwd.held_timed_out(now) {
-            // The PREPARE_OK was most likely dropped by intercept: nothing more will come (the
-            // test server gets no new command), so stop following its replies.
-            out.count(Counter::HeldTimeouts as usize);
-            self.lose_framing(out);
-            self.resume(out);
-            if self.dead() {
-                return;
+            if self.test.summarized(out.test_stream_seen()) {
+                // Nothing the test server sent lacks its summary: it has not answered yet (its
+                // threads may wait seconds for a CPU), and its answer will come with one.
+                self.fwd.hold_on(now);
+            } else {
+                // The test server's stream went on past its summaries: the PREPARE_OK's was
+                // dropped on the way (intercept's relay queue). Nothing more will come (the
+                // test server gets no new command), so stop following its replies.
+                out.count(Counter::HeldTimeouts as usize);
+                self.lose_framing(out);
+                self.resume(out);
+                if self.dead() {
+                    return;
+                }
             }
         }
         if self.pickup.variables_wait_over(now) {

@@ -125,6 +125,14 @@ pub(super) struct TestSide {
 }
 
 impl TestSide {
+    /// Whether every byte of the test server's stream seen so far (`seen`, modulo 2^32: see
+    /// `TransformOutput::test_stream_seen`) has had its summary. A summary may run ahead of
+    /// the bytes seen (a packet's summary covers the whole packet from its first segment).
+    pub(super) fn summarized(&self, seen: u32) -> bool {
+        // Truncated: both are offsets modulo 2^32, compared within half of it.
+        (seen.wrapping_sub(self.next_offset as u32) as i32) <= 0
+    }
+
     pub(super) fn new() -> Self {
         Self {
             phase: TestPhase::Greeting,
