@@ -245,7 +245,8 @@ pub enum Counter {
     RecoverySetFailed,
     AuthSwitchNonceAssumed,
     AuthForwardedUnchanged,
-    /// A command held for the test server's PREPARE_OK waited too long (summary lost).
+    /// A command held for the test server's PREPARE_OK whose summary was lost: the test
+    /// server's stream was seen past the last summary at one of the wait's 10 s looks.
     HeldTimeouts,
     /// A reply's sequence ids disagreed with its structure (the ids were followed).
     ReplySeqMismatches,
