@@ -138,10 +138,8 @@ pub struct Args {
     /// wakeup per period instead of one per reply, in intercept and in the copier: together
     /// about half of both daemons' CPU. Replies keep their kernel timestamps. While a copier
     /// that times replies (`--report`) is connected the capture does not gather, and that
-    /// copier's writer never does. 0: handle every reply as it comes. A copier takes relays at
-    /// its capture's pace (a few ms) anyway: 4000 against 1000 cut intercept's CPU per
-    /// mirrored query by 45 % and the copier's by 15 % (docs/BENCHMARKS.md, issue 20).
-    #[arg(long, env = "TCPSHADOW_RELAY_FLUSH_US", default_value_t = 4000, value_parser = clap::value_parser!(u32).range(0..=100_000))]
+    /// copier's writer never does. 0: handle every reply as it comes.
+    #[arg(long, env = "TCPSHADOW_RELAY_FLUSH_US", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(0..=100_000))]
     pub relay_flush_us: u32,
 
     /// Memory intercept may use, in MiB (32 to 65536): a quarter at most for the capture ring
