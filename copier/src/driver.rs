@@ -122,9 +122,6 @@ pub struct Driver {
     /// Which link claims the sessions of each target (`--target` paired with `--intercept`).
     link_of_target: Vec<(SocketAddrV4, usize)>,
     waker: Waker,
-    /// The test server's replies are timed (`--report`, `--metrics`): what intercept relays
-    /// is taken as it comes (see [`Driver::wait`]).
-    prompt_relays: bool,
     lookup: Option<StateLookup>,
     own: Option<OwnAddress>,
     /// The status line, `--metrics` and the report (none for a worker of several).
@@ -259,7 +256,6 @@ impl Driver {
             links,
             link_of_target,
             waker,
-            prompt_relays: args.times_replies(),
             lookup,
             own,
             outputs,
@@ -454,13 +450,10 @@ impl Driver {
     /// Sleeps until intercept relays something (or a `--prod-dsn` lookup answers), one of
     /// `extra_fds` (at most 3) is readable, a signal arrives, or `timeout` passes. Without
     /// `on_relayed` what intercept relays does not end the sleep: the caller knows another
-    /// wakeup is near (a busy capture's next block) and takes it then. A copier that times
-    /// the test server's replies takes them as they come all the same: the ACKs they call
-    /// for pace a reply longer than the test server's congestion window, whose time the
-    /// report shows, as intercept relays them at once for it (`FEATURE_PROMPT_REPLIES`).
+    /// wakeup is near (a busy capture's next block) and takes it then.
     pub fn wait(&self, extra_fds: &[RawFd], timeout: Duration, on_relayed: bool) {
         let mut fds = [self.waker.as_raw_fd(); 6];
-        let first = usize::from(!on_relayed && !self.prompt_relays);
+        let first = usize::from(!on_relayed);
         let n = extra_fds.len().min(3);
         fds[1..=n].copy_from_slice(&extra_fds[..n]);
         let mut n = n + 1;

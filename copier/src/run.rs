@@ -212,8 +212,7 @@ fn capture_loop(
         // the client's next command more often). Woken for every relay (a batch a millisecond
         // under load) and every delayed ACK, the copier spent a fifth of its CPU switching in
         // and out (docs/BENCHMARKS.md, issue 20). Once the capture runs dry, or while
-        // draining, relays and timers wake the loop at once again; relays always do for a
-        // copier that times the test server's replies (`Driver::wait`).
+        // draining, relays and timers wake the loop at once again.
         let paced = paced_sleep(
             capture.paced_by(),
             packets_at,
