@@ -72,8 +72,8 @@ pub struct Args {
 
     /// Longest wait, in ms, before the kernel hands captured packets over (a TPACKET_V3
     /// block timeout): one wakeup per block instead of one per packet. While packets flow,
-    /// what intercept relays and the copier's own timers wait for the next block too (for a
-    /// timeout above 10, for at most 30 ms). 0: immediate mode (a wakeup per packet, no added
+    /// the copier's own timers wait for the next block too (for a timeout above 10, at most
+    /// 30 ms); what intercept relays is taken at once. 0: immediate mode (a wakeup per packet, no added
     /// delay; more CPU) [default: the shortest with which the capture ring holds 1 s of
     /// traffic: 4 with a 64 MiB ring, at least 4, at most 10].
     #[arg(long, env = "TCPSHADOW_CAPTURE_BLOCK_MS", value_parser = clap::value_parser!(u16).range(0..=100))]

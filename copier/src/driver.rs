@@ -31,7 +31,7 @@
 //!     if d.pump(now) == Pump::Done { break }     // relayed input, lookups, timers,
 //!                                                // transmit, events, drain progress
 //!     if d.status_due(now) { d.print_status(now, &capture_stats) }
-//!     d.wait(&[source_fd], d.next_wake(clock.now()), true); // or sleep until the next packet
+//!     d.wait(&[source_fd], d.next_wake(clock.now()));   // or sleep until the next packet
 //! }
 //! let snapshot = d.finish(clock.now(), &capture_stats);
 //! ```
@@ -45,8 +45,7 @@
 //! * `next_wake(now)`: how long the caller may sleep before the driver has work (engine timers,
 //!   status line; at most 200 ms so a stop request is seen; 10 ms while draining). A replay
 //!   sleeps `min(next_wake, time until its next packet)`; [`Driver::wait`] also returns early
-//!   when `extra_fds` (e.g. the capture) become readable, or intercept relays something (unless
-//!   the caller, whose capture is busy, takes relays at its next block instead).
+//!   when intercept relays something or `extra_fds` (e.g. the capture) become readable.
 //! * `fail(now, capture_stats, error)`: the source broke (e.g. the interface went away): reset
 //!   every session so the test server frees it, print the summary, return the error.
 
@@ -448,12 +447,9 @@ impl Driver {
     }
 
     /// Sleeps until intercept relays something (or a `--prod-dsn` lookup answers), one of
-    /// `extra_fds` (at most 3) is readable, a signal arrives, or `timeout` passes. Without
-    /// `on_relayed` what intercept relays does not end the sleep: the caller knows another
-    /// wakeup is near (a busy capture's next block) and takes it then.
-    pub fn wait(&self, extra_fds: &[RawFd], timeout: Duration, on_relayed: bool) {
+    /// `extra_fds` (at most 3) is readable, a signal arrives, or `timeout` passes.
+    pub fn wait(&self, extra_fds: &[RawFd], timeout: Duration) {
         let mut fds = [self.waker.as_raw_fd(); 6];
-        let first = usize::from(!on_relayed);
         let n = extra_fds.len().min(3);
         fds[1..=n].copy_from_slice(&extra_fds[..n]);
         let mut n = n + 1;
@@ -467,7 +463,7 @@ impl Driver {
             fds[n] = fd;
             n += 1;
         }
-        wait_readable(&fds[first..n], timeout);
+        wait_readable(&fds[..n], timeout);
     }
 
     /// Whether the status line or the `--metrics` exposition is due: the callers refresh

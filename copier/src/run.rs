@@ -203,23 +203,23 @@ fn capture_loop(
             Some(s) => wake_cap = Some(s.publish_when_due(now, &driver, capture)),
         }
         let mut wake = driver.next_wake(clock.now());
-        // While packets flow the loop runs at the ring's pace: what intercept relays and the
-        // engine's timers wait for the next block instead of waking the loop themselves, no
-        // later than the clients' own packets already wait in the ring (a block timeout, three
-        // at most when the flow has just stopped). Relays keep intercept's timestamps, so no
-        // latency the report shows moves; every engine timer is coarse next to a block (the
-        // shortest, the delayed ACK, is far below the test server's RTO, and now goes out on
-        // the client's next command more often). Woken for every relay (a batch a millisecond
-        // under load) and every delayed ACK, the copier spent a fifth of its CPU switching in
-        // and out (docs/BENCHMARKS.md, issue 20). Once the capture runs dry, or while
-        // draining, relays and timers wake the loop at once again.
-        let paced = paced_sleep(
+        // While packets flow, the engine's timers wait for the ring's next block instead of
+        // waking the loop themselves, no later than the clients' own packets already wait in
+        // the ring (a block timeout, three at most when the flow has just stopped): every one
+        // is coarse next to a block (the shortest, the delayed ACK, is far below the test
+        // server's RTO, and now goes out on the client's next command more often). Woken by
+        // each session's delayed ACK among others, the copier spent a fifth of its CPU
+        // switching in and out (docs/BENCHMARKS.md, issue 20). What intercept relays still
+        // wakes the loop at once: a command held for the test server's answer (a connector
+        // that prepares every statement) goes out only then, and waiting for a block there
+        // put a test server a third behind production (`pools`, python). Once the capture
+        // runs dry, or while draining, timers wake the loop at once again.
+        if let Some(longest) = paced_sleep(
             capture.paced_by(),
             packets_at,
             clock.now(),
             driver.is_draining(),
-        );
-        if let Some(longest) = paced {
+        ) {
             wake = longest;
         }
         if let Some(cap) = wake_cap {
@@ -230,8 +230,8 @@ fn capture_loop(
         // it (level-triggered) turned the loop once per record: 1.7 wakeups per mirrored query
         // against 0.04 without TLS, a third of the copier's CPU in the scheduler.
         match capture.bridge_fd() {
-            Some(bridge) => driver.wait(&[capture.as_raw_fd(), bridge], wake, paced.is_none()),
-            None => driver.wait(&[capture.as_raw_fd()], wake, paced.is_none()),
+            Some(bridge) => driver.wait(&[capture.as_raw_fd(), bridge], wake),
+            None => driver.wait(&[capture.as_raw_fd()], wake),
         }
     }
     Ok(driver)
@@ -242,12 +242,12 @@ fn capture_loop(
 /// `--capture-block-ms` goes up to 100; its default is at most 10.
 const PACE_BLOCK_MAX: Duration = Duration::from_millis(10);
 
-/// Whether the loop's next sleep may leave what intercept relays and the engine's timers for
-/// later, and then its longest. While packets flow the kernel hands a block over about every
+/// Whether the loop's next sleep may leave the engine's timers for later, and then its
+/// longest. While packets flow the kernel hands a block over about every
 /// block timeout (its retire timer is periodic), so the sleep ends by then anyway: the flow
 /// counts as going on for two timeouts after a drain last read packets (a block can come a
 /// little late, and a wakeup in between finds the ring empty), and the sleep is cut at three.
-/// `None` (relays and timers wake the loop at once): immediate mode, a capture that read
+/// `None` (timers wake the loop on time): immediate mode, a capture that read
 /// nothing lately, a drain (it waits on acknowledgements, not on the clients). A block timeout
 /// above [`PACE_BLOCK_MAX`] paces as that: a timer may then be at most three of those late.
 fn paced_sleep(
