@@ -446,8 +446,8 @@ impl Driver {
         sleep
     }
 
-    /// Sleeps until intercept relays something (or a `--prod-dsn` lookup answers), one of
-    /// `extra_fds` (at most 3) is readable, a signal arrives, or `timeout` passes.
+    /// Sleeps until intercept relays something, one of `extra_fds` (at most 3) is readable,
+    /// a signal arrives, or `timeout` passes.
     pub fn wait(&self, extra_fds: &[RawFd], timeout: Duration) {
         let mut fds = [self.waker.as_raw_fd(); 6];
         let n = extra_fds.len().min(3);
