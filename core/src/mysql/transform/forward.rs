@@ -103,9 +103,10 @@ pub(super) struct Forwarding {
     head: Vec<u8>,
     /// Client bytes after a held packet, from `backlog_read` on (see [`MysqlTransform::resume`]).
     backlog: Vec<u8>,
-    /// Bytes at the front of `backlog` already read: each resume reads a batch of commands,
-    /// and moving the rest to the front every time cost a copy of the whole backlog per batch
-    /// (a tenth of the copier's CPU while a test server was megabytes behind).
+    /// Bytes at the front of `backlog` already read (below 4 GiB: past it the rest is moved
+    /// instead): each resume reads a batch of commands, and moving the rest to the front every
+    /// time cost a copy of the whole backlog per batch (the copier's largest user-space item
+    /// while a test server was megabytes behind).
     backlog_read: u32,
     /// When a command held for the test server's PREPARE_OK stops waiting ([`HELD_TIMEOUT`]).
     held_deadline: Deadline,
@@ -342,12 +343,13 @@ impl MysqlTransform {
             if backlog.capacity() > KEEP_CAPACITY {
                 backlog = Vec::new();
             }
-        } else if read >= backlog.len() - read {
-            // The read part is at least the rest: moving the rest costs no more than reading
-            // took, so each byte is moved a bounded number of times.
-            backlog.drain(..read);
+        } else if let (false, Ok(at)) = (read >= backlog.len() - read, u32::try_from(read)) {
+            self.fwd.backlog_read = at;
         } else {
-            self.fwd.backlog_read = read as u32;
+            // The read part is at least the rest: moving the rest costs no more than reading
+            // took, so each byte is moved a bounded number of times. (Or, past 4 GiB read,
+            // which a --max-memory of over 16 GiB allows, the offset would not fit.)
+            backlog.drain(..read);
         }
         self.fwd.backlog = backlog;
     }
