@@ -8,7 +8,7 @@
 //! interprets TCP: that is the engine's job.
 
 use std::os::fd::{AsRawFd, RawFd};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use common::wire::{parse_frame, LinkType, TcpPacket, WireError};
@@ -76,6 +76,8 @@ pub struct LiveCapture {
     overlap: Option<Overlap>,
     /// The bridge socket's kernel drops, added to the ring's.
     bridge_dropped: u64,
+    /// The block timeout of a TPACKET_V3 ring; `None` in immediate mode.
+    block: Option<Duration>,
 }
 
 /// The bridge socket (see [`bridge`]) and when it opened.
@@ -226,7 +228,18 @@ impl LiveCapture {
             bridge: None,
             overlap: None,
             bridge_dropped: 0,
+            block: u64::try_from(block_ms)
+                .ok()
+                .filter(|&ms| ms > 0)
+                .map(Duration::from_millis),
         })
+    }
+
+    /// While packets keep coming, the longest the ring leaves the loop asleep: the kernel
+    /// retires a block this long after its first packet and wakes the reader. `None` in
+    /// immediate mode (a wakeup per packet, nothing to pace by).
+    pub fn paced_by(&self) -> Option<Duration> {
+        self.block
     }
 
     /// Hands at most `budget` parsed packets to `f`, returning how many frames were read. Stops

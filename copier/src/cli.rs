@@ -71,9 +71,13 @@ pub struct Args {
     pub capture_buffer_mb: Option<u32>,
 
     /// Longest wait, in ms, before the kernel hands captured packets over (a TPACKET_V3
-    /// block timeout): one wakeup per block instead of one per packet. 0: immediate mode
-    /// (a wakeup per packet, no added delay; more CPU) [default: the shortest with which the
-    /// capture ring holds 1 s of traffic: 4 with a 64 MiB ring, at least 4, at most 10].
+    /// block timeout): one wakeup per block instead of one per packet. While packets flow,
+    /// the copier's own timers and what intercept relays (unless it times replies: --report,
+    /// --metrics) wait for the next block too (for a timeout above 10, at most 30 ms), except
+    /// while a session waits on the test server (a login, a PREPARE_OK). 0:
+    /// immediate mode (a wakeup per packet, no added delay; more CPU) [default: the shortest
+    /// with which the capture ring holds 1 s of traffic: 4 with a 64 MiB ring, at least 4, at
+    /// most 10].
     #[arg(long, env = "TCPSHADOW_CAPTURE_BLOCK_MS", value_parser = clap::value_parser!(u16).range(0..=100))]
     pub capture_block_ms: Option<u16>,
 

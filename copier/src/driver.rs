@@ -31,7 +31,7 @@
 //!     if d.pump(now) == Pump::Done { break }     // relayed input, lookups, timers,
 //!                                                // transmit, events, drain progress
 //!     if d.status_due(now) { d.print_status(now, &capture_stats) }
-//!     d.wait(&[source_fd], d.next_wake(clock.now()));   // or sleep until the next packet
+//!     d.wait(&[source_fd], d.next_wake(clock.now()), true); // or sleep until the next packet
 //! }
 //! let snapshot = d.finish(clock.now(), &capture_stats);
 //! ```
@@ -45,7 +45,8 @@
 //! * `next_wake(now)`: how long the caller may sleep before the driver has work (engine timers,
 //!   status line; at most 200 ms so a stop request is seen; 10 ms while draining). A replay
 //!   sleeps `min(next_wake, time until its next packet)`; [`Driver::wait`] also returns early
-//!   when intercept relays something or `extra_fds` (e.g. the capture) become readable.
+//!   when `extra_fds` (e.g. the capture) become readable, or intercept relays something (unless
+//!   the caller, whose capture is busy, takes relays at its next block instead).
 //! * `fail(now, capture_stats, error)`: the source broke (e.g. the interface went away): reset
 //!   every session so the test server frees it, print the summary, return the error.
 
@@ -121,6 +122,9 @@ pub struct Driver {
     /// Which link claims the sessions of each target (`--target` paired with `--intercept`).
     link_of_target: Vec<(SocketAddrV4, usize)>,
     waker: Waker,
+    /// The test server's replies are timed (`--report`, `--metrics`): what intercept relays
+    /// is taken as it comes (see [`Driver::wait`]).
+    prompt_relays: bool,
     lookup: Option<StateLookup>,
     own: Option<OwnAddress>,
     /// The status line, `--metrics` and the report (none for a worker of several).
@@ -255,6 +259,7 @@ impl Driver {
             links,
             link_of_target,
             waker,
+            prompt_relays: args.times_replies(),
             lookup,
             own,
             outputs,
@@ -332,6 +337,17 @@ impl Driver {
 
     pub fn is_draining(&self) -> bool {
         self.stopping_since.is_some()
+    }
+
+    /// Whether the loop must take what intercept relays, and run the engine's timers, as soon
+    /// as they come, rather than at its capture's next block: while draining (it waits on
+    /// acknowledgements, not on the clients), and while some session cannot go on until the
+    /// test server says something ([`Fleet::waits_on_test`]: a SYN-ACK, a window, a
+    /// PREPARE_OK or greeting its held commands wait for). A pool that prepares every
+    /// statement waits so once per execute: taking its PREPARE_OK a block later made the test
+    /// server fall a second behind the load (issue 20's first pacing, docs/BENCHMARKS.md).
+    pub fn takes_feedback_at_once(&self) -> bool {
+        self.is_draining() || self.fleet.waits_on_test()
     }
 
     /// Everything but reading packets: what intercept relayed, `--prod-dsn` answers, timers,
@@ -446,10 +462,16 @@ impl Driver {
         sleep
     }
 
-    /// Sleeps until intercept relays something, one of `extra_fds` (at most 3) is readable,
-    /// a signal arrives, or `timeout` passes.
-    pub fn wait(&self, extra_fds: &[RawFd], timeout: Duration) {
+    /// Sleeps until intercept relays something (or a `--prod-dsn` lookup answers), one of
+    /// `extra_fds` (at most 3) is readable, a signal arrives, or `timeout` passes. Without
+    /// `on_relayed` what intercept relays does not end the sleep: the caller knows another
+    /// wakeup is near (a busy capture's next block) and takes it then. A copier that times
+    /// the test server's replies takes them as they come all the same: the ACKs they call
+    /// for pace a reply longer than the test server's congestion window, whose time the
+    /// report shows, as intercept relays them at once for it (`FEATURE_PROMPT_REPLIES`).
+    pub fn wait(&self, extra_fds: &[RawFd], timeout: Duration, on_relayed: bool) {
         let mut fds = [self.waker.as_raw_fd(); 6];
+        let first = usize::from(!on_relayed && !self.prompt_relays);
         let n = extra_fds.len().min(3);
         fds[1..=n].copy_from_slice(&extra_fds[..n]);
         let mut n = n + 1;
@@ -463,7 +485,7 @@ impl Driver {
             fds[n] = fd;
             n += 1;
         }
-        wait_readable(&fds[..n], timeout);
+        wait_readable(&fds[first..n], timeout);
     }
 
     /// Whether the status line or the `--metrics` exposition is due: the callers refresh

@@ -872,7 +872,7 @@ pub fn run_with(args: &ReplayArgs, mirror: &MirrorSettings, opts: &RunOptions) -
         if settle.is_some() {
             sleep = sleep.min(SETTLE_SLEEP);
         }
-        driver.wait(&[], sleep);
+        driver.wait(&[], sleep, true);
     }
     progress.clear();
     let end = clock.now();

@@ -148,6 +148,10 @@ fn capture_loop(
     mut on_demand: Option<ops::sched::OnDemand>,
     mut slot: Option<&mut workers::Slot<'_>>,
 ) -> Result<Driver> {
+    // When a drain last read packets: while they keep coming the ring wakes the loop within its
+    // block timeout of the last block it handed over (a timer's wakeup in between finds the
+    // ring empty, and says nothing of the flow).
+    let mut packets_at: Option<Instant> = None;
     loop {
         let now = clock.now();
         // Capture timestamps are wall-clock, the engine's clock monotonic: mapped through
@@ -170,11 +174,15 @@ fn capture_loop(
                 lag = lag.max(now.saturating_since(t));
                 driver.feed_at(now, t, pkt)
             });
-            if let Err(e) = drained {
-                if let Some(s) = &slot {
-                    s.publish(&driver, capture);
+            match drained {
+                Ok(0) => {}
+                Ok(_) => packets_at = Some(now),
+                Err(e) => {
+                    if let Some(s) = &slot {
+                        s.publish(&driver, capture);
+                    }
+                    return Err(driver.fail(now, &capture.stats, e));
                 }
-                return Err(driver.fail(now, &capture.stats, e));
             }
             if let Some(p) = &mut on_demand {
                 p.observe(lag, std::time::Instant::now());
@@ -195,6 +203,27 @@ fn capture_loop(
             Some(s) => wake_cap = Some(s.publish_when_due(now, &driver, capture)),
         }
         let mut wake = driver.next_wake(clock.now());
+        // While packets flow the loop runs at the ring's pace: what intercept relays and the
+        // engine's timers wait for the next block instead of waking the loop themselves, no
+        // later than the clients' own packets already wait in the ring (a block timeout, three
+        // at most when the flow has just stopped). Relays keep intercept's timestamps, so no
+        // latency the report shows moves; every engine timer is coarse next to a block (the
+        // shortest, the delayed ACK, is far below the test server's RTO, and now goes out on
+        // the client's next command more often). Woken for every relay (a batch a millisecond
+        // under load) and every delayed ACK, the copier spent a fifth of its CPU switching in
+        // and out (docs/BENCHMARKS.md, issue 20). Once the capture runs dry, while draining,
+        // and while a session waits on the test server (a PREPARE_OK, a window: see
+        // `Driver::takes_feedback_at_once`), relays and timers wake the loop at once again;
+        // relays always do for a copier that times the test server's replies (`Driver::wait`).
+        let paced = paced_sleep(
+            capture.paced_by(),
+            packets_at,
+            clock.now(),
+            driver.takes_feedback_at_once(),
+        );
+        if let Some(longest) = paced {
+            wake = longest;
+        }
         if let Some(cap) = wake_cap {
             wake = wake.min(cap);
         }
@@ -203,11 +232,38 @@ fn capture_loop(
         // it (level-triggered) turned the loop once per record: 1.7 wakeups per mirrored query
         // against 0.04 without TLS, a third of the copier's CPU in the scheduler.
         match capture.bridge_fd() {
-            Some(bridge) => driver.wait(&[capture.as_raw_fd(), bridge], wake),
-            None => driver.wait(&[capture.as_raw_fd()], wake),
+            Some(bridge) => driver.wait(&[capture.as_raw_fd(), bridge], wake, paced.is_none()),
+            None => driver.wait(&[capture.as_raw_fd()], wake, paced.is_none()),
         }
     }
     Ok(driver)
+}
+
+/// The longest block timeout the loop paces itself by: three of them (30 ms) stay far below
+/// the test server's shortest retransmission timeout (200 ms), which a delayed ACK must beat.
+/// `--capture-block-ms` goes up to 100; its default is at most 10.
+const PACE_BLOCK_MAX: Duration = Duration::from_millis(10);
+
+/// Whether the loop's next sleep may leave what intercept relays and the engine's timers for
+/// later, and then its longest. While packets flow the kernel hands a block over about every
+/// block timeout (its retire timer is periodic), so the sleep ends by then anyway: the flow
+/// counts as going on for two timeouts after a drain last read packets (a block can come a
+/// little late, and a wakeup in between finds the ring empty), and the sleep is cut at three.
+/// `None` (relays and timers wake the loop at once): immediate mode, a capture that read
+/// nothing lately, and `at_once` (a drain, a session waiting on the test server: see
+/// `Driver::takes_feedback_at_once`). A block timeout
+/// above [`PACE_BLOCK_MAX`] paces as that: a timer may then be at most three of those late.
+fn paced_sleep(
+    block: Option<Duration>,
+    packets_at: Option<Instant>,
+    now: Instant,
+    at_once: bool,
+) -> Option<Duration> {
+    let (block, at) = (block?.min(PACE_BLOCK_MAX), packets_at?);
+    if at_once || now >= at + 2 * block {
+        return None;
+    }
+    Some(at + 3 * block - now)
 }
 
 /// `--prod-dsn`'s start snapshot answers only while the capture has lost nothing (see
@@ -689,5 +745,46 @@ mod workers {
             assert_eq!(b.0.len(), 1);
             assert_eq!(shared_flows(&[a, b]), 1);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BLOCK: Duration = Duration::from_millis(6);
+
+    fn at(ms: u64) -> Instant {
+        Instant::ZERO + Duration::from_millis(ms)
+    }
+
+    #[test]
+    fn the_loop_runs_at_the_rings_pace_only_while_packets_flow() {
+        // A block read 2 ms ago: the next comes within about 4 ms, a late one within 16.
+        assert_eq!(
+            paced_sleep(Some(BLOCK), Some(at(100)), at(102), false),
+            Some(Duration::from_millis(16))
+        );
+        assert_eq!(
+            paced_sleep(Some(BLOCK), Some(at(100)), at(111), false),
+            Some(Duration::from_millis(7))
+        );
+        // Nothing read for two block timeouts: the flow has stopped.
+        assert_eq!(
+            paced_sleep(Some(BLOCK), Some(at(100)), at(112), false),
+            None
+        );
+        // Nothing read yet, immediate mode (no block to wait for), a drain or a session
+        // waiting on the test server.
+        assert_eq!(paced_sleep(Some(BLOCK), None, at(102), false), None);
+        assert_eq!(paced_sleep(None, Some(at(100)), at(102), false), None);
+        assert_eq!(paced_sleep(Some(BLOCK), Some(at(100)), at(102), true), None);
+        // A long block timeout paces as 10 ms: timers are never more than 30 ms late.
+        let long = Some(Duration::from_millis(100));
+        assert_eq!(
+            paced_sleep(long, Some(at(100)), at(110), false),
+            Some(Duration::from_millis(20))
+        );
+        assert_eq!(paced_sleep(long, Some(at(100)), at(120), false), None);
     }
 }

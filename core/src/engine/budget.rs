@@ -132,6 +132,16 @@ impl Engine {
         let now_charged = SESSION_FIXED_BYTES + s.heap_bytes();
         self.mem_used = self.mem_used - slot.charged + now_charged;
         slot.charged = now_charged;
+        // Refreshed with the charge: both change only with the session's state.
+        let waits = s.waits_on_test();
+        if waits != slot.waits {
+            slot.waits = waits;
+            if waits {
+                self.waiting_on_test += 1;
+            } else {
+                self.waiting_on_test -= 1;
+            }
+        }
         self.stats.memory_bytes = self.mem_used as u64;
         self.stats.memory_peak_bytes = self.stats.memory_peak_bytes.max(self.mem_used as u64);
     }

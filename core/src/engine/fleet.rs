@@ -478,6 +478,11 @@ impl Fleet {
         }
     }
 
+    /// See [`Engine::waits_on_test`]: any engine's.
+    pub fn waits_on_test(&self) -> bool {
+        self.engines.iter().any(Engine::waits_on_test)
+    }
+
     /// Bytes queued toward the targets, over all engines. O(sessions).
     pub fn queued_bytes(&self) -> usize {
         self.engines.iter().map(Engine::queued_bytes).sum()

@@ -422,6 +422,8 @@ struct Slot {
     session: Option<Session>,
     /// Bytes this session was last charged to the engine's memory budget (`budget.rs`).
     charged: usize,
+    /// The session was counted in `Engine::waiting_on_test` when last charged.
+    waits: bool,
 }
 
 /// See the module documentation.
@@ -456,6 +458,9 @@ pub struct Engine {
     /// What the last new session was charged when it opened: the admission test's estimate
     /// for the next one.
     mem_new_session: usize,
+    /// Sessions that cannot go on until the test server says something
+    /// (`Session::waits_on_test`), as of their last charge.
+    waiting_on_test: usize,
     /// Paces re-establishing sessions while the test server does not answer (`recovery.rs`).
     gate: recovery::Gate,
     /// When the last feedback arrived: feedback after a longer silence than
@@ -504,6 +509,7 @@ impl Engine {
             sampler: Sampler::for_engine(&cfg),
             mem_used: 0,
             mem_new_session: SESSION_FIXED_BYTES,
+            waiting_on_test: 0,
             gate: recovery::Gate::default(),
             last_feedback: None,
             cfg,
@@ -533,6 +539,14 @@ impl Engine {
             .filter(|s| !s.is_lingering())
             .map(Session::queued_bytes)
             .sum()
+    }
+
+    /// Whether some session cannot go on until the test server says something (its SYN-ACK,
+    /// an ACK opening its window, the reply its transform holds client bytes for): a driver
+    /// that takes the test server's feedback in batches should take it at once meanwhile.
+    /// O(1): kept with each session's memory charge.
+    pub fn waits_on_test(&self) -> bool {
+        self.waiting_on_test > 0
     }
 
     /// Live sessions whose client has closed (its FIN, or a reset closed like one) and whose
@@ -718,6 +732,7 @@ impl Engine {
                     gen: 0,
                     session: Some(session),
                     charged: 0,
+                    waits: false,
                 });
                 SessionId {
                     idx: (self.slots.len() - 1) as u32,
@@ -881,6 +896,7 @@ impl Engine {
         };
         slot.gen = slot.gen.wrapping_add(1);
         self.mem_used -= std::mem::take(&mut slot.charged);
+        self.waiting_on_test -= usize::from(std::mem::take(&mut slot.waits));
         self.free.push(id.idx);
         debug_assert!(s.is_lingering());
         self.stats.sessions_lingering -= 1;

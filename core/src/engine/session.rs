@@ -436,6 +436,23 @@ impl Session {
         }
     }
 
+    /// Whether this session cannot go on until the test server says something: its SYN-ACK,
+    /// or the reply its transform holds client bytes for (a login waiting for the greeting,
+    /// an execute for its PREPARE_OK: [`StreamTransform::waits_on_test`]). The copier's loop
+    /// takes what intercept relays at once while any session waits so, and at the capture's
+    /// pace otherwise (`Engine::waits_on_test`). Bytes queued past the test server's window
+    /// are no such wait: it holds a window of our bytes, work for longer than a block. Kept
+    /// after every event by `Engine::recharge`, which is why it reads only fields, no scan.
+    pub(crate) fn waits_on_test(&self) -> bool {
+        match self.phase {
+            Phase::Lingering { .. } => false,
+            Phase::SynSent => true,
+            Phase::Established => {
+                self.stale.is_some() || self.transform.as_ref().is_some_and(|t| t.0.waits_on_test())
+            }
+        }
+    }
+
     fn test_fin_received(&self) -> bool {
         self.test_fin_at
             // `rcv_nxt` stays within a window of the FIN (`process_test_segment`).

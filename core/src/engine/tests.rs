@@ -1538,3 +1538,56 @@ mod sampling {
         assert_eq!(st.sessions_opened, 0);
     }
 }
+
+// ------------------------------------------------------------ waiting on the test server
+
+#[test]
+fn a_session_waits_on_the_test_server_only_while_it_cannot_go_on_without_it() {
+    let mut h = H::default();
+    assert!(!h.e.waits_on_test());
+    // Our SYN is out: nothing goes on until the SYN-ACK.
+    h.client(C, SYN, b"");
+    h.drain();
+    assert!(h.e.waits_on_test());
+    h.fb_opts(
+        T,
+        C.wrapping_add(1),
+        SYN | ACK,
+        1000,
+        0,
+        TcpOptions {
+            mss: Some(1460),
+            ..Default::default()
+        },
+    );
+    h.drain();
+    h.client(C.wrapping_add(1), ACK, b"");
+    assert!(!h.e.waits_on_test(), "established, nothing queued");
+    let s = C.wrapping_add(1);
+    // Bytes in flight within the window: the test server's ACK is not needed to go on.
+    h.client(s, ACK | PSH, &data(800));
+    assert_eq!(cat(&h.drain()).len(), 800);
+    assert!(!h.e.waits_on_test(), "in flight, window open");
+    // Bytes queued past the window: the test server holds a window of ours, work for far
+    // longer than the copier takes its feedback late.
+    h.client(s.wrapping_add(800), ACK | PSH, &data(700));
+    assert_eq!(cat(&h.drain()).len(), 200);
+    assert!(!h.e.waits_on_test(), "queued behind the window");
+    h.fb(T + 1, s.wrapping_add(1000), ACK, 1000, 0);
+    assert_eq!(cat(&h.drain()).len(), 500);
+    // A test server that resets a session does not leave it waiting, and forgetting it
+    // later keeps the count right.
+    h.fb(T + 1000, 0, RST, 0, 0);
+    assert_eq!(h.closed_reason(), Some(CloseReason::TestReset));
+    assert!(!h.e.waits_on_test());
+    h.run_for(cfg().linger + ms(1000));
+    assert_eq!(
+        h.e.stats().sessions_active + h.e.stats().sessions_lingering,
+        0
+    );
+    assert!(!h.e.waits_on_test());
+    // A new session in the same slot starts uncounted.
+    h.client(C.wrapping_add(5000), SYN, b"");
+    h.drain();
+    assert!(h.e.waits_on_test());
+}

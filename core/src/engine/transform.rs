@@ -154,6 +154,15 @@ pub trait StreamTransform: Send {
         false
     }
 
+    /// Whether the client bytes it withholds wait for the test server to say something soon
+    /// (a greeting, a PREPARE_OK), so that the session cannot go on without it: the copier
+    /// then takes intercept's relays as they come rather than at its capture's pace
+    /// (`Session::waits_on_test`). Withholding as backpressure (the test server already holds
+    /// plenty of work) is not such a wait. Asked after every call.
+    fn waits_on_test(&self) -> bool {
+        self.pending()
+    }
+
     /// Bytes the transform holds and still means to send: they count toward the session's
     /// `max_session_buffer` and toward [`Engine::queued_bytes`](super::Engine::queued_bytes).
     fn buffered_len(&self) -> usize {

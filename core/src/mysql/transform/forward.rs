@@ -183,6 +183,12 @@ impl Forwarding {
         self.blocked
     }
 
+    /// The blocked command waits only for the test server to owe fewer replies (and not,
+    /// after that, for a PREPARE_OK).
+    pub(super) fn backpressed(&self) -> bool {
+        self.blocked && self.behind_counted && !self.held_counted
+    }
+
     /// The head of the packet being decided.
     pub(super) fn head(&self) -> &[u8] {
         &self.head

@@ -603,6 +603,13 @@ impl StreamTransform for MysqlTransform {
         !self.dead() && (self.login.client_login_held() || self.fwd.blocked())
     }
 
+    /// Not while the held command waits only because the test server owes `MAX_IN_FLIGHT`
+    /// replies already: it has work for far longer than a capture block.
+    fn waits_on_test(&self) -> bool {
+        !self.dead()
+            && (self.login.client_login_held() || (self.fwd.blocked() && !self.fwd.backpressed()))
+    }
+
     fn buffered_len(&self) -> usize {
         self.fwd.buffered_len() + self.login.held_len() + self.inject.bytes()
     }
