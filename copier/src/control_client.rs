@@ -27,9 +27,9 @@ use std::time::{Duration, Instant};
 
 use common::auth::{Nonce, Secret};
 use common::control::{
-    encode_auth, encode_claim, encode_hello, encode_ping, encode_release, Auth, Challenge,
-    DecodeError, FrameDecoder, Hello, InterceptMessage, MysqlEvent, TestFeedback, Welcome,
-    FEATURE_QUIET_IDLE, IDLE_KEEPALIVE, MAX_ADDRS_PER_FRAME,
+    encode_auth, encode_claim, encode_hello, encode_ping, encode_prompt, encode_release, Auth,
+    Challenge, DecodeError, FrameDecoder, Hello, InterceptMessage, MysqlEvent, TestFeedback,
+    Welcome, FEATURE_PROMPT_ON_DEMAND, FEATURE_QUIET_IDLE, IDLE_KEEPALIVE, MAX_ADDRS_PER_FRAME,
 };
 
 /// What intercept relays, in the order it sent it. For any session, a MySQL event arrives after
@@ -277,6 +277,14 @@ impl ControlHandle {
         let _ = self.cmds.send(Command::Release(client));
     }
 
+    /// Tells intercept whether a session waits on the test server, so it relays at once
+    /// (true) or gathers for its `--relay-flush-us` (false); sent only when it changes, and
+    /// only to an intercept that granted `FEATURE_PROMPT_ON_DEMAND` (again after every
+    /// reconnection). Never blocks.
+    pub fn prompt(&self, on: bool) {
+        let _ = self.cmds.send(Command::Prompt(on));
+    }
+
     pub fn stats(&self) -> ClientStats {
         let s = &self.shared;
         let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
@@ -352,12 +360,15 @@ impl Drop for ControlHandle {
 enum Command {
     Claim(SocketAddrV4),
     Release(SocketAddrV4),
+    Prompt(bool),
     /// A welcomed connection: the writer re-sends every claim on it.
     Connected {
         generation: u64,
         stream: TcpStream,
         /// `FEATURE_QUIET_IDLE` granted and TCP keepalive on: no Ping while nothing is claimed.
         quiet: bool,
+        /// `FEATURE_PROMPT_ON_DEMAND` granted: Prompt frames may be sent.
+        prompts: bool,
     },
     Disconnected {
         generation: u64,
@@ -528,16 +539,19 @@ fn connection_loop(
                     false
                 }
             };
+        let welcome_prompts = welcome.features & FEATURE_PROMPT_ON_DEMAND != 0;
         if let Ok(mut w) = shared.welcome.lock() {
             *w = Some(welcome);
         }
         bump(&shared.connects, 1);
         shared.connected.store(true, Ordering::SeqCst);
+        let prompts = welcome_prompts;
         if cmds
             .send(Command::Connected {
                 generation,
                 stream: clone,
                 quiet,
+                prompts,
             })
             .is_err()
         {
@@ -836,6 +850,10 @@ fn writer_loop(cfg: &ClientConfig, shared: &Shared, cmds: &Receiver<Command>) {
     let mut nonce = 0u64;
     // The connection is quiet while idle, and its first Pong was asked for.
     let (mut quiet, mut proved) = (false, false);
+    // What the driver last said of its sessions (`Command::Prompt`), and what the connection
+    // was last told: `None` when it may not be told anything (not granted, or no connection).
+    let mut prompt = false;
+    let mut told: Option<bool> = None;
     loop {
         // Disconnected, only commands matter (Connected among them); the ping clock restarts
         // then. Quiet and idle, only commands matter too: a Claim restarts the clock.
@@ -865,14 +883,18 @@ fn writer_loop(cfg: &ClientConfig, shared: &Shared, cmds: &Receiver<Command>) {
                     claimed.remove(&a);
                     touched.push(a);
                 }
+                Command::Prompt(on) => prompt = on,
                 Command::Connected {
                     generation,
                     stream,
                     quiet: q,
+                    prompts,
                 } => {
                     conn = Some((generation, stream));
                     resend_all = true;
                     (quiet, proved) = (q, false);
+                    // A connection starts off.
+                    told = prompts.then_some(false);
                     // A first Pong soon proves the new connection, busy or idle.
                     next_ping = Instant::now() + cfg.ping_interval;
                 }
@@ -915,6 +937,10 @@ fn writer_loop(cfg: &ClientConfig, shared: &Shared, cmds: &Receiver<Command>) {
             for chunk in releases.chunks(MAX_ADDRS_PER_FRAME) {
                 frames += u64::from(encode_release(chunk, &mut out).is_ok());
             }
+        }
+        if told.is_some_and(|t| t != prompt) {
+            frames += u64::from(encode_prompt(prompt, &mut out).is_ok());
+            told = Some(prompt);
         }
         let now = Instant::now();
         let silent = quiet && proved && claimed.is_empty();
@@ -1041,7 +1067,7 @@ mod tests {
                 CopierMessage::Release(a) => a.iter().for_each(|x| {
                     have.remove(x);
                 }),
-                CopierMessage::Ping(_) => {}
+                CopierMessage::Ping(_) | CopierMessage::Prompt(_) => {}
                 CopierMessage::Hello(_) => panic!("second Hello"),
                 CopierMessage::Auth(_) => panic!("second Auth"),
                 CopierMessage::Doctor(_) => panic!("a running copier never asks the doctor"),
@@ -1099,6 +1125,76 @@ mod tests {
         let st = handle.stats();
         assert_eq!(st.connects, 2);
         assert_eq!(st.claimed, 2);
+        handle.shutdown();
+    }
+
+    /// The next frame that is not a Ping.
+    fn next_but_pings(s: &mut TcpStream, dec: &mut FrameDecoder<CopierMessage>) -> CopierMessage {
+        loop {
+            match next(s, dec) {
+                CopierMessage::Ping(_) => {}
+                other => return other,
+            }
+        }
+    }
+
+    #[test]
+    fn prompts_are_told_as_they_change_again_after_a_reconnect_and_only_if_granted() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let config = ClientConfig::new(
+            l.local_addr().unwrap(),
+            Hello::new("t").with_features(FEATURE_PROMPT_ON_DEMAND),
+            None,
+        );
+        let (handle, _rx) = ControlClient::spawn_with(config, || {}).unwrap();
+        let (mut s, mut dec) = accept_granting(&l, None, FEATURE_PROMPT_ON_DEMAND);
+        // A connection starts off: off again says nothing; on, on, off say on, then off.
+        handle.prompt(false);
+        handle.prompt(true);
+        handle.prompt(true);
+        handle.prompt(false);
+        handle.claim(addr(1));
+        let (mut got, mut claimed) = (Vec::new(), false);
+        while !claimed || got.last() == Some(&true) {
+            match next_but_pings(&mut s, &mut dec) {
+                CopierMessage::Prompt(on) => got.push(on),
+                CopierMessage::Claim(_) => claimed = true,
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        // Commands taken in one turn are told as their net state: on then off may say nothing.
+        assert!(got == [true, false] || got.is_empty(), "{got:?}");
+        // On, and the connection lost: the next one is told at once.
+        handle.prompt(true);
+        assert_eq!(
+            next_but_pings(&mut s, &mut dec),
+            CopierMessage::Prompt(true)
+        );
+        drop(s);
+        let (mut s, mut dec) = accept_granting(&l, None, FEATURE_PROMPT_ON_DEMAND);
+        let mut told = false;
+        while !told {
+            match next_but_pings(&mut s, &mut dec) {
+                CopierMessage::Prompt(on) => told = on,
+                CopierMessage::Claim(_) => {}
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        // An intercept that did not grant the feature is never told.
+        drop(s);
+        let (mut s, mut dec) = accept_granting(&l, None, 0);
+        // Its claims resent: the copier has taken the connection.
+        assert_eq!(
+            next_but_pings(&mut s, &mut dec),
+            CopierMessage::Claim(vec![addr(1)])
+        );
+        handle.prompt(false);
+        handle.prompt(true);
+        handle.release(addr(1));
+        assert_eq!(
+            next_but_pings(&mut s, &mut dec),
+            CopierMessage::Release(vec![addr(1)])
+        );
         handle.shutdown();
     }
 

@@ -58,8 +58,8 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use common::clock::Instant;
 use common::control::{
-    Hello, MysqlEvent, FEATURE_PAYLOAD_HASHES, FEATURE_PROMPT_REPLIES, FEATURE_QUIET_IDLE,
-    FEATURE_ROW_RUNS,
+    Hello, MysqlEvent, FEATURE_PAYLOAD_HASHES, FEATURE_PROMPT_ON_DEMAND, FEATURE_PROMPT_REPLIES,
+    FEATURE_QUIET_IDLE, FEATURE_ROW_RUNS,
 };
 use common::wire::TcpPacket;
 
@@ -109,6 +109,10 @@ pub enum Pump {
     Done,
 }
 
+/// How long no session must have waited on the test server before intercept is told it may
+/// gather relays again (see [`Driver::tell_prompt`]).
+const PROMPT_CALM: Duration = Duration::from_secs(1);
+
 /// See the module documentation.
 pub struct Driver {
     fleet: Fleet,
@@ -125,6 +129,11 @@ pub struct Driver {
     /// The test server's replies are timed (`--report`, `--metrics`): what intercept relays
     /// is taken as it comes (see [`Driver::wait`]).
     prompt_relays: bool,
+    /// What intercept was last told of the sessions (Prompt): some wait on the test server.
+    prompting: bool,
+    /// Since when no session has waited, while `prompting`: off is said after
+    /// [`PROMPT_CALM`] of it.
+    calm_since: Option<Instant>,
     lookup: Option<StateLookup>,
     own: Option<OwnAddress>,
     /// The status line, `--metrics` and the report (none for a worker of several).
@@ -209,7 +218,9 @@ impl Driver {
             let wake = waker.clone();
             // Rows folded into runs: the copier reads nothing of a row but its first byte.
             // While nothing is claimed, no heartbeat: TCP keepalive instead (no wakeups).
-            let mut hello = Hello::new(&name).with_features(FEATURE_ROW_RUNS | FEATURE_QUIET_IDLE);
+            // Relays gathered by intercept, but at once while a session waits (Prompt).
+            let mut hello = Hello::new(&name)
+                .with_features(FEATURE_ROW_RUNS | FEATURE_QUIET_IDLE | FEATURE_PROMPT_ON_DEMAND);
             if args.compare_results {
                 // intercept hashes the test server's payloads only for copiers that ask.
                 hello = hello.with_features(FEATURE_PAYLOAD_HASHES);
@@ -260,6 +271,8 @@ impl Driver {
             link_of_target,
             waker,
             prompt_relays: args.times_replies(),
+            prompting: false,
+            calm_since: None,
             lookup,
             own,
             outputs,
@@ -350,6 +363,28 @@ impl Driver {
         self.is_draining() || self.fleet.waits_on_test()
     }
 
+    /// Tells intercept (Prompt) when some session starts waiting on the test server, so it
+    /// relays at once, and when none has for [`PROMPT_CALM`], so it gathers again: a pool
+    /// that prepares every statement waits once per execute, and saying off and on around each
+    /// would cost more than the gathering saves. Every link is told: a session's is not known
+    /// here, and a wait is short.
+    fn tell_prompt(&mut self, now: Instant) {
+        if self.fleet.waits_on_test() {
+            self.calm_since = None;
+            if !self.prompting {
+                self.prompting = true;
+                self.links.iter().for_each(|(c, _)| c.prompt(true));
+            }
+        } else if self.prompting {
+            let since = *self.calm_since.get_or_insert(now);
+            if now.saturating_since(since) >= PROMPT_CALM {
+                self.prompting = false;
+                self.calm_since = None;
+                self.links.iter().for_each(|(c, _)| c.prompt(false));
+            }
+        }
+    }
+
     /// Everything but reading packets: what intercept relayed, `--prod-dsn` answers, timers,
     /// transmission, session events (claims, releases, lookups) and drain progress.
     pub fn pump(&mut self, now: Instant) -> Pump {
@@ -384,6 +419,7 @@ impl Driver {
         }
         self.transmit(now);
         self.handle_events();
+        self.tell_prompt(now);
         self.outputs.tick(now);
         if let Some(since) = self.stopping_since {
             // Delivered, and every session whose client closed closed on test too: resetting

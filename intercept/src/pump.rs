@@ -299,8 +299,9 @@ pub struct PumpConfig {
     /// Time between status reports; `None` for none.
     pub status_interval: Option<Duration>,
     /// After a wakeup, how long to let replies gather in the capture ring before reading them
-    /// (`--relay-flush-us`), while no connected copier asked for prompt replies: under load,
-    /// one wakeup per period instead of one per reply. Replies keep their kernel timestamps.
+    /// (`--relay-flush-us`), while no connected copier asked for prompt replies or said that a
+    /// session of its waits on the test server (Prompt): under load, one wakeup per period
+    /// instead of one per reply. Replies keep their kernel timestamps.
     pub gather: Duration,
 }
 
@@ -344,9 +345,7 @@ pub fn run<S: SegmentSource>(
         } else {
             path.relay.flush();
             source.wait(config.idle_wait)?;
-            if !config.gather.is_zero() && !path.relay.wants_prompt_replies() {
-                std::thread::sleep(config.gather);
-            }
+            gather(&mut path.relay, events, config.gather);
         }
         let now = clock.now();
         if now >= next_sweep {
@@ -363,6 +362,28 @@ pub fn run<S: SegmentSource>(
     drain_events(&mut path.relay, events);
     path.relay.flush();
     Ok(())
+}
+
+/// Lets replies gather in the capture for `period` after a wakeup, unless a copier wants them
+/// at once: one that times replies, or one whose sessions wait on the test server (its
+/// Prompt). The wait is on the copiers' events, so a Prompt that turns on while replies gather
+/// ends it, and the reply a held command waits for is not kept back the rest of the period.
+fn gather(relay: &mut Relay, events: &Receiver<RelayEvent>, period: Duration) {
+    let until = std::time::Instant::now() + period;
+    while !relay.wants_prompt_replies() {
+        let left = until.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return;
+        }
+        match events.recv_timeout(left) {
+            Ok(ev) => relay.apply(ev),
+            Err(RecvTimeoutError::Timeout) => return,
+            Err(RecvTimeoutError::Disconnected) => {
+                std::thread::sleep(left);
+                return;
+            }
+        }
+    }
 }
 
 fn drain_events(relay: &mut Relay, events: &Receiver<RelayEvent>) {
@@ -451,5 +472,46 @@ impl SegmentSource for ChannelSource {
             parse_errors: self.parse_errors,
             kernel: None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc::{channel, sync_channel};
+
+    use super::*;
+
+    #[test]
+    fn a_copier_whose_session_waits_ends_the_gathering() {
+        let mut relay = Relay::new(16);
+        let (tx, _rx) = sync_channel(4);
+        relay.apply(RelayEvent::Connected {
+            id: 1,
+            name: "c1".into(),
+            tx: tx.into(),
+            features: common::control::FEATURE_PROMPT_ON_DEMAND,
+        });
+        let (events, rx) = channel();
+        events.send(RelayEvent::Prompt { id: 1, on: true }).unwrap();
+        // Were the Prompt not taken, this would gather for ten minutes.
+        gather(&mut relay, &rx, Duration::from_secs(600));
+        assert!(relay.wants_prompt_replies());
+        // Prompt already on: no gathering at all.
+        gather(&mut relay, &rx, Duration::from_secs(600));
+        // Off again (taken before the next packet, as every event): gathering resumes, for
+        // the period (a short one here), and an event that comes meanwhile is applied.
+        events
+            .send(RelayEvent::Prompt { id: 1, on: false })
+            .unwrap();
+        drain_events(&mut relay, &rx);
+        assert!(!relay.wants_prompt_replies());
+        events.send(RelayEvent::Disconnected { id: 1 }).unwrap();
+        gather(&mut relay, &rx, Duration::from_millis(50));
+        events.send(RelayEvent::Prompt { id: 1, on: true }).unwrap();
+        drain_events(&mut relay, &rx);
+        assert!(
+            !relay.wants_prompt_replies(),
+            "its disconnection was applied"
+        );
     }
 }

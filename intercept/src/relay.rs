@@ -184,6 +184,9 @@ pub enum RelayEvent {
         id: CopierId,
         addrs: Vec<SocketAddrV4>,
     },
+    /// The copier's last Prompt (`FEATURE_PROMPT_ON_DEMAND`): one of its sessions waits on
+    /// the test server, or none does.
+    Prompt { id: CopierId, on: bool },
     /// The connection is gone; its claims are dropped with it.
     Disconnected { id: CopierId },
 }
@@ -219,6 +222,8 @@ pub struct RelayStats {
 struct Link {
     name: String,
     features: u32,
+    /// Its last Prompt said on.
+    prompt: bool,
     tx: CopierTx,
     pending: Batch,
     owned: usize,
@@ -271,12 +276,13 @@ impl Relay {
         self.unfolded_links == 0
     }
 
-    /// Whether a connected copier times the test server's replies (`--report`): the capture
-    /// must then hand each reply over as it comes.
+    /// Whether a connected copier times the test server's replies (`--report`), or has a
+    /// session waiting on the test server (its last Prompt said on): the capture must then
+    /// hand each reply over as it comes.
     pub fn wants_prompt_replies(&self) -> bool {
         self.links
             .values()
-            .any(|l| l.features & FEATURE_PROMPT_REPLIES != 0)
+            .any(|l| l.prompt || l.features & FEATURE_PROMPT_REPLIES != 0)
     }
 
     pub fn apply(&mut self, ev: RelayEvent) {
@@ -298,6 +304,7 @@ impl Relay {
                     Link {
                         name,
                         features,
+                        prompt: false,
                         tx,
                         pending: Batch::default(),
                         owned: 0,
@@ -319,6 +326,11 @@ impl Relay {
             }
             RelayEvent::Claim { id, addrs } => self.claim(id, &addrs),
             RelayEvent::Release { id, addrs } => self.release(id, &addrs),
+            RelayEvent::Prompt { id, on } => {
+                if let Some(link) = self.links.get_mut(&id) {
+                    link.prompt = on;
+                }
+            }
             RelayEvent::Disconnected { id } => self.disconnect(id),
         }
     }
@@ -579,6 +591,28 @@ mod tests {
         });
         assert!(r.wants_prompt_replies());
         r.apply(RelayEvent::Disconnected { id: 2 });
+        assert!(!r.wants_prompt_replies());
+    }
+
+    #[test]
+    fn replies_are_prompt_while_a_copier_says_a_session_waits_on_the_test_server() {
+        let mut r = Relay::new(16);
+        let _a = connect(&mut r, 1, 4);
+        let _b = connect(&mut r, 2, 4);
+        r.apply(RelayEvent::Prompt { id: 2, on: true });
+        assert!(r.wants_prompt_replies());
+        r.apply(RelayEvent::Prompt { id: 1, on: false });
+        assert!(
+            r.wants_prompt_replies(),
+            "another copier's off changes nothing"
+        );
+        r.apply(RelayEvent::Prompt { id: 2, on: false });
+        assert!(!r.wants_prompt_replies());
+        r.apply(RelayEvent::Prompt { id: 1, on: true });
+        r.apply(RelayEvent::Disconnected { id: 1 });
+        assert!(!r.wants_prompt_replies(), "gone with its connection");
+        // A Prompt queued behind its connection's end names nobody.
+        r.apply(RelayEvent::Prompt { id: 1, on: true });
         assert!(!r.wants_prompt_replies());
     }
 

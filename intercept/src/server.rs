@@ -16,7 +16,7 @@
 use std::collections::HashSet;
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Shutdown, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread;
@@ -26,8 +26,8 @@ use common::auth::{Nonce, Secret};
 use common::control::{
     encode_challenge, encode_doctor_report, encode_feedback, encode_mysql, encode_pong,
     encode_reject, encode_welcome, Challenge, CopierMessage, DecodeError, DoctorQuery,
-    DoctorReport, FrameDecoder, Reject, Welcome, FEATURE_PAYLOAD_HASHES, FEATURE_PROMPT_REPLIES,
-    FEATURE_QUIET_IDLE, FEATURE_ROW_RUNS, IDLE_KEEPALIVE, PROTOCOL_VERSION,
+    DoctorReport, FrameDecoder, Reject, Welcome, FEATURE_PAYLOAD_HASHES, FEATURE_PROMPT_ON_DEMAND,
+    FEATURE_PROMPT_REPLIES, FEATURE_QUIET_IDLE, FEATURE_ROW_RUNS, IDLE_KEEPALIVE, PROTOCOL_VERSION,
 };
 
 use crate::relay::{CopierId, CopierTx, Outgoing, QueueGauge, RelayEvent, MAX_CLAIMS_PER_COPIER};
@@ -128,6 +128,8 @@ pub struct ServerStats {
     /// Addresses received in Claim and Release frames.
     pub claimed_addrs: AtomicU64,
     pub released_addrs: AtomicU64,
+    /// Prompt frames received (`FEATURE_PROMPT_ON_DEMAND`).
+    pub prompts: AtomicU64,
     /// Pongs not sent because the copier's queue was full.
     pub pongs_dropped: AtomicU64,
     /// Batches the writer could not encode (a bug, never expected).
@@ -155,6 +157,7 @@ pub struct ServerStatsSnapshot {
     pub write_failures: u64,
     pub claimed_addrs: u64,
     pub released_addrs: u64,
+    pub prompts: u64,
     pub pongs_dropped: u64,
     pub encode_errors: u64,
 }
@@ -178,6 +181,7 @@ impl ServerStats {
             write_failures: g(&self.write_failures),
             claimed_addrs: g(&self.claimed_addrs),
             released_addrs: g(&self.released_addrs),
+            prompts: g(&self.prompts),
             pongs_dropped: g(&self.pongs_dropped),
             encode_errors: g(&self.encode_errors),
         }
@@ -535,7 +539,8 @@ fn serve(
         payload_prefix: cfg.payload_prefix,
         mysql_head: cfg.mysql_head,
         // Payload hashes and runs come from the MySQL framer: granted only when there is one.
-        features: (hello.features & (FEATURE_PROMPT_REPLIES | FEATURE_QUIET_IDLE))
+        features: (hello.features
+            & (FEATURE_PROMPT_REPLIES | FEATURE_QUIET_IDLE | FEATURE_PROMPT_ON_DEMAND))
             | if cfg.mysql_head.is_some() {
                 hello.features & (FEATURE_PAYLOAD_HASHES | FEATURE_ROW_RUNS)
             } else {
@@ -573,13 +578,19 @@ fn serve(
     } else {
         cfg.relay_flush
     };
+    // The copier's last Prompt, for its writer: set here, read there before each gathering.
+    let prompt = Arc::new(AtomicBool::new(false));
+    let writer_prompt = Arc::clone(&prompt);
     let spawned = thread::Builder::new()
         .name(format!("copier-{id}-tx"))
-        .spawn(move || write_loop(write_half, rx, flush, &gauge, &stats));
-    if let Err(e) = spawned {
-        tracing::warn!(%peer, "cannot start a writer thread for a copier: {e}");
-        return;
-    }
+        .spawn(move || write_loop(write_half, rx, flush, &writer_prompt, &gauge, &stats));
+    let writer = match spawned {
+        Ok(h) => h.thread().clone(),
+        Err(e) => {
+            tracing::warn!(%peer, "cannot start a writer thread for a copier: {e}");
+            return;
+        }
+    };
     bump(&ctx.stats.welcomed);
     tracing::info!(%peer, copier = %hello.name, id, "copier connected");
     if events
@@ -649,6 +660,17 @@ fn serve(
                     bump(&ctx.stats.pongs_dropped);
                 }
                 continue;
+            }
+            CopierMessage::Prompt(on) => {
+                if welcome.features & FEATURE_PROMPT_ON_DEMAND == 0 {
+                    break End::Protocol("Prompt without FEATURE_PROMPT_ON_DEMAND");
+                }
+                prompt.store(on, Ordering::Relaxed);
+                if on {
+                    // A batch may be gathering in the writer right now: it goes at once.
+                    writer.unpark();
+                }
+                (RelayEvent::Prompt { id, on }, &ctx.stats.prompts, 1)
             }
             CopierMessage::Hello(_) => break End::Protocol("second Hello on one connection"),
             CopierMessage::Auth(_) => break End::Protocol("second Auth on one connection"),
@@ -803,14 +825,17 @@ fn write_loop(
     mut stream: TcpStream,
     rx: Receiver<Outgoing>,
     flush: Duration,
+    prompt: &AtomicBool,
     queued: &QueueGauge,
     stats: &ServerStats,
 ) {
     const COALESCE_BYTES: usize = 256 * 1024;
     let mut out = Vec::with_capacity(64 * 1024);
     while let Ok(first) = rx.recv() {
-        if !flush.is_zero() {
-            thread::sleep(flush);
+        // Parked, not slept: a Prompt that turns on ends the gathering (an early or spurious
+        // return only writes sooner).
+        if !flush.is_zero() && !prompt.load(Ordering::Relaxed) {
+            thread::park_timeout(flush);
         }
         out.clear();
         queued.taken(&first);
@@ -975,6 +1000,35 @@ mod tests {
         let asks = FEATURE_PROMPT_REPLIES | FEATURE_PAYLOAD_HASHES;
         let (_s, granted) = welcomed(server.local_addr(), asks);
         assert_eq!(granted, FEATURE_PROMPT_REPLIES);
+    }
+
+    #[test]
+    fn prompts_reach_the_relay_only_from_a_copier_granted_them() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let (events, rx) = mpsc::channel();
+        let server = ControlServer::start(listener, ServerConfig::default(), events).unwrap();
+        let addr = server.local_addr();
+        let (mut s, granted) = welcomed(addr, FEATURE_PROMPT_ON_DEMAND);
+        assert_eq!(granted, FEATURE_PROMPT_ON_DEMAND);
+        let mut out = Vec::new();
+        common::control::encode_prompt(true, &mut out).unwrap();
+        common::control::encode_prompt(false, &mut out).unwrap();
+        s.write_all(&out).unwrap();
+        let mut prompts = Vec::new();
+        while prompts.len() < 2 {
+            let ev = rx.recv_timeout(WAIT).expect("the Prompts as relay events");
+            if let RelayEvent::Prompt { on, .. } = ev {
+                prompts.push(on);
+            }
+        }
+        assert_eq!(prompts, [true, false]);
+        wait_for(|| server.stats().prompts == 2, "the Prompts counted");
+        // A copier that did not ask for the feature has no business sending one.
+        let (mut s, granted) = welcomed(addr, 0);
+        assert_eq!(granted, 0);
+        s.write_all(&out).unwrap();
+        wait_for(|| server.stats().closed == 1, "the connection to close");
+        assert_eq!(server.stats().prompts, 2);
     }
 
     #[test]

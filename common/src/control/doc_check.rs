@@ -264,6 +264,7 @@ fn samples() -> Vec<(String, Vec<u8>)> {
         CopierMessage::Claim(vec![]),
         CopierMessage::Release(vec![]),
         CopierMessage::Ping(0),
+        CopierMessage::Prompt(false),
         CopierMessage::Doctor(DoctorQuery {
             target: Ipv4Addr::LOCALHOST,
             arp: vec![],
@@ -437,6 +438,7 @@ fn the_handshake_tables_match_the_encoder() {
         ("FEATURE_PROMPT_REPLIES", FEATURE_PROMPT_REPLIES),
         ("FEATURE_ROW_RUNS", FEATURE_ROW_RUNS),
         ("FEATURE_QUIET_IDLE", FEATURE_QUIET_IDLE),
+        ("FEATURE_PROMPT_ON_DEMAND", FEATURE_PROMPT_ON_DEMAND),
     ] {
         assert_eq!(bit.count_ones(), 1);
         assert_cell(
@@ -447,7 +449,11 @@ fn the_handshake_tables_match_the_encoder() {
         );
     }
     assert_eq!(
-        FEATURE_PAYLOAD_HASHES | FEATURE_PROMPT_REPLIES | FEATURE_ROW_RUNS | FEATURE_QUIET_IDLE,
+        FEATURE_PAYLOAD_HASHES
+            | FEATURE_PROMPT_REPLIES
+            | FEATURE_ROW_RUNS
+            | FEATURE_QUIET_IDLE
+            | FEATURE_PROMPT_ON_DEMAND,
         KNOWN_FEATURES,
         "a new feature bit: document it in the Hello table and add it above"
     );

@@ -26,6 +26,7 @@ mod handshake;
 mod hello;
 mod mysql;
 mod ping;
+mod prompt;
 mod welcome;
 
 #[cfg(test)]
@@ -47,6 +48,7 @@ pub use mysql::{
     MAX_MYSQL_HEAD, MYSQL_FULL_HEAD_PACKETS, MYSQL_HEAD_INLINE, MYSQL_MAX_PAYLOAD,
 };
 pub use ping::{encode_ping, encode_pong};
+pub use prompt::encode_prompt;
 pub use welcome::{encode_welcome, Welcome};
 
 use std::net::SocketAddrV4;
@@ -84,9 +86,18 @@ pub const FEATURE_ROW_RUNS: u32 = 4;
 /// copier: no wakeups beyond its status timer"). A dead peer is still found: by keepalive,
 /// which stays on (within 30 s), and by the heartbeat while addresses are claimed.
 pub const FEATURE_QUIET_IDLE: u32 = 8;
+/// Feature bit: the copier says, with [`CopierMessage::Prompt`], while one of its sessions
+/// waits on the test server (a login for its greeting, an execute for its PREPARE_OK);
+/// intercept then writes what it relays to it at once, and gathers it for `--relay-flush-us`
+/// only while none does. Gathering halves both daemons' wakeups under load, and costs a
+/// session with nothing held no time: its commands are already with the test server.
+pub const FEATURE_PROMPT_ON_DEMAND: u32 = 16;
 /// Every feature bit this build knows; a peer's other bits are ignored.
-pub const KNOWN_FEATURES: u32 =
-    FEATURE_PAYLOAD_HASHES | FEATURE_PROMPT_REPLIES | FEATURE_ROW_RUNS | FEATURE_QUIET_IDLE;
+pub const KNOWN_FEATURES: u32 = FEATURE_PAYLOAD_HASHES
+    | FEATURE_PROMPT_REPLIES
+    | FEATURE_ROW_RUNS
+    | FEATURE_QUIET_IDLE
+    | FEATURE_PROMPT_ON_DEMAND;
 /// TCP keepalive of a [`FEATURE_QUIET_IDLE`] connection: first probe after 10 s of silence,
 /// then every 5 s, dead after 4 unanswered: a vanished peer is found within 30 s, as the
 /// heartbeat's read timeouts find one.
@@ -116,6 +127,7 @@ mod ty {
     pub const PING: u8 = 0x04;
     pub const DOCTOR: u8 = 0x05;
     pub const AUTH: u8 = 0x06;
+    pub const PROMPT: u8 = 0x07;
     pub const WELCOME: u8 = 0x81;
     pub const REJECT: u8 = 0x82;
     pub const FEEDBACK: u8 = 0x83;
@@ -139,6 +151,9 @@ pub enum CopierMessage {
     Ping(u64),
     /// `copier doctor` only.
     Doctor(DoctorQuery),
+    /// Whether one of this copier's sessions waits on the test server: relay at once while
+    /// true, gathered while false ([`FEATURE_PROMPT_ON_DEMAND`] only).
+    Prompt(bool),
 }
 
 /// Frames intercept sends to a copier.
@@ -221,6 +236,7 @@ impl WireMessage for CopierMessage {
             CopierMessage::Release(a) => encode_release(a, out),
             CopierMessage::Ping(n) => encode_ping(*n, out),
             CopierMessage::Doctor(q) => encode_doctor(q, out),
+            CopierMessage::Prompt(on) => encode_prompt(*on, out),
         }
     }
 
@@ -233,6 +249,7 @@ impl WireMessage for CopierMessage {
             ty::RELEASE => CopierMessage::Release(claim::parse_addrs(&mut r)?),
             ty::PING => CopierMessage::Ping(ping::parse_nonce(&mut r)?),
             ty::DOCTOR => CopierMessage::Doctor(DoctorQuery::parse(&mut r)?),
+            ty::PROMPT => CopierMessage::Prompt(prompt::parse_prompt(&mut r)?),
             _ => return Err(DecodeError::UnexpectedType { ty: t }),
         };
         r.finish()?;
