@@ -364,13 +364,15 @@ pub fn run<S: SegmentSource>(
     Ok(())
 }
 
-/// Lets replies gather in the capture for `period` after a wakeup, unless a copier wants them
-/// at once: one that times replies, or one whose sessions wait on the test server (its
-/// Prompt). The wait is on the copiers' events, so a Prompt that turns on while replies gather
-/// ends it, and the reply a held command waits for is not kept back the rest of the period.
+/// Lets replies gather in the capture for `period` after a wakeup, or less while a copier wants
+/// them sooner ([`Relay::gather_for`]: one that times replies, one whose sessions wait on the
+/// test server). The wait is on the copiers' events, so a Prompt that turns on while replies
+/// gather shortens it, and the reply a held command waits for is not kept back the rest of
+/// the period.
 fn gather(relay: &mut Relay, events: &Receiver<RelayEvent>, period: Duration) {
-    let until = std::time::Instant::now() + period;
-    while !relay.wants_prompt_replies() {
+    let start = std::time::Instant::now();
+    loop {
+        let until = start + relay.gather_for(period);
         let left = until.saturating_duration_since(std::time::Instant::now());
         if left.is_zero() {
             return;
@@ -493,10 +495,13 @@ mod tests {
         });
         let (events, rx) = channel();
         events.send(RelayEvent::Prompt { id: 1, on: true }).unwrap();
-        // Were the Prompt not taken, this would gather for ten minutes.
+        // Were the Prompt not taken, this would gather for ten minutes, not a millisecond.
         gather(&mut relay, &rx, Duration::from_secs(600));
         assert!(relay.wants_prompt_replies());
-        // Prompt already on: no gathering at all.
+        assert_eq!(
+            relay.gather_for(Duration::from_secs(600)),
+            crate::relay::PROMPT_GATHER
+        );
         gather(&mut relay, &rx, Duration::from_secs(600));
         // Off again (taken before the next packet, as every event): gathering resumes, for
         // the period (a short one here), and an event that comes meanwhile is applied.

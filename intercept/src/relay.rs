@@ -13,6 +13,7 @@ use std::net::SocketAddrV4;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{SyncSender, TrySendError};
 use std::sync::Arc;
+use std::time::Duration;
 
 use common::control::{
     MysqlEvent, TestFeedback, FEATURE_PAYLOAD_HASHES, FEATURE_PROMPT_REPLIES, FEATURE_ROW_RUNS,
@@ -231,6 +232,13 @@ struct Link {
     overflowing: bool,
 }
 
+/// The gathering while a copier's sessions wait on the test server (its Prompt said on): the
+/// 1 ms that was `--relay-flush-us`'s default before Prompt. Not nothing: at 1,000
+/// connections a test server slow to answer the logins and prepares keeps some session
+/// waiting for seconds, and replies handed over one by one meanwhile cost intercept more than
+/// the 4 ms gathering saved (issue 20, docs/BENCHMARKS.md).
+pub const PROMPT_GATHER: Duration = Duration::from_millis(1);
+
 pub struct Relay {
     owners: HashMap<SocketAddrV4, CopierId>,
     // Ordered so that broadcasts and flushes happen in a stable order (easier to test and read).
@@ -278,11 +286,27 @@ impl Relay {
 
     /// Whether a connected copier times the test server's replies (`--report`), or has a
     /// session waiting on the test server (its last Prompt said on): the capture must then
-    /// hand each reply over as it comes.
+    /// hand replies over sooner (see [`Relay::gather_for`]).
     pub fn wants_prompt_replies(&self) -> bool {
         self.links
             .values()
             .any(|l| l.prompt || l.features & FEATURE_PROMPT_REPLIES != 0)
+    }
+
+    /// How long the capture lets replies gather after a wakeup, `period` being
+    /// `--relay-flush-us`: not at all while a copier times replies; at most
+    /// [`PROMPT_GATHER`] while a copier's sessions wait on the test server (Prompt).
+    pub fn gather_for(&self, period: Duration) -> Duration {
+        let mut gather = period;
+        for l in self.links.values() {
+            if l.features & FEATURE_PROMPT_REPLIES != 0 {
+                return Duration::ZERO;
+            }
+            if l.prompt {
+                gather = gather.min(PROMPT_GATHER);
+            }
+        }
+        gather
     }
 
     pub fn apply(&mut self, ev: RelayEvent) {

@@ -30,7 +30,9 @@ use common::control::{
     FEATURE_PROMPT_REPLIES, FEATURE_QUIET_IDLE, FEATURE_ROW_RUNS, IDLE_KEEPALIVE, PROTOCOL_VERSION,
 };
 
-use crate::relay::{CopierId, CopierTx, Outgoing, QueueGauge, RelayEvent, MAX_CLAIMS_PER_COPIER};
+use crate::relay::{
+    CopierId, CopierTx, Outgoing, QueueGauge, RelayEvent, MAX_CLAIMS_PER_COPIER, PROMPT_GATHER,
+};
 
 /// Settings of the control server.
 #[derive(Clone, Debug)]
@@ -832,10 +834,22 @@ fn write_loop(
     const COALESCE_BYTES: usize = 256 * 1024;
     let mut out = Vec::with_capacity(64 * 1024);
     while let Ok(first) = rx.recv() {
-        // Parked, not slept: a Prompt that turns on ends the gathering (an early or spurious
-        // return only writes sooner).
-        if !flush.is_zero() && !prompt.load(Ordering::Relaxed) {
-            thread::park_timeout(flush);
+        // Parked, not slept: a Prompt that turns on cuts the gathering to PROMPT_GATHER.
+        // Parked again after an early return: the channel's senders unpark this thread too
+        // (std's channels wake their receiver so), and under load one would end nearly every
+        // gathering.
+        let start = Instant::now();
+        loop {
+            let period = if prompt.load(Ordering::Relaxed) {
+                flush.min(PROMPT_GATHER)
+            } else {
+                flush
+            };
+            let left = (start + period).saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            thread::park_timeout(left);
         }
         out.clear();
         queued.taken(&first);
