@@ -355,8 +355,8 @@ impl Driver {
     /// Whether the loop must take what intercept relays, and run the engine's timers, as soon
     /// as they come, rather than at its capture's next block: while draining (it waits on
     /// acknowledgements, not on the clients), and while some session cannot go on until the
-    /// test server says something ([`Fleet::waits_on_test`]: a SYN-ACK, a window, a
-    /// PREPARE_OK or greeting its held commands wait for). A pool that prepares every
+    /// test server says something ([`Fleet::waits_on_test`]: a SYN-ACK, the greeting or
+    /// PREPARE_OK its held commands wait for). A pool that prepares every
     /// statement waits so once per execute: taking its PREPARE_OK a block later made the test
     /// server fall a second behind the load (issue 20's first pacing, docs/BENCHMARKS.md).
     pub fn takes_feedback_at_once(&self) -> bool {

@@ -212,7 +212,7 @@ fn capture_loop(
         // the client's next command more often). Woken for every relay (a batch a millisecond
         // under load) and every delayed ACK, the copier spent a fifth of its CPU switching in
         // and out (docs/BENCHMARKS.md, issue 20). Once the capture runs dry, while draining,
-        // and while a session waits on the test server (a PREPARE_OK, a window: see
+        // and while a session waits on the test server (a greeting, a PREPARE_OK: see
         // `Driver::takes_feedback_at_once`), relays and timers wake the loop at once again;
         // relays always do for a copier that times the test server's replies (`Driver::wait`).
         let paced = paced_sleep(
@@ -251,8 +251,8 @@ const PACE_BLOCK_MAX: Duration = Duration::from_millis(10);
 /// little late, and a wakeup in between finds the ring empty), and the sleep is cut at three.
 /// `None` (relays and timers wake the loop at once): immediate mode, a capture that read
 /// nothing lately, and `at_once` (a drain, a session waiting on the test server: see
-/// `Driver::takes_feedback_at_once`). A block timeout
-/// above [`PACE_BLOCK_MAX`] paces as that: a timer may then be at most three of those late.
+/// `Driver::takes_feedback_at_once`). A block timeout above [`PACE_BLOCK_MAX`] paces as that:
+/// a timer may then be at most three of those late.
 fn paced_sleep(
     block: Option<Duration>,
     packets_at: Option<Instant>,
