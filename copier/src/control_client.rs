@@ -277,8 +277,8 @@ impl ControlHandle {
         let _ = self.cmds.send(Command::Release(client));
     }
 
-    /// Tells intercept whether a session waits on the test server, so it relays at once
-    /// (true) or gathers for its `--relay-flush-us` (false); sent only when it changes, and
+    /// Tells intercept whether a session waits on the test server, so it relays within a
+    /// millisecond (true) or gathers for its `--relay-flush-us` (false); sent only when it changes, and
     /// only to an intercept that granted `FEATURE_PROMPT_ON_DEMAND` (again after every
     /// reconnection). Never blocks.
     pub fn prompt(&self, on: bool) {

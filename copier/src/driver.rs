@@ -218,7 +218,7 @@ impl Driver {
             let wake = waker.clone();
             // Rows folded into runs: the copier reads nothing of a row but its first byte.
             // While nothing is claimed, no heartbeat: TCP keepalive instead (no wakeups).
-            // Relays gathered by intercept, but at once while a session waits (Prompt).
+            // Relays gathered by intercept, but for 1 ms only while a session waits (Prompt).
             let mut hello = Hello::new(&name)
                 .with_features(FEATURE_ROW_RUNS | FEATURE_QUIET_IDLE | FEATURE_PROMPT_ON_DEMAND);
             if args.compare_results {
@@ -364,7 +364,7 @@ impl Driver {
     }
 
     /// Tells intercept (Prompt) when some session starts waiting on the test server, so it
-    /// relays at once, and when none has for [`PROMPT_CALM`], so it gathers again: a pool
+    /// relays within a millisecond, and when none has for [`PROMPT_CALM`], so it gathers again: a pool
     /// that prepares every statement waits once per execute, and saying off and on around each
     /// would cost more than the gathering saves. Every link is told: a session's is not known
     /// here, and a wait is short.

@@ -138,8 +138,9 @@ pub struct Args {
     /// wakeup per period instead of one per reply, in intercept and in the copier: together
     /// about half of both daemons' CPU. Replies keep their kernel timestamps. While a copier
     /// that times replies (`--report`) is connected the capture does not gather, and that
-    /// copier's writer never does; nor while a copier says one of its sessions waits on the
-    /// test server (a login, a PREPARE_OK: its Prompt). 0: handle every reply as it comes.
+    /// copier's writer never does; while a copier says one of its sessions waits on the test
+    /// server (a login, a PREPARE_OK: its Prompt), both gather 1 ms at most. 0: handle every
+    /// reply as it comes.
     #[arg(long, env = "TCPSHADOW_RELAY_FLUSH_US", default_value_t = 4000, value_parser = clap::value_parser!(u32).range(0..=100_000))]
     pub relay_flush_us: u32,
 

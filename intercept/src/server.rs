@@ -669,7 +669,7 @@ fn serve(
                 }
                 prompt.store(on, Ordering::Relaxed);
                 if on {
-                    // A batch may be gathering in the writer right now: it goes at once.
+                    // A batch may be gathering in the writer right now: it goes within 1 ms.
                     writer.unpark();
                 }
                 (RelayEvent::Prompt { id, on }, &ctx.stats.prompts, 1)

@@ -88,7 +88,7 @@ pub const FEATURE_ROW_RUNS: u32 = 4;
 pub const FEATURE_QUIET_IDLE: u32 = 8;
 /// Feature bit: the copier says, with [`CopierMessage::Prompt`], while one of its sessions
 /// waits on the test server (a login for its greeting, an execute for its PREPARE_OK);
-/// intercept then writes what it relays to it at once, and gathers it for `--relay-flush-us`
+/// intercept then gathers what it relays to it for at most 1 ms, and for `--relay-flush-us`
 /// only while none does. Gathering halves both daemons' wakeups under load, and costs a
 /// session with nothing held no time: its commands are already with the test server.
 pub const FEATURE_PROMPT_ON_DEMAND: u32 = 16;
@@ -151,8 +151,9 @@ pub enum CopierMessage {
     Ping(u64),
     /// `copier doctor` only.
     Doctor(DoctorQuery),
-    /// Whether one of this copier's sessions waits on the test server: relay at once while
-    /// true, gathered while false ([`FEATURE_PROMPT_ON_DEMAND`] only).
+    /// Whether one of this copier's sessions waits on the test server: relays gathered for
+    /// at most 1 ms while true, for `--relay-flush-us` while false
+    /// ([`FEATURE_PROMPT_ON_DEMAND`] only).
     Prompt(bool),
 }
 
