@@ -497,7 +497,6 @@ mod tests {
         events.send(RelayEvent::Prompt { id: 1, on: true }).unwrap();
         // Were the Prompt not taken, this would gather for ten minutes, not a millisecond.
         gather(&mut relay, &rx, Duration::from_secs(600));
-        assert!(relay.wants_prompt_replies());
         assert_eq!(
             relay.gather_for(Duration::from_secs(600)),
             crate::relay::PROMPT_GATHER
@@ -509,13 +508,17 @@ mod tests {
             .send(RelayEvent::Prompt { id: 1, on: false })
             .unwrap();
         drain_events(&mut relay, &rx);
-        assert!(!relay.wants_prompt_replies());
+        assert_eq!(
+            relay.gather_for(Duration::from_secs(600)),
+            Duration::from_secs(600)
+        );
         events.send(RelayEvent::Disconnected { id: 1 }).unwrap();
         gather(&mut relay, &rx, Duration::from_millis(50));
         events.send(RelayEvent::Prompt { id: 1, on: true }).unwrap();
         drain_events(&mut relay, &rx);
-        assert!(
-            !relay.wants_prompt_replies(),
+        assert_eq!(
+            relay.gather_for(Duration::from_secs(600)),
+            Duration::from_secs(600),
             "its disconnection was applied"
         );
     }

@@ -284,15 +284,6 @@ impl Relay {
         self.unfolded_links == 0
     }
 
-    /// Whether a connected copier times the test server's replies (`--report`), or has a
-    /// session waiting on the test server (its last Prompt said on): the capture must then
-    /// hand replies over sooner (see [`Relay::gather_for`]).
-    pub fn wants_prompt_replies(&self) -> bool {
-        self.links
-            .values()
-            .any(|l| l.prompt || l.features & FEATURE_PROMPT_REPLIES != 0)
-    }
-
     /// How long the capture lets replies gather after a wakeup, `period` being
     /// `--relay-flush-us`: not at all while a copier times replies; at most
     /// [`PROMPT_GATHER`] while a copier's sessions wait on the test server (Prompt).
@@ -600,12 +591,14 @@ mod tests {
         assert!(!r.wants_payload_hashes());
     }
 
+    const PERIOD: Duration = Duration::from_millis(4);
+
     #[test]
     fn replies_are_prompt_while_a_copier_that_times_them_is_connected() {
         let mut r = Relay::new(16);
-        assert!(!r.wants_prompt_replies());
+        assert_eq!(r.gather_for(PERIOD), PERIOD);
         let _a = connect(&mut r, 1, 4);
-        assert!(!r.wants_prompt_replies());
+        assert_eq!(r.gather_for(PERIOD), PERIOD);
         let (tx, _b) = sync_channel(4);
         r.apply(RelayEvent::Connected {
             id: 2,
@@ -613,31 +606,40 @@ mod tests {
             tx: tx.into(),
             features: FEATURE_PROMPT_REPLIES,
         });
-        assert!(r.wants_prompt_replies());
+        assert_eq!(r.gather_for(PERIOD), Duration::ZERO);
+        // A Prompt does not make such a copier's replies any later.
+        r.apply(RelayEvent::Prompt { id: 1, on: true });
+        assert_eq!(r.gather_for(PERIOD), Duration::ZERO);
         r.apply(RelayEvent::Disconnected { id: 2 });
-        assert!(!r.wants_prompt_replies());
+        assert_eq!(r.gather_for(PERIOD), PROMPT_GATHER);
     }
 
     #[test]
-    fn replies_are_prompt_while_a_copier_says_a_session_waits_on_the_test_server() {
+    fn replies_gather_less_while_a_copier_says_a_session_waits_on_the_test_server() {
         let mut r = Relay::new(16);
         let _a = connect(&mut r, 1, 4);
         let _b = connect(&mut r, 2, 4);
         r.apply(RelayEvent::Prompt { id: 2, on: true });
-        assert!(r.wants_prompt_replies());
+        assert_eq!(r.gather_for(PERIOD), PROMPT_GATHER);
+        // Never longer than the configured period.
+        assert_eq!(
+            r.gather_for(Duration::from_micros(300)),
+            Duration::from_micros(300)
+        );
         r.apply(RelayEvent::Prompt { id: 1, on: false });
-        assert!(
-            r.wants_prompt_replies(),
+        assert_eq!(
+            r.gather_for(PERIOD),
+            PROMPT_GATHER,
             "another copier's off changes nothing"
         );
         r.apply(RelayEvent::Prompt { id: 2, on: false });
-        assert!(!r.wants_prompt_replies());
+        assert_eq!(r.gather_for(PERIOD), PERIOD);
         r.apply(RelayEvent::Prompt { id: 1, on: true });
         r.apply(RelayEvent::Disconnected { id: 1 });
-        assert!(!r.wants_prompt_replies(), "gone with its connection");
+        assert_eq!(r.gather_for(PERIOD), PERIOD, "gone with its connection");
         // A Prompt queued behind its connection's end names nobody.
         r.apply(RelayEvent::Prompt { id: 1, on: true });
-        assert!(!r.wants_prompt_replies());
+        assert_eq!(r.gather_for(PERIOD), PERIOD);
     }
 
     fn connect(r: &mut Relay, id: CopierId, cap: usize) -> Receiver<Outgoing> {
