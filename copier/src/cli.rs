@@ -74,10 +74,11 @@ pub struct Args {
     /// block timeout): one wakeup per block instead of one per packet. While packets flow,
     /// the copier's own timers and what intercept relays (unless it times replies: --report,
     /// --metrics) wait for the next block too (for a timeout above 10, at most 30 ms), except
-    /// while a session waits on the test server (a login, a PREPARE_OK). 0:
-    /// immediate mode (a wakeup per packet, no added delay; more CPU) [default: the shortest
-    /// with which the capture ring holds 1 s of traffic: 4 with a 64 MiB ring, at least 4, at
-    /// most 10].
+    /// while a session waits on the test server (a login, a PREPARE_OK). Shorter: less delay,
+    /// more wakeups of both daemons (at 4, a fifth more CPU per query at moderate rates); the
+    /// capture ring holds its blocks x this of traffic while the copier waits for a CPU (1.9 s
+    /// for the default ring of 192 blocks; the copier logs it). 0: immediate mode (a wakeup
+    /// per packet, no added delay; more CPU) [default: 10].
     #[arg(long, env = "TCPSHADOW_CAPTURE_BLOCK_MS", value_parser = clap::value_parser!(u16).range(0..=100))]
     pub capture_block_ms: Option<u16>,
 
@@ -362,20 +363,15 @@ impl Args {
             && self.workers <= 1
     }
 
-    /// The capture's block timeout for a ring of `buffer` bytes: `--capture-block-ms`, or the
-    /// shortest that makes the ring hold [`RING_HOLDS_MS`] of traffic. libpcap cuts a TPACKET_V3
-    /// ring into blocks of [`CAPTURE_BLOCK_BYTES`] (its largest snap length) and the kernel
-    /// retires a block after the timeout even if it holds a few packets: below about a
+    /// The capture's block timeout: `--capture-block-ms`, or [`DEFAULT_BLOCK_MS`]. libpcap cuts a
+    /// TPACKET_V3 ring into blocks of [`CAPTURE_BLOCK_BYTES`] (its largest snap length) and the
+    /// kernel retires a block after the timeout even if it holds a few packets: below about a
     /// thousand packets a block (most traffic) a ring holds blocks x timeout of it, whatever
-    /// its size in bytes. While the copier waits for a CPU (a saturated host, a CFS-throttled
-    /// container) that is all the kernel can keep before it drops.
-    pub fn capture_block_ms(&self, buffer: i32) -> u16 {
-        if let Some(ms) = self.capture_block_ms {
-            return ms;
-        }
-        let blocks = (usize::try_from(buffer).unwrap_or(0) / CAPTURE_BLOCK_BYTES).max(1);
-        let ms = RING_HOLDS_MS.div_ceil(blocks as u64);
-        u16::try_from(ms.clamp(MIN_AUTO_BLOCK_MS, MAX_AUTO_BLOCK_MS)).unwrap_or(1)
+    /// its size in bytes (the copier logs the figure at start). While the copier waits for a
+    /// CPU (a saturated host, a CFS-throttled container) that is all the kernel can keep
+    /// before it drops.
+    pub fn capture_block_ms(&self) -> u16 {
+        self.capture_block_ms.unwrap_or(DEFAULT_BLOCK_MS)
     }
 
     /// The capture filter: the production ports' traffic in both directions, excluding what we
@@ -412,7 +408,7 @@ impl Args {
             interface: self.interface.clone(),
             filter: self.capture_filter()?,
             buffer_bytes,
-            block_ms: self.capture_block_ms(buffer_bytes),
+            block_ms: self.capture_block_ms(),
             priority: self.capture_priority,
             workers: self.workers,
             tls_sessions: self.tls_sessions == TlsSessions::On
@@ -469,14 +465,15 @@ impl Args {
     }
 }
 
-/// How much traffic the capture ring holds by default while the copier waits for a CPU, ms.
-pub const RING_HOLDS_MS: u64 = 1000;
-/// The longest block timeout chosen by default: every captured packet may wait that long.
-const MAX_AUTO_BLOCK_MS: u64 = 10;
-/// The shortest one: a larger ring (a larger `--max-memory`) then holds more than a second
-/// rather than waking the copier more often (1 ms blocks cost 6.4 CPU-µs per packet where
-/// 4 ms cost 4.5: docs/BENCHMARKS.md).
-const MIN_AUTO_BLOCK_MS: u64 = 4;
+/// The block timeout without `--capture-block-ms`: every captured packet may wait that long
+/// before the copier sees it. Each shorter block is a wakeup of both daemons: the copier's
+/// loop and what it relays pace by it. Unpinned, at a moderate 500 transactions a second, 10
+/// ms cost both daemons less CPU per query than 6 ms (until then the default ring's, the
+/// shortest that held 1 s) and a fifth less than 4 ms, at 1,000 connections too, with the test
+/// server no further behind even on results of hundreds of KiB (docs/BENCHMARKS.md, issue 20,
+/// eleventh session). The default ring (48 MiB beside the TLS probe's) then holds 1.9 s of
+/// traffic, a 16 MiB one 640 ms.
+pub const DEFAULT_BLOCK_MS: u16 = 10;
 
 /// `PORT=HOST:PORT`.
 pub fn parse_map(s: &str) -> Result<Route, String> {
@@ -607,18 +604,14 @@ mod tests {
     }
 
     #[test]
-    fn the_default_block_timeout_makes_the_ring_hold_a_second() {
+    fn the_block_timeout_is_10_ms_unless_told() {
+        assert_eq!(args(&[]).capture_block_ms(), 10);
+        assert_eq!(args(&["--capture-block-ms", "1"]).capture_block_ms(), 1);
+        assert_eq!(args(&["--capture-block-ms", "0"]).capture_block_ms(), 0);
+        // The default ring (its part of --max-memory's default) holds over a second at it.
         let a = args(&[]);
-        let ms = |mib: i32| a.capture_block_ms(mib << 20);
-        // 256 blocks of 256 KiB: 4 ms each; more blocks hold longer at 4 ms; few, capped.
-        assert_eq!(ms(64), 4);
-        assert_eq!(ms(256), 4);
-        assert_eq!(ms(16), 10);
-        assert_eq!(a.capture_block_ms(0), 10);
-        let a = args(&["--capture-block-ms", "1"]);
-        assert_eq!(a.capture_block_ms(64 << 20), 1);
-        let a = args(&["--capture-block-ms", "0"]);
-        assert_eq!(a.capture_block_ms(64 << 20), 0);
+        let blocks = a.capture_buffer_bytes().unwrap() as usize / CAPTURE_BLOCK_BYTES;
+        assert!(blocks as u64 * u64::from(a.capture_block_ms()) >= 1000);
     }
 
     fn route(port: u16, target: &str) -> Route {
