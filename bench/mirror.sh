@@ -235,9 +235,12 @@ one_run() {
     snapshot test end
     local at_end fidelity errors prod_q
     read -r at_end _ _ < <( (compare end --min 0 --max 1e9 || true) | figures)
+    # Until the test server has run all of it: stopped at 0.999, a test server still finishing
+    # its last transactions read as a loss of a few hundredths of a per cent (0.99968 in one
+    # run of issue 20's eleventh session, with nothing lost).
     for _ in $(seq 40); do
         snapshot test 1
-        compare 1 --min 0.999 --max 1.001 >/dev/null && break
+        compare 1 --min 1 --max 1.001 >/dev/null && break
         sleep 0.25
     done
     read -r fidelity errors prod_q < <( (compare 1 || true) | tee "$LAB_DIR/work-compare.txt" | figures)
