@@ -452,17 +452,26 @@ impl Driver {
                     // on intercept's clock; and by how much longer than the quickest recent
                     // frame this one took to reach us. Only the transit's floor is left in.
                     let queued = self.transit[k].excess(received, recv_us, sent_at_us);
-                    for ev in &events {
+                    let dated = |ev: &MysqlEvent| {
                         let back = queued
                             + framed_at_us(ev)
                                 .map_or(Duration::ZERO, |t| intercept_wait(sent_at_us, t));
-                        let at = Instant::from_nanos(
+                        Instant::from_nanos(
                             received
                                 .as_nanos()
                                 .saturating_sub(u64::try_from(back.as_nanos()).unwrap_or(0)),
-                        );
-                        self.fleet
-                            .on_test_event_at(now, at, ev.client(), &TestEvent::Mysql(ev));
+                        )
+                    };
+                    // A reply's packets come one after the other: each session's run is
+                    // handed over whole, for the engine to settle it once.
+                    let mut rest = &events[..];
+                    while let Some(first) = rest.first() {
+                        let client = first.client();
+                        let n = rest.iter().take_while(|e| e.client() == client).count();
+                        let (run, tail) = rest.split_at(n);
+                        rest = tail;
+                        let run = run.iter().map(|ev| (dated(ev), TestEvent::Mysql(ev)));
+                        self.fleet.on_test_events_at(now, client, run);
                     }
                 }
             }

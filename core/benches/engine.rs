@@ -96,7 +96,8 @@ criterion_group!(benches, engine, workers);
 /// `ENGINE_PROFILE=LAYER:SESSIONS:ROUNDS` (e.g. `tcp:1000:20`): no criterion, just the set-up
 /// and ROUNDS rounds of every session, for `valgrind --tool=callgrind`. Instructions per
 /// packet = the difference of two runs with different ROUNDS over the difference of their
-/// input packets (printed), which cancels the set-up.
+/// input packets (printed), which cancels the set-up. A fourth part `one-by-one` relays each
+/// reply's MySQL summaries one event at a time, as the copier did before it handed runs over.
 fn profile(spec: &str) {
     let parts: Vec<&str> = spec.split(':').collect();
     let layer = match parts.first() {
@@ -106,6 +107,7 @@ fn profile(spec: &str) {
     let sessions = parts.get(1).and_then(|s| s.parse().ok()).unwrap_or(1000);
     let rounds = parts.get(2).and_then(|s| s.parse().ok()).unwrap_or(10);
     let mut t = Traffic::new(layer, sessions);
+    t.one_by_one = parts.get(3) == Some(&"one-by-one");
     let before = t.packets_in;
     for _ in 0..rounds {
         t.round();

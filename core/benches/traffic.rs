@@ -131,6 +131,12 @@ pub struct Traffic {
     pub packets_in: u64,
     pub packets_out: u64,
     pub bytes_out: u64,
+    /// FNV-1a of every byte sent, in order, once set to `Some` (tests: two runs sent the
+    /// same if these match; off in the benchmark, whose instructions it would add to).
+    pub sent_hash: Option<u64>,
+    /// Relay a reply's MySQL summaries one `on_test_event` at a time, not as one run (what
+    /// the copier's driver did before runs): the same traffic, to compare the two with.
+    pub one_by_one: bool,
     /// Why the first session that closed while opening did.
     closed: Option<String>,
 }
@@ -248,6 +254,8 @@ impl Traffic {
             packets_in: 0,
             packets_out: 0,
             bytes_out: 0,
+            sent_hash: None,
+            one_by_one: false,
             closed: None,
         };
         t.open_sessions(sessions);
@@ -278,6 +286,11 @@ impl Traffic {
         while let Some(n) = self.engine.poll_transmit(self.now, &mut self.buf) {
             self.packets_out += 1;
             self.bytes_out += n as u64;
+            if let Some(h) = &mut self.sent_hash {
+                for &b in &self.buf[..n] {
+                    *h = (*h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
+                }
+            }
         }
     }
 
@@ -466,8 +479,17 @@ impl Traffic {
             packet.stream_offset = self.flows[i].t_offset;
             packet.tcp_seq = packet.stream_offset as u32;
             self.flows[i].t_offset += 4 + u64::from(packet.len);
-            self.engine
-                .on_test_event(self.now, client, &TestEvent::Mysql(ev));
+        }
+        // As the copier's driver hands them over: the reply's run at once.
+        let now = self.now;
+        if self.one_by_one {
+            for ev in &events {
+                self.engine
+                    .on_test_event_at(now, now, client, &TestEvent::Mysql(ev));
+            }
+        } else {
+            let run = events.iter().map(|ev| (now, TestEvent::Mysql(ev)));
+            self.engine.on_test_events_at(now, client, run);
         }
         self.events = events;
     }

@@ -434,6 +434,19 @@ impl Fleet {
         }
     }
 
+    /// A run of test events of one session (see [`Engine::on_test_events_at`]).
+    pub fn on_test_events_at<'e>(
+        &mut self,
+        now: Instant,
+        mirrored: SocketAddrV4,
+        events: impl IntoIterator<Item = (Instant, TestEvent<'e>)>,
+    ) {
+        match self.owner(mirrored) {
+            Some(i) => self.engines[i].on_test_events_at(now, mirrored, events),
+            None => self.test_events_unrouted += events.into_iter().count() as u64,
+        }
+    }
+
     /// Runs the timers due at `now`.
     pub fn on_timeout(&mut self, now: Instant) {
         for e in &mut self.engines {

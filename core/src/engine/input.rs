@@ -406,6 +406,48 @@ impl Engine {
         self.on_test_event_inner(now, None, mirrored, ev);
     }
 
+    /// A run of test events of one session, each with when it was received: what as many
+    /// [`Engine::on_test_event_at`] calls would do, settled once at the end. Intercept relays
+    /// a reply's MySQL packets one after the other; settling (timers, the memory charge, the
+    /// budget) after each was a quarter of the engine's instructions. The session is settled
+    /// at once, and the rest of the run taken one event at a time, if an event finishes or
+    /// completes it: what follows must meet the session as it would have one by one.
+    pub fn on_test_events_at<'e>(
+        &mut self,
+        now: Instant,
+        mirrored: SocketAddrV4,
+        events: impl IntoIterator<Item = (Instant, TestEvent<'e>)>,
+    ) {
+        let mut events = events.into_iter();
+        let Some(id) = self.by_mirror.get(&mirrored).copied() else {
+            self.stats.test_events_unknown_session += events.count() as u64;
+            return;
+        };
+        let mut unsettled = false;
+        while let Some((received, ev)) = events.next() {
+            let Some(s) = slot_session(&mut self.slots, id) else {
+                break;
+            };
+            if s.is_lingering() {
+                self.stats.test_events_unknown_session += 1;
+                continue;
+            }
+            let out = s.on_test_event(now, Some(received), &self.cfg, &mut self.stats, &ev);
+            if matches!(out, Outcome::Open) && !s.is_complete() {
+                unsettled = true;
+                continue;
+            }
+            self.settle(id, now, out);
+            for (received, ev) in events.by_ref() {
+                self.on_test_event_inner(now, Some(received), mirrored, &ev);
+            }
+            return;
+        }
+        if unsettled {
+            self.settle(id, now, Outcome::Open);
+        }
+    }
+
     pub(super) fn on_test_event_inner(
         &mut self,
         now: Instant,
