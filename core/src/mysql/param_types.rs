@@ -27,6 +27,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use common::mysql::params::{self, ExecuteParams};
+use common::mysql::stmt::ByStatementId;
 
 /// Statements whose types the copier remembers across sessions; the oldest learnt goes first.
 const LEARNT_STATEMENTS: usize = 1024;
@@ -254,7 +255,7 @@ impl Decision {
 /// The bookkeeping of one session. See the module documentation.
 #[derive(Debug)]
 pub(super) struct SessionTypes {
-    statements: HashMap<u32, Statement>,
+    statements: ByStatementId<Statement>,
     checks: VecDeque<Check>,
     /// Production's answers (serial, it ran) to commands the forwarding reader had not decided.
     early: VecDeque<(u64, bool)>,
@@ -267,7 +268,7 @@ impl SessionTypes {
     /// Tracks at most `limit` statements (the statement map's limit).
     pub(super) fn new(limit: usize) -> Self {
         Self {
-            statements: HashMap::new(),
+            statements: ByStatementId::default(),
             checks: VecDeque::new(),
             early: VecDeque::new(),
             limit,
