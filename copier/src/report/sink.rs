@@ -45,6 +45,28 @@ impl ObservationSink {
         self.pushed.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// As many [`ObservationSink::push`]es, under one lock: a batch's observations (the
+    /// driver's, after every batch) take it once, not once each.
+    pub fn extend(&self, observations: impl Iterator<Item = Observation>) {
+        let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        let (mut pushed, mut dropped) = (0u64, 0u64);
+        for o in observations {
+            if q.len() >= self.capacity {
+                dropped += 1;
+            } else {
+                q.push(o);
+                pushed += 1;
+            }
+        }
+        drop(q);
+        if pushed > 0 {
+            self.pushed.fetch_add(pushed, Ordering::Relaxed);
+        }
+        if dropped > 0 {
+            self.dropped.fetch_add(dropped, Ordering::Relaxed);
+        }
+    }
+
     /// Moves everything queued to the end of `out`.
     pub fn drain_into(&self, out: &mut Vec<Observation>) {
         let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
@@ -103,5 +125,18 @@ mod tests {
         let mut out = Vec::new();
         s.drain_into(&mut out);
         assert_eq!(out.len(), 1);
+    }
+
+    #[test]
+    fn extend_counts_and_drops_as_pushes_do() {
+        let s = ObservationSink::new(3);
+        s.push(obs());
+        s.extend(std::iter::repeat_with(obs).take(4));
+        assert_eq!((s.pushed(), s.dropped()), (3, 2));
+        let mut out = Vec::new();
+        s.drain_into(&mut out);
+        assert_eq!(out.len(), 3);
+        s.extend(std::iter::empty());
+        assert_eq!((s.pushed(), s.dropped()), (3, 2));
     }
 }
