@@ -123,6 +123,9 @@ pub struct Driver {
     links: Vec<(ControlHandle, RelayedReceiver)>,
     /// Per link: the floor of its frames' transit.
     transit: Vec<crate::transit::TransitFloor>,
+    /// A relayed frame's MySQL events by session (client, then place): reused, so sorting
+    /// them allocates nothing per frame.
+    relay_order: Vec<(u64, u32)>,
     /// Which link claims the sessions of each target (`--target` paired with `--intercept`).
     link_of_target: Vec<(SocketAddrV4, usize)>,
     waker: Waker,
@@ -267,6 +270,7 @@ impl Driver {
             sample_percent: args.sample.map(|s| s.percent()),
             sender,
             transit: vec![Default::default(); links.len()],
+            relay_order: Vec::new(),
             links,
             link_of_target,
             waker,
@@ -462,15 +466,29 @@ impl Driver {
                                 .saturating_sub(u64::try_from(back.as_nanos()).unwrap_or(0)),
                         )
                     };
-                    // A reply's packets come one after the other: each session's run is
-                    // handed over whole, for the engine to settle it once.
-                    let mut rest = &events[..];
-                    while let Some(first) = rest.first() {
-                        let client = first.client();
-                        let n = rest.iter().take_while(|e| e.client() == client).count();
+                    // Each session's events of the frame go to the engine as one run, in
+                    // their order, to be settled once: sessions are independent, and a
+                    // frame holds the replies of a gathering period, several per session.
+                    let order = &mut self.relay_order;
+                    order.clear();
+                    order.extend(
+                        events
+                            .iter()
+                            .enumerate()
+                            .map(|(i, ev)| (addr_key(ev.client()), i as u32)),
+                    );
+                    order.sort_unstable();
+                    let mut rest = &order[..];
+                    while let Some(&(key, _)) = rest.first() {
+                        let n = rest.iter().take_while(|(k, _)| *k == key).count();
                         let (run, tail) = rest.split_at(n);
                         rest = tail;
-                        let run = run.iter().map(|ev| (dated(ev), TestEvent::Mysql(ev)));
+                        let Some(client) = events.get(run[0].1 as usize).map(MysqlEvent::client)
+                        else {
+                            continue;
+                        };
+                        let run = run.iter().filter_map(|&(_, i)| events.get(i as usize));
+                        let run = run.map(|ev| (dated(ev), TestEvent::Mysql(ev)));
                         self.fleet.on_test_events_at(now, client, run);
                     }
                 }
@@ -733,9 +751,8 @@ impl Driver {
     /// Moves what the engines observed into the report's queue.
     fn collect_observations(&mut self) {
         if let Some(sink) = &self.observations {
-            while let Some(o) = self.fleet.poll_observation() {
-                sink.push(o);
-            }
+            let fleet = &mut self.fleet;
+            sink.extend(std::iter::from_fn(|| fleet.poll_observation()));
         }
     }
 
@@ -812,6 +829,11 @@ fn intercept_wait(sent_us: u32, framed_us: u32) -> Duration {
         d if d <= 60_000_000 => Duration::from_micros(u64::from(d)),
         _ => Duration::ZERO,
     }
+}
+
+/// A client address as one sortable number.
+fn addr_key(a: SocketAddrV4) -> u64 {
+    u64::from(a.ip().to_bits()) << 16 | u64::from(a.port())
 }
 
 fn framed_at_us(ev: &MysqlEvent) -> Option<u32> {
