@@ -221,8 +221,9 @@ pub struct OnDemand {
 /// watchdog raises it: well under what the ring holds (1 s by default), above any round's
 /// work (at most 512 packets).
 pub const STALL: Duration = Duration::from_millis(60);
-/// How often the watchdog looks while the ring holds packets (its wakeups per second then: 50).
-/// With the ring empty it sleeps in poll(2) until packets come: an idle copier wakes for
+/// How often the watchdog looks while the ring holds packets or the capture keeps reading
+/// them (its wakeups per second then: 50). Once the capture has finished no round for a look
+/// and the ring is empty, it sleeps in poll(2) until packets come: an idle copier wakes for
 /// nothing (issue 20).
 const WATCH_EVERY: Duration = Duration::from_millis(20);
 
@@ -443,16 +444,27 @@ fn watchdog(capture: libc::id_t, fd: RawFd, w: &Watched) {
     }
     // The round count when the ring was first seen holding packets, and when.
     let mut waiting: Option<(u64, Instant)> = None;
+    // The round count at the last look.
+    let mut looked = w.rounds.load(Ordering::Relaxed);
     while !w.stop.load(Ordering::Relaxed) {
         std::thread::sleep(WATCH_EVERY);
         if w.stop.load(Ordering::Relaxed) {
             return;
         }
         let rounds = w.rounds.load(Ordering::Relaxed);
+        let ran = rounds != looked;
+        looked = rounds;
         if !readable(fd) {
             waiting = None;
-            // Nothing waiting: nothing can stall until something comes.
-            sleep_until_readable(fd, w.wake.as_raw_fd());
+            // Nothing waiting: nothing can stall until something comes. While the capture
+            // keeps finishing rounds the ring fills again within a block: the next look comes
+            // on the timer. Waiting in poll(2) there woke the watchdog at every block as well
+            // (95 wakeups a second at 10 ms blocks, issue 20); only a capture that finished no
+            // round since the last look is idle enough for it.
+            if !ran {
+                sleep_until_readable(fd, w.wake.as_raw_fd());
+                looked = w.rounds.load(Ordering::Relaxed);
+            }
             continue;
         }
         if w.raised.load(Ordering::Relaxed) != 0 {
