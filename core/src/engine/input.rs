@@ -125,7 +125,11 @@ impl Engine {
             if is_syn {
                 self.stats.client_syn_retransmits += 1;
             }
+            let marks = pure_ack(pkt).then(|| s.ack_marks()).flatten();
             let out = s.on_client(now, captured, &self.cfg, &mut self.stats, pkt);
+            if quiet(marks, &out, s) {
+                return;
+            }
             self.settle(id, now, out);
             return;
         }
@@ -159,7 +163,11 @@ impl Engine {
             self.stats.captured_stale += 1;
             return;
         }
+        let marks = pure_ack(pkt).then(|| s.ack_marks()).flatten();
         let out = s.on_prod(now, captured, &self.cfg, &mut self.stats, pkt);
+        if quiet(marks, &out, s) {
+            return;
+        }
         self.settle(id, now, out);
     }
 
@@ -514,4 +522,16 @@ impl Engine {
     pub fn next_deadline(&self) -> Option<Instant> {
         self.timers.peek().map(|Reverse((at, _, _))| *at)
     }
+}
+
+/// A segment with no payload and no flag but ACK (and PSH).
+fn pure_ack(pkt: &TcpPacket<'_>) -> bool {
+    let f = pkt.flags;
+    pkt.payload.is_empty() && f.ack() && !(f.syn() || f.fin() || f.rst())
+}
+
+/// Whether a pure ACK left its session as it was for the engine (see [`Session::ack_marks`]):
+/// then settling it would only redo what the last settle did.
+fn quiet(before: Option<AckMarks>, out: &Outcome, s: &Session) -> bool {
+    matches!(out, Outcome::Open) && before.is_some() && before == s.ack_marks()
 }

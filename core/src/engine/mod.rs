@@ -138,7 +138,7 @@ use pool::AddressPool;
 pub use recovery::lost_test_answers;
 pub use sample::Sample;
 use sample::{Sampler, Verdict};
-use session::{Held, Outcome, PlainAt, Session, Start};
+use session::{AckMarks, Held, Outcome, PlainAt, Session, Start};
 pub use stats::EngineStats;
 
 /// A piece of a TLS session's plaintext, as production's TLS library read it (the client's

@@ -129,6 +129,16 @@ impl Closing {
     }
 }
 
+/// See [`Session::ack_marks`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct AckMarks {
+    client_next: SeqNumber,
+    prod_next: Option<SeqNumber>,
+    client_established: bool,
+    closing: Closing,
+    stopped: bool,
+}
+
 /// A captured client segment as the reassembly takes it: where it starts in the client's
 /// sequence space (after the SYN), its bytes, and whether it ends the stream (a FIN, or a RST
 /// taken as one).
@@ -451,6 +461,32 @@ impl Session {
                 self.stale.is_some() || self.transform.as_ref().is_some_and(|t| t.0.waits_on_test())
             }
         }
+    }
+
+    /// What a captured pure ACK can change that [`Engine::settle`](super::Engine) acts on, for
+    /// an established session whose captured streams are plaintext and show no gap: where
+    /// each goes on (a gap gone past moves it, and feeds the transform), the client's
+    /// handshake (a timer), the close. `None` where a pure ACK is never taken as quiet: a
+    /// suspected gap among them (an ACK can prove it, which brings its timer forward). Equal
+    /// before and after the ACK: it left timers, sending, memory and observations as they
+    /// were, and the settle after it can be skipped. Clients' ACKs of replies they were sent
+    /// alone are a quarter of what a busy production port carries at 1,000 connections
+    /// (issue 20).
+    pub(crate) fn ack_marks(&self) -> Option<AckMarks> {
+        if self.phase != Phase::Established
+            || self.tls.is_some()
+            || self.resync_client
+            || self.gap_since.is_some()
+        {
+            return None;
+        }
+        Some(AckMarks {
+            client_next: self.reasm.next(),
+            prod_next: self.prod_reasm.as_ref().map(Reassembly::next),
+            client_established: self.client_established,
+            closing: self.closing,
+            stopped: self.abandoned.is_some() || self.overflowed,
+        })
     }
 
     fn test_fin_received(&self) -> bool {
