@@ -13,7 +13,7 @@ use criterion::{criterion_group, Criterion, Throughput};
 
 #[path = "traffic.rs"]
 mod traffic;
-use traffic::{Layer, Traffic};
+use traffic::{Layer, Relay, Traffic};
 
 #[global_allocator]
 static GLOBAL: CountingAlloc = CountingAlloc;
@@ -96,8 +96,10 @@ criterion_group!(benches, engine, workers);
 /// `ENGINE_PROFILE=LAYER:SESSIONS:ROUNDS` (e.g. `tcp:1000:20`): no criterion, just the set-up
 /// and ROUNDS rounds of every session, for `valgrind --tool=callgrind`. Instructions per
 /// packet = the difference of two runs with different ROUNDS over the difference of their
-/// input packets (printed), which cancels the set-up. A fourth part `one-by-one` relays each
-/// reply's MySQL summaries one event at a time, as the copier did before it handed runs over.
+/// input packets (printed), which cancels the set-up. Further parts: `one-by-one` or
+/// `per-reply` (how relayed summaries reach the engine, see `traffic::Relay`; default a
+/// session's as one run, as the copier's driver does), `block=K` (each of ROUNDS is
+/// `Traffic::block(K)`: K rounds of every session in one batch, as at a busy session's pace).
 fn profile(spec: &str) {
     let parts: Vec<&str> = spec.split(':').collect();
     let layer = match parts.first() {
@@ -107,10 +109,24 @@ fn profile(spec: &str) {
     let sessions = parts.get(1).and_then(|s| s.parse().ok()).unwrap_or(1000);
     let rounds = parts.get(2).and_then(|s| s.parse().ok()).unwrap_or(10);
     let mut t = Traffic::new(layer, sessions);
-    t.one_by_one = parts.get(3) == Some(&"one-by-one");
+    let opts = &parts[parts.len().min(3)..];
+    t.relay = if opts.contains(&"one-by-one") {
+        Relay::OneByOne
+    } else if opts.contains(&"per-reply") {
+        Relay::Reply
+    } else {
+        Relay::Session
+    };
+    let block = opts
+        .iter()
+        .find_map(|o| o.strip_prefix("block="))
+        .and_then(|k| k.parse::<usize>().ok());
     let before = t.packets_in;
     for _ in 0..rounds {
-        t.round();
+        match block {
+            Some(k) => t.block(k),
+            None => t.round(),
+        }
     }
     t.check().expect("the script is accepted as real traffic");
     println!(

@@ -114,6 +114,16 @@ struct Flow {
     t_offset: u64,
 }
 
+/// How relayed MySQL summaries are handed to the engine: the copier's driver before
+/// f57eeef (`OneByOne`), before f9f67f2 (`Reply`: a run where consecutive summaries share a
+/// session), and since (`Session`: a relayed frame's summaries of one session as one run).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Relay {
+    OneByOne,
+    Reply,
+    Session,
+}
+
 /// See the module documentation.
 pub struct Traffic {
     pub engine: Engine,
@@ -134,9 +144,10 @@ pub struct Traffic {
     /// FNV-1a of every byte sent, in order, once set to `Some` (tests: two runs sent the
     /// same if these match; off in the benchmark, whose instructions it would add to).
     pub sent_hash: Option<u64>,
-    /// Relay a reply's MySQL summaries one `on_test_event` at a time, not as one run (what
-    /// the copier's driver did before runs): the same traffic, to compare the two with.
-    pub one_by_one: bool,
+    /// How relayed MySQL summaries reach the engine (the copier's driver: [`Relay::Session`]).
+    pub relay: Relay,
+    /// [`Traffic::block`]'s summaries of a session's replies, `k` replies' worth: built once.
+    block_events: Vec<MysqlEvent>,
     /// Why the first session that closed while opening did.
     closed: Option<String>,
 }
@@ -255,7 +266,8 @@ impl Traffic {
             packets_out: 0,
             bytes_out: 0,
             sent_hash: None,
-            one_by_one: false,
+            relay: Relay::Session,
+            block_events: Vec::new(),
             closed: None,
         };
         t.open_sessions(sessions);
@@ -480,18 +492,110 @@ impl Traffic {
             packet.tcp_seq = packet.stream_offset as u32;
             self.flows[i].t_offset += 4 + u64::from(packet.len);
         }
-        // As the copier's driver hands them over: the reply's run at once.
-        let now = self.now;
-        if self.one_by_one {
-            for ev in &events {
-                self.engine
-                    .on_test_event_at(now, now, client, &TestEvent::Mysql(ev));
-            }
-        } else {
-            let run = events.iter().map(|ev| (now, TestEvent::Mysql(ev)));
-            self.engine.on_test_events_at(now, client, run);
-        }
+        self.hand_over(client, &events, events.len());
         self.events = events;
+    }
+
+    /// Summaries of one session, `per_reply` a reply, as `self.relay` says the driver hands
+    /// them to the engine.
+    fn hand_over(&mut self, client: SocketAddrV4, events: &[MysqlEvent], per_reply: usize) {
+        let now = self.now;
+        match self.relay {
+            Relay::OneByOne => {
+                for ev in events {
+                    self.engine
+                        .on_test_event_at(now, now, client, &TestEvent::Mysql(ev));
+                }
+            }
+            Relay::Reply => {
+                for reply in events.chunks(per_reply.max(1)) {
+                    let run = reply.iter().map(|ev| (now, TestEvent::Mysql(ev)));
+                    self.engine.on_test_events_at(now, client, run);
+                }
+            }
+            Relay::Session => {
+                let run = events.iter().map(|ev| (now, TestEvent::Mysql(ev)));
+                self.engine.on_test_events_at(now, client, run);
+            }
+        }
+    }
+
+    /// `k` rounds of every session as the copier meets them at a busy session's pace (the lab's
+    /// 8 threads, ~10 commands a session in a 10 ms capture block): within one batch, `k`
+    /// times each session's request, production's reply and the client's ACK; then what the
+    /// engine sends (the `k` requests together); then the test server's replies as one relayed
+    /// frame: `k` `TestFeedback`s per session (one a reply) and, with the MySQL layer, the
+    /// replies' summaries as `self.relay` says. Input packets: `k` rounds' worth.
+    pub fn block(&mut self, k: usize) {
+        let prod = Self::prod_addr();
+        let (req_len, reply_len) = (self.request.len() as u32, self.reply.len() as u32);
+        let n = self.flows.len();
+        self.now = self.now + Duration::from_millis(10);
+        for _ in 0..k {
+            for i in 0..n {
+                let f = &mut self.flows[i];
+                f.ts = f.ts.wrapping_add(1);
+                let (client, c_seq, p_seq, ts) = (f.client, f.c_seq, f.p_seq, f.ts);
+                let request = std::mem::take(&mut self.request);
+                self.capture(&pkt(
+                    client,
+                    prod,
+                    c_seq,
+                    p_seq,
+                    PA,
+                    Some((ts, ts)),
+                    &request,
+                ));
+                self.request = request;
+                let c_next = c_seq.wrapping_add(req_len);
+                let reply = std::mem::take(&mut self.reply);
+                self.capture(&pkt(
+                    prod,
+                    client,
+                    p_seq,
+                    c_next,
+                    PA,
+                    Some((ts, ts)),
+                    &reply,
+                ));
+                self.reply = reply;
+                let p_next = p_seq.wrapping_add(reply_len);
+                self.capture(&pkt(client, prod, c_next, p_next, A, Some((ts, ts)), &[]));
+                let f = &mut self.flows[i];
+                f.c_seq = c_next;
+                f.p_seq = p_next;
+            }
+        }
+        self.drain();
+        for i in 0..n {
+            // Where the block's first request started.
+            let start = self.flows[i].c_seq.wrapping_sub(k as u32 * req_len);
+            for r in 1..=k as u32 {
+                self.test_feedback(i, start.wrapping_add(r * req_len), reply_len, PA);
+            }
+        }
+        if self.layer != Layer::Tcp {
+            let per_reply = self.events.len();
+            if self.block_events.len() != k * per_reply {
+                self.block_events = (0..k).flat_map(|_| self.events.clone()).collect();
+            }
+            let mut events = std::mem::take(&mut self.block_events);
+            for i in 0..n {
+                let client = self.flows[i].client;
+                for ev in &mut events {
+                    let MysqlEvent::Packet { client: c, packet } = ev else {
+                        continue;
+                    };
+                    *c = client;
+                    packet.stream_offset = self.flows[i].t_offset;
+                    packet.tcp_seq = packet.stream_offset as u32;
+                    self.flows[i].t_offset += 4 + u64::from(packet.len);
+                }
+                self.hand_over(client, &events, per_reply);
+            }
+            self.block_events = events;
+        }
+        self.drain();
     }
 
     /// Whether every session is still live (nothing was abandoned): the script is only a

@@ -8,6 +8,7 @@
 
 use common::alloc_count::{allocations, CountingAlloc};
 
+#[allow(dead_code)] // the script serves the benchmark too; only part of it is used here
 #[path = "../benches/traffic.rs"]
 mod traffic;
 use traffic::{Layer, Traffic};
@@ -30,6 +31,19 @@ fn steady_state(layer: Layer, sessions: usize, rounds: usize) -> (u64, u64) {
     (a1 - a0, p1 - p0)
 }
 
+/// The same with every round a batch of `k` rounds of every session (`Traffic::block`).
+fn steady_blocks(layer: Layer, sessions: usize, blocks: usize, k: usize) -> (u64, u64) {
+    let mut t = Traffic::new(layer, sessions);
+    t.block(k);
+    let (a0, p0) = (allocations(), t.packets_in);
+    for _ in 0..blocks {
+        t.block(k);
+    }
+    let (a1, p1) = (allocations(), t.packets_in);
+    t.check().unwrap();
+    (a1 - a0, p1 - p0)
+}
+
 // One test function: the counter is global, and tests run on parallel threads.
 #[test]
 fn no_allocation_per_packet_in_steady_state() {
@@ -39,6 +53,12 @@ fn no_allocation_per_packet_in_steady_state() {
         assert_eq!(
             allocs, 0,
             "{layer:?}: {allocs} allocations for {packets} input packets"
+        );
+        let (allocs, packets) = steady_blocks(layer, 8, 20, 10);
+        assert_eq!(packets, 8 * 20 * 10 * Traffic::PACKETS_PER_ROUND);
+        assert_eq!(
+            allocs, 0,
+            "{layer:?} in batches: {allocs} allocations for {packets} input packets"
         );
     }
 }

@@ -28,9 +28,13 @@ use crate::engine::{EngineConfig, EngineStats};
 /// Emptied logs kept per thread for the next session that needs one: a session keeps a log
 /// only while the test server owes it something (an idle one keeps none: issue 9's 2 KiB),
 /// and taking a log for each command from the allocator would cost two allocations a command
-/// (`tests/engine_allocs.rs`). At most this many, each of at most [`SPARE_CAPACITY`].
+/// (`tests/engine_allocs.rs`). At most this many, each of at most [`SPARE_CAPACITY`]: 32 KiB
+/// a thread. A busy session's log holds the commands of a capture block, ten or more at the
+/// lab's 8 threads: at 512 bytes (the bound before) ten 41-byte commands grew it past the
+/// bound, and each such session took a box and five buffer growths from the allocator every
+/// block (the engine benchmark's `block=10`).
 const SPARES: usize = 8;
-const SPARE_CAPACITY: usize = 512;
+const SPARE_CAPACITY: usize = 4096;
 
 /// The spare logs, boxed as sessions hold them: handing one over moves a pointer, where an
 /// unboxed one would take an allocation for its box each time.
