@@ -449,18 +449,32 @@ impl Traffic {
 
     /// One round of session `i` (see the module documentation).
     pub fn round_of(&mut self, i: usize) {
+        self.now = self.now + Duration::from_micros(20);
+        self.exchange(i, true);
+        let (c_next, reply_len) = (self.flows[i].c_seq, self.reply.len() as u32);
+        self.test_feedback(i, c_next, reply_len, PA);
+        if self.layer != Layer::Tcp {
+            self.relay_reply(i);
+        }
+        self.drain();
+    }
+
+    /// Session `i`'s request, production's reply and the client's ACK of it, as captured;
+    /// with `drain`, what the engine sends once it has the request, before the reply.
+    fn exchange(&mut self, i: usize, drain: bool) {
         let prod = Self::prod_addr();
         let f = &mut self.flows[i];
         f.ts = f.ts.wrapping_add(1);
         let (client, c_seq, p_seq, ts) = (f.client, f.c_seq, f.p_seq, f.ts);
         let req_len = self.request.len() as u32;
         let reply_len = self.reply.len() as u32;
-        self.now = self.now + Duration::from_micros(20);
         let request = std::mem::take(&mut self.request);
         let p = pkt(client, prod, c_seq, p_seq, PA, Some((ts, ts)), &request);
         self.capture(&p);
         self.request = request;
-        self.drain();
+        if drain {
+            self.drain();
+        }
         let c_next = c_seq.wrapping_add(req_len);
         let reply = std::mem::take(&mut self.reply);
         let r = pkt(prod, client, p_seq, c_next, PA, Some((ts, ts)), &reply);
@@ -469,11 +483,6 @@ impl Traffic {
         let p_next = p_seq.wrapping_add(reply_len);
         let a = pkt(client, prod, c_next, p_next, A, Some((ts, ts)), &[]);
         self.capture(&a);
-        self.test_feedback(i, c_next, reply_len, PA);
-        if self.layer != Layer::Tcp {
-            self.relay_reply(i);
-        }
-        self.drain();
         let f = &mut self.flows[i];
         f.c_seq = c_next;
         f.p_seq = p_next;
@@ -483,17 +492,23 @@ impl Traffic {
     fn relay_reply(&mut self, i: usize) {
         let client = self.flows[i].client;
         let mut events = std::mem::take(&mut self.events);
-        for ev in &mut events {
-            let MysqlEvent::Packet { client: c, packet } = ev else {
-                continue;
-            };
-            *c = client;
-            packet.stream_offset = self.flows[i].t_offset;
-            packet.tcp_seq = packet.stream_offset as u32;
-            self.flows[i].t_offset += 4 + u64::from(packet.len);
-        }
+        self.stamp(i, &mut events);
         self.hand_over(client, &events, events.len());
         self.events = events;
+    }
+
+    /// Makes `events` session `i`'s, next in its test server's stream.
+    fn stamp(&mut self, i: usize, events: &mut [MysqlEvent]) {
+        let f = &mut self.flows[i];
+        for ev in events {
+            let MysqlEvent::Packet { client, packet } = ev else {
+                continue;
+            };
+            *client = f.client;
+            packet.stream_offset = f.t_offset;
+            packet.tcp_seq = packet.stream_offset as u32;
+            f.t_offset += 4 + u64::from(packet.len);
+        }
     }
 
     /// Summaries of one session, `per_reply` a reply, as `self.relay` says the driver hands
@@ -527,43 +542,12 @@ impl Traffic {
     /// frame: `k` `TestFeedback`s per session (one a reply) and, with the MySQL layer, the
     /// replies' summaries as `self.relay` says. Input packets: `k` rounds' worth.
     pub fn block(&mut self, k: usize) {
-        let prod = Self::prod_addr();
         let (req_len, reply_len) = (self.request.len() as u32, self.reply.len() as u32);
         let n = self.flows.len();
         self.now = self.now + Duration::from_millis(10);
         for _ in 0..k {
             for i in 0..n {
-                let f = &mut self.flows[i];
-                f.ts = f.ts.wrapping_add(1);
-                let (client, c_seq, p_seq, ts) = (f.client, f.c_seq, f.p_seq, f.ts);
-                let request = std::mem::take(&mut self.request);
-                self.capture(&pkt(
-                    client,
-                    prod,
-                    c_seq,
-                    p_seq,
-                    PA,
-                    Some((ts, ts)),
-                    &request,
-                ));
-                self.request = request;
-                let c_next = c_seq.wrapping_add(req_len);
-                let reply = std::mem::take(&mut self.reply);
-                self.capture(&pkt(
-                    prod,
-                    client,
-                    p_seq,
-                    c_next,
-                    PA,
-                    Some((ts, ts)),
-                    &reply,
-                ));
-                self.reply = reply;
-                let p_next = p_seq.wrapping_add(reply_len);
-                self.capture(&pkt(client, prod, c_next, p_next, A, Some((ts, ts)), &[]));
-                let f = &mut self.flows[i];
-                f.c_seq = c_next;
-                f.p_seq = p_next;
+                self.exchange(i, false);
             }
         }
         self.drain();
@@ -581,17 +565,8 @@ impl Traffic {
             }
             let mut events = std::mem::take(&mut self.block_events);
             for i in 0..n {
-                let client = self.flows[i].client;
-                for ev in &mut events {
-                    let MysqlEvent::Packet { client: c, packet } = ev else {
-                        continue;
-                    };
-                    *c = client;
-                    packet.stream_offset = self.flows[i].t_offset;
-                    packet.tcp_seq = packet.stream_offset as u32;
-                    self.flows[i].t_offset += 4 + u64::from(packet.len);
-                }
-                self.hand_over(client, &events, per_reply);
+                self.stamp(i, &mut events);
+                self.hand_over(self.flows[i].client, &events, per_reply);
             }
             self.block_events = events;
         }
