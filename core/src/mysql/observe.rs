@@ -25,6 +25,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::Duration;
 
 use common::clock::Instant;
 use common::mysql::command::{com, statement_id};
@@ -45,6 +46,12 @@ const MAX_EXAMPLE: usize = 1024;
 const UNKNOWN_STATEMENT: &str = "(statement prepared before the capture)";
 /// SQL bytes of a command looked at for its fingerprint (the arrival scanner's prefix).
 pub(super) const SQL_LOOKED_AT: usize = 16 * 1024;
+/// How long an observer's queues stay empty before they give their room back. A command in
+/// flight needs a `Pending` (248 bytes) and its end an `Observation` (208) in queues that grow
+/// to four at once: kept, they were 1.8 KiB of every idle session's 4.4 (issue 9's target is
+/// 2 KiB); freed at every command's end, they would cost allocations per command. A session
+/// busy again within this keeps them.
+const IDLE_TRIM: Duration = Duration::from_secs(1);
 
 /// How a session reports (the same for all sessions of a factory). Its observations leave
 /// through the engine's poll interface (`StreamTransform::poll_observation`).
@@ -219,6 +226,22 @@ impl Acc {
     }
 }
 
+/// In-line sizes of an [`Observer`] and what its queues hold (see `mysql/mod.rs`'s
+/// `session_layout`).
+pub(super) fn layout() -> Vec<(&'static str, usize)> {
+    use std::mem::size_of;
+    vec![
+        ("mysql Observer (--report, MySQL)", size_of::<Observer>()),
+        ("mysql observer pending item", size_of::<Pending>()),
+        ("mysql observer outbox item", size_of::<Observation>()),
+        (
+            "mysql observer early item",
+            size_of::<(u64, Decision, Instant)>(),
+        ),
+        ("mysql Statement (shared shape)", size_of::<Statement>()),
+    ]
+}
+
 /// See the module documentation.
 pub(super) struct Observer {
     hooks: ReportHooks,
@@ -234,6 +257,9 @@ pub(super) struct Observer {
     last_prepared: Option<Arc<Statement>>,
     cache: Vec<Arc<Statement>>,
     cache_next: usize,
+    /// What the cached shapes take (see [`shape_bytes`]), kept as they come and go: the memory
+    /// charge reads fields, never scans.
+    cache_bytes: usize,
     scratch: Vec<u8>,
     prod: Option<Acc>,
     test: Option<Acc>,
@@ -251,6 +277,8 @@ pub(super) struct Observer {
     /// Commands whose both answers are known (or will never be), oldest first, until the
     /// engine collects them after the event that completed them.
     outbox: VecDeque<Observation>,
+    /// When the queues, empty since, give their room back (see [`IDLE_TRIM`]).
+    trim_at: Option<Instant>,
 }
 
 impl Observer {
@@ -264,6 +292,7 @@ impl Observer {
             + self.statements.capacity() * (size_of::<(u32, Arc<Statement>)>() + 1)
             + self.statements.len() * (size_of::<Statement>() + SQL_LOOKED_AT / 16)
             + self.cache.capacity() * size_of::<Arc<Statement>>()
+            + self.cache_bytes
             + self.scratch.capacity()
             + self.early.capacity() * size_of::<(u64, Decision, Instant)>()
             + self.outbox.capacity() * size_of::<Observation>()
@@ -292,6 +321,7 @@ impl Observer {
             last_prepared: None,
             cache: Vec::new(),
             cache_next: 0,
+            cache_bytes: 0,
             scratch: Vec::new(),
             prod: None,
             test: None,
@@ -299,12 +329,49 @@ impl Observer {
             test_last_end: None,
             early: VecDeque::new(),
             outbox: VecDeque::new(),
+            trim_at: None,
         }
     }
 
-    /// The oldest finished command, for the engine to collect.
-    pub(super) fn poll(&mut self) -> Option<Observation> {
-        self.outbox.pop_front()
+    /// The oldest finished command, for the engine to collect. Once there is none left and no
+    /// command is in flight, the queues' room is given back [`IDLE_TRIM`] after `now` unless
+    /// the session is busy again by then (see [`Observer::trim_deadline`]).
+    pub(super) fn poll(&mut self, now: Instant) -> Option<Observation> {
+        let next = self.outbox.pop_front();
+        if next.is_none() && self.trim_at.is_none() && self.idle() && self.holds_room() {
+            self.trim_at = Some(now + IDLE_TRIM);
+        }
+        next
+    }
+
+    /// When [`Observer::on_timeout`] may give the idle queues' room back.
+    pub(super) fn trim_deadline(&self) -> Option<Instant> {
+        self.trim_at
+    }
+
+    /// At [`Observer::trim_deadline`]: the queues' room goes back to the allocator if they are
+    /// still empty; a session busy again keeps it (and arms again when next idle).
+    pub(super) fn on_timeout(&mut self, now: Instant) {
+        if self.trim_at.is_none_or(|at| now < at) {
+            return;
+        }
+        self.trim_at = None;
+        if self.idle() {
+            self.pending = VecDeque::new();
+            self.early = VecDeque::new();
+            self.outbox = VecDeque::new();
+            self.scratch = Vec::new();
+        }
+    }
+
+    /// No command in flight, nothing to collect.
+    fn idle(&self) -> bool {
+        self.pending.is_empty() && self.early.is_empty() && self.outbox.is_empty()
+    }
+
+    fn holds_room(&self) -> bool {
+        self.pending.capacity() + self.early.capacity() + self.outbox.capacity() > 0
+            || self.scratch.capacity() > 0
     }
 
     pub(super) fn compare_results(&self) -> bool {
@@ -340,6 +407,7 @@ impl Observer {
             }
             _ => None,
         };
+        first_room(&mut self.pending);
         self.pending.push_back(Pending {
             statement,
             arrived: None,
@@ -409,9 +477,17 @@ impl Observer {
         match code {
             com::QUERY => (self.cached("query", rest), None),
             com::STMT_PREPARE => {
-                let exec = self.cached("stmt_execute", rest);
+                // One fingerprint for both shapes: lexing the SQL is most of what a prepare
+                // costs the copier, and a connection's prepares come once each, never from the
+                // cache of a connection that has just opened (issue 20).
+                let mut fp = std::mem::take(&mut self.scratch);
+                fp.clear();
+                let traits = digest::fingerprint_into(rest, &mut fp);
+                let exec = self.shape("stmt_execute", rest, &fp, traits, None);
+                let prepare = self.shape("stmt_prepare", rest, &fp, traits, Some(&exec));
+                self.scratch = fp;
                 self.last_prepared = Some(Arc::clone(&exec));
-                (self.cached("stmt_prepare", rest), Some(exec))
+                (prepare, Some(exec))
             }
             com::STMT_EXECUTE | com::STMT_BULK_EXECUTE | com::STMT_FETCH | com::STMT_RESET => {
                 let known = statement_id(payload).and_then(|id| {
@@ -492,41 +568,78 @@ impl Observer {
     fn cached(&mut self, command: &'static str, sql: &[u8]) -> Arc<Statement> {
         let mut fp = std::mem::take(&mut self.scratch);
         fp.clear();
-        digest::fingerprint_into(sql, &mut fp);
-        let id = digest::digest_id(command, &fp);
-        let hit = self.cache.iter().find(|s| s.id == id).cloned();
+        let traits = digest::fingerprint_into(sql, &mut fp);
+        let s = self.shape(command, sql, &fp, traits, None);
         self.scratch = fp;
-        if let Some(s) = hit {
-            return s;
-        }
-        self.build(command, sql)
+        s
     }
 
-    fn build(&mut self, command: &'static str, sql: &[u8]) -> Arc<Statement> {
-        let (fingerprint, traits) = digest::fingerprint(sql);
-        // Credentials stay masked whatever the user asked: `--report-literals` is for the
-        // values of queries, and reports and logs travel further than the database.
-        let example = if self.hooks.literals && !digest::holds_secrets(sql) {
-            String::from_utf8_lossy(sql).into_owned()
-        } else {
-            digest::mask_literals(sql)
+    /// The shape of `sql` run as `command`, whose fingerprint is `fp` (and `traits`): from the
+    /// cache, or made from them (the example masked from `sql`, or taken from `like`, a shape
+    /// of the same SQL) and remembered. Never fingerprints `sql` again.
+    fn shape(
+        &mut self,
+        command: &'static str,
+        sql: &[u8],
+        fp: &[u8],
+        traits: Traits,
+        like: Option<&Statement>,
+    ) -> Arc<Statement> {
+        let id = digest::digest_id(command, fp);
+        if let Some(s) = self.cache.iter().find(|s| s.id == id) {
+            return Arc::clone(s);
+        }
+        let (fingerprint, example) = match like {
+            Some(l) => (l.fingerprint.clone(), l.example.clone()),
+            None => (String::from_utf8_lossy(fp).into(), self.example(sql)),
         };
         let s = Arc::new(Statement {
-            id: digest::digest_id(command, fingerprint.as_bytes()),
+            id,
             command,
-            fingerprint: fingerprint.into(),
-            example: truncate(example, MAX_EXAMPLE).into(),
+            fingerprint,
+            example,
             traits,
         });
         self.remember(&s);
         s
     }
 
+    /// The shape of `sql` run as `command`, made anew (not looked up) and remembered.
+    fn build(&mut self, command: &'static str, sql: &[u8]) -> Arc<Statement> {
+        let mut fp = std::mem::take(&mut self.scratch);
+        fp.clear();
+        let traits = digest::fingerprint_into(sql, &mut fp);
+        let s = Arc::new(Statement {
+            id: digest::digest_id(command, &fp),
+            command,
+            fingerprint: String::from_utf8_lossy(&fp).into(),
+            example: self.example(sql),
+            traits,
+        });
+        self.scratch = fp;
+        self.remember(&s);
+        s
+    }
+
+    /// What a report shows of `sql`: its literals masked, or with `--report-literals` as it
+    /// came. Credentials stay masked whatever the user asked: `--report-literals` is for the
+    /// values of queries, and reports and logs travel further than the database.
+    fn example(&self, sql: &[u8]) -> Box<str> {
+        let example = if self.hooks.literals && !digest::holds_secrets(sql) {
+            String::from_utf8_lossy(sql).into_owned()
+        } else {
+            digest::mask_literals(sql)
+        };
+        truncate(example, MAX_EXAMPLE).into()
+    }
+
     fn remember(&mut self, s: &Arc<Statement>) {
+        self.cache_bytes += shape_bytes(s);
         if self.cache.len() < CACHE {
             self.cache.push(Arc::clone(s));
         } else {
-            self.cache[self.cache_next] = Arc::clone(s);
+            let old = std::mem::replace(&mut self.cache[self.cache_next], Arc::clone(s));
+            self.cache_bytes -= shape_bytes(&old);
             self.cache_next = (self.cache_next + 1) % CACHE;
         }
     }
@@ -722,6 +835,7 @@ impl Observer {
             TestSide::Done(t) => t,
             TestSide::Undecided | TestSide::Awaiting(_) => unfinished,
         };
+        first_room(&mut self.outbox);
         self.outbox.push_back(Observation {
             statement: p.statement,
             copy: self.replica.copy,
@@ -779,6 +893,24 @@ fn command_name(code: u8) -> &'static str {
         com::RESET_CONNECTION => "reset_connection",
         com::STMT_BULK_EXECUTE => "stmt_bulk_execute",
         _ => "other",
+    }
+}
+
+/// What a cached shape takes on the heap, counted whole for each observer that caches it
+/// (a shape is shared with the observations that name it, and often with no other session).
+fn shape_bytes(s: &Statement) -> usize {
+    // The Arc's two counts, the shape, its two strings.
+    2 * std::mem::size_of::<usize>()
+        + std::mem::size_of::<Statement>()
+        + s.fingerprint.len()
+        + s.example.len()
+}
+
+/// Room for one in an empty queue that has none: a queue grows to four at its first push,
+/// and most sessions (a client that waits for each answer) never hold more than one.
+fn first_room<T>(q: &mut VecDeque<T>) {
+    if q.capacity() == 0 {
+        q.reserve_exact(1);
     }
 }
 

@@ -412,3 +412,36 @@ fn a_replayed_run_is_not_paired_with_productions_next_reply() {
     assert_eq!(&*got[2].statement.fingerprint, "select ?");
     assert_eq!(got[2].prod.map(|p| p.rows), Some(2), "its own answer");
 }
+
+#[test]
+fn an_idle_sessions_observer_gives_its_queues_room_back_and_observes_on() {
+    let mut h = logged_in(reporting(false, false));
+    let exchange = |h: &mut Harness, id: u32| {
+        h.client_packet(0, &prepare("SELECT c FROM sbtest1 WHERE id=?"));
+        h.prod_reply(&prepare_reply(id, 1));
+        h.test_reply(&prepare_reply(10 * id, 1));
+        let got = drained(h);
+        assert_eq!(got.len(), 1, "{got:#?}");
+        assert_eq!(got[0].statement.command, "stmt_prepare");
+    };
+    exchange(&mut h, 7);
+    let at = h.t.next_deadline().expect("a trim once idle");
+    assert!(at > h.now, "not before the session has been idle a while");
+    // Busy again before then: the queues are kept, and the timer finds them in use.
+    h.client_packet(0, &prepare("SELECT c FROM sbtest1 WHERE id=?"));
+    h.now = at;
+    let in_use = h.t.memory_len();
+    h.call(|t, now, out| t.on_timeout(now, out));
+    assert_eq!(h.t.memory_len(), in_use, "in use: kept");
+    h.prod_reply(&prepare_reply(8, 1));
+    h.test_reply(&prepare_reply(80, 1));
+    assert_eq!(drained(&mut h).len(), 1);
+    // Idle through the delay: their room goes back, and the next command is observed as ever.
+    let at = h.t.next_deadline().expect("armed again once idle");
+    h.now = at;
+    let idle = h.t.memory_len();
+    h.call(|t, now, out| t.on_timeout(now, out));
+    assert!(h.t.memory_len() < idle, "{} >= {idle}", h.t.memory_len());
+    assert_eq!(h.t.next_deadline(), None, "nothing left to wait for");
+    exchange(&mut h, 9);
+}

@@ -241,6 +241,9 @@ pub(super) fn layout() -> Vec<(&'static str, usize)> {
         ("mysql test_fifo item", size_of::<TestOwed>()),
         ("mysql prod_fifo item", size_of::<ProdOwed>()),
     ]
+    .into_iter()
+    .chain(super::observe::layout())
+    .collect()
 }
 
 /// The [`StreamTransform`] of one MySQL session. See the module documentation.
@@ -644,6 +647,9 @@ impl StreamTransform for MysqlTransform {
         if let Some(g) = self.gates.as_deref() {
             at = earlier(at, g.deadline());
         }
+        if let Some(o) = self.observer.as_deref() {
+            at = earlier(at, o.trim_deadline());
+        }
         at
     }
 
@@ -652,6 +658,9 @@ impl StreamTransform for MysqlTransform {
             return;
         }
         self.now = now;
+        if let Some(o) = &mut self.observer {
+            o.on_timeout(now);
+        }
         if self.test.resync_deadline().is_some_and(|d| now >= d) {
             // The probe's answer never came (intercept missed it, or the test server is
             // further behind than we wait): blind for the rest of this loss.
@@ -700,7 +709,8 @@ impl StreamTransform for MysqlTransform {
     }
 
     fn poll_observation(&mut self) -> Option<Observation> {
-        self.observer.as_mut()?.poll()
+        let now = self.now;
+        self.observer.as_mut()?.poll(now)
     }
 
     fn end(&mut self) {
