@@ -99,7 +99,10 @@ criterion_group!(benches, engine, workers);
 /// input packets (printed), which cancels the set-up. Further parts: `one-by-one` or
 /// `per-reply` (how relayed summaries reach the engine, see `traffic::Relay`; default a
 /// session's as one run, as the copier's driver does), `block=K` (each of ROUNDS is
-/// `Traffic::block(K)`: K rounds of every session in one batch, as at a busy session's pace).
+/// `Traffic::block(K)`: K rounds of every session in one batch, as at a busy session's pace),
+/// `churn=P` (each of ROUNDS is `Traffic::churn(P)`: every session's connection closes and a
+/// new one logs in and prepares P statements; instructions per *connection* = the difference
+/// of two runs over the difference of their connections, printed).
 fn profile(spec: &str) {
     let parts: Vec<&str> = spec.split(':').collect();
     let layer = match parts.first() {
@@ -108,8 +111,20 @@ fn profile(spec: &str) {
     };
     let sessions = parts.get(1).and_then(|s| s.parse().ok()).unwrap_or(1000);
     let rounds = parts.get(2).and_then(|s| s.parse().ok()).unwrap_or(10);
-    let mut t = Traffic::new(layer, sessions);
     let opts = &parts[parts.len().min(3)..];
+    let option = |name: &str| {
+        opts.iter()
+            .find_map(|o| o.strip_prefix(name))
+            .and_then(|k| k.parse::<usize>().ok())
+    };
+    let (block, churn) = (option("block="), option("churn="));
+    // The old connections linger (10 s of the fake clock) while the new ones open.
+    let limit = if churn.is_some() {
+        2 * sessions
+    } else {
+        sessions
+    };
+    let mut t = Traffic::with_limit(layer, sessions, limit);
     t.relay = if opts.contains(&"one-by-one") {
         Relay::OneByOne
     } else if opts.contains(&"per-reply") {
@@ -117,22 +132,20 @@ fn profile(spec: &str) {
     } else {
         Relay::Session
     };
-    let block = opts
-        .iter()
-        .find_map(|o| o.strip_prefix("block="))
-        .and_then(|k| k.parse::<usize>().ok());
-    let before = t.packets_in;
+    let (before, connections) = (t.packets_in, t.connections);
     for _ in 0..rounds {
-        match block {
-            Some(k) => t.block(k),
-            None => t.round(),
+        match (block, churn) {
+            (_, Some(p)) => t.churn(p),
+            (Some(k), None) => t.block(k),
+            (None, None) => t.round(),
         }
     }
     t.check().expect("the script is accepted as real traffic");
     println!(
-        "{} input packets in rounds, {} packets out",
+        "{} input packets in rounds, {} packets out, {} connections opened in rounds",
         t.packets_in - before,
-        t.packets_out
+        t.packets_out,
+        t.connections - connections
     );
 }
 

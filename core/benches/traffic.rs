@@ -44,6 +44,21 @@ const LOGIN: &str = concat!(
     "302e302e31",
 );
 const OK: &[u8] = &[0, 0, 0, 2, 0, 0, 0];
+/// What a sysbench connection prepares (oltp_common.lua, one table), cycled through by
+/// [`Traffic::churn`]'s prepares: sysbench prepares 22 statements a connection.
+const PREPARED: &[&str] = &[
+    "SELECT c FROM sbtest1 WHERE id=?",
+    "SELECT c FROM sbtest1 WHERE id BETWEEN ? AND ?",
+    "SELECT SUM(k) FROM sbtest1 WHERE id BETWEEN ? AND ?",
+    "SELECT c FROM sbtest1 WHERE id BETWEEN ? AND ? ORDER BY c",
+    "SELECT DISTINCT c FROM sbtest1 WHERE id BETWEEN ? AND ? ORDER BY c",
+    "UPDATE sbtest1 SET k=k+1 WHERE id=?",
+    "UPDATE sbtest1 SET c=? WHERE id=?",
+    "DELETE FROM sbtest1 WHERE id=?",
+    "INSERT INTO sbtest1 (id, k, c, pad) VALUES (?, ?, ?, ?)",
+    "BEGIN",
+    "COMMIT",
+];
 
 fn hex(s: &str) -> Vec<u8> {
     (0..s.len())
@@ -86,6 +101,33 @@ fn result_set(rows: usize, width: usize) -> Vec<Vec<u8>> {
     packets
 }
 
+/// A server's answer to a prepare: PREPARE_OK, the parameters' definitions and the columns',
+/// each followed by an EOF (sysbench's login does not ask for CLIENT_DEPRECATE_EOF).
+fn prepare_ok(id: u32, columns: u16, params: u16) -> Vec<Vec<u8>> {
+    let mut ok = vec![0];
+    ok.extend_from_slice(&id.to_le_bytes());
+    ok.extend_from_slice(&columns.to_le_bytes());
+    ok.extend_from_slice(&params.to_le_bytes());
+    ok.extend_from_slice(&[0, 0, 0]);
+    let definition = |name: &[u8]| {
+        let mut d = Vec::new();
+        for s in [&b"def"[..], b"", b"", b"", name, b""] {
+            lenenc_str(s, &mut d);
+        }
+        d.extend_from_slice(&[0x0c, 0x3f, 0x00, 0, 0, 0, 0, 0xfd, 0x80, 0x00, 0, 0, 0]);
+        d
+    };
+    let eof = vec![0xfe, 0, 0, 0x02, 0];
+    let mut packets = vec![ok];
+    for (n, name) in [(params, &b"?"[..]), (columns, b"c")] {
+        if n > 0 {
+            packets.extend((0..n).map(|_| definition(name)));
+            packets.push(eof.clone());
+        }
+    }
+    packets
+}
+
 /// Which engine the traffic drives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Layer {
@@ -112,6 +154,9 @@ struct Flow {
     ts: u32,
     /// Intercept's stream offset of the next MySQL packet of the test server.
     t_offset: u64,
+    /// How many statements this connection prepared ([`Traffic::churn`]): production's
+    /// ids `100..100 + prepared`.
+    prepared: usize,
 }
 
 /// How relayed MySQL summaries are handed to the engine: the copier's driver before
@@ -150,6 +195,84 @@ pub struct Traffic {
     block_events: Vec<MysqlEvent>,
     /// Why the first session that closed while opening did.
     closed: Option<String>,
+    /// Connections opened so far: a reopened slot's client address comes from it, so that no
+    /// connection reuses a lingering one's.
+    pub connections: u64,
+    /// [`Traffic::churn`]'s bytes and summaries, built once.
+    lifecycle: Option<Lifecycle>,
+    /// The greeting's payload, the framed login and production's framed OK to it: decoded
+    /// once, not at every login.
+    greeting: Vec<u8>,
+    login: Vec<u8>,
+    login_ok: Vec<u8>,
+}
+
+/// What [`Traffic::churn`] sends, built once so that the script adds few instructions of its
+/// own to the engine's (the prepare `k` of every connection is [`PREPARED`]`[k % len]`).
+struct Lifecycle {
+    /// Framed `COM_STMT_PREPARE` `k`.
+    requests: Vec<Vec<u8>>,
+    /// Production's framed answer to prepare `k` (statement id `100 + k`).
+    prod_replies: Vec<Vec<u8>>,
+    /// The test server's answer to prepare `k` (statement id `1 + k`) as intercept
+    /// summarises it, and its length on the wire.
+    test_replies: Vec<(Vec<MysqlEvent>, u32)>,
+    /// Framed `COM_STMT_CLOSE` of production's statement `100 + k`.
+    closes: Vec<Vec<u8>>,
+    quit: Vec<u8>,
+}
+
+impl Lifecycle {
+    fn new(prepares: usize) -> Self {
+        let mut l = Lifecycle {
+            requests: Vec::new(),
+            prod_replies: Vec::new(),
+            test_replies: Vec::new(),
+            closes: Vec::new(),
+            quit: Vec::new(),
+        };
+        framed(0, &[0x01], &mut l.quit);
+        for k in 0..prepares {
+            let sql = PREPARED[k % PREPARED.len()];
+            let mut request = Vec::new();
+            framed(0, &[&[0x16][..], sql.as_bytes()].concat(), &mut request);
+            l.requests.push(request);
+            let params = sql.bytes().filter(|&b| b == b'?').count() as u16;
+            let columns = u16::from(sql.starts_with("SELECT"));
+            let mut prod = Vec::new();
+            for (seq, p) in prepare_ok(100 + k as u32, columns, params)
+                .iter()
+                .enumerate()
+            {
+                framed(seq as u8 + 1, p, &mut prod);
+            }
+            l.prod_replies.push(prod);
+            let test = prepare_ok(1 + k as u32, columns, params);
+            let len: usize = test.iter().map(|p| 4 + p.len()).sum();
+            let events = test
+                .iter()
+                .enumerate()
+                .map(|(seq, p)| MysqlEvent::Packet {
+                    client: SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0),
+                    packet: MysqlPacket {
+                        stream_offset: 0,
+                        tcp_seq: 0,
+                        seq_id: seq as u8 + 1,
+                        len: p.len() as u32,
+                        head: p[..p.len().min(common::control::MAX_MYSQL_HEAD)].into(),
+                        hash: None,
+                        framed_at_us: 0,
+                    },
+                })
+                .collect();
+            l.test_replies.push((events, len as u32));
+            let mut close = Vec::new();
+            let id = 100 + k as u32;
+            framed(0, &[&[0x19][..], &id.to_le_bytes()].concat(), &mut close);
+            l.closes.push(close);
+        }
+        l
+    }
 }
 
 fn pkt<'a>(
@@ -201,6 +324,7 @@ impl Traffic {
                 let with_credentials = layer == Layer::MysqlCredentials;
                 let config = MysqlConfig {
                     forward_without_credentials: !with_credentials,
+                    report: Some(tcpshadow_core::mysql::ReportHooks::default()),
                     ..MysqlConfig::default()
                 };
                 let credentials = if with_credentials {
@@ -269,7 +393,14 @@ impl Traffic {
             relay: Relay::Session,
             block_events: Vec::new(),
             closed: None,
+            connections: 0,
+            lifecycle: None,
+            greeting: hex(GREETING),
+            login: Vec::new(),
+            login_ok: Vec::new(),
         };
+        framed(1, &hex(LOGIN), &mut t.login);
+        framed(2, OK, &mut t.login_ok);
         t.open_sessions(sessions);
         t
     }
@@ -287,6 +418,15 @@ impl Traffic {
         }
     }
 
+    /// Nothing happens for `d`: the clock moves on and the engine's timers run (an idle
+    /// session gives back what it keeps only while busy).
+    #[allow(dead_code)] // the engine benchmark does not use it
+    pub fn wait(&mut self, d: Duration) {
+        self.now = self.now + d;
+        self.engine.on_timeout(self.now);
+        self.drain();
+    }
+
     /// Input packets per [`Traffic::round`] of one session.
     pub const PACKETS_PER_ROUND: u64 = 4;
 
@@ -295,6 +435,7 @@ impl Traffic {
     }
 
     fn drain(&mut self) {
+        while self.engine.poll_observation().is_some() {}
         while let Some(n) = self.engine.poll_transmit(self.now, &mut self.buf) {
             self.packets_out += 1;
             self.bytes_out += n as u64;
@@ -326,9 +467,9 @@ impl Traffic {
     }
 
     /// Intercept's summaries of the test server's packets `packets` (payloads), as relayed.
-    fn test_mysql(&mut self, i: usize, packets: &[Vec<u8>], first_seq_id: u8) {
+    fn test_mysql(&mut self, i: usize, packets: &[&[u8]], first_seq_id: u8) {
         let client = self.flows[i].client;
-        for (k, p) in packets.iter().enumerate() {
+        for (k, &p) in packets.iter().enumerate() {
             let offset = self.flows[i].t_offset;
             let ev = MysqlEvent::Packet {
                 client,
@@ -350,19 +491,36 @@ impl Traffic {
 
     /// Opens session `i`: both handshakes, and for MySQL the greeting and the login.
     fn open(&mut self, i: usize) {
-        let client = SocketAddrV4::new(
-            Ipv4Addr::new(198, 18, 1 + (i >> 14) as u8, 10),
-            10_000 + (i & 0x3fff) as u16,
-        );
-        let isn = 0x1000_0000u32.wrapping_mul(i as u32 + 1);
-        self.flows.push(Flow {
+        // The first connection of slot `i` keeps the address it always had (the figures of
+        // the other shapes do not move); later ones take one of 198.19.0.0/16's.
+        let n = self.connections;
+        self.connections += 1;
+        let client = if i == self.flows.len() {
+            SocketAddrV4::new(
+                Ipv4Addr::new(198, 18, 1 + (i >> 14) as u8, 10),
+                10_000 + (i & 0x3fff) as u16,
+            )
+        } else {
+            SocketAddrV4::new(
+                Ipv4Addr::new(198, 19, (n >> 8) as u8, n as u8),
+                10_000 + (n >> 16) as u16,
+            )
+        };
+        let isn = 0x1000_0000u32.wrapping_mul(n as u32 + 1);
+        let flow = Flow {
             client,
             c_seq: isn.wrapping_add(1),
-            p_seq: 0x5000_0001u32.wrapping_add(i as u32 * 7919),
-            t_seq: 0x7000_0001u32.wrapping_add(i as u32 * 104_729),
+            p_seq: 0x5000_0001u32.wrapping_add(n as u32 * 7919),
+            t_seq: 0x7000_0001u32.wrapping_add(n as u32 * 104_729),
             ts: 1000,
             t_offset: 0,
-        });
+            prepared: 0,
+        };
+        if i == self.flows.len() {
+            self.flows.push(flow);
+        } else {
+            self.flows[i] = flow;
+        }
         let prod = Self::prod_addr();
         let mut syn = pkt(client, prod, isn, 0, TcpFlags::SYN, Some((1000, 0)), &[]);
         syn.options.mss = Some(1460);
@@ -410,8 +568,8 @@ impl Traffic {
     fn login(&mut self, i: usize) {
         let prod = Self::prod_addr();
         let client = self.flows[i].client;
-        let greeting = hex(GREETING);
-        let mut bytes = Vec::new();
+        let greeting = std::mem::take(&mut self.greeting);
+        let mut bytes = Vec::with_capacity(4 + greeting.len());
         framed(0, &greeting, &mut bytes);
         let (p_seq, c_seq) = (self.flows[i].p_seq, self.flows[i].c_seq);
         let g = pkt(prod, client, p_seq, c_seq, PA, Some((501, 1001)), &bytes);
@@ -419,24 +577,25 @@ impl Traffic {
         self.flows[i].p_seq = p_seq.wrapping_add(bytes.len() as u32);
         let c_seq = self.flows[i].c_seq;
         self.test_feedback(i, c_seq, bytes.len() as u32, PA);
-        self.test_mysql(i, std::slice::from_ref(&greeting), 0);
+        self.test_mysql(i, &[&greeting], 0);
+        self.greeting = greeting;
         self.drain();
-        let mut login = Vec::new();
-        framed(1, &hex(LOGIN), &mut login);
+        let login = std::mem::take(&mut self.login);
         let (p_seq, c_seq) = (self.flows[i].p_seq, self.flows[i].c_seq);
         let l = pkt(client, prod, c_seq, p_seq, PA, Some((1002, 501)), &login);
         self.capture(&l);
         self.flows[i].c_seq = c_seq.wrapping_add(login.len() as u32);
+        self.login = login;
         self.drain();
-        let mut ok = Vec::new();
-        framed(2, OK, &mut ok);
+        let ok = std::mem::take(&mut self.login_ok);
         let (p_seq, c_seq) = (self.flows[i].p_seq, self.flows[i].c_seq);
         let o = pkt(prod, client, p_seq, c_seq, PA, Some((502, 1002)), &ok);
         self.capture(&o);
         self.flows[i].p_seq = p_seq.wrapping_add(ok.len() as u32);
+        self.login_ok = ok;
         let c_seq = self.flows[i].c_seq;
-        self.test_feedback(i, c_seq, ok.len() as u32, PA);
-        self.test_mysql(i, &[OK.to_vec()], 2);
+        self.test_feedback(i, c_seq, OK.len() as u32 + 4, PA);
+        self.test_mysql(i, &[OK], 2);
         self.drain();
     }
 
@@ -570,6 +729,106 @@ impl Traffic {
             }
             self.block_events = events;
         }
+        self.drain();
+    }
+
+    /// Every session's connection ends and a new one takes its place, as sysbench's connect
+    /// and disconnect (or a client that connects per request) bring them: the old one closes
+    /// the statements it prepared (`COM_STMT_CLOSE`, no reply), says `COM_QUIT`, and both
+    /// servers close after it; the new one has both handshakes, the greeting and login, and
+    /// `prepares` prepares (cycling through [`PREPARED`]), each answered by both servers (the
+    /// test server's answer relayed as `self.relay` says). Then the clock moves past the
+    /// linger and the engine's timers run, so the old sessions are released too. Input
+    /// packets: every captured packet and every `TestFeedback`.
+    pub fn churn(&mut self, prepares: usize) {
+        if self
+            .lifecycle
+            .as_ref()
+            .is_none_or(|l| l.requests.len() != prepares)
+        {
+            self.lifecycle = Some(Lifecycle::new(prepares));
+        }
+        let Some(mut l) = self.lifecycle.take() else {
+            return;
+        };
+        for i in 0..self.flows.len() {
+            self.close(i, &l);
+            self.open(i);
+            for k in 0..prepares {
+                self.prepare(i, k, &mut l);
+            }
+        }
+        self.lifecycle = Some(l);
+        self.now = self.now + self.engine.config().linger + Duration::from_secs(1);
+        self.engine.on_timeout(self.now);
+        self.drain();
+        while let Some(ev) = self.engine.poll_event() {
+            if let EngineEvent::SessionClosed { why, reason, .. } = ev {
+                if reason != tcpshadow_core::engine::CloseReason::Completed {
+                    self.closed.get_or_insert(format!("{reason:?} ({why:?})"));
+                }
+            }
+        }
+    }
+
+    /// Session `i`'s client prepares statement `k`: production answers with statement id
+    /// `100 + k`, the test server with `1 + k`.
+    fn prepare(&mut self, i: usize, k: usize, l: &mut Lifecycle) {
+        self.client_sends(i, &l.requests[k]);
+        let prod = Self::prod_addr();
+        let f = &self.flows[i];
+        let (client, c_seq, p_seq, ts) = (f.client, f.c_seq, f.p_seq, f.ts);
+        let reply = &l.prod_replies[k];
+        self.capture(&pkt(prod, client, p_seq, c_seq, PA, Some((ts, ts)), reply));
+        let f = &mut self.flows[i];
+        f.p_seq = p_seq.wrapping_add(reply.len() as u32);
+        f.prepared = k + 1;
+        let (events, len) = &mut l.test_replies[k];
+        self.test_feedback(i, c_seq, *len, PA);
+        self.stamp(i, events);
+        self.hand_over(client, events, events.len());
+        self.drain();
+    }
+
+    /// Session `i`'s client sends `bytes` (whole MySQL packets), and the engine passes them on.
+    fn client_sends(&mut self, i: usize, bytes: &[u8]) {
+        let prod = Self::prod_addr();
+        let f = &mut self.flows[i];
+        f.ts = f.ts.wrapping_add(1);
+        let (client, c_seq, p_seq, ts) = (f.client, f.c_seq, f.p_seq, f.ts);
+        self.capture(&pkt(client, prod, c_seq, p_seq, PA, Some((ts, ts)), bytes));
+        self.flows[i].c_seq = c_seq.wrapping_add(bytes.len() as u32);
+        self.drain();
+    }
+
+    /// Session `i`'s connection ends as a client's that disconnects: its statements closed,
+    /// `COM_QUIT`, then the servers' FINs (the test server's relayed) and the client's.
+    fn close(&mut self, i: usize, l: &Lifecycle) {
+        for k in 0..std::mem::take(&mut self.flows[i].prepared) {
+            self.client_sends(i, &l.closes[k]);
+        }
+        self.client_sends(i, &l.quit);
+        let prod = Self::prod_addr();
+        let f = &self.flows[i];
+        let (client, c_seq, p_seq, ts) = (f.client, f.c_seq, f.p_seq, f.ts);
+        let fin = TcpFlags::FIN | A;
+        self.capture(&pkt(prod, client, p_seq, c_seq, fin, Some((ts, ts)), &[]));
+        self.test_feedback(i, c_seq, 0, fin);
+        self.flows[i].t_seq = self.flows[i].t_seq.wrapping_add(1);
+        self.drain();
+        let p_next = p_seq.wrapping_add(1);
+        self.capture(&pkt(client, prod, c_seq, p_next, fin, Some((ts, ts)), &[]));
+        self.capture(&pkt(
+            prod,
+            client,
+            p_next,
+            c_seq.wrapping_add(1),
+            A,
+            Some((ts, ts)),
+            &[],
+        ));
+        self.drain();
+        self.test_feedback(i, c_seq.wrapping_add(1), 0, A);
         self.drain();
     }
 

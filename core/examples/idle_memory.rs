@@ -113,6 +113,9 @@ fn main() {
     let a = snapshot();
     t.open_sessions(n);
     t.round();
+    // Idle: nothing for a few seconds, as the lab measures (bench/idle.sh: 5 s after the last
+    // login).
+    t.wait(std::time::Duration::from_secs(5));
     t.check().expect("every session live");
     while t.engine.poll_event().is_some() {}
     let b = snapshot();
