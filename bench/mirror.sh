@@ -26,7 +26,15 @@
 #
 #   bench/mirror.sh [--threads "2 8 32"] [--time 30] [--runs 3] [--test oltp_read_only]
 #                   [--copier-args "..."] [--intercept-args "..."] [--sysbench-args "..."]
-#                   [--stall-intercept-ms MS]
+#                   [--stall-intercept-ms MS] [--warmup S]
+#
+# --warmup S measures the cost columns (CPU per query, wakeups, system calls, perf's samples)
+# from S seconds into the load, once every connection is up, to its end: the steady state. A
+# sysbench client opens its connections and prepares its statements at its start (1,000
+# connections: 1,000 logins and 22,000 prepares, which a 15 s load at 500 tx/s dilutes over
+# only 120 commands a connection), and without it that start is in every per-query figure.
+# Fidelity, drops and the query count cover the whole load as always; the per-packet columns
+# read "-" (the capture's packet count is the whole run's).
 #
 # Every run is a line on stderr; stdout is a Markdown table with one line per thread count
 # holding the MEDIAN of each column over the runs. A thread count is also a connection count
@@ -49,6 +57,7 @@ COPIER_ARGS=""
 INTERCEPT_ARGS=""
 SYSBENCH_ARGS=""
 STALL_MS=0
+WARMUP=0
 while (($# > 0)); do
     case $1 in
     --threads) THREADS=$2 && shift 2 ;;
@@ -59,6 +68,7 @@ while (($# > 0)); do
     --intercept-args) INTERCEPT_ARGS=$2 && shift 2 ;;
     --sysbench-args) SYSBENCH_ARGS=$2 && shift 2 ;;
     --stall-intercept-ms) STALL_MS=$2 && shift 2 ;;
+    --warmup) WARMUP=$2 && shift 2 ;;
     -h | --help) awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0" | sed 's/^# \{0,1\}//' && exit 0 ;;
     *) echo "bench/mirror.sh: unknown argument $1 (see --help)" >&2 && exit 2 ;;
     esac
@@ -67,8 +77,10 @@ if [[ $EUID -ne 0 ]]; then
     echo "bench/mirror.sh: run as root (the lab creates network namespaces)" >&2
     exit 1
 fi
-[[ $RUNS =~ ^[1-9][0-9]*$ && $TIME =~ ^[1-9][0-9]*$ && $STALL_MS =~ ^[0-9]+$ ]] ||
-    { echo "bench/mirror.sh: --runs and --time take positive integers, --stall-intercept-ms a count" >&2 && exit 2; }
+[[ $RUNS =~ ^[1-9][0-9]*$ && $TIME =~ ^[1-9][0-9]*$ && $STALL_MS =~ ^[0-9]+$ && $WARMUP =~ ^[0-9]+$ ]] ||
+    { echo "bench/mirror.sh: --runs and --time take positive integers, --stall-intercept-ms and --warmup counts" >&2 && exit 2; }
+((WARMUP < TIME)) ||
+    { echo "bench/mirror.sh: --warmup $WARMUP leaves nothing of a $TIME s load to measure: make it shorter than --time" >&2 && exit 2; }
 
 export LAB_NAME=${LAB_NAME:-bench} LAB_PIN=${LAB_PIN:-0}
 LOGS=${BENCH_LOGS:-/tmp/tcpshadow-bench-logs}
@@ -195,6 +207,21 @@ one_run() {
     snapshot test 0
     local errlog0
     errlog0=$(stat -c %s "$SQL_ERRLOG" 2>/dev/null || echo 0)
+    if ((STALL_MS > 0)); then
+        # intercept without a CPU for STALL_MS in the middle of the load (a saturated assist
+        # host): what its capture queue cannot hold meanwhile the kernel drops.
+        (sleep $((TIME / 2)) && kill -STOP "$ipid" && sleep "$(awk -v m="$STALL_MS" 'BEGIN { print m / 1000 }')" &&
+            kill -CONT "$ipid") &
+    fi
+    "$LAB" load --test "$TEST" --threads "$threads" --time "$TIME" -- "${SYSBENCH_EXTRA[@]}" \
+        >"$LAB_DIR/sysbench-$threads.log" 2>&1 &
+    local load=$!
+    local from=0
+    if ((WARMUP > 0)); then
+        sleep "$WARMUP"
+        snapshot prod w
+        from=w
+    fi
     read -r cu0 cs0 < <(cpu_ticks "$cpid")
     read -r iu0 is0 < <(cpu_ticks "$ipid")
     local cn0 in0
@@ -219,14 +246,7 @@ one_run() {
         perf stat -e raw_syscalls:sys_enter -x, -o "$LAB_DIR/intercept-syscalls.csv" -p "$ipid" >/dev/null 2>&1 &
         iperf=$!
     fi
-    if ((STALL_MS > 0)); then
-        # intercept without a CPU for STALL_MS in the middle of the load (a saturated assist
-        # host): what its capture queue cannot hold meanwhile the kernel drops.
-        (sleep $((TIME / 2)) && kill -STOP "$ipid" && sleep "$(awk -v m="$STALL_MS" 'BEGIN { print m / 1000 }')" &&
-            kill -CONT "$ipid") &
-    fi
-    if ! "$LAB" load --test "$TEST" --threads "$threads" --time "$TIME" -- "${SYSBENCH_EXTRA[@]}" \
-        >"$LAB_DIR/sysbench-$threads.log" 2>&1; then
+    if ! wait "$load"; then
         echo "bench/mirror.sh: sysbench failed at $threads threads; the end of its log:" >&2
         tail -5 "$LAB_DIR/sysbench-$threads.log" >&2
         exit 1
@@ -244,6 +264,12 @@ one_run() {
         sleep 0.25
     done
     read -r fidelity errors prod_q < <( (compare 1 || true) | tee "$LAB_DIR/work-compare.txt" | figures)
+    # The queries the cost columns are divided by: the whole load's, or those after --warmup.
+    local cost_q=$prod_q
+    if [[ $from != 0 ]]; then
+        cost_q=$(awk '$1 == "counter" && $2 == "Questions" { q[FILENAME] = $3 }
+            END { print q[ARGV[2]] - q[ARGV[1]] }' "$LAB_DIR/work-prod-$from" "$LAB_DIR/work-prod-1")
+    fi
     read -r cu1 cs1 < <(cpu_ticks "$cpid")
     read -r iu1 is1 < <(cpu_ticks "$ipid")
     local cn1 in1
@@ -299,7 +325,7 @@ one_run() {
     local idrops ilost
     idrops=$(sed -n 's/.*final:.* kernel_dropped=\([0-9]*\).*/\1/p' "$LAB_DIR/intercept.log" | tail -1)
     ilost=$(sed -n 's/.*final:.* framing_lost=\([0-9]*\).*/\1/p' "$LAB_DIR/intercept.log" | tail -1)
-    awk -v p="$prod_q" -v e="$at_end" -v t="$fidelity" -v ne="$errors" \
+    awk -v p="$prod_q" -v q="$cost_q" -v pp=$((WARMUP == 0)) -v e="$at_end" -v t="$fidelity" -v ne="$errors" \
         -v cu="$cu" -v cs="$cs" -v iu="$iu" -v is="$is" \
         -v f="${frames:-0}" -v r="${relayed:-0}" -v d="${drops:-0}" \
         -v crss="$crss" -v irss="$irss" -v id="${idrops:-0}" -v il="${ilost:-0}" \
@@ -307,14 +333,17 @@ one_run() {
         -v rx="$rx" 'BEGIN {
         us = 1
         secs = t1 - t0
+        # Per packet -1 ("-") after a warmup: the packet counts cover the whole load.
+        fp = pp ? f : 0
+        rp = pp ? r : 0
         printf "%d %.5f %.5f %d %.3f %.3f %.3f %.3f %d %s %s %d %d %d %d", p, e, t, ne,
-            f ? cu * us / f : 0, f ? cs * us / f : 0, r ? iu * us / r : 0, r ? is * us / r : 0,
+            fp ? cu * us / fp : -1, fp ? cs * us / fp : -1, rp ? iu * us / rp : -1, rp ? is * us / rp : -1,
             d, crss, irss, f, r, id, il
         # Parenthesised: a bare > in printf arguments would redirect its output.
         printf " %.3f %.3f %.3f %.3f %.0f %.0f %.3f %.3f %.4f\n",
-            (p ? cu * us / p : 0), (p ? cs * us / p : 0), (p ? iu * us / p : 0), (p ? is * us / p : 0),
+            (q ? cu * us / q : 0), (q ? cs * us / q : 0), (q ? iu * us / q : 0), (q ? is * us / q : 0),
             (secs > 0 ? cw / secs : 0), (secs > 0 ? iw / secs : 0),
-            (p && csc >= 0 ? csc / p : -1), (p && isc >= 0 ? isc / p : -1), rx }'
+            (q && csc >= 0 ? csc / q : -1), (q && isc >= 0 ? isc / q : -1), rx }'
 }
 
 echo "Each line on stderr is one run: prod-queries work-fidelity-at-end work-fidelity" \
@@ -352,6 +381,7 @@ for threads in $THREADS; do
                 t = a[j]; a[j] = a[j - 1]; a[j - 1] = t }
             return NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2
         }
+        function cpu(sum, u, s) { return sum < 0 ? "-" : sprintf("%.2f (%.2f + %.2f)", sum, u, s) }
         END {
             # Fields 16-24 are per query (see one_run); 31-34 the user + sys sums, 35 the
             # copier'"'"'s sum without its receive-path share (field 24).
@@ -362,9 +392,9 @@ for threads in $THREADS; do
             }
             rx = median(24)
             csc = median(22); isc = median(23)
-            printf "| %s | %d | %d | %d | %d | %.5f | %.5f | %d | %.2f (%.2f + %.2f) | %.2f (%.2f + %.2f) | %d | %.1f / %.1f | %.2f (%.2f + %.2f) | %.2f (%.2f + %.2f) | %d / %d | %s / %s | %s |\n",
+            printf "| %s | %d | %d | %d | %d | %.5f | %.5f | %d | %s | %s | %d | %.1f / %.1f | %.2f (%.2f + %.2f) | %.2f (%.2f + %.2f) | %d / %d | %s / %s | %s |\n",
                 test, th, s, n, median(1), median(2), median(3), median(4),
-                median(31), median(5), median(6), median(32), median(7), median(8), median(9),
+                cpu(median(31), median(5), median(6)), cpu(median(32), median(7), median(8)), median(9),
                 median(10), median(11), median(33), median(16), median(17), median(34), median(18), median(19),
                 median(20), median(21), (csc < 0 ? "-" : sprintf("%.2f", csc)), (isc < 0 ? "-" : sprintf("%.2f", isc)),
                 (rx < 0 ? "-" : sprintf("%.2f (%.0f%%)", median(35), rx * 100))
