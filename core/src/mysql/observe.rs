@@ -337,11 +337,15 @@ impl Observer {
     /// command is in flight, the queues' room is given back [`IDLE_TRIM`] after `now` unless
     /// the session is busy again by then (see [`Observer::trim_deadline`]).
     pub(super) fn poll(&mut self, now: Instant) -> Option<Observation> {
-        let next = self.outbox.pop_front();
-        if next.is_none() && self.trim_at.is_none() && self.idle() && self.holds_room() {
+        // Returned straight from the queue: an observation is 208 bytes, and holding it in a
+        // local across the check below cost a copy each (the engine benchmark's memcpy).
+        if !self.outbox.is_empty() {
+            return self.outbox.pop_front();
+        }
+        if self.trim_at.is_none() && self.idle() && self.holds_room() {
             self.trim_at = Some(now + IDLE_TRIM);
         }
-        next
+        None
     }
 
     /// When [`Observer::on_timeout`] may give the idle queues' room back.
