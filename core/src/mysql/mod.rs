@@ -471,6 +471,8 @@ pub(crate) struct Shared {
     pub(crate) credentials: Arc<Credentials>,
     pub(crate) random: RandomBytes,
     learnt: param_types::LearntTypes,
+    /// The report observer's shapes of prepared SQL, shared by the factory's sessions.
+    pub(crate) prepared_shapes: Arc<observe::PreparedShapes>,
 }
 
 /// Makes a [`MysqlTransform`] for every session. Clones share the configuration and
@@ -503,6 +505,7 @@ impl MysqlFactory {
                 credentials,
                 random,
                 learnt: param_types::LearntTypes::new(),
+                prepared_shapes: Arc::default(),
             }),
             replica: Replica::default(),
         }

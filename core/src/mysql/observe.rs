@@ -21,10 +21,13 @@
 //!
 //! Bounded: at most [`MAX_PENDING`] commands wait for answers, at most `max_statements`
 //! prepared statements are remembered, and a small cache of statement shapes makes a repeated
-//! COM_QUERY cost a fingerprint into a reused buffer and no allocation.
+//! COM_QUERY cost a fingerprint into a reused buffer and no allocation. The shapes of prepared
+//! SQL are shared by the sessions of a factory ([`PreparedShapes`], at most
+//! [`SHARED_SHAPES`] texts of at most [`SHARED_SQL_MAX`] bytes): every connection of a pool
+//! prepares the same statements, and each would lex them again.
 
-use std::collections::VecDeque;
-use std::sync::Arc;
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use common::clock::Instant;
@@ -242,6 +245,70 @@ pub(super) fn layout() -> Vec<(&'static str, usize)> {
     ]
 }
 
+/// Prepared SQL texts whose shapes [`PreparedShapes`] keeps, at most; past it the oldest goes.
+pub(super) const SHARED_SHAPES: usize = 1024;
+/// Longer prepared SQL is not kept there (its shapes are made per session, as any SQL's).
+pub(super) const SHARED_SQL_MAX: usize = 1024;
+
+/// The shapes (the executes', the prepare's) of each prepared SQL text, shared by the sessions
+/// of one factory. A connection that has just opened has an empty cache of its own, and a
+/// pooled application's connections each prepare the same statements (sysbench 22 each): the
+/// first session's fingerprint serves the rest. Exact: keyed by the whole text, and the shapes
+/// depend on nothing else a factory's sessions do not share (their `ReportHooks`). At most
+/// [`SHARED_SHAPES`] texts of at most [`SHARED_SQL_MAX`] bytes: a few MiB at worst, outside
+/// any session's charge, like the learnt parameter types.
+#[derive(Default)]
+pub(crate) struct PreparedShapes {
+    map: Mutex<ShapeMap>,
+}
+
+/// A prepared SQL text's shapes: its executes', the prepare's.
+type Shapes = (Arc<Statement>, Arc<Statement>);
+
+#[derive(Default)]
+struct ShapeMap {
+    by_sql: HashMap<Box<[u8]>, Shapes>,
+    /// Texts in the order first kept: the eviction order.
+    order: VecDeque<Box<[u8]>>,
+}
+
+impl PreparedShapes {
+    fn lock(&self) -> std::sync::MutexGuard<'_, ShapeMap> {
+        // The map holds no invariant a panicking holder could break halfway.
+        self.map.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(super) fn get(&self, sql: &[u8]) -> Option<Shapes> {
+        if sql.len() > SHARED_SQL_MAX {
+            return None;
+        }
+        self.lock().by_sql.get(sql).cloned()
+    }
+
+    pub(super) fn put(&self, sql: &[u8], exec: &Arc<Statement>, prepare: &Arc<Statement>) {
+        if sql.len() > SHARED_SQL_MAX {
+            return;
+        }
+        let mut m = self.lock();
+        if m.by_sql.contains_key(sql) {
+            return;
+        }
+        if m.order.len() >= SHARED_SHAPES {
+            if let Some(old) = m.order.pop_front() {
+                m.by_sql.remove(&old);
+            }
+        }
+        m.order.push_back(sql.into());
+        m.by_sql
+            .insert(sql.into(), (Arc::clone(exec), Arc::clone(prepare)));
+    }
+
+    #[cfg(test)]
+    pub(super) fn len(&self) -> usize {
+        self.lock().by_sql.len()
+    }
+}
+
 /// See the module documentation.
 pub(super) struct Observer {
     hooks: ReportHooks,
@@ -279,6 +346,8 @@ pub(super) struct Observer {
     outbox: VecDeque<Observation>,
     /// When the queues, empty since, give their room back (see [`IDLE_TRIM`]).
     trim_at: Option<Instant>,
+    /// The factory's shapes of prepared SQL.
+    prepared: Arc<PreparedShapes>,
 }
 
 impl Observer {
@@ -309,7 +378,12 @@ impl std::fmt::Debug for Observer {
 }
 
 impl Observer {
-    pub(super) fn new(hooks: ReportHooks, replica: Replica, max_statements: usize) -> Self {
+    pub(super) fn new(
+        hooks: ReportHooks,
+        replica: Replica,
+        max_statements: usize,
+        prepared: Arc<PreparedShapes>,
+    ) -> Self {
         Self {
             hooks,
             replica,
@@ -330,6 +404,7 @@ impl Observer {
             early: VecDeque::new(),
             outbox: VecDeque::new(),
             trim_at: None,
+            prepared,
         }
     }
 
@@ -481,15 +556,22 @@ impl Observer {
         match code {
             com::QUERY => (self.cached("query", rest), None),
             com::STMT_PREPARE => {
-                // One fingerprint for both shapes: lexing the SQL is most of what a prepare
-                // costs the copier, and a connection's prepares come once each, never from the
-                // cache of a connection that has just opened (issue 20).
-                let mut fp = std::mem::take(&mut self.scratch);
-                fp.clear();
-                let traits = digest::fingerprint_into(rest, &mut fp);
-                let exec = self.shape("stmt_execute", rest, &fp, traits, None);
-                let prepare = self.shape("stmt_prepare", rest, &fp, traits, Some(&exec));
-                self.scratch = fp;
+                // Lexing the SQL is most of what a prepare costs the copier, and a connection's
+                // prepares come once each, never from the cache of a connection that has just
+                // opened (issue 20): the factory's shapes first, else one fingerprint for both.
+                let (exec, prepare) = match self.prepared.get(rest) {
+                    Some(shapes) => shapes,
+                    None => {
+                        let mut fp = std::mem::take(&mut self.scratch);
+                        fp.clear();
+                        let traits = digest::fingerprint_into(rest, &mut fp);
+                        let exec = self.shape("stmt_execute", rest, &fp, traits, None);
+                        let prepare = self.shape("stmt_prepare", rest, &fp, traits, Some(&exec));
+                        self.scratch = fp;
+                        self.prepared.put(rest, &exec, &prepare);
+                        (exec, prepare)
+                    }
+                };
                 self.last_prepared = Some(Arc::clone(&exec));
                 (prepare, Some(exec))
             }

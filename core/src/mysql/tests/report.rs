@@ -445,3 +445,57 @@ fn an_idle_sessions_observer_gives_its_queues_room_back_and_observes_on() {
     assert_eq!(h.t.next_deadline(), None, "nothing left to wait for");
     exchange(&mut h, 9);
 }
+
+#[test]
+fn sessions_of_one_factory_share_the_shapes_of_what_they_prepare() {
+    use crate::mysql::observe::SHARED_SQL_MAX;
+    let creds = Arc::new(Credentials::parse(CREDENTIALS).unwrap());
+    let f = MysqlFactory::new(reporting(false, false), creds, test_random());
+    let short = "SELECT c FROM sbtest1 WHERE id=?".to_string();
+    let long = format!("{short} /* {} */", "x".repeat(SHARED_SQL_MAX));
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        let mut h = Harness::with_factory(&f, false);
+        h.login(&hex(CAPI_RESPONSE));
+        h.received();
+        for (k, sql) in [&short, &long].into_iter().enumerate() {
+            h.client_packet(0, &prepare(sql));
+            h.prod_reply(&prepare_reply(7 + k as u32, 1));
+            h.test_reply(&prepare_reply(70 + k as u32, 1));
+        }
+        seen.push(drained(&mut h));
+    }
+    let (a, b) = (&seen[0], &seen[1]);
+    assert_eq!((a.len(), b.len()), (2, 2), "{seen:#?}");
+    assert_eq!(a[0].statement.command, "stmt_prepare");
+    assert!(
+        Arc::ptr_eq(&a[0].statement, &b[0].statement),
+        "the second session's prepare takes the first one's shape"
+    );
+    // Too long to keep: made per session, the same shape all the same.
+    assert!(!Arc::ptr_eq(&a[1].statement, &b[1].statement));
+    assert_eq!(a[1].statement.id, b[1].statement.id);
+    assert_eq!(a[1].statement.fingerprint, b[1].statement.fingerprint);
+}
+
+#[test]
+fn the_shared_shapes_keep_at_most_their_bound() {
+    use crate::mysql::observe::{PreparedShapes, SHARED_SHAPES};
+    use crate::observation::Statement;
+    let shapes = PreparedShapes::default();
+    let shape = Arc::new(Statement {
+        id: 1,
+        command: "stmt_execute",
+        fingerprint: "select ?".into(),
+        example: "select ?".into(),
+        traits: Default::default(),
+    });
+    for i in 0..SHARED_SHAPES + 10 {
+        shapes.put(format!("SELECT {i}").as_bytes(), &shape, &shape);
+    }
+    assert_eq!(shapes.len(), SHARED_SHAPES);
+    assert!(shapes.get(b"SELECT 0").is_none(), "the oldest went first");
+    assert!(shapes
+        .get(format!("SELECT {}", SHARED_SHAPES + 9).as_bytes())
+        .is_some());
+}

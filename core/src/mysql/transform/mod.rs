@@ -297,10 +297,15 @@ impl MysqlTransform {
         replica: Replica,
     ) -> Self {
         let picked_up = session.picked_up;
-        let observer = shared
-            .config
-            .report
-            .map(|h| Box::new(Observer::new(h, replica, shared.config.max_statements)));
+        let observer = shared.config.report.map(|h| {
+            let prepared = Arc::clone(&shared.prepared_shapes);
+            Box::new(Observer::new(
+                h,
+                replica,
+                shared.config.max_statements,
+                prepared,
+            ))
+        });
         // The report fingerprints each command's SQL: the arrival reader then keeps that much
         // of each packet (only packets split across segments are copied).
         // A picked-up session tells `USE` from other queries as they arrive (see
