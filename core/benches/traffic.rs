@@ -128,6 +128,28 @@ fn prepare_ok(id: u32, columns: u16, params: u16) -> Vec<Vec<u8>> {
     packets
 }
 
+/// Intercept's summaries of a reply's packets `packets` (payloads, sequence ids from 1), each
+/// with at most `head` bytes of its start; their client and place in the stream are left for
+/// [`Traffic::stamp`].
+fn summaries(packets: &[Vec<u8>], head: usize) -> Vec<MysqlEvent> {
+    packets
+        .iter()
+        .enumerate()
+        .map(|(i, p)| MysqlEvent::Packet {
+            client: SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0),
+            packet: MysqlPacket {
+                stream_offset: 0,
+                tcp_seq: 0,
+                seq_id: i as u8 + 1,
+                len: p.len() as u32,
+                head: p[..p.len().min(head)].into(),
+                hash: None,
+                framed_at_us: 0,
+            },
+        })
+        .collect()
+}
+
 /// Which engine the traffic drives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Layer {
@@ -249,22 +271,7 @@ impl Lifecycle {
             l.prod_replies.push(prod);
             let test = prepare_ok(1 + k as u32, columns, params);
             let len: usize = test.iter().map(|p| 4 + p.len()).sum();
-            let events = test
-                .iter()
-                .enumerate()
-                .map(|(seq, p)| MysqlEvent::Packet {
-                    client: SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0),
-                    packet: MysqlPacket {
-                        stream_offset: 0,
-                        tcp_seq: 0,
-                        seq_id: seq as u8 + 1,
-                        len: p.len() as u32,
-                        head: p[..p.len().min(common::control::MAX_MYSQL_HEAD)].into(),
-                        hash: None,
-                        framed_at_us: 0,
-                    },
-                })
-                .collect();
+            let events = summaries(&test, common::control::MAX_MYSQL_HEAD);
             l.test_replies.push((events, len as u32));
             let mut close = Vec::new();
             let id = 100 + k as u32;
@@ -349,22 +356,7 @@ impl Traffic {
         for (i, p) in reply_packets.iter().enumerate() {
             framed(i as u8 + 1, p, &mut reply);
         }
-        let events = reply_packets
-            .iter()
-            .enumerate()
-            .map(|(i, p)| MysqlEvent::Packet {
-                client: SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0),
-                packet: MysqlPacket {
-                    stream_offset: 0,
-                    tcp_seq: 0,
-                    seq_id: i as u8 + 1,
-                    len: p.len() as u32,
-                    head: p[..p.len().min(16)].into(),
-                    hash: None,
-                    framed_at_us: 0,
-                },
-            })
-            .collect();
+        let events = summaries(&reply_packets, 16);
         let buf = vec![0u8; engine.transmit_buffer_len()];
         let mut t = Traffic {
             engine,
