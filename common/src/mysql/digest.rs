@@ -54,52 +54,60 @@ pub struct Traits {
     pub ordered: bool,
 }
 
-/// Functions (followed by `(`) whose value differs between servers or calls.
-const NONDET_FUNCTIONS: &[&str] = &[
-    "now",
-    "sysdate",
-    "curdate",
-    "curtime",
-    "current_timestamp",
-    "current_date",
-    "current_time",
-    "localtime",
-    "localtimestamp",
-    "utc_timestamp",
-    "utc_date",
-    "utc_time",
-    "unix_timestamp",
-    "rand",
-    "uuid",
-    "uuid_short",
-    "sys_guid",
-    "connection_id",
-    "last_insert_id",
-    "row_count",
-    "found_rows",
-    "benchmark",
-    "master_pos_wait",
-    "get_lock",
-    "release_lock",
-    "is_free_lock",
-    "is_used_lock",
-    "nextval",
-    "lastval",
-];
+/// Functions (followed by `(`) whose value differs between servers or calls; `lw` is the
+/// word in lower case (see [`Lowered`]).
+fn nondet_function(lw: &[u8]) -> bool {
+    matches!(
+        lw,
+        b"now"
+            | b"sysdate"
+            | b"curdate"
+            | b"curtime"
+            | b"current_timestamp"
+            | b"current_date"
+            | b"current_time"
+            | b"localtime"
+            | b"localtimestamp"
+            | b"utc_timestamp"
+            | b"utc_date"
+            | b"utc_time"
+            | b"unix_timestamp"
+            | b"rand"
+            | b"uuid"
+            | b"uuid_short"
+            | b"sys_guid"
+            | b"connection_id"
+            | b"last_insert_id"
+            | b"row_count"
+            | b"found_rows"
+            | b"benchmark"
+            | b"master_pos_wait"
+            | b"get_lock"
+            | b"release_lock"
+            | b"is_free_lock"
+            | b"is_used_lock"
+            | b"nextval"
+            | b"lastval"
+    )
+}
 
-/// Keywords that are a non-deterministic value by themselves (no parentheses needed).
-const NONDET_KEYWORDS: &[&str] = &[
-    "current_timestamp",
-    "current_date",
-    "current_time",
-    "localtime",
-    "localtimestamp",
-    "utc_timestamp",
-    "utc_date",
-    "utc_time",
-    "information_schema",
-    "performance_schema",
-];
+/// Keywords that are a non-deterministic value by themselves (no parentheses needed); `lw` is
+/// the word in lower case (see [`Lowered`]).
+fn nondet_keyword(lw: &[u8]) -> bool {
+    matches!(
+        lw,
+        b"current_timestamp"
+            | b"current_date"
+            | b"current_time"
+            | b"localtime"
+            | b"localtimestamp"
+            | b"utc_timestamp"
+            | b"utc_date"
+            | b"utc_time"
+            | b"information_schema"
+            | b"performance_schema"
+    )
+}
 
 /// Words after which a `-` or `+` starts a signed number rather than a subtraction.
 const VALUE_EXPECTED_AFTER: &[&str] = &[
@@ -415,6 +423,39 @@ impl<'a> Lexer<'a> {
     }
 }
 
+/// A word in lower case, made once for every keyword test of it: testing each keyword list with
+/// `eq_ignore_ascii_case`, item by item, was a third of what a fingerprint cost (issue 20: the
+/// report fingerprints every text query). Words longer than any keyword are not copied (and
+/// are no keyword).
+struct Lowered {
+    buf: [u8; Lowered::MAX],
+    len: usize,
+}
+
+impl Lowered {
+    /// The longest keyword the fingerprint tests ("information_schema").
+    const MAX: usize = 18;
+
+    fn new(w: &[u8]) -> Self {
+        let mut l = Lowered {
+            buf: [0; Lowered::MAX],
+            len: 0,
+        };
+        if w.len() <= Self::MAX {
+            for (d, s) in l.buf.iter_mut().zip(w) {
+                *d = s.to_ascii_lowercase();
+            }
+            l.len = w.len();
+        }
+        l
+    }
+
+    /// The word in lower case, or empty if it is longer than any keyword.
+    fn get(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
 fn word_is(t: Option<Tok<'_>>, kw: &str) -> bool {
     matches!(t, Some(Tok::Word(w)) if w.eq_ignore_ascii_case(kw.as_bytes()))
 }
@@ -581,7 +622,9 @@ pub fn fingerprint_into(sql: &[u8], out: &mut Vec<u8>) -> Traits {
                 }
             }
             Tok::Word(w) => {
-                let lw = |k: &str| w.eq_ignore_ascii_case(k.as_bytes());
+                let lowered = Lowered::new(w);
+                let word = lowered.get();
+                let lw = |k: &str| word == k.as_bytes();
                 if first_word {
                     first_word = false;
                     if lw("show") {
@@ -597,10 +640,10 @@ pub fn fingerprint_into(sql: &[u8], out: &mut Vec<u8>) -> Traits {
                         return finish(o.buf, base, settle(traits, order_by, limit));
                     }
                 }
-                if NONDET_KEYWORDS.iter().any(|k| lw(k)) {
+                if nondet_keyword(word) {
                     traits.nondeterministic = true;
                 }
-                if NONDET_FUNCTIONS.iter().any(|k| lw(k)) {
+                if nondet_function(word) {
                     let mut la = lx;
                     if la.next_solid() == Some(Tok::Punct(b'(')) {
                         traits.nondeterministic = true;
