@@ -54,46 +54,9 @@ pub struct Traits {
     pub ordered: bool,
 }
 
-/// Functions (followed by `(`) whose value differs between servers or calls; `lw` is the
-/// word in lower case (see [`Lowered`]).
-fn nondet_function(lw: &[u8]) -> bool {
-    matches!(
-        lw,
-        b"now"
-            | b"sysdate"
-            | b"curdate"
-            | b"curtime"
-            | b"current_timestamp"
-            | b"current_date"
-            | b"current_time"
-            | b"localtime"
-            | b"localtimestamp"
-            | b"utc_timestamp"
-            | b"utc_date"
-            | b"utc_time"
-            | b"unix_timestamp"
-            | b"rand"
-            | b"uuid"
-            | b"uuid_short"
-            | b"sys_guid"
-            | b"connection_id"
-            | b"last_insert_id"
-            | b"row_count"
-            | b"found_rows"
-            | b"benchmark"
-            | b"master_pos_wait"
-            | b"get_lock"
-            | b"release_lock"
-            | b"is_free_lock"
-            | b"is_used_lock"
-            | b"nextval"
-            | b"lastval"
-    )
-}
-
-/// Keywords that are a non-deterministic value by themselves (no parentheses needed); `lw` is
-/// the word in lower case (see [`Lowered`]).
-fn nondet_keyword(lw: &[u8]) -> bool {
+/// The current date and time, as a function or as a keyword by itself (`now()` and
+/// `current_timestamp` alike); `lw` is the word in lower case (see [`Lowered`]).
+fn clock_word(lw: &[u8]) -> bool {
     matches!(
         lw,
         b"current_timestamp"
@@ -104,9 +67,43 @@ fn nondet_keyword(lw: &[u8]) -> bool {
             | b"utc_timestamp"
             | b"utc_date"
             | b"utc_time"
-            | b"information_schema"
-            | b"performance_schema"
     )
+}
+
+/// Functions (followed by `(`) whose value differs between servers or calls; `lw` is the
+/// word in lower case (see [`Lowered`]).
+fn nondet_function(lw: &[u8]) -> bool {
+    clock_word(lw)
+        || matches!(
+            lw,
+            b"now"
+                | b"sysdate"
+                | b"curdate"
+                | b"curtime"
+                | b"unix_timestamp"
+                | b"rand"
+                | b"uuid"
+                | b"uuid_short"
+                | b"sys_guid"
+                | b"connection_id"
+                | b"last_insert_id"
+                | b"row_count"
+                | b"found_rows"
+                | b"benchmark"
+                | b"master_pos_wait"
+                | b"get_lock"
+                | b"release_lock"
+                | b"is_free_lock"
+                | b"is_used_lock"
+                | b"nextval"
+                | b"lastval"
+        )
+}
+
+/// Keywords that are a non-deterministic value by themselves (no parentheses needed); `lw` is
+/// the word in lower case (see [`Lowered`]).
+fn nondet_keyword(lw: &[u8]) -> bool {
+    clock_word(lw) || matches!(lw, b"information_schema" | b"performance_schema")
 }
 
 /// Words after which a `-` or `+` starts a signed number rather than a subtraction.
