@@ -134,13 +134,12 @@ pub struct Args {
     pub capture_block_ms: u16,
 
     /// Microseconds replies gather before they are handled: the capture sleeps this long after
-    /// each wakeup, and each copier's writer after its first batch. Under load that is one
+    /// each wakeup, then relays what gathered in one write per copier. Under load that is one
     /// wakeup per period instead of one per reply, in intercept and in the copier: together
     /// about half of both daemons' CPU. Replies keep their kernel timestamps. While a copier
-    /// that times replies (`--report`) is connected the capture does not gather, and that
-    /// copier's writer never does; while a copier says one of its sessions waits on the test
-    /// server (a login, a PREPARE_OK: its Prompt), both gather 1 ms at most. 0: handle every
-    /// reply as it comes.
+    /// that times replies (`--report`) is connected the capture does not gather; while a
+    /// copier says one of its sessions waits on the test server (a login, a PREPARE_OK: its
+    /// Prompt), it gathers 1 ms at most. 0: handle every reply as it comes.
     #[arg(long, env = "TCPSHADOW_RELAY_FLUSH_US", default_value_t = 4000, value_parser = clap::value_parser!(u32).range(0..=100_000))]
     pub relay_flush_us: u32,
 

@@ -116,7 +116,6 @@ pub fn run(cli: Args) -> anyhow::Result<()> {
             queue_bytes: cli.queue_bytes(),
             queue_bytes_total: cli.memory_bytes() / 4,
             max_copiers: cli.max_copiers as usize,
-            relay_flush: Duration::from_micros(u64::from(cli.relay_flush_us)),
             doctor: Some({
                 let setup = cli.doctor_setup();
                 // Opened now, while CAP_NET_RAW is still held: a copier's doctor asks for ARP

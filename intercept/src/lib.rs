@@ -3,7 +3,8 @@
 //!
 //! Rooms: [`capture`] (the capture edge, over [`ops::packet_socket`] or libpcap), [`pump`] (the capture thread's loop), [`sessions`],
 //! [`reassembly`] and [`framer`] (the MySQL packets of each reply stream), [`relay`] (who gets
-//! which feedback), [`server`] (the copiers' control connections), [`outputs`] (the status line
+//! which feedback), [`server`] (the copiers' control connections), [`feed`] (writing to one
+//! copier without waiting), [`outputs`] (the status line
 //! and `--metrics`, for one capture thread or `--workers N`). intercept never sends a
 //! packet toward a client or a server; it only listens and talks to copiers.
 //!
@@ -14,6 +15,7 @@ pub mod capture;
 pub mod cli;
 pub mod daemon;
 pub mod doctor;
+pub mod feed;
 pub mod framer;
 pub mod metrics;
 pub mod netlink;

@@ -20,6 +20,8 @@ use common::control::{
     MAX_FEEDBACK_PER_FRAME, MAX_MYSQL_EVENTS_PER_FRAME,
 };
 
+use crate::feed::Feed;
+
 /// A control connection, numbered in accept order.
 pub type CopierId = u64;
 
@@ -27,7 +29,7 @@ pub type CopierId = u64;
 /// sessions' feedback is broadcast instead, which still works, only less efficiently.
 pub const MAX_CLAIMS_PER_COPIER: usize = 1 << 20;
 
-/// What a copier's writer thread sends.
+/// What is written to a copier ([`crate::feed`]).
 #[derive(Debug, PartialEq, Eq)]
 pub enum Outgoing {
     Batch(Batch),
@@ -74,8 +76,9 @@ impl Batch {
     }
 }
 
-/// The relay's end of one copier's queue toward its writer thread: bounded in batches by the
-/// channel, and in bytes twice: this copier's share (`max_bytes`) and all copiers' queues
+/// The relay's way to one copier: its socket, written at once while the socket takes it
+/// ([`crate::feed`]), and otherwise its queue toward its writer thread: bounded in batches by
+/// the channel, and in bytes twice: this copier's share (`max_bytes`) and all copiers' queues
 /// together (`max_total`), so neither one slow copier nor many can pass `--max-memory`'s part.
 /// The writer gives bytes back through its [`QueueGauge`]. A batch that would pass a bound is
 /// dropped and counted.
@@ -85,6 +88,9 @@ pub struct CopierTx {
     gauge: QueueGauge,
     max_bytes: usize,
     max_total: usize,
+    /// The copier's socket, written directly while its writer is not busy (see
+    /// [`crate::feed`]); `None`: every message goes through the queue (tests).
+    feed: Option<Arc<Feed>>,
 }
 
 /// Bytes queued toward one copier, and toward all of them.
@@ -102,6 +108,18 @@ impl QueueGauge {
             self.mine.fetch_sub(n, Ordering::Relaxed);
             self.total.fetch_sub(n, Ordering::Relaxed);
         }
+    }
+
+    /// Counts `n` bytes held toward this copier outside the queue (a direct write's rest).
+    pub fn add(&self, n: usize) {
+        self.mine.fetch_add(n, Ordering::Relaxed);
+        self.total.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Gives back what [`QueueGauge::add`] counted.
+    pub fn sub(&self, n: usize) {
+        self.mine.fetch_sub(n, Ordering::Relaxed);
+        self.total.fetch_sub(n, Ordering::Relaxed);
     }
 
     /// Bytes queued toward this copier now.
@@ -126,7 +144,14 @@ impl CopierTx {
             },
             max_bytes,
             max_total,
+            feed: None,
         }
+    }
+
+    /// Writes through `feed` whenever its writer is not busy (see [`crate::feed`]).
+    pub fn with_feed(mut self, feed: Arc<Feed>) -> Self {
+        self.feed = Some(feed);
+        self
     }
 
     /// The gauge the writer thread gives bytes back to.
@@ -134,8 +159,16 @@ impl CopierTx {
         self.gauge.clone()
     }
 
-    /// Queues `m` unless a bound (batches or bytes) is reached; never blocks.
+    /// Writes `m` to the copier now, or queues it unless a bound (batches or bytes) is
+    /// reached; never blocks.
     pub fn try_send(&self, m: Outgoing) -> Result<(), TrySendError<Outgoing>> {
+        match &self.feed {
+            Some(feed) => feed.send(m, |m| self.queue(m)),
+            None => self.queue(m),
+        }
+    }
+
+    fn queue(&self, m: Outgoing) -> Result<(), TrySendError<Outgoing>> {
         let bytes = match &m {
             Outgoing::Batch(b) => b.memory_len(),
             _ => 0,
@@ -169,7 +202,7 @@ impl From<SyncSender<Outgoing>> for CopierTx {
 /// Changes to the routing table, sent by the control server's reader threads.
 #[derive(Clone, Debug)]
 pub enum RelayEvent {
-    /// A copier completed its handshake; `tx` feeds its writer thread.
+    /// A copier completed its handshake; `tx` is the way to it.
     Connected {
         id: CopierId,
         name: String,

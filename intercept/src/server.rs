@@ -6,8 +6,10 @@
 //! proof that it holds `--secret-file`'s secret, checked in constant time), Welcome (our proof
 //! back). Each refusal is one log line naming the peer and the reason, and is counted.
 //!
-//! Each copier gets a reader thread (handshake, claims, pings) and a writer thread fed by a
-//! bounded queue that only the relay fills. Nothing here may ever block the capture thread, and
+//! Each copier gets a reader thread (handshake, claims, pings) and a [`crate::feed`]: what the
+//! relay hands over is written to the socket at once by the thread that has it, and only what
+//! the socket cannot take now goes to the copier's writer thread, with what follows it queued
+//! behind (bounded). Nothing here may ever block the capture thread, and
 //! a misbehaving copier (garbage, wrong version, bad secret, silence) costs only its own
 //! connection. Connections are capped ([`ServerConfig::max_copiers`]): each costs threads and
 //! buffers, and the cap is reached before the handshake. Connections over the cap are refused,
@@ -16,7 +18,7 @@
 use std::collections::HashSet;
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Shutdown, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread;
@@ -24,15 +26,14 @@ use std::time::{Duration, Instant};
 
 use common::auth::{Nonce, Secret};
 use common::control::{
-    encode_challenge, encode_doctor_report, encode_feedback, encode_mysql, encode_pong,
-    encode_reject, encode_welcome, Challenge, CopierMessage, DecodeError, DoctorQuery,
-    DoctorReport, FrameDecoder, Reject, Welcome, FEATURE_PAYLOAD_HASHES, FEATURE_PROMPT_ON_DEMAND,
-    FEATURE_PROMPT_REPLIES, FEATURE_QUIET_IDLE, FEATURE_ROW_RUNS, IDLE_KEEPALIVE, PROTOCOL_VERSION,
+    encode_challenge, encode_reject, encode_welcome, Challenge, CopierMessage, DecodeError,
+    DoctorQuery, DoctorReport, FrameDecoder, Reject, Welcome, FEATURE_PAYLOAD_HASHES,
+    FEATURE_PROMPT_ON_DEMAND, FEATURE_PROMPT_REPLIES, FEATURE_QUIET_IDLE, FEATURE_ROW_RUNS,
+    IDLE_KEEPALIVE, PROTOCOL_VERSION,
 };
 
-use crate::relay::{
-    CopierId, CopierTx, Outgoing, QueueGauge, RelayEvent, MAX_CLAIMS_PER_COPIER, PROMPT_GATHER,
-};
+use crate::feed::{spawn_writer, Feed};
+use crate::relay::{CopierId, CopierTx, Outgoing, RelayEvent, MAX_CLAIMS_PER_COPIER};
 
 /// Settings of the control server.
 #[derive(Clone, Debug)]
@@ -64,9 +65,6 @@ pub struct ServerConfig {
     pub max_copiers: usize,
     /// Answers `copier doctor`'s Doctor queries (see `crate::doctor::answer`).
     pub doctor: Option<DoctorHook>,
-    /// How long a copier's writer gathers relayed batches before one write (`--relay-flush-us`),
-    /// unless the copier asked for [`FEATURE_PROMPT_REPLIES`].
-    pub relay_flush: Duration,
 }
 
 /// What answers a Doctor query: it runs on the asking connection's reader thread (it may take a
@@ -96,7 +94,6 @@ impl Default for ServerConfig {
             write_timeout: Duration::from_secs(5),
             max_copiers: 64,
             doctor: None,
-            relay_flush: Duration::ZERO,
         }
     }
 }
@@ -573,26 +570,12 @@ fn serve(
         Arc::clone(&ctx.queued_total),
         cfg.queue_bytes_total,
     );
-    let gauge = tx.gauge();
-    let stats = ctx.stats.clone();
-    let flush = if welcome.features & FEATURE_PROMPT_REPLIES != 0 {
-        Duration::ZERO
-    } else {
-        cfg.relay_flush
-    };
-    // The copier's last Prompt, for its writer: set here, read there before each gathering.
-    let prompt = Arc::new(AtomicBool::new(false));
-    let writer_prompt = Arc::clone(&prompt);
-    let spawned = thread::Builder::new()
-        .name(format!("copier-{id}-tx"))
-        .spawn(move || write_loop(write_half, rx, flush, &writer_prompt, &gauge, &stats));
-    let writer = match spawned {
-        Ok(h) => h.thread().clone(),
-        Err(e) => {
-            tracing::warn!(%peer, "cannot start a writer thread for a copier: {e}");
-            return;
-        }
-    };
+    let feed = Feed::new(write_half, tx.gauge(), ctx.stats.clone());
+    if let Err(e) = spawn_writer(&feed, rx, format!("copier-{id}-tx")) {
+        tracing::warn!(%peer, "cannot start a writer thread for a copier: {e}");
+        return;
+    }
+    let tx = tx.with_feed(Arc::clone(&feed));
     bump(&ctx.stats.welcomed);
     tracing::info!(%peer, copier = %hello.name, id, "copier connected");
     if events
@@ -667,11 +650,6 @@ fn serve(
                 if welcome.features & FEATURE_PROMPT_ON_DEMAND == 0 {
                     break End::Protocol("Prompt without FEATURE_PROMPT_ON_DEMAND");
                 }
-                prompt.store(on, Ordering::Relaxed);
-                if on {
-                    // A batch may be gathering in the writer right now: it goes within 1 ms.
-                    writer.unpark();
-                }
                 (RelayEvent::Prompt { id, on }, &ctx.stats.prompts, 1)
             }
             CopierMessage::Hello(_) => break End::Protocol("second Hello on one connection"),
@@ -706,7 +684,8 @@ fn serve(
     let _ = events.send(RelayEvent::Disconnected { id });
     bump(&ctx.stats.closed);
     log_end(ctx, peer, Some(&hello.name), end);
-    // Wakes the writer if it is blocked on a full socket; it exits when its queue closes.
+    feed.close();
+    // Wakes the writer if it is blocked on a full socket.
     let _ = conn.stream.shutdown(Shutdown::Both);
 }
 
@@ -816,100 +795,6 @@ impl Conn {
     }
 }
 
-/// Coalesces whatever is queued into one write: under load many small batches cost one
-/// syscall, and an idle queue costs no latency.
-/// Writes what the relay queued for one copier. With a `flush` period it sleeps that long after
-/// the first batch and writes everything queued by then in one go: one write, one wakeup of
-/// the copier's reader and main loop per period instead of per captured reply, which is most
-/// of both daemons' system time under load (docs/BENCHMARKS.md). Encoding waits for the end of
-/// the sleep, so each frame's `sent_at_us` still tells the copier how long its replies waited.
-fn write_loop(
-    mut stream: TcpStream,
-    rx: Receiver<Outgoing>,
-    flush: Duration,
-    prompt: &AtomicBool,
-    queued: &QueueGauge,
-    stats: &ServerStats,
-) {
-    const COALESCE_BYTES: usize = 256 * 1024;
-    let mut out = Vec::with_capacity(64 * 1024);
-    while let Ok(first) = rx.recv() {
-        // Parked, not slept: a Prompt that turns on cuts the gathering to PROMPT_GATHER.
-        // Parked again after an early return: the channel's senders unpark this thread too
-        // (std's channels wake their receiver so), and under load one would end nearly every
-        // gathering.
-        let start = Instant::now();
-        loop {
-            let period = if prompt.load(Ordering::Relaxed) {
-                flush.min(PROMPT_GATHER)
-            } else {
-                flush
-            };
-            let left = (start + period).saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                break;
-            }
-            thread::park_timeout(left);
-        }
-        out.clear();
-        queued.taken(&first);
-        encode_outgoing(&first, &mut out, stats);
-        while out.len() < COALESCE_BYTES {
-            match rx.try_recv() {
-                Ok(m) => {
-                    queued.taken(&m);
-                    encode_outgoing(&m, &mut out, stats)
-                }
-                Err(_) => break,
-            }
-        }
-        if let Err(e) = stream.write_all(&out) {
-            if matches!(
-                e.kind(),
-                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-            ) {
-                bump(&stats.write_failures);
-                tracing::warn!("copier stopped reading its feedback; closing its connection");
-            }
-            // The reader sees the shutdown, reports the disconnect and drops its claims.
-            let _ = stream.shutdown(Shutdown::Both);
-            break;
-        }
-        // A capture burst can leave a large buffer behind; do not keep it per copier forever.
-        if out.capacity() > 4 * COALESCE_BYTES {
-            out = Vec::with_capacity(64 * 1024);
-        }
-    }
-}
-
-fn encode_outgoing(m: &Outgoing, out: &mut Vec<u8>, stats: &ServerStats) {
-    let res = match m {
-        // Feedback first: the copier must know a segment before the MySQL packets framed
-        // from it. Each part is encoded on its own, so a bad one cannot take the other along.
-        Outgoing::Batch(b) => {
-            let fb = if b.feedback.is_empty() {
-                Ok(())
-            } else {
-                encode_feedback(&b.feedback, out)
-            };
-            let my = if b.mysql.is_empty() {
-                Ok(())
-            } else {
-                // Encoded by the writer just before the write: the copier dates each reply
-                // back from the frame's arrival by how long it waited here.
-                encode_mysql(common::clock::realtime_us(), &b.mysql, out)
-            };
-            fb.and(my)
-        }
-        Outgoing::Pong(n) => encode_pong(*n, out),
-        Outgoing::Doctor(d) => encode_doctor_report(d, out),
-    };
-    if let Err(e) = res {
-        bump(&stats.encode_errors);
-        tracing::error!("cannot encode a message for a copier (dropped): {e}");
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1007,10 +892,7 @@ mod tests {
 
     #[test]
     fn prompt_replies_are_granted_to_whoever_asks_and_hashes_only_with_framing() {
-        let server = start(ServerConfig {
-            relay_flush: Duration::from_millis(1),
-            ..ServerConfig::default()
-        });
+        let server = start(ServerConfig::default());
         let asks = FEATURE_PROMPT_REPLIES | FEATURE_PAYLOAD_HASHES;
         let (_s, granted) = welcomed(server.local_addr(), asks);
         assert_eq!(granted, FEATURE_PROMPT_REPLIES);

@@ -1,8 +1,8 @@
 //! Prompt (0x07): a copier tells intercept whether one of its sessions waits on the test
 //! server (`FEATURE_PROMPT_ON_DEMAND`).
 //!
-//! While it is on, intercept gathers what it relays to that copier for at most 1 ms (its
-//! capture too); while it is off, for `--relay-flush-us` (4 ms), which costs a copier whose
+//! While it is on, intercept's capture gathers replies for at most 1 ms before it relays
+//! them; while it is off, for `--relay-flush-us` (4 ms), which costs a copier whose
 //! sessions wait on nothing (their commands are with the test server) no fidelity and saves
 //! both daemons wakeups. One
 //! byte, 0 or 1: anything else is refused, so a later version can give it a meaning.

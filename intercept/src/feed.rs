@@ -1,0 +1,363 @@
+//! A copier's feed: what the relay hands over for one copier (feedback batches, and the
+//! reader's Pongs and doctor reports) is encoded and written to the copier's control socket at
+//! once, by the thread that has it, with a send that never waits.
+//!
+//! Handing every batch to a writer thread instead cost a thread wakeup and a cross-thread wake
+//! per relayed batch: under load, a third of intercept's context switches and a tenth of its
+//! CPU (docs/BENCHMARKS.md). The writer thread stays, for what the socket cannot take now: a
+//! send that would block leaves its rest to the writer, and until the writer has caught up,
+//! everything after it queues behind in the copier's bounded queue ([`crate::relay::CopierTx`]),
+//! so the copier reads frames in the order they were handed over.
+//!
+//! This room must never block its caller (the capture thread) on a copier, nor reorder what it
+//! was handed: the busy flag and the queue are only ever touched under the feed's lock.
+
+use std::io::{self, Write};
+use std::net::{Shutdown, TcpStream};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{Receiver, TrySendError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::thread::{self, Thread};
+
+use common::control::{encode_doctor_report, encode_feedback, encode_mysql, encode_pong};
+
+use crate::relay::{Outgoing, QueueGauge};
+use crate::server::ServerStats;
+
+/// Most bytes the writer coalesces from the queue into one write.
+const COALESCE_BYTES: usize = 256 * 1024;
+
+/// One copier's socket and who may write to it now.
+#[derive(Debug)]
+pub struct Feed {
+    stream: TcpStream,
+    state: Mutex<FeedState>,
+    writer: OnceLock<Thread>,
+    gauge: QueueGauge,
+    counters: Arc<ServerStats>,
+}
+
+#[derive(Debug, Default)]
+struct FeedState {
+    /// While `busy`: the unsent rest of the last direct write, for the writer. Otherwise
+    /// scratch space for the next encoding (kept to save an allocation per batch).
+    buf: Vec<u8>,
+    /// The writer owns the socket: handed-over messages go to the queue, behind its work.
+    busy: bool,
+    /// The connection is over (a failed write, or its reader ended it).
+    closed: bool,
+}
+
+impl Feed {
+    /// `stream` must be a blocking socket with a write timeout: the writer's writes block, at
+    /// most that long, and the feed's own sends never do. `gauge` counts the rest a direct
+    /// write left for the writer, beside the queue's bytes; `counters` are the control
+    /// server's (write failures, encode errors).
+    pub fn new(stream: TcpStream, gauge: QueueGauge, counters: Arc<ServerStats>) -> Arc<Self> {
+        Arc::new(Feed {
+            stream,
+            state: Mutex::new(FeedState::default()),
+            writer: OnceLock::new(),
+            gauge,
+            counters,
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, FeedState> {
+        // Nothing under this lock can panic halfway through an update that matters.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Writes `m` now if the socket takes it, or leaves the rest to the writer; while the
+    /// writer is busy, hands `m` to `queue` (the copier's bounded queue) instead, under the
+    /// lock, so that it is written after the writer's work. Never blocks.
+    pub fn send(
+        &self,
+        m: Outgoing,
+        queue: impl FnOnce(Outgoing) -> Result<(), TrySendError<Outgoing>>,
+    ) -> Result<(), TrySendError<Outgoing>> {
+        let mut st = self.lock();
+        if st.closed {
+            return Err(TrySendError::Disconnected(m));
+        }
+        if st.busy {
+            return queue(m);
+        }
+        st.buf.clear();
+        encode_outgoing(&m, &mut st.buf, &self.counters);
+        let sent = match send_now(&self.stream, &st.buf) {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::debug!("write to a copier failed: {e}");
+                st.closed = true;
+                drop(st);
+                // The reader sees the shutdown, reports the disconnect and drops its claims.
+                let _ = self.stream.shutdown(Shutdown::Both);
+                self.wake_writer();
+                return Err(TrySendError::Disconnected(m));
+            }
+        };
+        if sent < st.buf.len() {
+            st.buf.drain(..sent);
+            self.gauge.add(st.buf.len());
+            st.busy = true;
+            drop(st);
+            self.wake_writer();
+        }
+        Ok(())
+    }
+
+    /// Ends the feed: the writer exits. Called by the connection's reader when it ends.
+    pub fn close(&self) {
+        let mut st = self.lock();
+        st.closed = true;
+        if st.busy {
+            self.gauge.sub(st.buf.len());
+            st.buf = Vec::new();
+        }
+        drop(st);
+        self.wake_writer();
+    }
+
+    fn wake_writer(&self) {
+        if let Some(t) = self.writer.get() {
+            t.unpark();
+        }
+    }
+}
+
+/// A send that never waits: the bytes the socket took (0 when its buffer is full).
+fn send_now(stream: &TcpStream, bytes: &[u8]) -> io::Result<usize> {
+    let fd = stream.as_raw_fd();
+    loop {
+        // SAFETY: `bytes` is a valid buffer of its length for the call's duration, and `fd` is
+        // the open socket `stream` owns. MSG_DONTWAIT makes this one call non-blocking without
+        // changing the socket's mode, which the writer's blocking writes and the reader share.
+        let n = unsafe {
+            libc::send(
+                fd,
+                bytes.as_ptr().cast(),
+                bytes.len(),
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let e = io::Error::last_os_error();
+        match e.kind() {
+            io::ErrorKind::Interrupted => continue,
+            io::ErrorKind::WouldBlock => return Ok(0),
+            _ => return Err(e),
+        }
+    }
+}
+
+/// Starts `feed`'s writer thread, which takes over whenever a direct write could not finish,
+/// writes the rest and then the queue (`rx`) with blocking writes, and hands the socket back
+/// once the queue is empty.
+pub fn spawn_writer(
+    feed: &Arc<Feed>,
+    rx: Receiver<Outgoing>,
+    name: String,
+) -> io::Result<thread::JoinHandle<()>> {
+    let f = Arc::clone(feed);
+    let h = thread::Builder::new()
+        .name(name)
+        .spawn(move || write_loop(&f, &rx))?;
+    let _ = feed.writer.set(h.thread().clone());
+    Ok(h)
+}
+
+fn write_loop(feed: &Feed, rx: &Receiver<Outgoing>) {
+    let mut out = Vec::with_capacity(64 * 1024);
+    loop {
+        {
+            let mut st = feed.lock();
+            if st.closed {
+                return;
+            }
+            if !st.busy {
+                drop(st);
+                // Unparked by a send that left bytes behind and by `close`; a token left by
+                // an earlier unpark only costs one more pass.
+                thread::park();
+                continue;
+            }
+            out.clear();
+            if st.buf.is_empty() {
+                while out.len() < COALESCE_BYTES {
+                    match rx.try_recv() {
+                        Ok(m) => {
+                            feed.gauge.taken(&m);
+                            encode_outgoing(&m, &mut out, &feed.counters);
+                        }
+                        Err(_) => break,
+                    }
+                }
+                if out.is_empty() {
+                    // Caught up, checked under the lock the senders queue under: the next
+                    // message is written directly, after everything before it.
+                    st.busy = false;
+                    continue;
+                }
+            } else {
+                std::mem::swap(&mut out, &mut st.buf);
+                feed.gauge.sub(out.len());
+            }
+        }
+        if let Err(e) = (&feed.stream).write_all(&out) {
+            if matches!(
+                e.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+            ) {
+                feed.counters.write_failures.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!("copier stopped reading its feedback; closing its connection");
+            }
+            feed.close();
+            let _ = feed.stream.shutdown(Shutdown::Both);
+            // What the queue still holds goes with the connection.
+            while let Ok(m) = rx.try_recv() {
+                feed.gauge.taken(&m);
+            }
+            return;
+        }
+        // A capture burst can leave a large buffer behind; do not keep it per copier forever.
+        if out.capacity() > 4 * COALESCE_BYTES {
+            out = Vec::with_capacity(64 * 1024);
+        }
+    }
+}
+
+/// Appends `m`'s frames to `out`.
+pub fn encode_outgoing(m: &Outgoing, out: &mut Vec<u8>, counters: &ServerStats) {
+    let res = match m {
+        // Feedback first: the copier must know a segment before the MySQL packets framed
+        // from it. Each part is encoded on its own, so a bad one cannot take the other along.
+        Outgoing::Batch(b) => {
+            let fb = if b.feedback.is_empty() {
+                Ok(())
+            } else {
+                encode_feedback(&b.feedback, out)
+            };
+            let my = if b.mysql.is_empty() {
+                Ok(())
+            } else {
+                // Encoded just before it is written: the copier dates each reply back from the
+                // frame's arrival by how long it waited here.
+                encode_mysql(common::clock::realtime_us(), &b.mysql, out)
+            };
+            fb.and(my)
+        }
+        Outgoing::Pong(n) => encode_pong(*n, out),
+        Outgoing::Doctor(d) => encode_doctor_report(d, out),
+    };
+    if let Err(e) = res {
+        counters.encode_errors.fetch_add(1, Ordering::Relaxed);
+        tracing::error!("cannot encode a message for a copier (dropped): {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::relay::CopierTx;
+    use common::control::{FrameDecoder, InterceptMessage};
+    use std::io::Read;
+    use std::net::TcpListener;
+    use std::sync::mpsc::sync_channel;
+    use std::time::{Duration, Instant};
+
+    const WAIT: Duration = Duration::from_secs(10);
+
+    /// A connected pair on loopback with small buffers (ours, theirs), and a feed on ours.
+    fn pair(queue: usize) -> (CopierTx, Arc<Feed>, thread::JoinHandle<()>, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let ours = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (theirs, _) = listener.accept().unwrap();
+        socket2::SockRef::from(&ours)
+            .set_send_buffer_size(4096)
+            .unwrap();
+        socket2::SockRef::from(&theirs)
+            .set_recv_buffer_size(4096)
+            .unwrap();
+        ours.set_write_timeout(Some(WAIT)).unwrap();
+        theirs.set_read_timeout(Some(WAIT)).unwrap();
+        let (tx, rx) = sync_channel(queue);
+        let tx = CopierTx::new(tx, usize::MAX, Arc::default(), usize::MAX);
+        let feed = Feed::new(ours, tx.gauge(), Arc::default());
+        let writer = spawn_writer(&feed, rx, "test-tx".into()).unwrap();
+        (tx.with_feed(Arc::clone(&feed)), feed, writer, theirs)
+    }
+
+    fn pongs(s: &mut TcpStream, dec: &mut FrameDecoder<InterceptMessage>, n: usize) -> Vec<u64> {
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        while got.len() < n {
+            match dec.next_message().unwrap() {
+                Some(InterceptMessage::Pong(k)) => got.push(k),
+                Some(m) => panic!("unexpected {m:?}"),
+                None => {
+                    let r = s
+                        .read(&mut buf)
+                        .expect("the copier's feed within the timeout");
+                    assert!(r > 0, "the feed closed after {} pongs", got.len());
+                    dec.feed(&buf[..r]);
+                }
+            }
+        }
+        got
+    }
+
+    #[test]
+    fn what_the_socket_cannot_take_waits_behind_the_writer_in_order() {
+        let (tx, _feed, _writer, mut theirs) = pair(64);
+        // The copier does not read: the socket fills, the writer blocks, the queue fills.
+        let accepted: Vec<u64> = (0..20_000u64)
+            .filter(|&n| tx.try_send(Outgoing::Pong(n)).is_ok())
+            .collect();
+        assert!(
+            accepted.len() < 20_000,
+            "a copier that does not read must fill its socket and its queue"
+        );
+        // Now it reads: everything accepted arrives, in the order it was handed over.
+        let mut dec = FrameDecoder::new();
+        assert_eq!(pongs(&mut theirs, &mut dec, accepted.len()), accepted);
+        // Caught up: the writer hands the socket back and the next one is written at once.
+        let until = Instant::now() + WAIT;
+        loop {
+            assert!(Instant::now() < until, "the writer never caught up");
+            if tx.try_send(Outgoing::Pong(u64::MAX)).is_ok() {
+                break;
+            }
+            thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(pongs(&mut theirs, &mut dec, 1), [u64::MAX]);
+        assert_eq!(tx.gauge().queued(), 0, "no bytes left counted");
+    }
+
+    #[test]
+    fn a_copier_that_went_away_ends_its_writer() {
+        let (tx, feed, writer, theirs) = pair(4);
+        drop(theirs);
+        let until = Instant::now() + WAIT;
+        while !matches!(
+            tx.try_send(Outgoing::Pong(1)),
+            Err(TrySendError::Disconnected(_))
+        ) {
+            assert!(
+                Instant::now() < until,
+                "writes to a closed copier kept succeeding"
+            );
+            thread::sleep(Duration::from_millis(1));
+        }
+        feed.close();
+        let (done_tx, done) = sync_channel(1);
+        thread::spawn(move || {
+            let _ = writer.join();
+            let _ = done_tx.send(());
+        });
+        done.recv_timeout(WAIT).expect("the writer thread to exit");
+    }
+}
