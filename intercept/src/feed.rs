@@ -104,6 +104,9 @@ impl Feed {
             st.busy = true;
             drop(st);
             self.wake_writer();
+        } else if st.buf.capacity() > 4 * COALESCE_BYTES {
+            // A capture burst can leave a large buffer behind; do not keep it per copier.
+            st.buf = Vec::new();
         }
         Ok(())
     }
