@@ -332,11 +332,14 @@ pub fn run<S: SegmentSource>(
     let mut next_status = config.status_interval.map(|i| clock.now() + i);
     let mut next_sweep = clock.now() + SWEEP_INTERVAL;
     let mut burst = 0u32;
+    // Whether the capture had replies since the last gathering.
+    let mut busy = false;
     while !stop.load(Ordering::Relaxed) {
         // Before every packet, so a Claim that arrived before the reply it is for is applied.
         drain_events(&mut path.relay, events);
         let now = clock.now();
         if source.poll_segment(|pkt, at| path.on_segment(now, at, pkt))? {
+            busy = true;
             burst = burst.wrapping_add(1);
             // A capture that never runs dry must still report and sweep.
             if !burst.is_multiple_of(4096) {
@@ -344,7 +347,13 @@ pub fn run<S: SegmentSource>(
             }
         } else {
             path.relay.flush();
-            source.wait(config.idle_wait)?;
+            // Under load the next reply is due within the period: gather straight away, one
+            // wakeup per period instead of one for the reply and one for the period's end. A
+            // reply waits no longer than it would after a wakeup of its own.
+            if !busy || path.relay.gather_for(config.gather).is_zero() {
+                source.wait(config.idle_wait)?;
+            }
+            busy = false;
             gather(&mut path.relay, events, config.gather);
         }
         let now = clock.now();
