@@ -130,6 +130,16 @@ impl Feed {
     }
 }
 
+/// Closes its feed when dropped: the writer ends however its connection's reader does (an
+/// early return included), since it parks rather than waiting on its queue.
+pub struct CloseOnDrop(pub Arc<Feed>);
+
+impl Drop for CloseOnDrop {
+    fn drop(&mut self) {
+        self.0.close();
+    }
+}
+
 /// A send that never waits: the bytes the socket took (0 when its buffer is full).
 fn send_now(stream: &TcpStream, bytes: &[u8]) -> io::Result<usize> {
     let fd = stream.as_raw_fd();

@@ -32,7 +32,7 @@ use common::control::{
     IDLE_KEEPALIVE, PROTOCOL_VERSION,
 };
 
-use crate::feed::{spawn_writer, Feed};
+use crate::feed::{spawn_writer, CloseOnDrop, Feed};
 use crate::relay::{CopierId, CopierTx, Outgoing, RelayEvent, MAX_CLAIMS_PER_COPIER};
 
 /// Settings of the control server.
@@ -571,11 +571,12 @@ fn serve(
         cfg.queue_bytes_total,
     );
     let feed = Feed::new(write_half, tx.gauge(), ctx.stats.clone());
+    let _closes = CloseOnDrop(Arc::clone(&feed));
     if let Err(e) = spawn_writer(&feed, rx, format!("copier-{id}-tx")) {
         tracing::warn!(%peer, "cannot start a writer thread for a copier: {e}");
         return;
     }
-    let tx = tx.with_feed(Arc::clone(&feed));
+    let tx = tx.with_feed(feed);
     bump(&ctx.stats.welcomed);
     tracing::info!(%peer, copier = %hello.name, id, "copier connected");
     if events
@@ -684,8 +685,7 @@ fn serve(
     let _ = events.send(RelayEvent::Disconnected { id });
     bump(&ctx.stats.closed);
     log_end(ctx, peer, Some(&hello.name), end);
-    feed.close();
-    // Wakes the writer if it is blocked on a full socket.
+    // Wakes the writer if it is blocked on a full socket; `_closes` then ends it.
     let _ = conn.stream.shutdown(Shutdown::Both);
 }
 
