@@ -1,12 +1,14 @@
-//! A copier's feed: what the relay hands over for one copier (feedback batches, and the
-//! reader's Pongs and doctor reports) is encoded and written to the copier's control socket at
-//! once, by the thread that has it, with a send that never waits.
+//! The way to one copier: what is written to it ([`Outgoing`], [`Batch`]), its bounded queue
+//! ([`CopierTx`], [`QueueGauge`]) and its socket ([`Feed`]). What the relay hands over for one
+//! copier (feedback batches, and the reader's Pongs and doctor reports) is encoded and written
+//! to the copier's control socket at once, by the thread that has it, with a send that never
+//! waits.
 //!
 //! Handing every batch to a writer thread instead cost a thread wakeup and a cross-thread wake
 //! per relayed batch: under load, a third of intercept's context switches and a tenth of its
 //! CPU (docs/BENCHMARKS.md). The writer thread stays, for what the socket cannot take now: a
 //! send that would block leaves its rest to the writer, and until the writer has caught up,
-//! everything after it queues behind in the copier's bounded queue ([`crate::relay::CopierTx`]),
+//! everything after it queues behind in the copier's bounded queue ([`CopierTx`]),
 //! so the copier reads frames in the order they were handed over.
 //!
 //! This room must never block its caller (the capture thread) on a copier, nor reorder what it
@@ -15,18 +17,196 @@
 use std::io::{self, Write};
 use std::net::{Shutdown, TcpStream};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::Ordering;
-use std::sync::mpsc::{Receiver, TrySendError};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::thread::{self, Thread};
 
-use common::control::{encode_doctor_report, encode_feedback, encode_mysql, encode_pong};
-
-use crate::relay::{Outgoing, QueueGauge};
-use crate::server::ServerStats;
+use common::control::{
+    encode_doctor_report, encode_feedback, encode_mysql, encode_pong, MysqlEvent, TestFeedback,
+};
 
 /// Most bytes the writer coalesces from the queue into one write.
 const COALESCE_BYTES: usize = 256 * 1024;
+
+/// What is written to a copier.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Outgoing {
+    Batch(Batch),
+    Pong(u64),
+    /// The answer to a copier's doctor.
+    Doctor(common::control::DoctorReport),
+}
+
+/// One flush for one copier, queued as a unit so that a full queue drops both parts or neither.
+/// Written as a Feedback frame, then a Mysql frame (each only when not empty).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Batch {
+    pub feedback: Vec<TestFeedback>,
+    /// Events of segments whose feedback is in `feedback` or in an earlier batch.
+    pub mysql: Vec<MysqlEvent>,
+}
+
+impl Batch {
+    pub fn is_empty(&self) -> bool {
+        self.feedback.is_empty() && self.mysql.is_empty()
+    }
+
+    /// Bytes the batch occupies in memory (its vectors' capacity and the heap parts of its
+    /// items), for the queue's byte bound (`--max-memory`).
+    pub fn memory_len(&self) -> usize {
+        use std::mem::size_of;
+        self.feedback.capacity() * size_of::<TestFeedback>()
+            + self
+                .feedback
+                .iter()
+                .map(|f| f.payload_prefix.capacity())
+                .sum::<usize>()
+            + self.mysql.capacity() * size_of::<MysqlEvent>()
+            + self
+                .mysql
+                .iter()
+                .map(|e| match e {
+                    MysqlEvent::Packet { packet, .. } => packet.head.capacity(),
+                    MysqlEvent::FramingLost { .. }
+                    | MysqlEvent::FramingResumed { .. }
+                    | MysqlEvent::Rows { .. } => 0,
+                })
+                .sum::<usize>()
+    }
+}
+
+/// The relay's way to one copier: its socket, written at once while the socket takes it
+/// (a [`Feed`]), and otherwise its queue toward its writer thread: bounded in batches by
+/// the channel, and in bytes twice: this copier's share (`max_bytes`) and all copiers' queues
+/// together (`max_total`), so neither one slow copier nor many can pass `--max-memory`'s part.
+/// The writer gives bytes back through its [`QueueGauge`]. A batch that would pass a bound is
+/// dropped and counted.
+#[derive(Clone, Debug)]
+pub struct CopierTx {
+    tx: SyncSender<Outgoing>,
+    gauge: QueueGauge,
+    max_bytes: usize,
+    max_total: usize,
+    /// The copier's socket, written directly while its writer is not busy (see
+    /// [`Feed`]); `None`: every message goes through the queue (tests).
+    feed: Option<Arc<Feed>>,
+}
+
+/// Bytes queued toward one copier, and toward all of them.
+#[derive(Clone, Debug, Default)]
+pub struct QueueGauge {
+    mine: Arc<AtomicUsize>,
+    total: Arc<AtomicUsize>,
+}
+
+impl QueueGauge {
+    /// What the writer calls for each message it took off the queue.
+    pub fn taken(&self, m: &Outgoing) {
+        if let Outgoing::Batch(b) = m {
+            let n = b.memory_len();
+            self.mine.fetch_sub(n, Ordering::Relaxed);
+            self.total.fetch_sub(n, Ordering::Relaxed);
+        }
+    }
+
+    /// Counts `n` bytes held toward this copier outside the queue (a direct write's rest).
+    pub fn add(&self, n: usize) {
+        self.mine.fetch_add(n, Ordering::Relaxed);
+        self.total.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Gives back what [`QueueGauge::add`] counted.
+    pub fn sub(&self, n: usize) {
+        self.mine.fetch_sub(n, Ordering::Relaxed);
+        self.total.fetch_sub(n, Ordering::Relaxed);
+    }
+
+    /// Bytes queued toward this copier now.
+    pub fn queued(&self) -> usize {
+        self.mine.load(Ordering::Relaxed)
+    }
+}
+
+impl CopierTx {
+    /// `total` is shared by every copier's queue (at most `max_total` bytes together).
+    pub fn new(
+        tx: SyncSender<Outgoing>,
+        max_bytes: usize,
+        total: Arc<AtomicUsize>,
+        max_total: usize,
+    ) -> Self {
+        Self {
+            tx,
+            gauge: QueueGauge {
+                mine: Arc::new(AtomicUsize::new(0)),
+                total,
+            },
+            max_bytes,
+            max_total,
+            feed: None,
+        }
+    }
+
+    /// Writes through `feed` whenever its writer is not busy.
+    pub fn with_feed(mut self, feed: Arc<Feed>) -> Self {
+        self.feed = Some(feed);
+        self
+    }
+
+    /// The gauge the writer thread gives bytes back to.
+    pub fn gauge(&self) -> QueueGauge {
+        self.gauge.clone()
+    }
+
+    /// Writes `m` to the copier now, or queues it unless a bound (batches or bytes) is
+    /// reached; never blocks.
+    pub fn try_send(&self, m: Outgoing) -> Result<(), TrySendError<Outgoing>> {
+        match &self.feed {
+            Some(feed) => feed.send(m, |m| self.queue(m)),
+            None => self.queue(m),
+        }
+    }
+
+    fn queue(&self, m: Outgoing) -> Result<(), TrySendError<Outgoing>> {
+        let bytes = match &m {
+            Outgoing::Batch(b) => b.memory_len(),
+            _ => 0,
+        };
+        let g = &self.gauge;
+        let mine = g.mine.fetch_add(bytes, Ordering::Relaxed);
+        let total = g.total.fetch_add(bytes, Ordering::Relaxed);
+        let over = bytes > 0
+            && (mine.saturating_add(bytes) > self.max_bytes
+                || total.saturating_add(bytes) > self.max_total);
+        let r = if over {
+            Err(TrySendError::Full(m))
+        } else {
+            self.tx.try_send(m)
+        };
+        if r.is_err() {
+            g.mine.fetch_sub(bytes, Ordering::Relaxed);
+            g.total.fetch_sub(bytes, Ordering::Relaxed);
+        }
+        r
+    }
+}
+
+/// Unbounded in bytes (tests, and callers that bound the channel only in batches).
+impl From<SyncSender<Outgoing>> for CopierTx {
+    fn from(tx: SyncSender<Outgoing>) -> Self {
+        Self::new(tx, usize::MAX, Arc::default(), usize::MAX)
+    }
+}
+
+/// The feeds' counters, shared by every copier's (the control server's status reads them).
+#[derive(Debug, Default)]
+pub struct FeedCounters {
+    /// Connections closed because the copier did not read its feedback.
+    pub write_failures: AtomicU64,
+    /// Messages that could not be encoded (a bug, never expected).
+    pub encode_errors: AtomicU64,
+}
 
 /// One copier's socket and who may write to it now.
 #[derive(Debug)]
@@ -35,7 +215,7 @@ pub struct Feed {
     state: Mutex<FeedState>,
     writer: OnceLock<Thread>,
     gauge: QueueGauge,
-    counters: Arc<ServerStats>,
+    counters: Arc<FeedCounters>,
 }
 
 #[derive(Debug, Default)]
@@ -54,7 +234,7 @@ impl Feed {
     /// most that long, and the feed's own sends never do. `gauge` counts the rest a direct
     /// write left for the writer, beside the queue's bytes; `counters` are the control
     /// server's (write failures, encode errors).
-    pub fn new(stream: TcpStream, gauge: QueueGauge, counters: Arc<ServerStats>) -> Arc<Self> {
+    pub fn new(stream: TcpStream, gauge: QueueGauge, counters: Arc<FeedCounters>) -> Arc<Self> {
         Arc::new(Feed {
             stream,
             state: Mutex::new(FeedState::default()),
@@ -244,7 +424,7 @@ fn write_loop(feed: &Feed, rx: &Receiver<Outgoing>) {
 }
 
 /// Appends `m`'s frames to `out`.
-pub fn encode_outgoing(m: &Outgoing, out: &mut Vec<u8>, counters: &ServerStats) {
+pub fn encode_outgoing(m: &Outgoing, out: &mut Vec<u8>, counters: &FeedCounters) {
     let res = match m {
         // Feedback first: the copier must know a segment before the MySQL packets framed
         // from it. Each part is encoded on its own, so a bad one cannot take the other along.
@@ -275,7 +455,6 @@ pub fn encode_outgoing(m: &Outgoing, out: &mut Vec<u8>, counters: &ServerStats) 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::relay::CopierTx;
     use common::control::{FrameDecoder, InterceptMessage};
     use std::io::Read;
     use std::net::TcpListener;

@@ -10,9 +10,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddrV4;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc::{SyncSender, TrySendError};
-use std::sync::Arc;
+use std::sync::mpsc::TrySendError;
 use std::time::Duration;
 
 use common::control::{
@@ -20,7 +18,7 @@ use common::control::{
     MAX_FEEDBACK_PER_FRAME, MAX_MYSQL_EVENTS_PER_FRAME,
 };
 
-use crate::feed::Feed;
+pub use crate::feed::{Batch, CopierTx, Outgoing, QueueGauge};
 
 /// A control connection, numbered in accept order.
 pub type CopierId = u64;
@@ -28,176 +26,6 @@ pub type CopierId = u64;
 /// Most addresses one copier may own at once; past it claims are ignored (counted) and those
 /// sessions' feedback is broadcast instead, which still works, only less efficiently.
 pub const MAX_CLAIMS_PER_COPIER: usize = 1 << 20;
-
-/// What is written to a copier ([`crate::feed`]).
-#[derive(Debug, PartialEq, Eq)]
-pub enum Outgoing {
-    Batch(Batch),
-    Pong(u64),
-    /// The answer to a copier's doctor.
-    Doctor(common::control::DoctorReport),
-}
-
-/// One flush for one copier, queued as a unit so that a full queue drops both parts or neither.
-/// Written as a Feedback frame, then a Mysql frame (each only when not empty).
-#[derive(Debug, Default, PartialEq, Eq)]
-pub struct Batch {
-    pub feedback: Vec<TestFeedback>,
-    /// Events of segments whose feedback is in `feedback` or in an earlier batch.
-    pub mysql: Vec<MysqlEvent>,
-}
-
-impl Batch {
-    fn is_empty(&self) -> bool {
-        self.feedback.is_empty() && self.mysql.is_empty()
-    }
-
-    /// Bytes the batch occupies in memory (its vectors' capacity and the heap parts of its
-    /// items), for the queue's byte bound (`--max-memory`).
-    pub fn memory_len(&self) -> usize {
-        use std::mem::size_of;
-        self.feedback.capacity() * size_of::<TestFeedback>()
-            + self
-                .feedback
-                .iter()
-                .map(|f| f.payload_prefix.capacity())
-                .sum::<usize>()
-            + self.mysql.capacity() * size_of::<MysqlEvent>()
-            + self
-                .mysql
-                .iter()
-                .map(|e| match e {
-                    MysqlEvent::Packet { packet, .. } => packet.head.capacity(),
-                    MysqlEvent::FramingLost { .. }
-                    | MysqlEvent::FramingResumed { .. }
-                    | MysqlEvent::Rows { .. } => 0,
-                })
-                .sum::<usize>()
-    }
-}
-
-/// The relay's way to one copier: its socket, written at once while the socket takes it
-/// ([`crate::feed`]), and otherwise its queue toward its writer thread: bounded in batches by
-/// the channel, and in bytes twice: this copier's share (`max_bytes`) and all copiers' queues
-/// together (`max_total`), so neither one slow copier nor many can pass `--max-memory`'s part.
-/// The writer gives bytes back through its [`QueueGauge`]. A batch that would pass a bound is
-/// dropped and counted.
-#[derive(Clone, Debug)]
-pub struct CopierTx {
-    tx: SyncSender<Outgoing>,
-    gauge: QueueGauge,
-    max_bytes: usize,
-    max_total: usize,
-    /// The copier's socket, written directly while its writer is not busy (see
-    /// [`crate::feed`]); `None`: every message goes through the queue (tests).
-    feed: Option<Arc<Feed>>,
-}
-
-/// Bytes queued toward one copier, and toward all of them.
-#[derive(Clone, Debug, Default)]
-pub struct QueueGauge {
-    mine: Arc<AtomicUsize>,
-    total: Arc<AtomicUsize>,
-}
-
-impl QueueGauge {
-    /// What the writer calls for each message it took off the queue.
-    pub fn taken(&self, m: &Outgoing) {
-        if let Outgoing::Batch(b) = m {
-            let n = b.memory_len();
-            self.mine.fetch_sub(n, Ordering::Relaxed);
-            self.total.fetch_sub(n, Ordering::Relaxed);
-        }
-    }
-
-    /// Counts `n` bytes held toward this copier outside the queue (a direct write's rest).
-    pub fn add(&self, n: usize) {
-        self.mine.fetch_add(n, Ordering::Relaxed);
-        self.total.fetch_add(n, Ordering::Relaxed);
-    }
-
-    /// Gives back what [`QueueGauge::add`] counted.
-    pub fn sub(&self, n: usize) {
-        self.mine.fetch_sub(n, Ordering::Relaxed);
-        self.total.fetch_sub(n, Ordering::Relaxed);
-    }
-
-    /// Bytes queued toward this copier now.
-    pub fn queued(&self) -> usize {
-        self.mine.load(Ordering::Relaxed)
-    }
-}
-
-impl CopierTx {
-    /// `total` is shared by every copier's queue (at most `max_total` bytes together).
-    pub fn new(
-        tx: SyncSender<Outgoing>,
-        max_bytes: usize,
-        total: Arc<AtomicUsize>,
-        max_total: usize,
-    ) -> Self {
-        Self {
-            tx,
-            gauge: QueueGauge {
-                mine: Arc::new(AtomicUsize::new(0)),
-                total,
-            },
-            max_bytes,
-            max_total,
-            feed: None,
-        }
-    }
-
-    /// Writes through `feed` whenever its writer is not busy (see [`crate::feed`]).
-    pub fn with_feed(mut self, feed: Arc<Feed>) -> Self {
-        self.feed = Some(feed);
-        self
-    }
-
-    /// The gauge the writer thread gives bytes back to.
-    pub fn gauge(&self) -> QueueGauge {
-        self.gauge.clone()
-    }
-
-    /// Writes `m` to the copier now, or queues it unless a bound (batches or bytes) is
-    /// reached; never blocks.
-    pub fn try_send(&self, m: Outgoing) -> Result<(), TrySendError<Outgoing>> {
-        match &self.feed {
-            Some(feed) => feed.send(m, |m| self.queue(m)),
-            None => self.queue(m),
-        }
-    }
-
-    fn queue(&self, m: Outgoing) -> Result<(), TrySendError<Outgoing>> {
-        let bytes = match &m {
-            Outgoing::Batch(b) => b.memory_len(),
-            _ => 0,
-        };
-        let g = &self.gauge;
-        let mine = g.mine.fetch_add(bytes, Ordering::Relaxed);
-        let total = g.total.fetch_add(bytes, Ordering::Relaxed);
-        let over = bytes > 0
-            && (mine.saturating_add(bytes) > self.max_bytes
-                || total.saturating_add(bytes) > self.max_total);
-        let r = if over {
-            Err(TrySendError::Full(m))
-        } else {
-            self.tx.try_send(m)
-        };
-        if r.is_err() {
-            g.mine.fetch_sub(bytes, Ordering::Relaxed);
-            g.total.fetch_sub(bytes, Ordering::Relaxed);
-        }
-        r
-    }
-}
-
-/// Unbounded in bytes (tests, and callers that bound the channel only in batches).
-impl From<SyncSender<Outgoing>> for CopierTx {
-    fn from(tx: SyncSender<Outgoing>) -> Self {
-        Self::new(tx, usize::MAX, Arc::default(), usize::MAX)
-    }
-}
 
 /// Changes to the routing table, sent by the control server's reader threads.
 #[derive(Clone, Debug)]
@@ -584,7 +412,9 @@ mod tests {
     use super::*;
     use common::wire::{TcpFlags, TcpOptions};
     use std::net::Ipv4Addr;
+    use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::mpsc::{sync_channel, Receiver};
+    use std::sync::Arc;
 
     fn client(n: u8) -> SocketAddrV4 {
         SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, n), 40000)

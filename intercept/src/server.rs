@@ -32,7 +32,7 @@ use common::control::{
     IDLE_KEEPALIVE, PROTOCOL_VERSION,
 };
 
-use crate::feed::{spawn_writer, CloseOnDrop, Feed};
+use crate::feed::{spawn_writer, CloseOnDrop, Feed, FeedCounters};
 use crate::relay::{CopierId, CopierTx, Outgoing, RelayEvent, MAX_CLAIMS_PER_COPIER};
 
 /// Settings of the control server.
@@ -122,8 +122,9 @@ pub struct ServerStats {
     pub garbage: AtomicU64,
     /// Connections closed for silence (no Hello in time, or no frame for the idle timeout).
     pub timeouts: AtomicU64,
-    /// Connections closed because the copier did not read its feedback.
-    pub write_failures: AtomicU64,
+    /// The copiers' feeds': write failures (a copier that did not read its feedback) and
+    /// messages that could not be encoded.
+    pub feeds: Arc<FeedCounters>,
     /// Addresses received in Claim and Release frames.
     pub claimed_addrs: AtomicU64,
     pub released_addrs: AtomicU64,
@@ -131,8 +132,6 @@ pub struct ServerStats {
     pub prompts: AtomicU64,
     /// Pongs not sent because the copier's queue was full.
     pub pongs_dropped: AtomicU64,
-    /// Batches the writer could not encode (a bug, never expected).
-    pub encode_errors: AtomicU64,
     last_garbage_log: Mutex<Option<Instant>>,
     /// Refusal log lines, per reason: when the last was written and how many were not since.
     refusal_logs: Mutex<[(Option<Instant>, u64); 4]>,
@@ -177,12 +176,12 @@ impl ServerStats {
             active: g(&self.active),
             garbage: g(&self.garbage),
             timeouts: g(&self.timeouts),
-            write_failures: g(&self.write_failures),
+            write_failures: g(&self.feeds.write_failures),
             claimed_addrs: g(&self.claimed_addrs),
             released_addrs: g(&self.released_addrs),
             prompts: g(&self.prompts),
             pongs_dropped: g(&self.pongs_dropped),
-            encode_errors: g(&self.encode_errors),
+            encode_errors: g(&self.feeds.encode_errors),
         }
     }
 
@@ -570,7 +569,7 @@ fn serve(
         Arc::clone(&ctx.queued_total),
         cfg.queue_bytes_total,
     );
-    let feed = Feed::new(write_half, tx.gauge(), ctx.stats.clone());
+    let feed = Feed::new(write_half, tx.gauge(), Arc::clone(&ctx.stats.feeds));
     let _closes = CloseOnDrop(Arc::clone(&feed));
     if let Err(e) = spawn_writer(&feed, rx, format!("copier-{id}-tx")) {
         tracing::warn!(%peer, "cannot start a writer thread for a copier: {e}");
