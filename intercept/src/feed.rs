@@ -369,7 +369,7 @@ fn write_loop(feed: &Feed, rx: &Receiver<Outgoing>) {
         {
             let mut st = feed.lock();
             if st.closed {
-                return;
+                break;
             }
             if !st.busy {
                 drop(st);
@@ -410,16 +410,17 @@ fn write_loop(feed: &Feed, rx: &Receiver<Outgoing>) {
             }
             feed.close();
             let _ = feed.stream.shutdown(Shutdown::Both);
-            // What the queue still holds goes with the connection.
-            while let Ok(m) = rx.try_recv() {
-                feed.gauge.taken(&m);
-            }
-            return;
+            break;
         }
         // A capture burst can leave a large buffer behind; do not keep it per copier forever.
         if out.capacity() > 4 * COALESCE_BYTES {
             out = Vec::with_capacity(64 * 1024);
         }
+    }
+    // What the queue still holds goes with the connection; its bytes go back to the total all
+    // copiers share. Nothing is queued once the feed is closed.
+    while let Ok(m) = rx.try_recv() {
+        feed.gauge.taken(&m);
     }
 }
 
@@ -527,6 +528,54 @@ mod tests {
         }
         assert_eq!(pongs(&mut theirs, &mut dec, 1), [u64::MAX]);
         assert_eq!(tx.gauge().queued(), 0, "no bytes left counted");
+    }
+
+    #[test]
+    fn a_closed_feed_gives_its_queued_bytes_back() {
+        let (tx, feed, writer, theirs) = pair(1000);
+        let server = std::net::SocketAddrV4::new(std::net::Ipv4Addr::new(198, 18, 0, 3), 3306);
+        let batch = |seq| {
+            Outgoing::Batch(Batch {
+                feedback: vec![TestFeedback {
+                    client: std::net::SocketAddrV4::new(std::net::Ipv4Addr::new(198, 18, 0, 9), 1),
+                    server,
+                    seq,
+                    ack: 0,
+                    flags: common::wire::TcpFlags(common::wire::TcpFlags::ACK),
+                    window: 100,
+                    options: common::wire::TcpOptions::default(),
+                    payload_len: 0,
+                    payload_prefix: Vec::new(),
+                }],
+                mysql: Vec::new(),
+            })
+        };
+        // The copier does not read: the socket fills and batches queue behind the writer.
+        for seq in 0..20_000 {
+            let _ = tx.try_send(batch(seq));
+        }
+        assert!(
+            tx.gauge().queued() > 0,
+            "batches queued behind a full socket"
+        );
+        // Its reader ends the connection while the writer is busy; the copier still reads, so
+        // the writer's write finishes and it finds the feed closed, with batches still queued.
+        feed.close();
+        let mut theirs = theirs;
+        theirs
+            .set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+        thread::spawn(move || {
+            let mut buf = [0u8; 65536];
+            while matches!(theirs.read(&mut buf), Ok(n) if n > 0) {}
+        });
+        let (done_tx, done) = sync_channel(1);
+        thread::spawn(move || {
+            let _ = writer.join();
+            let _ = done_tx.send(());
+        });
+        done.recv_timeout(WAIT).expect("the writer thread to exit");
+        assert_eq!(tx.gauge().queued(), 0, "every queued byte given back");
     }
 
     #[test]
