@@ -54,18 +54,11 @@ impl Relayed {
         match self {
             Relayed::Feedback(b) => {
                 b.capacity() * size_of::<TestFeedback>()
-                    + b.iter().map(|f| f.payload_prefix.capacity()).sum::<usize>()
+                    + b.iter().map(TestFeedback::heap_len).sum::<usize>()
             }
             Relayed::Mysql(b, _, _, _) => {
                 b.capacity() * size_of::<MysqlEvent>()
-                    + b.iter()
-                        .map(|e| match e {
-                            MysqlEvent::Packet { packet, .. } => packet.head.capacity(),
-                            MysqlEvent::FramingLost { .. }
-                            | MysqlEvent::FramingResumed { .. }
-                            | MysqlEvent::Rows { .. } => 0,
-                        })
-                        .sum::<usize>()
+                    + b.iter().map(MysqlEvent::heap_len).sum::<usize>()
             }
         }
     }

@@ -60,19 +60,10 @@ impl Batch {
             + self
                 .feedback
                 .iter()
-                .map(|f| f.payload_prefix.capacity())
+                .map(TestFeedback::heap_len)
                 .sum::<usize>()
             + self.mysql.capacity() * size_of::<MysqlEvent>()
-            + self
-                .mysql
-                .iter()
-                .map(|e| match e {
-                    MysqlEvent::Packet { packet, .. } => packet.head.capacity(),
-                    MysqlEvent::FramingLost { .. }
-                    | MysqlEvent::FramingResumed { .. }
-                    | MysqlEvent::Rows { .. } => 0,
-                })
-                .sum::<usize>()
+            + self.mysql.iter().map(MysqlEvent::heap_len).sum::<usize>()
     }
 }
 

@@ -49,6 +49,11 @@ pub struct TestFeedback {
 }
 
 impl TestFeedback {
+    /// Heap bytes the feedback holds beyond its own size (for queues bounded in memory).
+    pub fn heap_len(&self) -> usize {
+        self.payload_prefix.capacity()
+    }
+
     /// [`Self::seq`] as a [`SeqNumber`].
     #[inline]
     pub fn seq_number(&self) -> SeqNumber {

@@ -147,6 +147,16 @@ pub enum MysqlEvent {
 }
 
 impl MysqlEvent {
+    /// Heap bytes the event holds beyond its own size (for queues bounded in memory).
+    pub fn heap_len(&self) -> usize {
+        match self {
+            MysqlEvent::Packet { packet, .. } => packet.head.capacity(),
+            MysqlEvent::FramingLost { .. }
+            | MysqlEvent::FramingResumed { .. }
+            | MysqlEvent::Rows { .. } => 0,
+        }
+    }
+
     /// The connection the event is about.
     pub fn client(&self) -> SocketAddrV4 {
         match self {
