@@ -2,25 +2,28 @@
 //!
 //! Two background threads keep one connection alive: the *connection* thread connects (with
 //! exponential backoff), says Hello, answers intercept's Challenge (proving it holds
-//! `--secret-file`'s secret, and checking intercept's proof back), reads Feedback and Mysql frames and hands each batch to
-//! the engine thread through one bounded channel (so they keep intercept's order), waking it; the *writer* thread owns the set of claimed
-//! client addresses, sends Claims and Releases as the engine opens and closes sessions, re-sends
-//! the whole set after every (re)connect, and pings.
+//! `--secret-file`'s secret, and checking intercept's proof back), then hands the welcomed
+//! connection to the engine thread and waits for it to end; the *writer* thread owns the set
+//! of claimed client addresses, sends Claims and Releases as the engine opens and closes
+//! sessions, re-sends the whole set after every (re)connect, and pings.
 //!
-//! The engine thread only ever calls [`ControlHandle`] methods that never block, and reads the
-//! receiver. Nothing here may ever block the engine: a full feedback channel drops the batch
-//! (counted), as a lost reply would be on the wire. The channel is bounded twice: in batches,
-//! and in bytes (`max_queue_bytes`, the control channel's part of `--max-memory`), since one
-//! batch may hold anything from one item to a whole frame's worth.
+//! The engine thread reads what intercept relays itself ([`RelayedReceiver`]), at its own
+//! pace, without waiting: at each turn of its loop, and when the socket wakes it while it has
+//! nothing else to wait for. A reader thread of ours woke for every write intercept made and
+//! then woke the engine (issue 20: a sixth of the copier's CPU at 500 transactions a second);
+//! the kernel's socket buffer now holds what the engine has not read yet, and a copier that
+//! falls far behind fills intercept's queue for it instead, which intercept counts
+//! (`dropped_queue_full`, `mysql_dropped`); the capture ring, a couple of seconds deep,
+//! overflows long before (kernel drops, counted here). The engine thread only ever calls
+//! [`ControlHandle`] methods that never block.
 
 use std::collections::HashSet;
 use std::fmt;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, SocketAddrV4, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::mpsc::{
-    self, Receiver, RecvTimeoutError, Sender, SyncSender, TryRecvError, TrySendError,
-};
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
@@ -39,60 +42,247 @@ pub enum Relayed {
     /// Per-segment TCP feedback, for the session engine.
     Feedback(Vec<TestFeedback>),
     /// MySQL packet summaries (greeting, auth exchange, prepare-OK, response heads), in stream
-    /// order per session, for the MySQL layer, when their frame was read off the socket (the
-    /// report's test latencies end there, not when the engine got round to them), and the
-    /// frame's `sent_at_us` (intercept's clock, to date each packet back by how long it waited
-    /// at intercept), and our realtime µs when it was read (its transit, see
-    /// [`crate::transit`]).
+    /// order per session, for the MySQL layer, when their frame was read off the socket, and
+    /// the frame's `sent_at_us` (intercept's clock, to date each packet back by how long it
+    /// waited at intercept), and our realtime µs when it was read: the frame's transit, whose
+    /// excess over the quickest recent frame's ([`crate::transit`]) dates it back again, so
+    /// that how long it waited for the engine to read it does not count as the test server's
+    /// latency in the report.
     Mysql(Vec<MysqlEvent>, Instant, u32, u32),
 }
 
-impl Relayed {
-    /// Bytes the batch occupies in memory (its items, their heap parts), for the queue's bound.
-    pub fn memory_len(&self) -> usize {
-        use std::mem::size_of;
-        match self {
-            Relayed::Feedback(b) => {
-                b.capacity() * size_of::<TestFeedback>()
-                    + b.iter().map(TestFeedback::heap_len).sum::<usize>()
-            }
-            Relayed::Mysql(b, _, _, _) => {
-                b.capacity() * size_of::<MysqlEvent>()
-                    + b.iter().map(MysqlEvent::heap_len).sum::<usize>()
-            }
-        }
-    }
+/// Most bytes one turn of the engine reads off one connection: a copier that fell behind
+/// works through intercept's backlog a slice at a time, between its captures.
+const READ_PER_TURN: usize = 1 << 20;
+
+/// The engine thread's end of the control connection: it reads the socket itself, never
+/// waiting (see the module's doc).
+pub struct RelayedReceiver {
+    cfg: Arc<ClientConfig>,
+    shared: Arc<Shared>,
+    /// Welcomed connections from the connection thread.
+    handovers: Receiver<Handover>,
+    /// How each one ended, back to the connection thread.
+    ended: Sender<Ended>,
+    live: Option<Live>,
+    buf: Vec<u8>,
+    /// What this turn may still read (see [`READ_PER_TURN`]).
+    budget: usize,
 }
 
-/// The engine thread's end of the relayed queue: a channel bounded in batches and in bytes.
-pub struct RelayedReceiver {
-    rx: Receiver<Relayed>,
-    shared: Arc<Shared>,
+/// A welcomed connection, handed to the engine thread.
+struct Handover {
+    generation: u64,
+    stream: TcpStream,
+    /// With whatever followed the Welcome in the handshake's last read.
+    dec: FrameDecoder<InterceptMessage>,
+    /// `FEATURE_QUIET_IDLE` granted and TCP keepalive on: no Pong comes while nothing is
+    /// claimed.
+    quiet: bool,
+    /// When the Welcome came: the connection's silence counts from then.
+    welcomed_at: Instant,
+}
+
+struct Live {
+    generation: u64,
+    stream: TcpStream,
+    dec: FrameDecoder<InterceptMessage>,
+    quiet: bool,
+    /// When the read that completed the last frame (a Pong included) returned: the
+    /// connection's liveness.
+    last_frame: Instant,
+    /// When the last read returned bytes, on the monotonic and the realtime (µs) clocks: the
+    /// frames it completes are dated by it.
+    read_at: (Instant, u32),
+}
+
+/// Why the engine thread ended a connection (or, `Stopped` and `EngineGone`, the client).
+struct Ended {
+    generation: u64,
+    end: End,
 }
 
 impl RelayedReceiver {
-    fn took(&self, r: Result<Relayed, TryRecvError>) -> Result<Relayed, TryRecvError> {
-        if let Ok(item) = &r {
-            self.shared
-                .queued_bytes
-                .fetch_sub(item.memory_len(), Ordering::Relaxed);
+    /// Starts a turn: adopts a connection the connection thread welcomed, and renews the
+    /// read budget. Then [`RelayedReceiver::next_relayed`] until it says `None`.
+    pub fn begin_turn(&mut self) {
+        self.budget = READ_PER_TURN;
+        while let Ok(h) = self.handovers.try_recv() {
+            self.adopt(h);
         }
-        r
     }
 
-    /// The next batch, if one is waiting. Never blocks.
-    pub fn try_recv(&self) -> Result<Relayed, TryRecvError> {
-        let r = self.rx.try_recv();
-        self.took(r)
+    fn adopt(&mut self, h: Handover) {
+        if let Some(old) = self.live.take() {
+            // The connection thread only welcomes a new one after the last one ended.
+            let _ = old.stream.shutdown(Shutdown::Both);
+        }
+        self.live = Some(Live {
+            generation: h.generation,
+            stream: h.stream,
+            dec: h.dec,
+            quiet: h.quiet,
+            last_frame: h.welcomed_at,
+            read_at: (Instant::now(), common::clock::realtime_us()),
+        });
     }
 
-    /// The next batch, waiting at most `timeout` (tests and tools; the engine never waits).
-    pub fn recv_timeout(&self, timeout: Duration) -> Result<Relayed, RecvTimeoutError> {
-        let r = self.rx.recv_timeout(timeout);
-        match r {
-            Ok(item) => self.took(Ok(item)).map_err(|_| RecvTimeoutError::Timeout),
-            Err(e) => Err(e),
+    /// The next batch intercept relayed, in its order: decoded from what was read, reading
+    /// more while this turn's budget lasts. Never blocks. A connection that ended (closed,
+    /// garbage, silent for too long) is handed back to the connection thread, which
+    /// reconnects.
+    pub fn next_relayed(&mut self) -> Option<Relayed> {
+        loop {
+            let live = self.live.as_mut()?;
+            let msg = match live.dec.next_message() {
+                Ok(Some(m)) => m,
+                Ok(None) => {
+                    if self.budget == 0 {
+                        return None;
+                    }
+                    match ops::nowait::recv_now(&live.stream, &mut self.buf) {
+                        Ok(Some(0)) => return self.end(End::Closed),
+                        Ok(Some(n)) => {
+                            self.budget = self.budget.saturating_sub(n);
+                            live.dec.feed(&self.buf[..n]);
+                            live.read_at = (Instant::now(), common::clock::realtime_us());
+                            continue;
+                        }
+                        Ok(None) => {
+                            self.budget = 0;
+                            let last = live.last_frame;
+                            if self.silence().is_some_and(|d| Instant::now() >= last + d) {
+                                return self.end(End::Timeout);
+                            }
+                            return None;
+                        }
+                        Err(e) => return self.end(End::Io(e)),
+                    }
+                }
+                Err(e) => return self.end(End::Garbage(e)),
+            };
+            live.last_frame = live.read_at.0;
+            bump(&self.shared.frames_in, 1);
+            match msg {
+                InterceptMessage::Feedback(batch) => {
+                    bump(&self.shared.feedback_received, batch.len() as u64);
+                    return Some(Relayed::Feedback(batch));
+                }
+                InterceptMessage::Mysql { sent_at_us, events } => {
+                    bump(&self.shared.mysql_received, events.len() as u64);
+                    let (at, at_us) = live.read_at;
+                    return Some(Relayed::Mysql(events, at, sent_at_us, at_us));
+                }
+                InterceptMessage::Pong(_) => {}
+                InterceptMessage::Reject(r) => return self.end(End::Rejected(r.reason)),
+                InterceptMessage::Welcome(_) => return self.end(End::Protocol("second Welcome")),
+                InterceptMessage::Challenge(_) => {
+                    return self.end(End::Protocol("second Challenge"))
+                }
+                // Only `copier doctor` asks for one, on a connection of its own.
+                InterceptMessage::DoctorReport(_) => {
+                    return self.end(End::Protocol("unasked DoctorReport"))
+                }
+            }
         }
+    }
+
+    /// How long the connection may stay silent. Pongs come every ping period; an idle
+    /// copier's are far apart, or (quiet) do not come at all, and the kernel's keepalive then
+    /// fails the read of a dead peer.
+    fn silence(&self) -> Option<Duration> {
+        let quiet = self.live.as_ref().is_some_and(|l| l.quiet);
+        match (self.shared.claimed.load(Ordering::Relaxed), quiet) {
+            (0, true) => None,
+            (0, false) => Some(self.cfg.idle_timeout + self.cfg.idle_ping_interval),
+            _ => Some(self.cfg.idle_timeout),
+        }
+    }
+
+    fn end(&mut self, end: End) -> Option<Relayed> {
+        if let Some(live) = self.live.take() {
+            let _ = live.stream.shutdown(Shutdown::Both);
+            let _ = self.ended.send(Ended {
+                generation: live.generation,
+                end,
+            });
+        }
+        None
+    }
+
+    /// The connection's socket, for the engine's poll while nothing else wakes it.
+    pub fn fd(&self) -> Option<RawFd> {
+        self.live.as_ref().map(|l| l.stream.as_raw_fd())
+    }
+
+    /// When a silent connection counts as dead: the engine must look by then.
+    pub fn deadline(&self) -> Option<Instant> {
+        let live = self.live.as_ref()?;
+        Some(live.last_frame + self.silence()?)
+    }
+
+    /// The next batch, if one is waiting (tools and tests: the engine uses
+    /// [`RelayedReceiver::begin_turn`] and [`RelayedReceiver::next_relayed`]). Never blocks.
+    pub fn try_recv(&mut self) -> Result<Relayed, TryRecvError> {
+        self.begin_turn();
+        match self.next_relayed() {
+            Some(r) => Ok(r),
+            None if self.live.is_none() && self.client_gone() => Err(TryRecvError::Disconnected),
+            None => Err(TryRecvError::Empty),
+        }
+    }
+
+    /// The next batch, waiting at most `timeout` (tests and tools; the engine never waits
+    /// here).
+    pub fn recv_timeout(&mut self, timeout: Duration) -> Result<Relayed, RecvTimeoutError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            match self.try_recv() {
+                Ok(r) => return Ok(r),
+                Err(TryRecvError::Disconnected) => return Err(RecvTimeoutError::Disconnected),
+                Err(TryRecvError::Empty) => {}
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(RecvTimeoutError::Timeout);
+            }
+            // Short waits: the silence deadline and a handover are looked at in between.
+            let left = left.min(Duration::from_millis(50));
+            match self.fd() {
+                Some(fd) => crate::waker::wait_readable(&[fd], left),
+                None => match self.handovers.recv_timeout(left) {
+                    Ok(h) => self.adopt(h),
+                    Err(RecvTimeoutError::Timeout) => {}
+                    Err(RecvTimeoutError::Disconnected) => {
+                        return Err(RecvTimeoutError::Disconnected)
+                    }
+                },
+            }
+        }
+    }
+
+    /// The connection thread is gone: no connection will come again.
+    fn client_gone(&mut self) -> bool {
+        match self.handovers.try_recv() {
+            Ok(h) => {
+                self.adopt(h);
+                false
+            }
+            Err(TryRecvError::Empty) => false,
+            Err(TryRecvError::Disconnected) => true,
+        }
+    }
+}
+
+impl Drop for RelayedReceiver {
+    fn drop(&mut self) {
+        if let Some(live) = self.live.take() {
+            let _ = live.stream.shutdown(Shutdown::Both);
+        }
+        let _ = self.ended.send(Ended {
+            generation: 0,
+            end: End::EngineGone,
+        });
     }
 }
 
@@ -104,10 +294,6 @@ pub struct ClientConfig {
     pub hello: Hello,
     /// `--secret-file`: proves this copier to intercept, and intercept to it.
     pub secret: Option<Secret>,
-    /// Feedback and Mysql batches buffered for the engine before new ones are dropped.
-    pub queue_batches: usize,
-    /// ... and bytes they may take together (see [`Relayed::memory_len`]).
-    pub max_queue_bytes: usize,
     /// First and longest wait between connection attempts (doubling in between).
     pub backoff_min: Duration,
     pub backoff_max: Duration,
@@ -137,8 +323,6 @@ impl ClientConfig {
             intercept,
             hello,
             secret,
-            queue_batches: 4096,
-            max_queue_bytes: 16 << 20,
             backoff_min: Duration::from_millis(100),
             backoff_max: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(2),
@@ -166,14 +350,10 @@ pub struct ClientStats {
     pub rejects: u64,
     pub frames_in: u64,
     pub frames_out: u64,
-    /// Feedback items received, including those then dropped.
+    /// Feedback items received.
     pub feedback_received: u64,
-    /// Feedback items dropped because the engine's channel was full.
-    pub feedback_dropped: u64,
-    /// MySQL events received, including those then dropped.
+    /// MySQL events received.
     pub mysql_received: u64,
-    /// MySQL events dropped because the engine's channel was full.
-    pub mysql_dropped: u64,
     /// Addresses currently claimed.
     pub claimed: u64,
 }
@@ -183,15 +363,13 @@ impl fmt::Display for ClientStats {
         write!(
             f,
             "intercept={} reconnects={} connect_failures={} rejects={} feedback={} \
-             feedback_dropped={} mysql_events={} mysql_dropped={} claimed={}",
+             mysql_events={} claimed={}",
             if self.connected { "up" } else { "down" },
             self.reconnects,
             self.connect_failures,
             self.rejects,
             self.feedback_received,
-            self.feedback_dropped,
             self.mysql_received,
-            self.mysql_dropped,
             self.claimed
         )
     }
@@ -202,7 +380,8 @@ pub struct ControlClient;
 
 impl ControlClient {
     /// Connects to intercept at `addr` in the background with default settings. `wake` is
-    /// called (from the client's thread) after something was pushed to the returned receiver.
+    /// called (from the client's thread) after a welcomed connection was handed to the
+    /// returned receiver.
     pub fn spawn(
         addr: SocketAddr,
         hello: Hello,
@@ -218,7 +397,8 @@ impl ControlClient {
     ) -> io::Result<(ControlHandle, RelayedReceiver)> {
         let shared = Arc::new(Shared::default());
         let (cmd_tx, cmd_rx) = mpsc::channel();
-        let (fb_tx, fb_rx) = mpsc::sync_channel(config.queue_batches.max(1));
+        let (handover_tx, handovers) = mpsc::channel();
+        let (ended, ended_rx) = mpsc::channel();
         let config = Arc::new(config);
 
         let writer = {
@@ -228,10 +408,15 @@ impl ControlClient {
                 .spawn(move || writer_loop(&config, &shared, &cmd_rx))?
         };
         let conn = {
-            let (shared, cmd_tx) = (shared.clone(), cmd_tx.clone());
+            let (config, shared, cmd_tx) = (config.clone(), shared.clone(), cmd_tx.clone());
+            let link = Link {
+                handovers: handover_tx,
+                ended: ended_rx,
+                wake: Box::new(wake),
+            };
             thread::Builder::new()
-                .name("control-rx".into())
-                .spawn(move || connection_loop(&config, &shared, &cmd_tx, &fb_tx, &wake))
+                .name("control-conn".into())
+                .spawn(move || connection_loop(&config, &shared, &cmd_tx, &link))
         };
         let conn = match conn {
             Ok(c) => c,
@@ -244,9 +429,18 @@ impl ControlClient {
             ControlHandle {
                 cmds: cmd_tx,
                 shared: shared.clone(),
+                ended: ended.clone(),
                 threads: vec![conn, writer],
             },
-            RelayedReceiver { rx: fb_rx, shared },
+            RelayedReceiver {
+                cfg: config,
+                shared,
+                handovers,
+                ended,
+                live: None,
+                buf: vec![0u8; 64 * 1024],
+                budget: 0,
+            },
         ))
     }
 }
@@ -255,6 +449,8 @@ impl ControlClient {
 pub struct ControlHandle {
     cmds: Sender<Command>,
     shared: Arc<Shared>,
+    /// To wake the connection thread while the engine holds its connection.
+    ended: Sender<Ended>,
     threads: Vec<JoinHandle<()>>,
 }
 
@@ -291,9 +487,7 @@ impl ControlHandle {
             frames_in: g(&s.frames_in),
             frames_out: g(&s.frames_out),
             feedback_received: g(&s.feedback_received),
-            feedback_dropped: g(&s.feedback_dropped),
             mysql_received: g(&s.mysql_received),
-            mysql_dropped: g(&s.mysql_dropped),
             claimed: g(&s.claimed),
         }
     }
@@ -333,6 +527,10 @@ impl ControlHandle {
     fn stop(&self) {
         self.shared.stop.store(true, Ordering::SeqCst);
         let _ = self.cmds.send(Command::Stop);
+        let _ = self.ended.send(Ended {
+            generation: 0,
+            end: End::Stopped,
+        });
         if let Ok(mut live) = self.shared.live.lock() {
             if let Some(s) = live.take() {
                 let _ = s.shutdown(Shutdown::Both);
@@ -381,13 +579,9 @@ struct Shared {
     frames_in: AtomicU64,
     frames_out: AtomicU64,
     feedback_received: AtomicU64,
-    feedback_dropped: AtomicU64,
     mysql_received: AtomicU64,
-    mysql_dropped: AtomicU64,
     claimed: AtomicU64,
-    /// Bytes of the batches waiting in the engine's channel (see [`Relayed::memory_len`]).
-    queued_bytes: AtomicUsize,
-    /// The current connection, so that stopping can interrupt a blocking read.
+    /// The current connection, so that stopping can cut it.
     live: Mutex<Option<TcpStream>>,
     welcome: Mutex<Option<Welcome>>,
     last_reject: Mutex<Option<String>>,
@@ -447,13 +641,14 @@ impl fmt::Display for End {
     }
 }
 
-fn connection_loop(
-    cfg: &ClientConfig,
-    shared: &Shared,
-    cmds: &Sender<Command>,
-    feedback: &SyncSender<Relayed>,
-    wake: &dyn Fn(),
-) {
+/// The connection thread's ends of its ties to the engine thread.
+struct Link {
+    handovers: Sender<Handover>,
+    ended: Receiver<Ended>,
+    wake: Box<dyn Fn() + Send>,
+}
+
+fn connection_loop(cfg: &ClientConfig, shared: &Shared, cmds: &Sender<Command>, link: &Link) {
     let mut backoff = cfg.backoff_min;
     let mut failures = 0u64;
     let mut generation = 0u64;
@@ -551,7 +746,16 @@ fn connection_loop(
             break;
         }
         let up_since = Instant::now();
-        let end = read_feedback(cfg, shared, (stream, quiet), dec, &mut buf, feedback, wake);
+        let end = engine_reads(
+            link,
+            Handover {
+                generation,
+                stream,
+                dec,
+                quiet,
+                welcomed_at: up_since,
+            },
+        );
         shared.connected.store(false, Ordering::SeqCst);
         shared.set_live(None);
         let _ = cmds.send(Command::Disconnected { generation });
@@ -719,117 +923,26 @@ fn fill(
     }
 }
 
-fn read_feedback(
-    cfg: &ClientConfig,
-    shared: &Shared,
-    (mut stream, quiet): (TcpStream, bool),
-    mut dec: FrameDecoder<InterceptMessage>,
-    buf: &mut [u8],
-    feedback: &SyncSender<Relayed>,
-    wake: &dyn Fn(),
-) -> End {
-    let mut pushed = false;
-    let mut overflowing = false;
-    // What the handshake left set.
-    let mut read_timeout = Some(cfg.idle_timeout);
-    let end = loop {
-        let msg = match dec.next_message() {
-            Ok(Some(m)) => m,
-            Ok(None) => {
-                // One wake for everything one read delivered, and always before blocking.
-                if pushed {
-                    wake();
-                    pushed = false;
-                }
-                if shared.stopped() {
-                    break End::Stopped;
-                }
-                // Pongs come every ping period: an idle copier's are far apart, or (quiet) do
-                // not come at all, and the kernel's keepalive fails the read of a dead peer.
-                let wait = match (shared.claimed.load(Ordering::Relaxed), quiet) {
-                    (0, true) => None,
-                    (0, false) => Some(cfg.idle_timeout + cfg.idle_ping_interval),
-                    _ => Some(cfg.idle_timeout),
-                };
-                if wait != read_timeout {
-                    read_timeout = wait;
-                    if let Err(e) = stream.set_read_timeout(wait) {
-                        break End::Io(e);
-                    }
-                }
-                match fill(&mut stream, &mut dec, buf) {
-                    Ok(()) => continue,
-                    Err(e) => break e,
-                }
-            }
-            Err(e) => break End::Garbage(e),
-        };
-        bump(&shared.frames_in, 1);
-        let (item, n, received, dropped) = match msg {
-            InterceptMessage::Feedback(batch) => {
-                let n = batch.len() as u64;
-                (
-                    Relayed::Feedback(batch),
-                    n,
-                    &shared.feedback_received,
-                    &shared.feedback_dropped,
-                )
-            }
-            InterceptMessage::Mysql { sent_at_us, events } => {
-                let n = events.len() as u64;
-                (
-                    Relayed::Mysql(
-                        events,
-                        Instant::now(),
-                        sent_at_us,
-                        common::clock::realtime_us(),
-                    ),
-                    n,
-                    &shared.mysql_received,
-                    &shared.mysql_dropped,
-                )
-            }
-            InterceptMessage::Pong(_) => continue,
-            InterceptMessage::Reject(r) => break End::Rejected(r.reason),
-            InterceptMessage::Welcome(_) => break End::Protocol("second Welcome"),
-            InterceptMessage::Challenge(_) => break End::Protocol("second Challenge"),
-            // Only `copier doctor` asks for one, on a connection of its own.
-            InterceptMessage::DoctorReport(_) => break End::Protocol("unasked DoctorReport"),
-        };
-        bump(received, n);
-        let bytes = item.memory_len();
-        let queued = shared.queued_bytes.fetch_add(bytes, Ordering::Relaxed);
-        let sent = if queued + bytes > cfg.max_queue_bytes {
-            Err(TrySendError::Full(item))
-        } else {
-            feedback.try_send(item)
-        };
-        if sent.is_err() {
-            shared.queued_bytes.fetch_sub(bytes, Ordering::Relaxed);
-        }
-        match sent {
-            Ok(()) => {
-                pushed = true;
-                overflowing = false;
-            }
-            Err(TrySendError::Full(_)) => {
-                bump(dropped, n);
-                if !overflowing {
-                    overflowing = true;
-                    tracing::warn!(
-                        intercept = %cfg.intercept,
-                        "engine is not keeping up with intercept's feedback: dropping it until it does"
-                    );
-                }
-            }
-            Err(TrySendError::Disconnected(_)) => break End::EngineGone,
-        }
-    };
-    if pushed {
-        wake();
+/// Hands a welcomed connection to the engine thread, and waits until it ends there (or the
+/// client stops).
+fn engine_reads(link: &Link, h: Handover) -> End {
+    let generation = h.generation;
+    if link.handovers.send(h).is_err() {
+        return End::EngineGone;
     }
-    let _ = stream.shutdown(Shutdown::Both);
-    end
+    (link.wake)();
+    loop {
+        match link.ended.recv() {
+            Ok(Ended {
+                end: end @ (End::Stopped | End::EngineGone),
+                ..
+            }) => return end,
+            Ok(e) if e.generation == generation => return e.end,
+            // An earlier connection's, already dealt with.
+            Ok(_) => {}
+            Err(_) => return End::EngineGone,
+        }
+    }
 }
 
 fn writer_loop(cfg: &ClientConfig, shared: &Shared, cmds: &Receiver<Command>) {
@@ -1076,7 +1189,7 @@ mod tests {
             backoff_max: Duration::from_millis(50),
             ..ClientConfig::new(l.local_addr().unwrap(), Hello::new("t"), None)
         };
-        let (handle, rx) = ControlClient::spawn_with(config, || {}).unwrap();
+        let (handle, mut rx) = ControlClient::spawn_with(config, || {}).unwrap();
         handle.claim(addr(1));
         let (mut s, mut dec) = accept_welcomed(&l);
         let mut have = HashSet::new();
@@ -1087,7 +1200,7 @@ mod tests {
         handle.release(addr(1));
         await_claims(&mut s, &mut dec, &mut have, &[addr(2), addr(3)]);
 
-        // Feedback reaches the engine's channel.
+        // Feedback reaches the engine, which reads it off the socket.
         let fb = TestFeedback {
             client: addr(2),
             server: SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 3), 3306),
@@ -1107,11 +1220,12 @@ mod tests {
             Relayed::Feedback(vec![fb])
         );
 
-        // Garbage from intercept: the client drops the connection and comes back with all of
-        // its claims, including one made in between.
+        // Garbage from intercept: the engine's read ends the connection, and the client comes
+        // back with all of its claims, including one made in between.
         s.write_all(&[0, 0, 0, 0]).unwrap();
         handle.release(addr(3));
         handle.claim(addr(4));
+        assert!(rx.recv_timeout(Duration::from_millis(300)).is_err());
         let (mut s2, mut dec2) = accept_welcomed(&l);
         let mut have2 = HashSet::new();
         await_claims(&mut s2, &mut dec2, &mut have2, &[addr(2), addr(4)]);
@@ -1139,7 +1253,9 @@ mod tests {
             Hello::new("t").with_features(FEATURE_PROMPT_ON_DEMAND),
             None,
         );
-        let (handle, _rx) = ControlClient::spawn_with(config, || {}).unwrap();
+        let (handle, rx) = ControlClient::spawn_with(config, || {}).unwrap();
+        // The engine's reads notice a connection's end.
+        let engine = read_until_stopped(rx);
         let (mut s, mut dec) = accept_granting(&l, None, FEATURE_PROMPT_ON_DEMAND);
         // A connection starts off: off again says nothing; on, on, off say on, then off.
         handle.prompt(false);
@@ -1189,6 +1305,75 @@ mod tests {
             CopierMessage::Release(vec![addr(1)])
         );
         handle.shutdown();
+        engine.join().unwrap();
+    }
+
+    #[test]
+    fn a_claimed_connection_that_stays_silent_is_ended_by_the_engines_reads() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let config = ClientConfig {
+            backoff_min: Duration::from_millis(10),
+            backoff_max: Duration::from_millis(50),
+            idle_timeout: Duration::from_millis(300),
+            ..ClientConfig::new(l.local_addr().unwrap(), Hello::new("t"), None)
+        };
+        let (handle, mut rx) = ControlClient::spawn_with(config, || {}).unwrap();
+        handle.claim(addr(1));
+        // No Pong ever: the reads find the connection silent past the timeout.
+        let (_s, _dec) = accept_welcomed(&l);
+        let started = Instant::now();
+        while handle.stats().connects < 1 {
+            thread::sleep(Duration::from_millis(5));
+        }
+        // Nothing read, nothing ended, however long the engine stays away.
+        thread::sleep(Duration::from_millis(400));
+        assert_eq!(handle.stats().connects, 1);
+        assert!(handle.stats().connected);
+        assert!(rx.recv_timeout(Duration::from_millis(100)).is_err());
+        let (_s2, _dec2) = accept_welcomed(&l);
+        assert!(started.elapsed() >= Duration::from_millis(300));
+        handle.shutdown();
+    }
+
+    #[test]
+    fn frames_right_behind_the_welcome_reach_the_engine() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let config = ClientConfig::new(l.local_addr().unwrap(), Hello::new("t"), None);
+        let (handle, mut rx) = ControlClient::spawn_with(config, || {}).unwrap();
+        let server = thread::spawn(move || {
+            let (mut s, _dec) = accept_welcomed(&l);
+            let fb = TestFeedback {
+                client: addr(7),
+                server: SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 3), 3306),
+                seq: 9,
+                ack: 2,
+                flags: common::wire::TcpFlags(0x10),
+                window: 1,
+                options: Default::default(),
+                payload_len: 0,
+                payload_prefix: Vec::new(),
+            };
+            let mut out = Vec::new();
+            encode_feedback(std::slice::from_ref(&fb), &mut out).unwrap();
+            s.write_all(&out).unwrap();
+            (s, fb)
+        });
+        let got = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        let (_s, fb) = server.join().unwrap();
+        assert_eq!(got, Relayed::Feedback(vec![fb]));
+        assert_eq!(handle.stats().feedback_received, 1);
+        handle.shutdown();
+    }
+
+    /// What the engine thread does with the receiver, on a thread of its own, until the
+    /// client stops.
+    fn read_until_stopped(mut rx: RelayedReceiver) -> thread::JoinHandle<()> {
+        thread::spawn(move || {
+            while !matches!(
+                rx.recv_timeout(Duration::from_millis(20)),
+                Err(RecvTimeoutError::Disconnected)
+            ) {}
+        })
     }
 
     #[test]

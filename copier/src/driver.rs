@@ -233,13 +233,7 @@ impl Driver {
                 // not gathered with others for a cheaper write.
                 hello = hello.with_features(FEATURE_PROMPT_REPLIES);
             }
-            // The control channel's part of --max-memory, shared by every link of every worker.
-            let config = ClientConfig {
-                max_queue_bytes: args.memory_budget().control()
-                    / (args.intercept.len() * worker.as_ref().map_or(1, |w| w.count as usize))
-                        .max(1),
-                ..ClientConfig::new(addr, hello, secret.clone())
-            };
+            let config = ClientConfig::new(addr, hello, secret.clone());
             let link = ControlClient::spawn_with(config, move || wake.wake())
                 .with_context(|| format!("cannot start the control channel to intercept {addr}"))?;
             links.push(link);
@@ -438,9 +432,10 @@ impl Driver {
         Pump::Running
     }
 
-    /// What link `k`'s intercept relayed since the last call.
+    /// What link `k`'s intercept relayed since the last call: read off its socket now.
     fn take_relayed(&mut self, now: Instant, k: usize) {
-        while let Ok(relayed) = self.links[k].1.try_recv() {
+        self.links[k].1.begin_turn();
+        while let Some(relayed) = self.links[k].1.next_relayed() {
             match relayed {
                 Relayed::Feedback(batch) => {
                     for fb in &batch {
@@ -449,7 +444,9 @@ impl Driver {
                 }
                 Relayed::Mysql(events, received, sent_at_us, recv_us) => {
                     self.mysql_events += events.len() as u64;
-                    let received = self.engine_time(received);
+                    // Read during this turn, after `now`: no event is dated after the turn
+                    // that takes it (a command sent in it is dated `now`).
+                    let received = self.engine_time(received).min(now);
                     // Each packet is dated back from the frame's arrival by how long it
                     // waited at intercept: from its capture (the kernel's timestamp, up to a
                     // capture block before intercept saw it) to the frame's encoding, both
@@ -519,6 +516,10 @@ impl Driver {
         if let Some(d) = self.outputs.next_due() {
             sleep = sleep.min(d.saturating_since(now));
         }
+        // A silent control connection is found dead by reading it.
+        for d in self.links.iter().filter_map(|(_, rx)| rx.deadline()) {
+            sleep = sleep.min(self.engine_time(d).saturating_since(now));
+        }
         if self.stopping_since.is_some() {
             sleep = sleep.min(DRAIN_SLEEP);
         }
@@ -526,29 +527,29 @@ impl Driver {
     }
 
     /// Sleeps until intercept relays something (or a `--prod-dsn` lookup answers), one of
-    /// `extra_fds` (at most 3) is readable, a signal arrives, or `timeout` passes. Without
+    /// `extra_fds` is readable, a signal arrives, or `timeout` passes. Without
     /// `on_relayed` what intercept relays does not end the sleep: the caller knows another
     /// wakeup is near (a busy capture's next block) and takes it then. A copier that times
     /// the test server's replies takes them as they come all the same: the ACKs they call
     /// for pace a reply longer than the test server's congestion window, whose time the
     /// report shows, as intercept relays them at once for it (`FEATURE_PROMPT_REPLIES`).
     pub fn wait(&self, extra_fds: &[RawFd], timeout: Duration, on_relayed: bool) {
-        let mut fds = [self.waker.as_raw_fd(); 6];
-        let first = usize::from(!on_relayed && !self.prompt_relays);
-        let n = extra_fds.len().min(3);
-        fds[1..=n].copy_from_slice(&extra_fds[..n]);
-        let mut n = n + 1;
+        let mut fds = Vec::with_capacity(extra_fds.len() + self.links.len() + 3);
+        fds.extend_from_slice(extra_fds);
+        if on_relayed || self.prompt_relays {
+            // The waker: a connection handed over, a lookup answered.
+            fds.push(self.waker.as_raw_fd());
+            fds.extend(self.links.iter().filter_map(|(_, rx)| rx.fd()));
+        }
         // Until the stop is seen: it stays readable after.
         if let (None, Some(fd)) = (self.stopping_since, signals::stop_fd()) {
-            fds[n] = fd;
-            n += 1;
+            fds.push(fd);
         }
         // Only the driver that writes the report empties it (`pump`).
         if let (true, Some(fd)) = (self.outputs.reports(), signals::report_fd()) {
-            fds[n] = fd;
-            n += 1;
+            fds.push(fd);
         }
-        wait_readable(&fds[first..n], timeout);
+        wait_readable(&fds, timeout);
     }
 
     /// Whether the status line or the `--metrics` exposition is due: the callers refresh
@@ -814,9 +815,7 @@ pub(crate) fn add_client_stats(
     t.frames_in += o.frames_in;
     t.frames_out += o.frames_out;
     t.feedback_received += o.feedback_received;
-    t.feedback_dropped += o.feedback_dropped;
     t.mysql_received += o.mysql_received;
-    t.mysql_dropped += o.mysql_dropped;
     t.claimed += o.claimed;
 }
 

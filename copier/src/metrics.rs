@@ -459,12 +459,6 @@ fn losses(s: &Snapshot) -> Vec<(&'static str, &'static str, u64)> {
         ("stream", "held_while_waiting_bytes", en.held_bytes_lost),
         ("stream", "capture_gaps_gone_past", en.capture_gaps_skipped),
         ("stream", "capture_gap_bytes", en.capture_gap_bytes_lost),
-        ("control", "feedback_queue_full", s.control.feedback_dropped),
-        (
-            "control",
-            "mysql_events_queue_full",
-            s.control.mysql_dropped,
-        ),
         (
             "send",
             "raw_send_failed",

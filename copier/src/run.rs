@@ -206,15 +206,15 @@ fn capture_loop(
         // While packets flow the loop runs at the ring's pace: what intercept relays and the
         // engine's timers wait for the next block instead of waking the loop themselves, no
         // later than the clients' own packets already wait in the ring (a block timeout, three
-        // at most when the flow has just stopped). Relays keep intercept's timestamps, so no
-        // latency the report shows moves; every engine timer is coarse next to a block (the
-        // shortest, the delayed ACK, is far below the test server's RTO, and now goes out on
-        // the client's next command more often). Woken for every relay (a batch a millisecond
-        // under load) and every delayed ACK, the copier spent a fifth of its CPU switching in
-        // and out (docs/BENCHMARKS.md, issue 20). Once the capture runs dry, while draining,
-        // and while a session waits on the test server (a greeting, a PREPARE_OK: see
+        // at most when the flow has just stopped). Every engine timer is coarse next to a block
+        // (the shortest, the delayed ACK, is far below the test server's RTO, and now goes out
+        // on the client's next command more often). Woken for every relay (a batch a
+        // millisecond under load) and every delayed ACK, the copier spent a fifth of its CPU
+        // switching in and out (docs/BENCHMARKS.md, issue 20). Once the capture runs dry, while
+        // draining, and while a session waits on the test server (a greeting, a PREPARE_OK: see
         // `Driver::takes_feedback_at_once`), relays and timers wake the loop at once again;
-        // relays always do for a copier that times the test server's replies (`Driver::wait`).
+        // relays always do for a copier that times the test server's replies (the report, the
+        // metrics' latencies: `Driver::wait`).
         let paced = paced_sleep(
             capture.paced_by(),
             packets_at,

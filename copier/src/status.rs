@@ -119,10 +119,6 @@ impl Snapshot {
                 "client bytes in those capture gaps",
                 e.capture_gap_bytes_lost,
             ),
-            (
-                "feedback dropped (copier queue full)",
-                self.control.feedback_dropped,
-            ),
             ("raw sends failed", self.send.errors + self.send.would_block),
             ("events dropped", e.events_dropped),
             (

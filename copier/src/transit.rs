@@ -3,10 +3,11 @@
 //! A reply's time on the copier's clock is when its frame arrived, dated back by how long the
 //! reply waited at intercept (protocol v5: `sent_at_us - framed_at_us`, both on intercept's
 //! clock). What that leaves in is the frame's transit: the control connection, and the
-//! copier's reader thread getting round to it. Its floor is the same for every frame; what a
-//! frame spends above the floor is queueing (a big coalesced write read in pieces, a reader
-//! thread waiting for a core), which would otherwise show up as test-server latency in the
-//! report. This measures that excess from `recv - sent`, a difference of two hosts' clocks
+//! copier's engine thread getting round to reading it (at its capture's next block, while
+//! packets flow). Its floor is the same for every frame; what a frame spends above the floor
+//! is queueing (a frame that arrived early in a block, a big coalesced write read in pieces,
+//! the engine waiting for a core), which would otherwise show up as test-server latency in
+//! the report. This measures that excess from `recv - sent`, a difference of two hosts' clocks
 //! whose offset is unknown but constant over seconds: only its variation is used, against the
 //! smallest value of the last two windows (so a drift or a stepped clock is forgotten).
 //!

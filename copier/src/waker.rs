@@ -52,21 +52,30 @@ impl AsRawFd for Waker {
 /// Sleeps until one of `fds` is readable or `timeout` passes. EINTR (a signal) returns early,
 /// which is what the caller wants: it re-checks its shutdown flag.
 pub fn wait_readable(fds: &[RawFd], timeout: Duration) {
-    let mut pfds = [libc::pollfd {
+    const NONE: libc::pollfd = libc::pollfd {
         fd: -1,
         events: 0,
         revents: 0,
-    }; 6];
-    let n = fds.len().min(pfds.len());
+    };
+    // On the stack for the usual few; a copier with many intercepts polls their sockets too.
+    let mut few = [NONE; 8];
+    let mut many = Vec::new();
+    let pfds = if fds.len() <= few.len() {
+        &mut few[..fds.len()]
+    } else {
+        many.resize(fds.len(), NONE);
+        &mut many[..]
+    };
     for (p, fd) in pfds.iter_mut().zip(fds) {
         p.fd = *fd;
         p.events = libc::POLLIN;
     }
+    let n = pfds.len();
     let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
     // A sub-millisecond deadline must not become a busy loop of zero-timeout polls... but must
     // not oversleep either: round up to 1 ms.
     let ms = if ms == 0 && !timeout.is_zero() { 1 } else { ms };
-    // SAFETY: pfds holds n initialised pollfd entries.
+    // SAFETY: pfds is n initialised pollfd entries.
     unsafe {
         libc::poll(pfds.as_mut_ptr(), n as libc::nfds_t, ms);
     }

@@ -6,8 +6,8 @@
 //! Lines: `F <client> seq=<u32> len=<payload> flags=<hex>` per segment's feedback,
 //! `P <client> off=<u64> seq=<u32> id=<u8> len=<u32> head=<hex>` per MySQL packet,
 //! `L <client> at=<u32>` when framing is lost. It never claims, so it never takes replies away
-//! from a real copier. Its client's counters go to stderr every 2 s: `mysql_dropped` > 0 means
-//! the tap itself could not keep up, not that intercept lost anything.
+//! from a real copier. Its client's counters go to stderr every 2 s. A tap that cannot keep up
+//! fills intercept's queue for it: intercept counts what it then drops (`mysql_dropped`).
 
 use std::io::{BufWriter, Write};
 use std::net::SocketAddr;
@@ -22,7 +22,7 @@ fn main() -> anyhow::Result<()> {
         .nth(1)
         .unwrap_or_else(|| "127.0.0.1:36524".into())
         .parse()?;
-    let (handle, rx) = ControlClient::spawn(addr, Hello::new("tap"), None, || {})?;
+    let (handle, mut rx) = ControlClient::spawn(addr, Hello::new("tap"), None, || {})?;
     let mut out = BufWriter::with_capacity(1 << 20, std::io::stdout().lock());
     let mut connected = false;
     let mut next_stats = Instant::now();

@@ -16,7 +16,6 @@
 
 use std::io::{self, Write};
 use std::net::{Shutdown, TcpStream};
-use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
@@ -257,7 +256,7 @@ impl Feed {
         }
         st.buf.clear();
         encode_outgoing(&m, &mut st.buf, &self.counters);
-        let sent = match send_now(&self.stream, &st.buf) {
+        let sent = match ops::nowait::send_now(&self.stream, &st.buf) {
             Ok(n) => n,
             Err(e) => {
                 tracing::debug!("write to a copier failed: {e}");
@@ -308,33 +307,6 @@ pub struct CloseOnDrop(pub Arc<Feed>);
 impl Drop for CloseOnDrop {
     fn drop(&mut self) {
         self.0.close();
-    }
-}
-
-/// A send that never waits: the bytes the socket took (0 when its buffer is full).
-fn send_now(stream: &TcpStream, bytes: &[u8]) -> io::Result<usize> {
-    let fd = stream.as_raw_fd();
-    loop {
-        // SAFETY: `bytes` is a valid buffer of its length for the call's duration, and `fd` is
-        // the open socket `stream` owns. MSG_DONTWAIT makes this one call non-blocking without
-        // changing the socket's mode, which the writer's blocking writes and the reader share.
-        let n = unsafe {
-            libc::send(
-                fd,
-                bytes.as_ptr().cast(),
-                bytes.len(),
-                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-            )
-        };
-        if n >= 0 {
-            return Ok(n as usize);
-        }
-        let e = io::Error::last_os_error();
-        match e.kind() {
-            io::ErrorKind::Interrupted => continue,
-            io::ErrorKind::WouldBlock => return Ok(0),
-            _ => return Err(e),
-        }
     }
 }
 

@@ -8,12 +8,14 @@
 //! [`privs`]: dropping capabilities once the privileged sockets are open. [`sched`]: the
 //! packet path's scheduling priority (`--capture-priority`). [`secret`]: the control
 //! channel's `--secret-file` and random nonces. [`packet_socket`]: a plain `AF_PACKET`
-//! capture socket, with [`sockopt`] for its options.
+//! capture socket, with [`sockopt`] for its options. [`nowait`]: one send or receive on a
+//! stream socket that does not wait.
 
 pub mod arp;
 pub mod check;
 pub mod config;
 pub mod host;
+pub mod nowait;
 pub mod packet_socket;
 pub mod privs;
 pub mod reload;

@@ -82,8 +82,8 @@ impl MemoryBudget {
         self.total / 8
     }
 
-    /// The control channel's queues (relayed batches waiting for the engine thread). A
-    /// sixteenth.
+    /// The control channel: what the engine thread reads off each connection in a turn and
+    /// decodes (what it has not read waits in the kernel's socket buffer). A sixteenth.
     pub const fn control(&self) -> usize {
         self.total / 16
     }
