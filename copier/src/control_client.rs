@@ -1201,20 +1201,8 @@ mod tests {
         await_claims(&mut s, &mut dec, &mut have, &[addr(2), addr(3)]);
 
         // Feedback reaches the engine, which reads it off the socket.
-        let fb = TestFeedback {
-            client: addr(2),
-            server: SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 3), 3306),
-            seq: 1,
-            ack: 2,
-            flags: common::wire::TcpFlags(0x12),
-            window: 1,
-            options: Default::default(),
-            payload_len: 0,
-            payload_prefix: Vec::new(),
-        };
-        let mut out = Vec::new();
-        encode_feedback(std::slice::from_ref(&fb), &mut out).unwrap();
-        s.write_all(&out).unwrap();
+        let (fb, frame) = feedback_frame(addr(2), 1);
+        s.write_all(&frame).unwrap();
         assert_eq!(
             rx.recv_timeout(Duration::from_secs(10)).unwrap(),
             Relayed::Feedback(vec![fb])
@@ -1342,20 +1330,8 @@ mod tests {
         let (handle, mut rx) = ControlClient::spawn_with(config, || {}).unwrap();
         let server = thread::spawn(move || {
             let (mut s, _dec) = accept_welcomed(&l);
-            let fb = TestFeedback {
-                client: addr(7),
-                server: SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 3), 3306),
-                seq: 9,
-                ack: 2,
-                flags: common::wire::TcpFlags(0x10),
-                window: 1,
-                options: Default::default(),
-                payload_len: 0,
-                payload_prefix: Vec::new(),
-            };
-            let mut out = Vec::new();
-            encode_feedback(std::slice::from_ref(&fb), &mut out).unwrap();
-            s.write_all(&out).unwrap();
+            let (fb, frame) = feedback_frame(addr(7), 9);
+            s.write_all(&frame).unwrap();
             (s, fb)
         });
         let got = rx.recv_timeout(Duration::from_secs(10)).unwrap();
@@ -1363,6 +1339,24 @@ mod tests {
         assert_eq!(got, Relayed::Feedback(vec![fb]));
         assert_eq!(handle.stats().feedback_received, 1);
         handle.shutdown();
+    }
+
+    /// A test server's segment toward `client`, and intercept's frame relaying it.
+    fn feedback_frame(client: SocketAddrV4, seq: u32) -> (TestFeedback, Vec<u8>) {
+        let fb = TestFeedback {
+            client,
+            server: SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 3), 3306),
+            seq,
+            ack: 2,
+            flags: common::wire::TcpFlags(0x12),
+            window: 1,
+            options: Default::default(),
+            payload_len: 0,
+            payload_prefix: Vec::new(),
+        };
+        let mut out = Vec::new();
+        encode_feedback(std::slice::from_ref(&fb), &mut out).unwrap();
+        (fb, out)
     }
 
     /// What the engine thread does with the receiver, on a thread of its own, until the
