@@ -75,13 +75,19 @@ pub struct PacketSocket {
     /// The loopback interface's index: there every packet shows twice, leaving and arriving.
     loopback: Option<i32>,
     buf: Vec<u8>,
-    addrs: Vec<libc::sockaddr_ll>,
+    /// Each frame's link-layer address, read only to tell the frames this host sent from those
+    /// it received: not asked of the kernel (a copy and a check per frame) where only
+    /// arriving frames can come.
+    addrs: Option<Vec<libc::sockaddr_ll>>,
     ctrl: Vec<[u64; 8]>,
     /// Per frame of the last batch: its real length and receive time.
     meta: Vec<(usize, Option<u64>)>,
     /// Frames of the last batch, and the next one to hand over.
     filled: usize,
     next: usize,
+    /// The last batch was short: the kernel held no more then, so the next call says so
+    /// instead of asking again (a `recvmmsg` that would only find the queue empty).
+    short: bool,
     /// Longer than [`SLOT_BYTES`]: skipped, never parsed half.
     truncated: u64,
     /// The kernel's counters reset when read; these are their sums.
@@ -133,11 +139,10 @@ impl PacketSocket {
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
         attach_filter(fd.as_raw_fd(), filter)
             .with_context(|| format!("cannot set capture filter `{filter}` on {interface}"))?;
-        if direction == Direction::In {
-            // Saves the kernel a clone of every packet this host sends; where it is missing
-            // (before Linux 4.20) `next_frame` skips them instead.
-            let _ = sockopt::set_int(fd.as_raw_fd(), SOL_PACKET, PACKET_IGNORE_OUTGOING, 1);
-        }
+        // Saves the kernel a clone of every packet this host sends; where it is missing
+        // (before Linux 4.20) `next_frame` reads each frame's address and skips them instead.
+        let only_arriving = direction == Direction::In
+            && sockopt::set_int(fd.as_raw_fd(), SOL_PACKET, PACKET_IGNORE_OUTGOING, 1).is_ok();
         set_receive_buffer(fd.as_raw_fd(), interface, buffer_bytes);
         sockopt::set_int(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, 1)
             .with_context(|| format!("cannot ask for receive timestamps on {interface}"))?;
@@ -174,12 +179,13 @@ impl PacketSocket {
             direction,
             loopback: (lo != 0).then_some(lo as i32),
             buf: vec![0; SLOTS * SLOT_BYTES],
-            // SAFETY: all-zero is a valid value of these plain C structs.
-            addrs: vec![unsafe { std::mem::zeroed() }; SLOTS],
+            // SAFETY: all-zero is a valid value of this plain C struct.
+            addrs: (!only_arriving).then(|| vec![unsafe { std::mem::zeroed() }; SLOTS]),
             ctrl: vec![[0; 8]; SLOTS],
             meta: Vec::with_capacity(SLOTS),
             filled: 0,
             next: 0,
+            short: false,
             truncated: 0,
             received: 0,
             dropped: 0,
@@ -191,10 +197,13 @@ impl PacketSocket {
     }
 
     /// The next frame in `direction`, reading a batch when the last one is used up; `None`
-    /// when the kernel holds none now.
+    /// when the kernel holds none now, or held none more when the last batch was read (it was
+    /// short): the call after that reads again.
     pub fn next_frame(&mut self) -> anyhow::Result<Option<Frame<'_>>> {
         loop {
-            if self.next == self.filled && !self.read_batch()? {
+            if self.next == self.filled
+                && (std::mem::take(&mut self.short) || !self.read_batch()?)
+            {
                 return Ok(None);
             }
             let i = self.next;
@@ -204,13 +213,18 @@ impl PacketSocket {
                 self.truncated += 1;
                 continue;
             }
-            let outgoing = self.addrs[i].sll_pkttype == PACKET_OUTGOING;
             // On `lo` each packet shows twice, leaving and arriving: either direction keeps one,
             // and both directions keep the arriving one, as libpcap does.
-            let wanted = match self.direction {
-                Direction::In => !outgoing,
-                Direction::Out => outgoing,
-                Direction::InOut => !(outgoing && Some(self.addrs[i].sll_ifindex) == self.loopback),
+            let wanted = match self.addrs.as_ref().map(|a| &a[i]) {
+                None => true,
+                Some(addr) => {
+                    let outgoing = addr.sll_pkttype == PACKET_OUTGOING;
+                    match self.direction {
+                        Direction::In => !outgoing,
+                        Direction::Out => outgoing,
+                        Direction::InOut => !(outgoing && Some(addr.sll_ifindex) == self.loopback),
+                    }
+                }
             };
             if !wanted {
                 continue;
@@ -239,8 +253,10 @@ impl PacketSocket {
             iov[i].iov_base = unsafe { base.add(i * SLOT_BYTES) }.cast();
             iov[i].iov_len = SLOT_BYTES;
             let h = &mut hdrs[i].msg_hdr;
-            h.msg_name = std::ptr::from_mut(&mut self.addrs[i]).cast();
-            h.msg_namelen = std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t;
+            if let Some(addrs) = self.addrs.as_mut() {
+                h.msg_name = std::ptr::from_mut(&mut addrs[i]).cast();
+                h.msg_namelen = std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t;
+            }
             h.msg_iov = std::ptr::from_mut(&mut iov[i]);
             h.msg_iovlen = 1;
             h.msg_control = self.ctrl[i].as_mut_ptr().cast();
@@ -271,6 +287,7 @@ impl PacketSocket {
             self.meta.push((h.msg_len as usize, timestamp(&h.msg_hdr)));
         }
         self.filled = n;
+        self.short = n > 0 && n < SLOTS;
         Ok(n > 0)
     }
 
