@@ -138,12 +138,23 @@ impl RelayedReceiver {
                 Ok(Some(m)) => m,
                 Ok(None) => {
                     if self.budget == 0 {
+                        // Bytes that never make a frame are silence too.
+                        let (last, at) = (live.last_frame, live.read_at.0);
+                        if self.silence().is_some_and(|d| at >= last + d) {
+                            return self.end(End::Timeout);
+                        }
                         return None;
                     }
                     match ops::nowait::recv_now(&live.stream, &mut self.buf) {
                         Ok(Some(0)) => return self.end(End::Closed),
                         Ok(Some(n)) => {
                             self.budget = self.budget.saturating_sub(n);
+                            // A read that did not fill the buffer emptied the socket: another
+                            // would find nothing, a system call a turn for no data. What
+                            // comes meanwhile waits for the next turn.
+                            if n < self.buf.len() {
+                                self.budget = 0;
+                            }
                             live.dec.feed(&self.buf[..n]);
                             live.read_at = (Instant::now(), common::clock::realtime_us());
                             continue;
@@ -1320,6 +1331,54 @@ mod tests {
         assert!(rx.recv_timeout(Duration::from_millis(100)).is_err());
         let (_s2, _dec2) = accept_welcomed(&l);
         assert!(started.elapsed() >= Duration::from_millis(300));
+        handle.shutdown();
+    }
+
+    /// Each turn's read ends at the first one that leaves the socket empty; a peer that
+    /// keeps sending a byte now and then, never a whole frame, must still count as silent.
+    #[test]
+    fn bytes_that_never_make_a_frame_are_silence() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let config = ClientConfig {
+            backoff_min: Duration::from_millis(10),
+            backoff_max: Duration::from_millis(50),
+            idle_timeout: Duration::from_millis(300),
+            ..ClientConfig::new(l.local_addr().unwrap(), Hello::new("t"), None)
+        };
+        let (handle, mut rx) = ControlClient::spawn_with(config, || {}).unwrap();
+        handle.claim(addr(1));
+        let (mut s, _dec) = accept_welcomed(&l);
+        // A Feedback frame announced at 64 KiB whose body comes a byte every 10 ms: done in
+        // ten minutes, long after the connection must have been given up.
+        let stop = Arc::new(AtomicBool::new(false));
+        let trickling = Arc::clone(&stop);
+        let trickle = thread::spawn(move || {
+            let mut head = (64u32 * 1024).to_be_bytes().to_vec();
+            head.push(0x83);
+            if s.write_all(&head).is_ok() {
+                while !trickling.load(Ordering::Relaxed) && s.write_all(&[0]).is_ok() {
+                    thread::sleep(Duration::from_millis(10));
+                }
+            }
+        });
+        // The engine's turns, each when the socket has something to read, as a busy copier's
+        // are: every read finds a byte, none finds the socket empty.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while rx.fd().is_none() {
+            assert!(Instant::now() < deadline, "no connection handed over");
+            let _ = rx.recv_timeout(Duration::from_millis(10));
+        }
+        while let Some(fd) = rx.fd() {
+            assert!(
+                Instant::now() < deadline,
+                "a trickle of bytes kept the connection alive"
+            );
+            crate::waker::wait_readable(&[fd], Duration::from_secs(1));
+            assert!(rx.try_recv().is_err());
+        }
+        let (_s2, _dec2) = accept_welcomed(&l);
+        stop.store(true, Ordering::Relaxed);
+        trickle.join().unwrap();
         handle.shutdown();
     }
 
