@@ -21,8 +21,10 @@ static REPORT: AtomicBool = AtomicBool::new(false);
 static REPORT_FD: AtomicI32 = AtomicI32::new(-1);
 
 extern "C" fn on_report_signal(_: libc::c_int) {
-    REPORT.store(true, Ordering::SeqCst);
+    // The eventfd first: a loop that sees the flag drains the eventfd, and one that does not
+    // yet see it finds the eventfd readable and looks again (see `take_report_request`).
     wake(&REPORT_FD);
+    REPORT.store(true, Ordering::SeqCst);
 }
 
 /// Makes an eventfd readable. Async-signal-safe.
@@ -76,18 +78,25 @@ pub fn install() {
     }
 }
 
-/// Whether SIGUSR1 arrived since the last call; empties [`report_fd`].
+/// Whether SIGUSR1 arrived since the last call; empties [`report_fd`] when it did. Called at
+/// every turn of the copier's loop: without a signal it makes no system call.
 pub fn take_report_request() -> bool {
+    if !REPORT.swap(false, Ordering::SeqCst) {
+        // A handler that has written the eventfd but not yet set the flag leaves the eventfd
+        // readable: the loop wakes again and comes back here.
+        return false;
+    }
     let fd = REPORT_FD.load(Ordering::SeqCst);
     if fd >= 0 {
         let mut n: u64 = 0;
         // SAFETY: a nonblocking read of eight bytes into a live u64 from our eventfd; one
-        // read empties its counter (EAGAIN when it was empty).
+        // read empties its counter (EAGAIN when it was empty: a second signal's write came
+        // after this read's, and its flag makes the next call read again).
         unsafe {
             libc::read(fd, std::ptr::from_mut(&mut n).cast(), 8);
         }
     }
-    REPORT.swap(false, Ordering::SeqCst)
+    true
 }
 
 /// The eventfd SIGUSR1 makes readable until [`take_report_request`] is called. Only a loop
@@ -106,4 +115,36 @@ pub fn stop_fd() -> Option<RawFd> {
 
 pub fn stop_requested() -> bool {
     STOP.load(Ordering::SeqCst)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn readable(fd: RawFd) -> bool {
+        let mut pfd = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one initialised pollfd, valid for the call; no wait.
+        unsafe { libc::poll(&mut pfd, 1, 0) == 1 }
+    }
+
+    /// The loop calls `take_report_request` at every turn and sleeps on `report_fd`: a
+    /// SIGUSR1 must be taken exactly once, and leave nothing readable behind to spin on.
+    #[test]
+    fn a_report_signal_is_taken_once_and_leaves_nothing_to_wake_on() {
+        install();
+        let fd = report_fd().expect("an eventfd for SIGUSR1");
+        assert!(!take_report_request());
+        // SAFETY: raise(3) runs the installed handler on this thread before it returns.
+        unsafe {
+            libc::raise(libc::SIGUSR1);
+        }
+        assert!(readable(fd));
+        assert!(take_report_request());
+        assert!(!readable(fd));
+        assert!(!take_report_request());
+    }
 }
