@@ -1307,8 +1307,9 @@ mod tests {
         engine.join().unwrap();
     }
 
-    #[test]
-    fn a_claimed_connection_that_stays_silent_is_ended_by_the_engines_reads() {
+    /// A client that has claimed an address and gives a silent connection up after 300 ms,
+    /// reconnecting within 50 ms, and the listener it connects to.
+    fn claimed_with_short_timeout() -> (TcpListener, ControlHandle, RelayedReceiver) {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let config = ClientConfig {
             backoff_min: Duration::from_millis(10),
@@ -1316,8 +1317,14 @@ mod tests {
             idle_timeout: Duration::from_millis(300),
             ..ClientConfig::new(l.local_addr().unwrap(), Hello::new("t"), None)
         };
-        let (handle, mut rx) = ControlClient::spawn_with(config, || {}).unwrap();
+        let (handle, rx) = ControlClient::spawn_with(config, || {}).unwrap();
         handle.claim(addr(1));
+        (l, handle, rx)
+    }
+
+    #[test]
+    fn a_claimed_connection_that_stays_silent_is_ended_by_the_engines_reads() {
+        let (l, handle, mut rx) = claimed_with_short_timeout();
         // No Pong ever: the reads find the connection silent past the timeout.
         let (_s, _dec) = accept_welcomed(&l);
         let started = Instant::now();
@@ -1338,15 +1345,7 @@ mod tests {
     /// keeps sending a byte now and then, never a whole frame, must still count as silent.
     #[test]
     fn bytes_that_never_make_a_frame_are_silence() {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let config = ClientConfig {
-            backoff_min: Duration::from_millis(10),
-            backoff_max: Duration::from_millis(50),
-            idle_timeout: Duration::from_millis(300),
-            ..ClientConfig::new(l.local_addr().unwrap(), Hello::new("t"), None)
-        };
-        let (handle, mut rx) = ControlClient::spawn_with(config, || {}).unwrap();
-        handle.claim(addr(1));
+        let (l, handle, mut rx) = claimed_with_short_timeout();
         let (mut s, _dec) = accept_welcomed(&l);
         // A Feedback frame announced at 64 KiB whose body comes a byte every 10 ms: done in
         // ten minutes, long after the connection must have been given up.
