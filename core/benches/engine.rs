@@ -100,7 +100,8 @@ criterion_group!(benches, engine, workers);
 /// `per-reply` (how relayed summaries reach the engine, see `traffic::Relay`; default a
 /// session's as one run, as the copier's driver does), `block=K` (each of ROUNDS is
 /// `Traffic::block(K)`: K rounds of every session in one batch, as at a busy session's pace),
-/// `churn=P` (each of ROUNDS is `Traffic::churn(P)`: every session's connection closes and a
+/// `ps` (every round a `COM_STMT_EXECUTE` of a prepared point select, as sysbench's lab load;
+/// default a `COM_QUERY`), `churn=P` (each of ROUNDS is `Traffic::churn(P)`: every session's connection closes and a
 /// new one logs in and prepares P statements; instructions per *connection* = the difference
 /// of two runs over the difference of their connections, printed).
 fn profile(spec: &str) {
@@ -132,6 +133,9 @@ fn profile(spec: &str) {
     } else {
         Relay::Session
     };
+    if opts.contains(&"ps") {
+        t.prepared();
+    }
     let (before, connections) = (t.packets_in, t.connections);
     for _ in 0..rounds {
         match (block, churn) {

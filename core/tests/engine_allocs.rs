@@ -17,9 +17,13 @@ use traffic::{Layer, Traffic};
 static GLOBAL: CountingAlloc = CountingAlloc;
 
 /// Allocations while every one of `sessions` sessions does `rounds` rounds, after a warm-up
-/// round; and the input packets of those rounds.
-fn steady_state(layer: Layer, sessions: usize, rounds: usize) -> (u64, u64) {
+/// round; and the input packets of those rounds. With `prepared`, every round executes a
+/// prepared statement (`Traffic::prepared`), as the lab's sysbench does.
+fn steady_state(layer: Layer, sessions: usize, rounds: usize, prepared: bool) -> (u64, u64) {
     let mut t = Traffic::new(layer, sessions);
+    if prepared {
+        t.prepared();
+    }
     t.check().unwrap();
     t.round();
     let (a0, p0) = (allocations(), t.packets_in);
@@ -32,8 +36,17 @@ fn steady_state(layer: Layer, sessions: usize, rounds: usize) -> (u64, u64) {
 }
 
 /// The same with every round a batch of `k` rounds of every session (`Traffic::block`).
-fn steady_blocks(layer: Layer, sessions: usize, blocks: usize, k: usize) -> (u64, u64) {
+fn steady_blocks(
+    layer: Layer,
+    sessions: usize,
+    blocks: usize,
+    k: usize,
+    prepared: bool,
+) -> (u64, u64) {
     let mut t = Traffic::new(layer, sessions);
+    if prepared {
+        t.prepared();
+    }
     t.block(k);
     let (a0, p0) = (allocations(), t.packets_in);
     for _ in 0..blocks {
@@ -47,18 +60,26 @@ fn steady_blocks(layer: Layer, sessions: usize, blocks: usize, k: usize) -> (u64
 // One test function: the counter is global, and tests run on parallel threads.
 #[test]
 fn no_allocation_per_packet_in_steady_state() {
-    for layer in [Layer::Tcp, Layer::Mysql, Layer::MysqlCredentials] {
-        let (allocs, packets) = steady_state(layer, 200, 20);
+    let shapes = [
+        (Layer::Tcp, false),
+        (Layer::Mysql, false),
+        (Layer::MysqlCredentials, false),
+        (Layer::Mysql, true),
+        (Layer::MysqlCredentials, true),
+    ];
+    for (layer, prepared) in shapes {
+        let (allocs, packets) = steady_state(layer, 200, 20, prepared);
         assert_eq!(packets, 200 * 20 * Traffic::PACKETS_PER_ROUND);
         assert_eq!(
             allocs, 0,
-            "{layer:?}: {allocs} allocations for {packets} input packets"
+            "{layer:?} (prepared: {prepared}): {allocs} allocations for {packets} input packets"
         );
-        let (allocs, packets) = steady_blocks(layer, 8, 20, 10);
+        let (allocs, packets) = steady_blocks(layer, 8, 20, 10, prepared);
         assert_eq!(packets, 8 * 20 * 10 * Traffic::PACKETS_PER_ROUND);
         assert_eq!(
             allocs, 0,
-            "{layer:?} in batches: {allocs} allocations for {packets} input packets"
+            "{layer:?} (prepared: {prepared}) in batches: {allocs} allocations for {packets} \
+             input packets"
         );
     }
 }
