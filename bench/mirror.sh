@@ -21,8 +21,15 @@
 # sender's own softirq, so the test host's whole receive path (bridge, IP, TCP, waking its
 # mysqld threads) runs on the copier's time, as intercept's on the copier's for the control
 # channel; on a real network that is another machine's. `perf record -g` samples the copier
-# over the load and the share of its samples under `net_rx_action` is that path: the last
-# column is the copier's CPU per query with it taken out ("-" without perf).
+# over the load and the share of its samples under `net_rx_action` is that path: a column
+# gives the copier's CPU per query with it taken out ("-" without perf).
+#
+# The load's shape: the last two columns give each server's own CPU (all its threads) and its
+# voluntary context switches (a thread waited: for its client's next command, mostly) per query
+# it ran over the same window, production's against the test server's. Equal work is not an
+# equal load: a copier that hands the test server a session's commands together (all it
+# captured in one block) spares the test server's threads the wait before each command, which
+# production's pay, and the system time that goes with it.
 #
 #   bench/mirror.sh [--threads "2 8 32"] [--time 30] [--runs 3] [--test oltp_read_only]
 #                   [--copier-args "..."] [--intercept-args "..."] [--sysbench-args "..."]
@@ -137,6 +144,32 @@ cpu_ticks() { # cpu_ticks PID: "utime stime" in clock ticks
 cpu_ns() { cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{ s += $1 } END { printf "%d", s }'; }
 # Context switches of every thread of PID, voluntary (it waited: a wakeup) and involuntary.
 switches() { cat /proc/"$1"/task/*/status 2>/dev/null | awk '/^(non)?voluntary_ctxt_switches:/ { s += $2 } END { print s + 0 }'; }
+# Voluntary switches only: how often PID's threads waited for something (a server thread: for
+# its client's next command). Involuntary ones tell the CPU's contention, not the load's shape.
+waits() { cat /proc/"$1"/task/*/status 2>/dev/null | awk '/^voluntary_ctxt_switches:/ { s += $2 } END { print s + 0 }'; }
+# Questions between two work snapshots of one server.
+questions() {
+    awk '$1 == "counter" && $2 == "Questions" { q[FILENAME] = $3 }
+        END { print q[ARGV[2]] - q[ARGV[1]] }' "$1" "$2"
+}
+# "HOST N cpu-ns waits questions" of both servers now (N: which sample).
+server_sample() {
+    local h p
+    for h in prod test; do
+        p=$(cat "$LAB_DIR/$h/mysqld.pid" 2>/dev/null) || continue
+        echo "$h $1 $(cpu_ns "$p") $(waits "$p") $("$LAB" sql "$h" "SHOW GLOBAL STATUS LIKE 'Questions'" | awk '{ print $2 }')"
+    done
+}
+# From server_sample's two samples: "prod-cpu-us test-cpu-us prod-waits test-waits" per query
+# each server ran between them (-1 each without both samples).
+server_costs() {
+    awk '{ c[$1, $2] = $3; w[$1, $2] = $4; q[$1, $2] = $5 }
+        function per(x, h) { d = q[h, 1] - q[h, 0]; return d > 0 && ((h, 0) in x) ? (x[h, 1] - x[h, 0]) / d : -1 }
+        END {
+            pc = per(c, "prod"); tc = per(c, "test")
+            printf "%.2f %.2f %.3f %.3f", pc < 0 ? -1 : pc / 1000, tc < 0 ? -1 : tc / 1000, per(w, "prod"), per(w, "test")
+        }' "$1" 2>/dev/null || echo "-1 -1 -1 -1"
+}
 # System calls need the raw_syscalls tracepoint, hence tracefs.
 PERF_SYSCALLS=""
 if command -v perf >/dev/null 2>&1; then
@@ -220,7 +253,23 @@ one_run() {
     if ((WARMUP > 0)); then
         sleep "$WARMUP"
         snapshot prod w
+        snapshot test w
         from=w
+    fi
+    # The servers' own cost per query they ran over the same span: how the test server ran what
+    # it was sent against how production ran it (the load's shape: a mirror that hands the test
+    # server a session's commands together spares it the wait for each, which production's
+    # threads pay). Sampled while every connection is up: a server thread's counters leave with
+    # it when its connection closes (1,000 connections at the load's end).
+    local span=$((TIME - WARMUP - 2)) sampler=""
+    rm -f "$LAB_DIR/servers.txt"
+    if ((span >= 3)); then
+        (
+            server_sample 0
+            sleep "$span"
+            server_sample 1
+        ) >"$LAB_DIR/servers.txt" 2>/dev/null &
+        sampler=$!
     fi
     read -r cu0 cs0 < <(cpu_ticks "$cpid")
     read -r iu0 is0 < <(cpu_ticks "$ipid")
@@ -251,6 +300,7 @@ one_run() {
         tail -5 "$LAB_DIR/sysbench-$threads.log" >&2
         exit 1
     fi
+    [[ -z $sampler ]] || wait "$sampler" || true
     snapshot prod 1
     snapshot test end
     local at_end fidelity errors prod_q
@@ -264,11 +314,12 @@ one_run() {
         sleep 0.25
     done
     read -r fidelity errors prod_q < <( (compare 1 || true) | tee "$LAB_DIR/work-compare.txt" | figures)
+    local servers
+    servers=$(server_costs "$LAB_DIR/servers.txt")
     # The queries the cost columns are divided by: the whole load's, or those after --warmup.
     local cost_q=$prod_q
     if [[ $from != 0 ]]; then
-        cost_q=$(awk '$1 == "counter" && $2 == "Questions" { q[FILENAME] = $3 }
-            END { print q[ARGV[2]] - q[ARGV[1]] }' "$LAB_DIR/work-prod-$from" "$LAB_DIR/work-prod-1")
+        cost_q=$(questions "$LAB_DIR/work-prod-$from" "$LAB_DIR/work-prod-1")
     fi
     read -r cu1 cs1 < <(cpu_ticks "$cpid")
     read -r iu1 is1 < <(cpu_ticks "$ipid")
@@ -330,7 +381,7 @@ one_run() {
         -v f="${frames:-0}" -v r="${relayed:-0}" -v d="${drops:-0}" \
         -v crss="$crss" -v irss="$irss" -v id="${idrops:-0}" -v il="${ilost:-0}" \
         -v cw=$((cw1 - cw0)) -v iw=$((iw1 - iw0)) -v t0="$t0" -v t1="$t1" -v csc="$csc" -v isc="$isc" \
-        -v rx="$rx" 'BEGIN {
+        -v rx="$rx" -v servers="$servers" 'BEGIN {
         us = 1
         secs = t1 - t0
         # Per packet -1 ("-") after a warmup: the packet counts cover the whole load.
@@ -340,20 +391,22 @@ one_run() {
             fp ? cu * us / fp : -1, fp ? cs * us / fp : -1, rp ? iu * us / rp : -1, rp ? is * us / rp : -1,
             d, crss, irss, f, r, id, il
         # Parenthesised: a bare > in printf arguments would redirect its output.
-        printf " %.3f %.3f %.3f %.3f %.0f %.0f %.3f %.3f %.4f\n",
+        printf " %.3f %.3f %.3f %.3f %.0f %.0f %.3f %.3f %.4f",
             (q ? cu * us / q : 0), (q ? cs * us / q : 0), (q ? iu * us / q : 0), (q ? is * us / q : 0),
             (secs > 0 ? cw / secs : 0), (secs > 0 ? iw / secs : 0),
-            (q && csc >= 0 ? csc / q : -1), (q && isc >= 0 ? isc / q : -1), rx }'
+            (q && csc >= 0 ? csc / q : -1), (q && isc >= 0 ? isc / q : -1), rx
+        printf " %s\n", servers }'
 }
 
 echo "Each line on stderr is one run: prod-queries work-fidelity-at-end work-fidelity" \
     "new-errors-on-test copier-us/pkt(user sys) intercept-us/pkt(user sys) drops copier-MiB" \
     "intercept-MiB captured relayed intercept-kernel-drops intercept-framing-lost" \
     "copier-us/query(user sys) intercept-us/query(user sys) wakeups/s(copier intercept)" \
-    "syscalls/query(copier intercept) copier-receive-path-share" >&2
+    "syscalls/query(copier intercept) copier-receive-path-share" \
+    "server-cpu-us/query(prod test) server-waits/query(prod test)" >&2
 echo "LAB_PIN=$LAB_PIN (1: the lab's CPU pinning on)" >&2
-echo "| test | threads | s | runs | prod queries | work fidelity at end | work fidelity | new errors on test | copier µs/pkt (user + sys) | intercept µs/pkt (user + sys) | kernel drops | peak RSS copier / intercept MiB | copier µs/query (user + sys) | intercept µs/query (user + sys) | wakeups/s copier / intercept | syscalls/query copier / intercept | copier µs/query without the lab's receive path (its share) |"
-echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+echo "| test | threads | s | runs | prod queries | work fidelity at end | work fidelity | new errors on test | copier µs/pkt (user + sys) | intercept µs/pkt (user + sys) | kernel drops | peak RSS copier / intercept MiB | copier µs/query (user + sys) | intercept µs/query (user + sys) | wakeups/s copier / intercept | syscalls/query copier / intercept | copier µs/query without the lab's receive path (its share) | server CPU µs/query prod / test | server waits/query prod / test |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 for threads in $THREADS; do
     rows=()
     for run in $(seq "$RUNS"); do
@@ -381,6 +434,7 @@ for threads in $THREADS; do
                 t = a[j]; a[j] = a[j - 1]; a[j - 1] = t }
             return NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2
         }
+        function fig(f, v) { return v < 0 ? "-" : sprintf(f, v) }
         function cpu(sum, u, s) { return sum < 0 ? "-" : sprintf("%.2f (%.2f + %.2f)", sum, u, s) }
         END {
             # Fields 16-24 are per query (see one_run); 31-34 the user + sys sums, 35 the
@@ -392,11 +446,13 @@ for threads in $THREADS; do
             }
             rx = median(24)
             csc = median(22); isc = median(23)
-            printf "| %s | %d | %d | %d | %d | %.5f | %.5f | %d | %s | %s | %d | %.1f / %.1f | %.2f (%.2f + %.2f) | %.2f (%.2f + %.2f) | %d / %d | %s / %s | %s |\n",
+            printf "| %s | %d | %d | %d | %d | %.5f | %.5f | %d | %s | %s | %d | %.1f / %.1f | %.2f (%.2f + %.2f) | %.2f (%.2f + %.2f) | %d / %d | %s / %s | %s ",
                 test, th, s, n, median(1), median(2), median(3), median(4),
                 cpu(median(31), median(5), median(6)), cpu(median(32), median(7), median(8)), median(9),
                 median(10), median(11), median(33), median(16), median(17), median(34), median(18), median(19),
                 median(20), median(21), (csc < 0 ? "-" : sprintf("%.2f", csc)), (isc < 0 ? "-" : sprintf("%.2f", isc)),
                 (rx < 0 ? "-" : sprintf("%.2f (%.0f%%)", median(35), rx * 100))
+            printf "| %s / %s | %s / %s |\n", fig("%.1f", median(25)), fig("%.1f", median(26)),
+                fig("%.3f", median(27)), fig("%.3f", median(28))
         }'
 done
