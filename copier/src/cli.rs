@@ -503,7 +503,7 @@ fn is_local_address(ip: Ipv4Addr) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::settings::parse_sample;
+    use crate::settings::{parse_sample, NOT_PURE_ACK};
 
     #[test]
     fn cidr_parsing() {
@@ -667,8 +667,11 @@ mod tests {
         let f = capture_filter(&a.routes().unwrap());
         assert_eq!(
             f,
-            "tcp and (((dst port 3307 or dst port 3308) and not (dst host 198.18.0.3)) or \
-             ((src port 3307 or src port 3308) and not (src host 198.18.0.3)))"
+            format!(
+                "tcp and (((dst port 3307 or dst port 3308) and not (dst host 198.18.0.3) and \
+                 {NOT_PURE_ACK}) or ((src port 3307 or src port 3308) and not (src host \
+                 198.18.0.3)))"
+            )
         );
         let err = args(&["--port", "3307", "--map", "3308=198.18.0.3:3308"])
             .routes()
@@ -814,7 +817,74 @@ mod tests {
         let a = args(&["--target", "198.18.0.3:3306"]);
         assert_eq!(
             a.capture_filter().unwrap(),
-            "tcp and ((dst port 3306 and not dst host 198.18.0.3) or (src port 3306 and not src host 198.18.0.3))"
+            format!(
+                "tcp and ((dst port 3306 and not dst host 198.18.0.3 and {NOT_PURE_ACK}) or \
+                 (src port 3306 and not src host 198.18.0.3))"
+            )
+        );
+    }
+
+    /// The filter as the kernel runs it (compiled by libpcap for raw IPv4, as the bridge
+    /// socket's): the clients' segments pass but their pure ACKs; production's all pass; our
+    /// own sends to the target never.
+    #[test]
+    fn the_capture_filter_keeps_all_but_the_clients_pure_acks() {
+        use common::seq::SeqNumber;
+        use common::wire::{emit_ipv4_tcp, SegmentRepr, TcpFlags, TcpOptions};
+        let routes = args(&["--target", "198.18.0.3:3306"]).routes().unwrap();
+        let dead = pcap::Capture::dead(pcap::Linktype(12)).unwrap();
+        let program = dead.compile(&capture_filter(&routes), true).unwrap();
+        let client = SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 10), 40000);
+        let prod = SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 2), 3306);
+        let test = SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 3), 3306);
+        let passes = |src: SocketAddrV4, dst: SocketAddrV4, flags: u8, payload: &[u8]| {
+            let repr = SegmentRepr {
+                src: *src.ip(),
+                dst: *dst.ip(),
+                src_port: src.port(),
+                dst_port: dst.port(),
+                seq: SeqNumber(1000),
+                ack: SeqNumber(2000),
+                flags: TcpFlags(flags),
+                window: 500,
+                options: TcpOptions {
+                    timestamps: Some((1, 2)),
+                    ..TcpOptions::default()
+                },
+                ip_id: 1,
+                ttl: 64,
+            };
+            let mut buf = [0u8; 200];
+            let n = emit_ipv4_tcp(&repr, payload, &mut buf).unwrap();
+            program.filter(&buf[..n])
+        };
+        const A: u8 = TcpFlags::ACK;
+        const PA: u8 = TcpFlags::ACK | TcpFlags::PSH;
+        assert!(!passes(client, prod, A, b""), "a client's pure ACK");
+        assert!(
+            !passes(client, prod, PA, b""),
+            "a client's pure ACK with PSH"
+        );
+        assert!(
+            passes(client, prod, PA, b"\x01\0\0\0\x0e"),
+            "a client's command"
+        );
+        assert!(passes(client, prod, A, b"x"), "a client's one byte");
+        assert!(passes(client, prod, TcpFlags::SYN, b""), "a client's SYN");
+        assert!(
+            passes(client, prod, TcpFlags::FIN | A, b""),
+            "a client's FIN"
+        );
+        assert!(passes(client, prod, TcpFlags::RST, b""), "a client's RST");
+        assert!(passes(prod, client, A, b""), "production's pure ACK");
+        assert!(passes(prod, client, PA, b"reply"), "production's reply");
+        assert!(
+            passes(prod, client, TcpFlags::SYN | A, b""),
+            "production's SYN-ACK"
+        );
+        assert!(
+            !passes(client, test, PA, b"command"),
+            "our own send to the target"
         );
     }
 
