@@ -74,8 +74,11 @@ pub struct Args {
     /// block timeout): one wakeup per block instead of one per packet. While packets flow,
     /// the copier's own timers and what intercept relays (unless it times replies: --report,
     /// --metrics) wait for the next block too (for a timeout above 10, at most 30 ms), except
-    /// while a session waits on the test server (a login, a PREPARE_OK). Shorter: less delay,
-    /// more wakeups of both daemons (at 4, a fifth more CPU per query at moderate rates); the
+    /// while a session waits on the test server (a login, a PREPARE_OK). A block's commands
+    /// reach the test server together, so its threads wait for commands less often than
+    /// production's (a tenth as often at 10 ms in the lab; see docs/operations.md, Sizing).
+    /// Shorter: less delay, a load shaped more like production's, more wakeups of both
+    /// daemons (at 1, 2.3-3.2x the copier's CPU per query at moderate rates); the
     /// capture ring holds its blocks x this of traffic while the copier waits for a CPU (1.9 s
     /// for the default ring of 192 blocks; the copier logs it). 0: immediate mode (a wakeup
     /// per packet, no added delay; more CPU) [default: 10].
