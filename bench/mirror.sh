@@ -253,7 +253,6 @@ one_run() {
     if ((WARMUP > 0)); then
         sleep "$WARMUP"
         snapshot prod w
-        snapshot test w
         from=w
     fi
     # The servers' own cost per query they ran over the same span: how the test server ran what

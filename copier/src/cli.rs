@@ -827,67 +827,116 @@ mod tests {
         );
     }
 
-    /// The filter as the kernel runs it (compiled by libpcap for raw IPv4, as the bridge
-    /// socket's): the clients' segments pass but their pure ACKs; production's all pass; our
-    /// own sends to the target never.
-    #[test]
-    fn the_capture_filter_keeps_all_but_the_clients_pure_acks() {
+    /// A segment as the capture sees it (raw IPv4, no link header).
+    fn segment(src: SocketAddrV4, dst: SocketAddrV4, flags: u8, payload: &[u8]) -> Vec<u8> {
         use common::seq::SeqNumber;
         use common::wire::{emit_ipv4_tcp, SegmentRepr, TcpFlags, TcpOptions};
-        let routes = args(&["--target", "198.18.0.3:3306"]).routes().unwrap();
+        let repr = SegmentRepr {
+            src: *src.ip(),
+            dst: *dst.ip(),
+            src_port: src.port(),
+            dst_port: dst.port(),
+            seq: SeqNumber(1000),
+            ack: SeqNumber(2000),
+            flags: TcpFlags(flags),
+            window: 500,
+            options: TcpOptions {
+                timestamps: Some((1, 2)),
+                ..TcpOptions::default()
+            },
+            ip_id: 1,
+            ttl: 64,
+        };
+        let mut buf = vec![0u8; 200];
+        let n = emit_ipv4_tcp(&repr, payload, &mut buf).unwrap();
+        buf.truncate(n);
+        buf
+    }
+
+    /// The filter as the kernel runs it (compiled by libpcap for raw IPv4, as the bridge
+    /// socket's): the clients' segments pass but their pure ACKs; production's all pass; our
+    /// own sends to the target never. With one route and with several.
+    #[test]
+    fn the_capture_filter_keeps_all_but_the_clients_pure_acks() {
+        use common::wire::TcpFlags;
+        const A: u8 = TcpFlags::ACK;
+        const PA: u8 = TcpFlags::ACK | TcpFlags::PSH;
+        // 12: DLT_RAW, raw IPv4, as the bridge socket compiles it.
         let dead = pcap::Capture::dead(pcap::Linktype(12)).unwrap();
-        let program = dead.compile(&capture_filter(&routes), true).unwrap();
+        let compiled = |a: Args| dead.compile(&capture_filter(&a.routes().unwrap()), true);
+        let one = compiled(args(&["--target", "198.18.0.3:3306"])).unwrap();
         let client = SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 10), 40000);
         let prod = SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 2), 3306);
         let test = SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 3), 3306);
-        let passes = |src: SocketAddrV4, dst: SocketAddrV4, flags: u8, payload: &[u8]| {
-            let repr = SegmentRepr {
-                src: *src.ip(),
-                dst: *dst.ip(),
-                src_port: src.port(),
-                dst_port: dst.port(),
-                seq: SeqNumber(1000),
-                ack: SeqNumber(2000),
-                flags: TcpFlags(flags),
-                window: 500,
-                options: TcpOptions {
-                    timestamps: Some((1, 2)),
-                    ..TcpOptions::default()
-                },
-                ip_id: 1,
-                ttl: 64,
-            };
-            let mut buf = [0u8; 200];
-            let n = emit_ipv4_tcp(&repr, payload, &mut buf).unwrap();
-            program.filter(&buf[..n])
-        };
-        const A: u8 = TcpFlags::ACK;
-        const PA: u8 = TcpFlags::ACK | TcpFlags::PSH;
-        assert!(!passes(client, prod, A, b""), "a client's pure ACK");
+        // From, to, flags, payload, kept, what.
+        type Case = (
+            SocketAddrV4,
+            SocketAddrV4,
+            u8,
+            &'static [u8],
+            bool,
+            &'static str,
+        );
+        let cases: &[Case] = &[
+            (client, prod, A, b"", false, "a client's pure ACK"),
+            (client, prod, PA, b"", false, "a client's pure ACK with PSH"),
+            (
+                client,
+                prod,
+                PA,
+                b"\x01\0\0\0\x0e",
+                true,
+                "a client's command",
+            ),
+            (client, prod, A, b"x", true, "a client's one byte"),
+            (client, prod, TcpFlags::SYN, b"", true, "a client's SYN"),
+            (client, prod, TcpFlags::FIN | A, b"", true, "a client's FIN"),
+            (client, prod, TcpFlags::RST, b"", true, "a client's RST"),
+            (prod, client, A, b"", true, "production's pure ACK"),
+            (prod, client, PA, b"reply", true, "production's reply"),
+            (
+                prod,
+                client,
+                TcpFlags::SYN | A,
+                b"",
+                true,
+                "production's SYN-ACK",
+            ),
+            (
+                client,
+                test,
+                PA,
+                b"command",
+                false,
+                "our own send to the target",
+            ),
+        ];
+        for &(src, dst, flags, payload, kept, what) in cases {
+            assert_eq!(
+                one.filter(&segment(src, dst, flags, payload)),
+                kept,
+                "{what}"
+            );
+        }
+        let two = compiled(args(&[
+            "--map",
+            "3306=198.18.0.3:3306",
+            "--map",
+            "3307=198.18.0.5:3307",
+        ]))
+        .unwrap();
+        let prod2 = SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 2), 3307);
         assert!(
-            !passes(client, prod, PA, b""),
-            "a client's pure ACK with PSH"
+            !two.filter(&segment(client, prod2, A, b"")),
+            "pure ACK, port 2"
         );
         assert!(
-            passes(client, prod, PA, b"\x01\0\0\0\x0e"),
-            "a client's command"
-        );
-        assert!(passes(client, prod, A, b"x"), "a client's one byte");
-        assert!(passes(client, prod, TcpFlags::SYN, b""), "a client's SYN");
-        assert!(
-            passes(client, prod, TcpFlags::FIN | A, b""),
-            "a client's FIN"
-        );
-        assert!(passes(client, prod, TcpFlags::RST, b""), "a client's RST");
-        assert!(passes(prod, client, A, b""), "production's pure ACK");
-        assert!(passes(prod, client, PA, b"reply"), "production's reply");
-        assert!(
-            passes(prod, client, TcpFlags::SYN | A, b""),
-            "production's SYN-ACK"
+            two.filter(&segment(client, prod2, PA, b"x")),
+            "command, port 2"
         );
         assert!(
-            !passes(client, test, PA, b"command"),
-            "our own send to the target"
+            two.filter(&segment(prod2, client, A, b"")),
+            "prod's ACK, port 2"
         );
     }
 

@@ -376,12 +376,12 @@ pub fn capture_filter(routes: &[Route]) -> String {
 /// tells the engine nothing it does not learn otherwise: production's first byte establishes a
 /// connection whose handshake ACK went uncaptured, the ACK field of the client's next segment
 /// proves a hole in production's stream as its pure ACK would (a command later), a pooled
-/// connection is picked up from its first byte, and a close completes with the FINs. They were a fifth of the
-/// clients' packets at 1,000 connections (each client's delayed ACK of a reply it got alone),
-/// and the kernel drops them before they take a slot of the ring (docs/BENCHMARKS.md, issue
-/// 20, seventeenth session). The payload length is the
-/// IP total length less both headers: 32-bit arithmetic, so a GRO'd packet whose total
-/// length reads 0 (BIG TCP) wraps to non-zero and is kept. IPv4 only, like the engine.
+/// connection is picked up from its first byte, and a close completes with the FINs. They were
+/// a fifth of the clients' packets at 1,000 connections (each client's delayed ACK of a reply
+/// it got alone), and the kernel drops them before they take a slot of the ring
+/// (docs/BENCHMARKS.md, issue 20, seventeenth session). The payload length is the IP total
+/// length less both headers, in BPF's 32-bit arithmetic: a GRO'd packet whose total length
+/// reads 0 (BIG TCP) wraps to non-zero and is kept. IPv4 only, like the engine.
 pub const NOT_PURE_ACK: &str = "(tcp[tcpflags] & (tcp-syn|tcp-fin|tcp-rst) != 0 or \
      ip[2:2] - ((ip[0] & 0xf) << 2) - ((tcp[12] & 0xf0) >> 2) != 0)";
 

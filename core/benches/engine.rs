@@ -101,9 +101,10 @@ criterion_group!(benches, engine, workers);
 /// session's as one run, as the copier's driver does), `block=K` (each of ROUNDS is
 /// `Traffic::block(K)`: K rounds of every session in one batch, as at a busy session's pace),
 /// `ps` (every round a `COM_STMT_EXECUTE` of a prepared point select, as sysbench's lab load;
-/// default a `COM_QUERY`), `churn=P` (each of ROUNDS is `Traffic::churn(P)`: every session's connection closes and a
-/// new one logs in and prepares P statements; instructions per *connection* = the difference
-/// of two runs over the difference of their connections, printed).
+/// default a `COM_QUERY`), `churn=P` (each of ROUNDS is `Traffic::churn(P)`: every session's
+/// connection closes and a new one logs in and prepares P statements; instructions per
+/// *connection* = the difference of two runs over the difference of their connections,
+/// printed).
 fn profile(spec: &str) {
     let parts: Vec<&str> = spec.split(':').collect();
     let layer = match parts.first() {
