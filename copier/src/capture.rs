@@ -261,72 +261,62 @@ impl LiveCapture {
         if let (Some(b), Some(o)) = (&mut self.bridge, &mut self.overlap) {
             n += drain_bridge(&mut b.sock, o, &mut self.stats, budget, &mut f);
         }
-        while n < budget {
-            let Some(frame) = next_frame(&mut self.cap, self.nanos)? else {
-                break;
-            };
-            n += 1;
+        let Self {
+            cap,
+            link,
+            nanos,
+            stats,
+            bridge,
+            overlap,
+            bridge_dropped,
+            ..
+        } = self;
+        let link = *link;
+        n += dispatch(cap, *nanos, budget.saturating_sub(n), |frame| {
             let parsed = if frame.snapped() {
                 Err(None)
             } else {
-                parse_frame(self.link, frame.data).map_err(Some)
+                parse_frame(link, frame.data).map_err(Some)
             };
-            if let Some(o) = &mut self.overlap {
+            if let Some(o) = overlap.as_mut() {
                 let key = parsed.as_ref().ok().map(bridge::key);
                 let mut verdict = o.ring_frame(key, frame.ts_ns);
                 if verdict == Verdict::Reread {
-                    if let Some(b) = &mut self.bridge {
-                        drain_bridge(&mut b.sock, o, &mut self.stats, usize::MAX, &mut f);
+                    if let Some(b) = bridge.as_mut() {
+                        drain_bridge(&mut b.sock, o, stats, usize::MAX, &mut f);
                     }
                     verdict = o.after_reread(key, frame.ts_ns);
                 }
                 if verdict == Verdict::Duplicate {
-                    self.stats.bridge_copies += 1;
-                    continue;
+                    stats.bridge_copies += 1;
+                    return;
                 }
             }
-            self.stats.frames += 1;
+            stats.frames += 1;
             match parsed {
                 Ok(p) => {
-                    self.stats.parsed += 1;
+                    stats.parsed += 1;
                     f(frame.ts_ns, &p);
                 }
-                Err(None) => self.stats.snapped += 1,
-                Err(Some(e)) => self.stats.count(e),
+                Err(None) => stats.snapped += 1,
+                Err(Some(e)) => stats.count(e),
             }
-            if self.overlap.is_some() {
-                self.end_bridge_if_done();
+            if overlap.is_some() {
+                end_bridge_if_done(overlap, bridge, stats, bridge_dropped);
             }
-        }
+        })?;
         self.end_bridge_if_done();
         Ok(n)
     }
 
-    /// Closes the bridge socket once the ring has taken over (or it may remember no more), and
-    /// forgets the handover once it is over.
+    /// See [`end_bridge_if_done`].
     fn end_bridge_if_done(&mut self) {
-        let Some(o) = &mut self.overlap else {
-            return;
-        };
-        if o.full() {
-            o.close();
-        }
-        if o.phase() != Phase::Bridging {
-            if let Some(mut b) = self.bridge.take() {
-                let dropped = b.sock.kernel_stats().map_or(0, |k| k.dropped);
-                self.bridge_dropped = dropped;
-                self.stats.snapped += b.sock.truncated();
-                tracing::info!(
-                    bridged = o.bridged,
-                    dropped,
-                    "capture: the ring took over {} ms after the bridge socket opened",
-                    b.opened.elapsed().as_millis()
-                );
-            }
-        }
-        if o.phase() == Phase::Done {
-            self.overlap = None;
-        }
+        end_bridge_if_done(
+            &mut self.overlap,
+            &mut self.bridge,
+            &mut self.stats,
+            &mut self.bridge_dropped,
+        );
     }
 
     /// The interface's LINKTYPE number (1 Ethernet, 113 Linux cooked for "any", ...).
@@ -342,20 +332,27 @@ impl LiveCapture {
         budget: usize,
         mut f: impl FnMut(RawFrame<'_>) -> Result<()>,
     ) -> Result<usize> {
-        let mut n = 0;
-        while n < budget {
-            let Some(frame) = next_frame(&mut self.cap, self.nanos)? else {
-                break;
-            };
-            n += 1;
-            self.stats.frames += 1;
+        let mut failed = None;
+        let stats = &mut self.stats;
+        let n = dispatch(&mut self.cap, self.nanos, budget, |frame| {
+            if failed.is_some() {
+                // The recording ends with this error; what the ring still hands over in this
+                // call is not written.
+                return;
+            }
+            stats.frames += 1;
             // Written anyway: the file keeps the wire length, and replay counts the cut frame.
             if frame.snapped() {
-                self.stats.snapped += 1;
+                stats.snapped += 1;
             }
-            f(frame)?;
+            if let Err(e) = f(frame) {
+                failed = Some(e);
+            }
+        })?;
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(n),
         }
-        Ok(n)
     }
 
     /// Refreshes the kernel's drop counters.
@@ -402,17 +399,69 @@ fn drain_bridge(
     }
     n
 }
-/// The next frame `cap` holds, or `None` when it has nothing more now. Any other read error is
-/// returned: the interface went away or down (see [`LiveCapture::drain`]).
-fn next_frame(cap: &mut pcap::Capture<pcap::Active>, nanos: bool) -> Result<Option<RawFrame<'_>>> {
-    let packet = match cap.next_packet() {
-        Ok(p) => p,
-        Err(pcap::Error::TimeoutExpired) | Err(pcap::Error::NoMorePackets) => return Ok(None),
+/// Closes the bridge socket once the ring has taken over (or it may remember no more), and
+/// forgets the handover once it is over. Over [`LiveCapture`]'s fields: the ring's callback
+/// runs while the capture itself is borrowed.
+fn end_bridge_if_done(
+    overlap: &mut Option<Overlap>,
+    bridge: &mut Option<Bridge>,
+    stats: &mut CaptureStats,
+    bridge_dropped: &mut u64,
+) {
+    let Some(o) = overlap.as_mut() else {
+        return;
+    };
+    if o.full() {
+        o.close();
+    }
+    if o.phase() != Phase::Bridging {
+        if let Some(mut b) = bridge.take() {
+            let dropped = b.sock.kernel_stats().map_or(0, |k| k.dropped);
+            *bridge_dropped = dropped;
+            stats.snapped += b.sock.truncated();
+            tracing::info!(
+                bridged = o.bridged,
+                dropped,
+                "capture: the ring took over {} ms after the bridge socket opened",
+                b.opened.elapsed().as_millis()
+            );
+        }
+    }
+    if o.phase() == Phase::Done {
+        *overlap = None;
+    }
+}
+
+/// Hands `f` at most `max` of the frames the ring holds now, returning how many; stops early
+/// when the kernel has nothing more. A read error is returned: the interface went away or down
+/// (see [`LiveCapture::drain`]).
+///
+/// `pcap_dispatch` ends where the ready blocks end; reading frame by frame with
+/// `pcap_next_ex` only learns the ring is empty from one more call, a `poll` of the socket
+/// each wakeup (a sixth of the copier's syscalls at 8 threads, issue 20). It also hands each
+/// frame over where it lies in the ring instead of copying it out first, though the copy's
+/// cost mostly moves to whoever reads the cold frame first (docs/BENCHMARKS.md).
+fn dispatch(
+    cap: &mut pcap::Capture<pcap::Active>,
+    nanos: bool,
+    max: usize,
+    mut f: impl FnMut(RawFrame<'_>),
+) -> Result<usize> {
+    if max == 0 {
+        return Ok(0);
+    }
+    // The crate refuses counts beyond an int; budgets are far below.
+    let max = max.min(i32::MAX as usize);
+    match cap.dispatch(Some(max), |p| f(raw_frame(p.header, p.data, nanos))) {
+        Ok(n) => Ok(n),
         Err(e) => bail!(
             "capture failed: {e} (did the interface go down or away? start again once it is back)"
         ),
-    };
-    let ts = packet.header.ts;
+    }
+}
+
+fn raw_frame<'a>(header: &pcap::PacketHeader, data: &'a [u8], nanos: bool) -> RawFrame<'a> {
+    let ts = header.ts;
     let frac = u64::try_from(ts.tv_usec).unwrap_or(0);
     let frac_ns = if nanos {
         frac
@@ -423,11 +472,11 @@ fn next_frame(cap: &mut pcap::Capture<pcap::Active>, nanos: bool) -> Result<Opti
         .unwrap_or(0)
         .saturating_mul(1_000_000_000)
         .saturating_add(frac_ns);
-    Ok(Some(RawFrame {
+    RawFrame {
         ts_ns,
-        data: packet.data,
-        orig_len: packet.header.len,
-    }))
+        data,
+        orig_len: header.len,
+    }
 }
 
 impl AsRawFd for LiveCapture {
@@ -486,10 +535,11 @@ impl LiveCapture {
     pub fn discard_backlog(&mut self, limit: usize) -> Result<usize> {
         let mut n = 0;
         while n < limit {
-            if next_frame(&mut self.cap, self.nanos)?.is_none() {
+            let read = dispatch(&mut self.cap, self.nanos, limit - n, |_| {})?;
+            if read == 0 {
                 break;
             }
-            n += 1;
+            n += read;
         }
         Ok(n)
     }
