@@ -50,6 +50,9 @@ impl Outputs {
                 args.memory_budget().report(),
             )
         });
+        if let (Some(r), None, None) = (&mut report, &args.report, &args.metrics) {
+            r.totals_only();
+        }
         if let Some(r) = &mut report {
             if let Some(sampler) = crate::sampling::start(args, r.started_unix_ms())? {
                 r.set_resources(Box::new(move || sampler.snapshot()));

@@ -302,6 +302,9 @@ pub struct Collector {
     window: (Histogram, Histogram, Instant),
     /// `--tee` targets whose sides are kept apart (0: none).
     tee: usize,
+    /// The digest groups and the per-second series are kept: false when neither a report file
+    /// nor a metrics page will read them (see [`Collector::totals_only`]).
+    detailed: bool,
 }
 
 impl Collector {
@@ -318,7 +321,16 @@ impl Collector {
             width_s: 1,
             window: (Histogram::default(), Histogram::default(), start),
             tee: 0,
+            detailed: true,
         }
+    }
+
+    /// Keeps only what the status line and the summary show (totals, the divergence, the live
+    /// window): no digest group and no per-second series, which only a report file or the
+    /// metrics page reads. Issue 20's profile of a copier without either put the digests'
+    /// tally at 4 % of its user time.
+    pub fn totals_only(&mut self) {
+        self.detailed = false;
     }
 
     /// Keeps each of `targets` `--tee` targets' sides apart in every digest, besides their sum.
@@ -364,7 +376,7 @@ impl Collector {
     }
 
     fn point(&mut self, at: Instant) -> Option<&mut (u64, u64)> {
-        if at < self.start {
+        if !self.detailed || at < self.start {
             return None;
         }
         let mut i = at.saturating_since(self.start).as_secs() / self.width_s;
@@ -470,6 +482,9 @@ impl Collector {
         timed: bool,
         compared: Option<(Answer, Answer, Verdict, bool)>,
     ) {
+        if !self.detailed {
+            return;
+        }
         let max_examples = self.config.max_mismatch_examples;
         let tee = self.tee;
         let d = self.digest(&o.statement);
@@ -865,6 +880,49 @@ mod tests {
             .collect();
         assert_eq!(sides, [(1, 2, 1, 0), (1, 3, 1, 1)]);
         assert!(d.per_target[1].latency.p50_us > d.per_target[0].latency.p50_us);
+    }
+
+    #[test]
+    fn totals_only_keeps_what_the_summary_shows() {
+        let feed = |c: &mut Collector| {
+            for id in 0..4 {
+                let s = stmt(id, false);
+                c.observe(&obs(
+                    &s,
+                    0,
+                    Some(rows(1, 100, 1000 + id, None)),
+                    TestOutcome::Answered(rows(1 + id % 2, 150, 1000 + id, None)),
+                ));
+                c.observe(&obs(
+                    &s,
+                    0,
+                    Some(rows(1, 100, 2000, None)),
+                    TestOutcome::Lost,
+                ));
+                c.observe(&obs(
+                    &s,
+                    0,
+                    Some(rows(1, 100, 2000, None)),
+                    TestOutcome::Refused(1146),
+                ));
+            }
+        };
+        let mut full = Collector::new(CollectorConfig::default(), t(0));
+        let mut lean = Collector::new(CollectorConfig::default(), t(0));
+        lean.totals_only();
+        feed(&mut full);
+        feed(&mut lean);
+        assert_eq!(lean.totals(), full.totals());
+        assert_eq!(lean.divergence().rows(), full.divergence().rows());
+        assert_eq!(lean.take_live(t(3000)), full.take_live(t(3000)));
+        assert_eq!((full.digests(), lean.digests()), (4, 0));
+        let r = lean.report(t(3000), &ReportMeta::default());
+        assert!(r.digests.is_empty());
+        assert!(
+            r.qps.iter().all(|p| (p.prod, p.test) == (0, 0)),
+            "{:?}",
+            r.qps
+        );
     }
 
     #[test]

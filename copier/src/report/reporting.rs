@@ -151,6 +151,11 @@ impl Reporting {
         self.calibration = calibration;
     }
 
+    /// Neither a report file nor a metrics page: see [`Collector::totals_only`].
+    pub fn totals_only(&mut self) {
+        self.collector.totals_only();
+    }
+
     /// When the run's timeline starts (the resource sampler's zero).
     pub fn started_unix_ms(&self) -> u64 {
         self.meta.started_unix_ms
